@@ -1,0 +1,1 @@
+"""Learned agents (later issues)."""

@@ -1,0 +1,1 @@
+"""Simulator core and workloads. The core (``kvsched.envs.sim``) never imports gymnasium."""

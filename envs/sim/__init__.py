@@ -1,0 +1,1 @@
+"""Discrete-event simulator of LLM-serving instances over a paged, tiered KV cache."""

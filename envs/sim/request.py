@@ -1,0 +1,235 @@
+"""Requests: the immutable input of one serving request, and a columnar workload of them.
+
+A :class:`Request` is what a client sends: when it arrives, how many prompt tokens it carries,
+how many output tokens it will decode (hidden from policies unless a scenario enables oracle
+lengths; in the simulator it acts as the request's ``max_tokens`` with ``ignore_eos``), an
+optional session, prefix hashes that identify reusable prompt blocks, and an SLO class.
+
+A :class:`Workload` stores many requests as NumPy columns (memory grows with requests, not
+with Python objects) and hands out :class:`Request` objects one at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One serving request (immutable input).
+
+    Attributes:
+        request_id: unique non-negative integer within a workload.
+        arrival_s: arrival time in seconds from the start of the workload (>= 0).
+        prompt_tokens: prompt length in tokens (>= 1).
+        output_tokens: tokens the request decodes before it finishes (>= 1). Hidden from
+            policies unless oracle lengths are enabled.
+        session_id: conversation/session identifier, ``-1`` when unknown.
+        prefix_hashes: chained hashes of the prompt's leading blocks, one per
+            ``hash_block_tokens`` tokens (Mooncake's ``hash_ids`` are 512-token blocks). Equal
+            hashes at equal positions mean reusable KV. Empty when the trace has none.
+        hash_block_tokens: tokens covered by each prefix hash (0 when there are no hashes).
+        slo_class: name of the request's SLO class.
+
+    Raises:
+        ConfigError: on any negative or zero length, negative time, or inconsistent hashes.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    session_id: int = -1
+    prefix_hashes: tuple[int, ...] = ()
+    hash_block_tokens: int = 0
+    slo_class: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.request_id < 0:
+            raise ConfigError(f"request_id={self.request_id} must be >= 0")
+        if not np.isfinite(self.arrival_s) or self.arrival_s < 0:
+            raise ConfigError(
+                f"request {self.request_id}: arrival_s={self.arrival_s} must be finite and >= 0"
+            )
+        if self.prompt_tokens < 1:
+            raise ConfigError(
+                f"request {self.request_id}: prompt_tokens={self.prompt_tokens} must be >= 1"
+            )
+        if self.output_tokens < 1:
+            raise ConfigError(
+                f"request {self.request_id}: output_tokens={self.output_tokens} must be >= 1"
+            )
+        if self.prefix_hashes and self.hash_block_tokens <= 0:
+            raise ConfigError(
+                f"request {self.request_id}: hash_block_tokens={self.hash_block_tokens} must be"
+                " > 0 when prefix_hashes are given"
+            )
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output tokens: the KV context the request holds when it finishes."""
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A columnar, arrival-sorted set of requests.
+
+    Columns (all of length ``n``): ``request_id`` (int64), ``arrival_s`` (float64, seconds,
+    non-decreasing), ``prompt_tokens`` and ``output_tokens`` (int64, >= 1), ``session_id``
+    (int64, -1 when unknown), ``slo_class`` (int16 codes into ``slo_class_names``). Prefix
+    hashes are ragged: request ``i`` owns ``hashes[hash_offsets[i]:hash_offsets[i+1]]``, each
+    covering ``hash_block_tokens`` tokens.
+
+    ``name`` and ``source_sha256`` give provenance (the trace file's content hash, or a
+    description of the generator and its seed). ``notes`` records what loading changed
+    (e.g. "sorted 3 rows by arrival"), so nothing is done silently.
+    """
+
+    name: str
+    request_id: np.ndarray
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    session_id: np.ndarray
+    slo_class: np.ndarray
+    hash_offsets: np.ndarray
+    hashes: np.ndarray
+    hash_block_tokens: int = 0
+    slo_class_names: tuple[str, ...] = ("default",)
+    source_sha256: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class"):
+            if len(getattr(self, name)) != n:
+                raise ConfigError(f"Workload column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if len(self.hash_offsets) != n + 1:
+            raise ConfigError(f"Workload hash_offsets has {len(self.hash_offsets)} entries, expected {n + 1}")
+        if n and (np.any(np.diff(self.arrival_s) < 0)):
+            raise ConfigError("Workload arrival_s must be non-decreasing (sort the requests first)")
+        if n and (np.any(self.prompt_tokens < 1) or np.any(self.output_tokens < 1)):
+            raise ConfigError("Workload prompt_tokens and output_tokens must all be >= 1")
+        if n and (self.arrival_s[0] < 0 or not np.all(np.isfinite(self.arrival_s))):
+            raise ConfigError("Workload arrival_s must be finite and >= 0")
+        if len(self.hashes) and self.hash_block_tokens <= 0:
+            raise ConfigError(f"hash_block_tokens={self.hash_block_tokens} must be > 0 when hashes are given")
+
+    # ----------------------------------------------------------------------------------------
+    @staticmethod
+    def from_requests(
+        requests: Sequence[Request], name: str = "requests", source_sha256: str = "",
+        notes: Sequence[str] = (),
+    ) -> "Workload":
+        """Build a workload from :class:`Request` objects (sorted by arrival, stable).
+
+        Raises:
+            ConfigError: if requests use different ``hash_block_tokens`` or repeat an id.
+        """
+        reqs = sorted(requests, key=lambda r: r.arrival_s)
+        hb = {r.hash_block_tokens for r in reqs if r.prefix_hashes}
+        if len(hb) > 1:
+            raise ConfigError(f"requests mix hash_block_tokens values {sorted(hb)}; use one")
+        ids = [r.request_id for r in reqs]
+        if len(set(ids)) != len(ids):
+            raise ConfigError("request_id values must be unique within a workload")
+        classes: list[str] = []
+        for r in reqs:
+            if r.slo_class not in classes:
+                classes.append(r.slo_class)
+        if not classes:
+            classes = ["default"]
+        offsets = np.zeros(len(reqs) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(r.prefix_hashes) for r in reqs])
+        hashes = np.fromiter((h for r in reqs for h in r.prefix_hashes), dtype=np.int64,
+                             count=int(offsets[-1]))
+        return Workload(
+            name=name,
+            request_id=np.asarray(ids, dtype=np.int64),
+            arrival_s=np.asarray([r.arrival_s for r in reqs], dtype=np.float64),
+            prompt_tokens=np.asarray([r.prompt_tokens for r in reqs], dtype=np.int64),
+            output_tokens=np.asarray([r.output_tokens for r in reqs], dtype=np.int64),
+            session_id=np.asarray([r.session_id for r in reqs], dtype=np.int64),
+            slo_class=np.asarray([classes.index(r.slo_class) for r in reqs], dtype=np.int16),
+            hash_offsets=offsets,
+            hashes=hashes,
+            hash_block_tokens=hb.pop() if hb else 0,
+            slo_class_names=tuple(classes),
+            source_sha256=source_sha256,
+            notes=tuple(notes),
+        )
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def request(self, i: int) -> Request:
+        """The ``i``-th request (in arrival order) as a :class:`Request`."""
+        lo, hi = int(self.hash_offsets[i]), int(self.hash_offsets[i + 1])
+        return Request(
+            request_id=int(self.request_id[i]),
+            arrival_s=float(self.arrival_s[i]),
+            prompt_tokens=int(self.prompt_tokens[i]),
+            output_tokens=int(self.output_tokens[i]),
+            session_id=int(self.session_id[i]),
+            prefix_hashes=tuple(int(h) for h in self.hashes[lo:hi]),
+            hash_block_tokens=self.hash_block_tokens if hi > lo else 0,
+            slo_class=self.slo_class_names[int(self.slo_class[i])],
+        )
+
+    def __iter__(self) -> Iterator[Request]:
+        for i in range(len(self)):
+            yield self.request(i)
+
+    def subset(self, mask_or_index: np.ndarray, name: str | None = None,
+               note: str | None = None) -> "Workload":
+        """A new workload holding the selected rows (boolean mask or sorted index array)."""
+        idx = np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool else np.asarray(mask_or_index, dtype=np.int64)
+        lens = self.hash_offsets[idx + 1] - self.hash_offsets[idx]
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum(lens)
+        if len(idx):
+            hashes = np.concatenate([self.hashes[self.hash_offsets[i]:self.hash_offsets[i + 1]] for i in idx]) if offsets[-1] else np.zeros(0, np.int64)
+        else:
+            hashes = np.zeros(0, np.int64)
+        return Workload(
+            name=name or self.name,
+            request_id=self.request_id[idx],
+            arrival_s=self.arrival_s[idx],
+            prompt_tokens=self.prompt_tokens[idx],
+            output_tokens=self.output_tokens[idx],
+            session_id=self.session_id[idx],
+            slo_class=self.slo_class[idx],
+            hash_offsets=offsets,
+            hashes=hashes.astype(np.int64),
+            hash_block_tokens=self.hash_block_tokens,
+            slo_class_names=self.slo_class_names,
+            source_sha256=self.source_sha256,
+            notes=self.notes + ((note,) if note else ()),
+        )
+
+    def with_arrivals(self, arrival_s: np.ndarray, note: str) -> "Workload":
+        """A copy with new arrival times (same order); used by rate scaling and windows."""
+        return Workload(
+            name=self.name, request_id=self.request_id, arrival_s=np.asarray(arrival_s, dtype=np.float64),
+            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+            session_id=self.session_id, slo_class=self.slo_class, hash_offsets=self.hash_offsets,
+            hashes=self.hashes, hash_block_tokens=self.hash_block_tokens,
+            slo_class_names=self.slo_class_names, source_sha256=self.source_sha256,
+            notes=self.notes + (note,),
+        )
+
+    def content_sha256(self) -> str:
+        """SHA-256 of the workload's columns: identifies exactly what was simulated."""
+        h = hashlib.sha256()
+        for arr in (self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
+                    self.session_id, self.slo_class, self.hash_offsets, self.hashes):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(repr((self.hash_block_tokens, self.slo_class_names)).encode())
+        return h.hexdigest()

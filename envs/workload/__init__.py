@@ -1,0 +1,1 @@
+"""Workloads: real trace loaders, windows, rate scaling and synthetic generators."""

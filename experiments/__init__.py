@@ -1,0 +1,1 @@
+"""The kvsched command line, scenarios, comparisons and reports."""

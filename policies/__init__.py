@@ -1,0 +1,1 @@
+"""Reference schedulers and routers from the literature."""
