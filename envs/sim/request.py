@@ -233,3 +233,95 @@ class Workload:
             h.update(np.ascontiguousarray(arr).tobytes())
         h.update(repr((self.hash_block_tokens, self.slo_class_names)).encode())
         return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-request progress inside the simulator
+# ---------------------------------------------------------------------------------------------
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = range(5)
+STATUS_NAMES = ("waiting", "running", "swapped", "finished", "rejected")
+NAN = float("nan")
+
+
+class RequestState:
+    """Mutable progress of one request inside an instance (one object per request in flight).
+
+    Token accounting follows vLLM V1: ``computed`` tokens are in the KV cache; the request has
+    ``prompt_tokens + generated`` tokens in all, so ``to_compute = prompt + generated -
+    computed`` (1 while decoding). A step that brings ``computed`` up to ``prompt + generated``
+    emits one output token. Recompute preemption resets ``computed`` to 0, so the request
+    re-prefills its prompt and the tokens it already generated (vLLM issue #18115).
+
+    KV holdings: ``shared`` lists the prefix-cache segments (hashes) it references in HBM,
+    ``private_blocks`` counts its other blocks in ``tier``; ``lower_blocks`` are blocks it
+    holds in ``lower_tier`` (DRAM or NVMe) while swapped out or being swapped back in.
+    """
+
+    __slots__ = (
+        "req", "rid", "arrival_s", "prompt_tokens", "output_tokens", "hashes", "seg_tokens",
+        "n_cacheable_segments", "length_class", "instance_id", "status", "computed", "generated",
+        "tier", "shared", "shared_blocks", "private_blocks", "next_seg", "lower_tier",
+        "lower_blocks", "ready_s", "first_scheduled_s", "first_token_s", "last_token_s",
+        "finish_s", "preemptions", "recomputed_tokens", "lost_tokens", "prefix_hit_tokens",
+        "self_hit_tokens", "max_itl_s", "bytes_hbm_to_dram", "bytes_dram_to_hbm",
+        "bytes_hbm_to_nvme", "bytes_nvme_to_hbm", "reject_reason", "admissions",
+    )
+
+    def __init__(self, req: Request, block_size_tokens: int, length_class: int) -> None:
+        self.req = req
+        self.rid = req.request_id
+        self.arrival_s = req.arrival_s
+        self.prompt_tokens = req.prompt_tokens
+        self.output_tokens = req.output_tokens
+        self.hashes = req.prefix_hashes
+        self.seg_tokens = req.hash_block_tokens
+        if self.hashes and self.seg_tokens % block_size_tokens:
+            raise ConfigError(
+                f"request {req.request_id}: hash_block_tokens={self.seg_tokens} must be a multiple"
+                f" of block_size_tokens={block_size_tokens}")
+        # only segments fully inside the prompt are hashed (vLLM hashes full blocks only)
+        self.n_cacheable_segments = (
+            min(len(self.hashes), self.prompt_tokens // self.seg_tokens) if self.hashes else 0)
+        self.length_class = length_class
+        self.instance_id = -1
+        self.status = WAITING
+        self.computed = 0
+        self.generated = 0
+        self.tier = "hbm"
+        self.shared: list[int] = []
+        self.shared_blocks = 0
+        self.private_blocks = 0
+        self.next_seg = 0
+        self.lower_tier = ""
+        self.lower_blocks = 0
+        self.ready_s = 0.0
+        self.first_scheduled_s = NAN
+        self.first_token_s = NAN
+        self.last_token_s = NAN
+        self.finish_s = NAN
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.lost_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.self_hit_tokens = 0
+        self.max_itl_s = NAN
+        self.bytes_hbm_to_dram = 0
+        self.bytes_dram_to_hbm = 0
+        self.bytes_hbm_to_nvme = 0
+        self.bytes_nvme_to_hbm = 0
+        self.reject_reason = ""
+        self.admissions = 0
+
+    @property
+    def hbm_blocks(self) -> int:
+        """KV blocks this request holds in HBM (shared prefix segments plus private)."""
+        return self.shared_blocks + self.private_blocks
+
+    @property
+    def to_compute(self) -> int:
+        """Tokens to process before the next output token (1 while decoding)."""
+        return self.prompt_tokens + self.generated - self.computed
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return (f"RequestState(rid={self.rid}, {STATUS_NAMES[self.status]}, computed={self.computed},"
+                f" generated={self.generated}/{self.output_tokens}, blocks={self.hbm_blocks})")

@@ -1,0 +1,239 @@
+"""Roofline step-time model and KV transfer times of one serving instance (pure functions).
+
+Implements REFERENCE §5.3 (``shared/design/REFERENCE.md``) per TP rank:
+
+```
+FLOPs  = 2·P_m·n_tokens + A·attn_pairs                 P_m = matmul params / tp, A = 4·L·n_h·d_h / tp
+Bytes  = W + kvt·kv_tokens                             W = weight bytes / tp, kvt = KV bytes/token/GPU
+MFU(n) = mfu_max · n / (n + mfu_half_tokens)           (REFERENCE §5.2)
+t_step = max(FLOPs / (F·MFU(n)), Bytes / (B·mbu)) + step_overhead_s + t_comm(n)
+t_comm = 2·L·(2·(tp−1)/tp · n·hidden·2 B / nvlink + allreduce_latency_s)   (0 at tp = 1)
+```
+
+with F the dense peak for the weight dtype (FP8 peak for fp8 weights) and B the HBM bandwidth.
+A batch with prefill chunks ``{(c_j, p_j)}`` (c_j new tokens after p_j cached ones) and decodes with
+cached contexts ``{ctx_k}`` is summarised by three numbers:
+
+- ``n_tokens   = Σ_j c_j + (number of decodes)``
+- ``attn_pairs = Σ_j c_j·(p_j + c_j/2) + Σ_k ctx_k``
+- ``kv_tokens  = Σ_j (p_j + c_j) + Σ_k ctx_k``
+
+All step functions accept scalars or equal-length float64 NumPy arrays and are computed once,
+elementwise, with +, −, ×, ÷ and ``np.maximum`` only, so a scalar call is bitwise identical to
+the same element of an array call. Scalar inputs return NumPy float64 scalars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .specs import InstanceSpec, LinkSpec
+
+ACTIVATION_BYTES = 2.0
+"""Bytes per activation element in TP all-reduces (bf16 activations, also with fp8 weights)."""
+
+
+def _all_nonneg(a: np.ndarray) -> bool:
+    """True if every element is >= 0 (NaN is not); cheap for 0-d arrays (the per-step hot path)."""
+    return bool(a >= 0) if a.ndim == 0 else bool((a >= 0).all())
+
+
+def _nonneg(name: str, value: Any) -> np.ndarray:
+    a = np.asarray(value, dtype=np.float64)
+    if not _all_nonneg(a):
+        raise ValueError(f"{name} must be >= 0 (and not NaN), got {value!r}")
+    return a
+
+
+class CostModel:
+    """Step and transfer times of one :class:`InstanceSpec` (REFERENCE §5.3, numbers of §5.2).
+
+    Per-GPU coefficients (read-only attributes, computed once):
+
+    - ``matmul_params_per_gpu`` P_m = model.matmul_params / tp (lm_head included, input embedding
+      excluded). KV-projection weights replicated when tp > n_kv_heads are not counted twice.
+    - ``weight_bytes_per_gpu`` W = spec.weight_bytes_per_gpu (read once per step; embeddings included,
+      as in the §5.3 worked example).
+    - ``kv_bytes_per_token_per_gpu`` kvt = spec.kv_bytes_per_block_per_gpu / block_size_tokens.
+    - ``attn_flops_per_pair_per_gpu`` A = model.attn_flops_per_pair / tp.
+    - ``peak_flops_per_s`` F = gpu.fp8_flops_per_s for fp8 weights, else gpu.bf16_flops_per_s.
+    - ``hbm_bytes_per_s`` B = gpu.hbm_bytes_per_s.
+    """
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        m, g, c, tp = spec.model, spec.gpu, spec.cost, spec.tp
+        self.spec = spec
+        self.matmul_params_per_gpu = m.matmul_params / tp
+        self.weight_bytes_per_gpu = spec.weight_bytes_per_gpu
+        self.kv_bytes_per_token_per_gpu = spec.kv_bytes_per_block_per_gpu / spec.block_size_tokens
+        self.attn_flops_per_pair_per_gpu = m.attn_flops_per_pair / tp
+        self.peak_flops_per_s = g.fp8_flops_per_s if spec.weight_dtype == "fp8" else g.bf16_flops_per_s
+        self.hbm_bytes_per_s = g.hbm_bytes_per_s
+
+        self._lin_flops_per_token = 2.0 * self.matmul_params_per_gpu
+        self._mfu_half = float(c.mfu_half_tokens)
+        self._eff_flops = self.peak_flops_per_s * c.mfu_max
+        self._eff_bw = self.hbm_bytes_per_s * c.mbu
+        self._overhead = float(c.step_overhead_s)
+        if tp > 1:
+            ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
+            self._comm_per_token = 2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES / g.nvlink_bytes_per_s
+            self._comm_fixed = 2.0 * m.n_layers * c.allreduce_latency_s
+        else:
+            self._comm_per_token = 0.0
+            self._comm_fixed = 0.0
+
+    # ------------------------------------------------------------------ step time
+
+    @staticmethod
+    def _inputs(n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = np.asarray(n_tokens, dtype=np.float64)
+        pairs = np.asarray(attn_pairs, dtype=np.float64)
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        if not (_all_nonneg(n) and _all_nonneg(pairs) and _all_nonneg(kv)):
+            for name, raw in (("n_tokens", n_tokens), ("attn_pairs", attn_pairs), ("kv_tokens", kv_tokens)):
+                _nonneg(name, raw)  # raises naming the offending argument
+        return n, pairs, kv
+
+    def _step(self, n: np.ndarray, pairs: np.ndarray, kv: np.ndarray) -> dict[str, np.ndarray]:
+        """Unmasked step parts (garbage where n == 0; callers mask with n > 0)."""
+        n_safe = np.where(n > 0, n, 1.0)
+        flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * pairs
+        # FLOPs / (F · mfu_max · n/(n + half)), written without a nested division
+        compute = flops * (n + self._mfu_half) / (self._eff_flops * n_safe)
+        hbm_bytes = self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv
+        memory = hbm_bytes / self._eff_bw
+        comm = self._comm_per_token * n + self._comm_fixed
+        step = np.maximum(compute, memory) + self._overhead + comm
+        return {"flops": flops, "hbm_bytes": hbm_bytes, "compute_s": compute, "memory_s": memory,
+                "comm_s": comm, "step_s": step}
+
+    def step_time_s(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> Any:
+        """Seconds of one scheduler step (forward pass) per REFERENCE §5.3.
+
+        Args:
+            n_tokens: tokens computed in the step, Σ prefill-chunk tokens + number of decodes.
+            attn_pairs: Σ_j c_j·(p_j + c_j/2) + Σ_k ctx_k (query × context pairs).
+            kv_tokens: Σ_j (p_j + c_j) + Σ_k ctx_k (tokens whose KV is read or written).
+            Each is a scalar or a float64 array; arrays must broadcast (equal lengths).
+
+        Returns:
+            Seconds, same shape as the inputs (float64 scalar for scalars). 0.0 where
+            ``n_tokens == 0`` (an idle step costs nothing).
+
+        Note: with ``mfu_half_tokens > 0`` the MFU ramp applies to all FLOPs, so raising
+        ``n_tokens`` while *holding* ``attn_pairs`` fixed can shorten the compute term. When pairs
+        grow with the tokens (a batch of like requests: b decodes of context c give b·c pairs) the
+        time is monotone; it is always monotone in ``attn_pairs`` and ``kv_tokens``, and in all
+        three with ``mfu_half_tokens = 0``.
+
+        Raises:
+            ValueError: a negative or NaN input.
+        """
+        n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
+        return np.where(n > 0, self._step(n, pairs, kv)["step_s"], 0.0)[()]
+
+    def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> dict[str, Any]:
+        """The parts of :meth:`step_time_s` (same arguments).
+
+        Returns:
+            dict with ``compute_s`` (FLOPs/(F·MFU)), ``memory_s`` (Bytes/(B·mbu)), ``comm_s``,
+            ``overhead_s``, ``step_s`` (seconds), ``flops`` and ``hbm_bytes`` per GPU, ``bound``
+            ("compute" if compute_s >= memory_s else "memory"; "idle" when n_tokens == 0) and
+            ``idle_hbm_bytes`` = step_s·B − hbm_bytes: HBM bandwidth the step leaves unused, which a
+            prefetch could fill (REFERENCE §9.1). Scalars for scalar input, arrays otherwise.
+        """
+        n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
+        active = n > 0
+        parts = self._step(n, pairs, kv)
+        c = {k: np.where(active, v, 0.0) for k, v in parts.items()}
+        c["overhead_s"] = np.where(active, self._overhead, 0.0)
+        bound = np.where(active, np.where(c["compute_s"] >= c["memory_s"], "compute", "memory"), "idle")
+        idle = c["step_s"] * self.hbm_bytes_per_s - c["hbm_bytes"]
+        out: dict[str, Any] = {k: c[k][()] for k in
+                               ("compute_s", "memory_s", "comm_s", "overhead_s", "step_s", "flops", "hbm_bytes")}
+        out["bound"] = str(bound[()]) if bound.ndim == 0 else bound
+        out["idle_hbm_bytes"] = idle[()]
+        return out
+
+    def chunk_time_s(self, chunk_tokens: Any, cached_tokens: Any) -> Any:
+        """Seconds of a step running one prefill chunk alone (vectorised).
+
+        ``step_time_s(c, c·(p + c/2), p + c)`` for ``c = chunk_tokens`` new tokens after
+        ``p = cached_tokens`` tokens already in the cache (REFERENCE §5.3).
+        """
+        c = _nonneg("chunk_tokens", chunk_tokens)
+        p = _nonneg("cached_tokens", cached_tokens)
+        return self.step_time_s(c, c * (p + c / 2.0), p + c)
+
+    def prefill_time_s(self, prompt_tokens: Any, cached_tokens: Any = 0, chunk_tokens: int | None = None) -> Any:
+        """Predicted seconds of a lone prefill of ``prompt_tokens`` done in chunks (T̂_prefill, §1.2).
+
+        The uncached tokens ``prompt_tokens − cached_tokens`` run in chunks of ``chunk_tokens``
+        (default: ``spec.token_budget``, capped by ``spec.long_prefill_token_threshold`` when that
+        is > 0); the last chunk takes the remainder. The result is the sum of
+        :meth:`chunk_time_s` over the chunks, in chunk order. Zero uncached tokens cost 0.0 (vLLM
+        recomputes the last prompt token on a full prefix hit: pass ``cached_tokens = prompt − 1``).
+
+        Args:
+            prompt_tokens: prompt length(s), scalar or 1-D array.
+            cached_tokens: tokens already in the KV cache (prefix hit or progress), scalar or array.
+            chunk_tokens: chunk size, >= 1.
+
+        Returns:
+            Seconds; float64 scalar for scalar inputs, else an array of the broadcast shape.
+
+        Raises:
+            ValueError: negative inputs, cached_tokens > prompt_tokens, or chunk_tokens < 1.
+        """
+        if chunk_tokens is None:
+            chunk_tokens = self.spec.token_budget
+            if self.spec.long_prefill_token_threshold > 0:
+                chunk_tokens = min(chunk_tokens, self.spec.long_prefill_token_threshold)
+        if not chunk_tokens >= 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens!r}")
+        prompt, cached = np.broadcast_arrays(_nonneg("prompt_tokens", prompt_tokens),
+                                             _nonneg("cached_tokens", cached_tokens))
+        if np.any(cached > prompt):
+            raise ValueError("cached_tokens must be <= prompt_tokens")
+        shape = prompt.shape
+        prompt, cached = prompt.ravel(), cached.ravel()
+        chunk = float(chunk_tokens)
+        n_chunks = np.ceil((prompt - cached) / chunk).astype(np.int64)
+        owner = np.repeat(np.arange(prompt.size), n_chunks)
+        first = np.cumsum(n_chunks) - n_chunks  # index of each request's first chunk
+        k = np.arange(owner.size) - first[owner]  # chunk number within its request
+        starts = cached[owner] + k * chunk
+        sizes = np.minimum(chunk, prompt[owner] - starts)
+        times = self.chunk_time_s(sizes, starts)
+        # bincount adds in index order, so a scalar and an array call agree bitwise
+        total = np.bincount(owner, weights=np.atleast_1d(times), minlength=prompt.size)
+        return total.reshape(shape)[()]
+
+    def decode_step_time_s(self, batch: Any, total_context_tokens: Any) -> Any:
+        """Seconds of a pure-decode step of ``batch`` requests holding ``total_context_tokens`` in cache.
+
+        ``step_time_s(batch, ctx, ctx)`` (REFERENCE §5.3, "Pure decode step").
+        """
+        return self.step_time_s(batch, total_context_tokens, total_context_tokens)
+
+    # ------------------------------------------------------------------ transfers
+
+    def transfer_time_s(self, n_blocks: Any, link: LinkSpec) -> Any:
+        """Seconds to move ``n_blocks`` KV blocks over ``link`` (REFERENCE §5.2, §5.4).
+
+        Every TP rank moves its own share (``kv_bytes_per_block_per_gpu`` per block) over its own
+        link in parallel, so the time is ``link.latency_s + n_blocks·kv_bytes_per_block_per_gpu /
+        link.bytes_per_s``; 0.0 where ``n_blocks == 0``. Scalar or array ``n_blocks``.
+
+        Raises:
+            ValueError: a negative or NaN block count.
+        """
+        blocks = _nonneg("n_blocks", n_blocks)
+        return link.transfer_time_s(blocks * self.spec.kv_bytes_per_block_per_gpu)
+
+    def transfer_bytes(self, n_blocks: Any) -> Any:
+        """Bytes moved for ``n_blocks`` blocks, whole instance (all TP ranks), for accounting."""
+        return (_nonneg("n_blocks", n_blocks) * self.spec.kv_bytes_per_block)[()]

@@ -1,0 +1,100 @@
+"""The FeatureTable: what every scheduling policy (heuristic or learned) may see.
+
+A real scheduler knows a request's arrival time, prompt length, how many tokens it has
+computed and generated so far, where its KV blocks are and how many, and how often it was
+preempted. It does **not** know the output length until the request finishes; the table
+exposes ``output_tokens`` only when the scenario enables oracle lengths (otherwise the column
+is ``-1``).
+
+Columns are NumPy arrays built lazily on first access, so a policy that keeps queue order
+(FCFS) never pays for them. Row ``i`` describes ``states[i]``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from .request import RequestState
+
+TIER_CODES = {"hbm": 0, "dram": 1, "nvme": 2, "": -1}
+
+
+class FeatureTable:
+    """Per-request features of a set of requests at time ``now_s``.
+
+    Args:
+        states: the requests (waiting, running or swapped) the decision is about.
+        now_s: simulated time in seconds.
+        oracle_lengths: expose true output lengths (scenario flag ``oracle_lengths``).
+
+    Columns (each ``np.ndarray`` of shape ``(len(states),)``): ``request_id`` (int64),
+    ``arrival_s``, ``wait_s`` (now - arrival), ``prompt_tokens``, ``computed_tokens``,
+    ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``
+    (0 HBM, 1 DRAM, 2 NVMe), ``preemptions``, ``output_tokens`` (-1 unless oracle).
+    """
+
+    def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False):
+        self.states = states
+        self.now_s = now_s
+        self.oracle_lengths = oracle_lengths
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def _col(self, attr: str, dtype=np.int64) -> np.ndarray:
+        return np.fromiter((getattr(s, attr) for s in self.states), dtype=dtype, count=len(self.states))
+
+    @cached_property
+    def request_id(self) -> np.ndarray:
+        return self._col("rid")
+
+    @cached_property
+    def arrival_s(self) -> np.ndarray:
+        return self._col("arrival_s", np.float64)
+
+    @cached_property
+    def wait_s(self) -> np.ndarray:
+        return self.now_s - self.arrival_s
+
+    @cached_property
+    def prompt_tokens(self) -> np.ndarray:
+        return self._col("prompt_tokens")
+
+    @cached_property
+    def computed_tokens(self) -> np.ndarray:
+        return self._col("computed")
+
+    @cached_property
+    def generated_tokens(self) -> np.ndarray:
+        return self._col("generated")
+
+    @cached_property
+    def to_compute_tokens(self) -> np.ndarray:
+        return self.prompt_tokens + self.generated_tokens - self.computed_tokens
+
+    @cached_property
+    def hbm_blocks(self) -> np.ndarray:
+        return np.fromiter((s.shared_blocks + s.private_blocks for s in self.states), np.int64,
+                           count=len(self.states))
+
+    @cached_property
+    def lower_blocks(self) -> np.ndarray:
+        return self._col("lower_blocks")
+
+    @cached_property
+    def tier(self) -> np.ndarray:
+        return np.fromiter((TIER_CODES[s.lower_tier] if s.lower_tier else 0 for s in self.states),
+                           np.int8, count=len(self.states))
+
+    @cached_property
+    def preemptions(self) -> np.ndarray:
+        return self._col("preemptions")
+
+    @cached_property
+    def output_tokens(self) -> np.ndarray:
+        if not self.oracle_lengths:
+            return np.full(len(self.states), -1, dtype=np.int64)
+        return self._col("output_tokens")

@@ -1,0 +1,616 @@
+"""One serving instance: a vLLM-V1-like step loop over a paged, tiered KV cache.
+
+Each step (one scheduler iteration, vLLM ``Scheduler.schedule``; REFERENCE.md §4.1):
+
+1. **Running requests first**, in admission order. A decode gets one token; an unfinished
+   (chunked) prefill gets ``min(remaining, long_prefill_token_threshold if > 0, budget)``
+   tokens. KV blocks for the new tokens are allocated all-or-nothing; when that fails the
+   policy picks a victim (vLLM: the most recently admitted) and it is **preempted** by
+   recompute (vLLM V1 default), swap to DRAM or offload to NVMe (``preemption_mode``), until
+   the allocation succeeds or the request preempts itself.
+2. **Swapped requests resume** (their blocks are copied back to HBM over PCIe; a request cannot
+   run until its copy lands) and, only when nothing was preempted this step and nobody is
+   swapped out (vLLM V0 rule), **waiting requests are admitted** in the policy's order until the
+   token budget (``max_num_batched_tokens``), ``max_num_seqs`` or the KV cache runs out.
+   A prefix-cache lookup reduces the tokens to compute.
+3. The step's time comes from the cost model; at its end every request that finished its
+   pending tokens emits one output token.
+
+Partial prefills (vLLM ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``): at
+most that many requests may be left with an unfinished prefill by one step; a prefill is
+*long* when its prompt exceeds ``long_prefill_token_threshold`` (> 0). Requests whose whole
+prefill fits in the step do not count.
+
+**Fast-forward.** When a step's batch is all decodes, nobody is loading, swapped or
+preempted, and the waiting queue cannot be admitted by a static-order policy, the next steps
+repeat the same batch until a request finishes, the KV cache cannot grow, or the next arrival
+lands. That stretch of K steps is advanced at once with NumPy: step times as one vectorised
+cost-model call, end times by a sequential cumulative sum from ``now`` (the same float
+additions as stepping one by one, so results are byte-identical to ``fast_forward=False``),
+block growth from each request's position inside its block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost_model import CostModel
+from .features import FeatureTable
+from .kv_cache import BlockPool, LinkQueue
+from .request import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, RequestState
+from .specs import InstanceSpec
+
+TRANSFER_EVENT = "transfer"
+
+
+@dataclass(frozen=True)
+class InstanceOptions:
+    """Simulation options of an instance (not part of the served system's configuration).
+
+    Attributes:
+        fast_forward: advance unchanged decode stretches at once (results are identical).
+        check_invariants: verify block conservation and holdings after every step (slow; tests).
+        oracle_lengths: show true output lengths to the policy (scenario flag).
+    """
+
+    fast_forward: bool = True
+    check_invariants: bool = False
+    oracle_lengths: bool = False
+
+
+class Instance:
+    """A serving instance (one model replica, ``tp`` GPUs) driven by an event loop.
+
+    The cluster calls :meth:`add_request` at arrivals, :meth:`schedule` when the instance is
+    idle (returns the end time of the planned step or stretch, or ``None``), then
+    :meth:`complete_step` at that time, and :meth:`complete_transfer` when a swap-in lands.
+
+    Args:
+        spec: the served system (model, GPU, TP, KV tiers, scheduler limits, cost params).
+        policy: a :class:`kvsched.policies.base.SchedulerPolicy`.
+        recorder: collects finished records, ITL samples and occupancy.
+        instance_id: index within the cluster.
+        options: simulation options.
+    """
+
+    def __init__(self, spec: InstanceSpec, policy, recorder, instance_id: int = 0,
+                 options: InstanceOptions = InstanceOptions()) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.recorder = recorder
+        self.instance_id = instance_id
+        self.options = options
+        self.cost = CostModel(spec)
+        self.bs = spec.block_size_tokens
+        self.hbm = BlockPool("hbm", spec.num_hbm_blocks, spec.enable_prefix_caching)
+        self.dram = BlockPool("dram", spec.num_dram_blocks)
+        self.nvme = BlockPool("nvme", spec.num_nvme_blocks)
+        self.pools = {"hbm": self.hbm, "dram": self.dram, "nvme": self.nvme}
+        self.links = {name: LinkQueue(name) for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read")}
+        self.block_bytes = int(round(spec.kv_bytes_per_block))
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self.swapped: deque[RequestState] = deque()
+        self.busy = False
+        self.schedule_pending = False
+        self.pending_events: list[tuple[float, str, RequestState]] = []
+        # plan of the step or stretch in flight
+        self._plan: list[tuple[RequestState, int]] = []
+        self._stretch_ends: np.ndarray | None = None
+        # counters
+        self.steps = 0
+        self.stretches = 0
+        self.stretch_steps = 0
+        self.preemptions = 0
+        self.busy_s = 0.0
+        self.sum_batch = 0
+
+    # ------------------------------------------------------------------------------- arrivals
+    def add_request(self, st: RequestState, now: float) -> bool:
+        """Queue an arriving request, or reject it (recorded) if it can never be served.
+
+        A request is rejected with ``exceeds_max_model_len`` when prompt + output tokens exceed
+        the model length limit (vLLM validates ``prompt + max_tokens <= max_model_len``), and
+        with ``kv_exceeds_hbm_capacity`` when its final KV needs more blocks than HBM holds.
+        Returns ``True`` when queued.
+        """
+        st.instance_id = self.instance_id
+        total = st.prompt_tokens + st.output_tokens
+        if total > self.spec.model_len_limit:
+            return self._reject(st, "exceeds_max_model_len")
+        if -(-(total - 1) // self.bs) > self.hbm.capacity_blocks:
+            return self._reject(st, "kv_exceeds_hbm_capacity")
+        self.waiting.append(st)
+        return True
+
+    def _reject(self, st: RequestState, reason: str) -> bool:
+        st.status = REJECTED
+        st.reject_reason = reason
+        self.recorder.record(st)
+        return False
+
+    # ----------------------------------------------------------------------------- scheduling
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.bs)
+
+    def schedule(self, now: float, horizon_s: float = math.inf) -> float | None:
+        """Plan the next step (or fast-forward stretch) at ``now``.
+
+        Args:
+            now: current simulated time (s).
+            horizon_s: time of the next event that could change this instance's batch from
+                outside (the next arrival); a stretch never runs past the step containing it.
+
+        Returns:
+            The end time of the planned step/stretch, or ``None`` when nothing can run.
+        """
+        spec = self.spec
+        budget = spec.token_budget
+        thr = spec.long_prefill_token_threshold
+        max_partial = spec.max_num_partial_prefills
+        max_long = spec.max_long_partial_prefills
+        plan: list[tuple[RequestState, int]] = []
+        planned: set[int] = set()
+        partial = 0
+        long_partial = 0
+        preempted = False
+        self._step_ready_s = now
+        self._blocked_hit_hashes = ()
+        running = self.running
+
+        # 1. running requests, in order (a snapshot: preemption removes victims from the list)
+        for st in list(running):
+            if budget <= 0:
+                break
+            if st.status != RUNNING or st.ready_s > now:  # preempted, or blocks still loading
+                continue
+            to_compute = st.prompt_tokens + st.generated - st.computed
+            n = to_compute
+            if thr > 0 and n > thr:
+                n = thr
+            if n > budget:
+                n = budget
+            leaves_partial = n < to_compute
+            is_long = thr > 0 and st.prompt_tokens > thr
+            if leaves_partial and (partial >= max_partial or (is_long and long_partial >= max_long)):
+                continue
+            need = self._blocks_for(st.computed + n) - st.shared_blocks - st.private_blocks
+            if need < 0:
+                need = 0
+            if need > 0 and not self.hbm.allocate(need):
+                preempted = True
+                if not self._make_room(st, need, now, plan, planned):
+                    budget = spec.token_budget - sum(n_ for _, n_ in plan)
+                    continue  # st preempted itself
+                budget = spec.token_budget - sum(n_ for _, n_ in plan)
+            st.private_blocks += need
+            plan.append((st, n))
+            planned.add(st.rid)
+            budget -= n
+            if leaves_partial:
+                partial += 1
+                if is_long:
+                    long_partial += 1
+
+        # 2. resume swapped requests, then admit waiting ones
+        waiting_blocked_static = True
+        if not preempted:
+            while self.swapped and len(running) < spec.max_seqs:
+                st = self.swapped[0]
+                if not self.hbm.allocate(st.lower_blocks):
+                    break
+                self.swapped.popleft()
+                self._swap_in(st, now)
+                running.append(st)
+            if not self.swapped and self.waiting and budget > 0 and len(running) < spec.max_seqs:
+                budget, partial, long_partial = self._admit(now, budget, partial, long_partial,
+                                                            plan, planned)
+                waiting_blocked_static = self.policy.order_is_static
+
+        if not plan:
+            self._check_progress(now)
+            return None
+
+        # 3. time the step, or a fast-forwarded stretch of identical decode steps
+        start = self._step_ready_s
+        self._plan = plan
+        if (self.options.fast_forward and not preempted and not self.swapped
+                and len(plan) == len(running) and (not self.waiting or waiting_blocked_static)
+                and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
+                        for st, n in plan)):
+            end = self._plan_stretch(start, horizon_s)
+        else:
+            end = self._plan_single(start)
+        self.busy = True
+        self.recorder.sample_occupancy(now, self)
+        if self.options.check_invariants:
+            self.check()
+        return end
+
+    def _plan_single(self, start: float) -> float:
+        n_tokens = 0
+        attn2 = 0  # twice the attention work: integers stay exact
+        kv = 0
+        for st, n in self._plan:
+            p = st.computed
+            n_tokens += n
+            if n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
+                attn2 += 2 * p
+                kv += p
+            else:
+                attn2 += n * (2 * p + n)
+                kv += p + n
+        dt = float(self.cost.step_time_s(float(n_tokens), attn2 / 2.0, float(kv)))
+        self._stretch_ends = None
+        self._step_start = start
+        self._step_n_tokens = n_tokens
+        return start + dt
+
+    def _plan_stretch(self, start: float, horizon_s: float) -> float:
+        plan = self._plan
+        n = len(plan)
+        x = np.fromiter((st.computed for st, _ in plan), np.int64, count=n)  # KV tokens read in step 1
+        remaining = np.fromiter((st.output_tokens - st.generated for st, _ in plan), np.int64, count=n)
+        k_max = int(remaining.min())
+        # Blocks for steps 2..K: after step 1's allocation request i holds ceil((x_i+1)/bs);
+        # after step k it needs ceil((x_i+k)/bs). Extra after j=k-1 more steps:
+        # floor((j + s_i)/bs) with s_i = (x_i) mod bs, i.e. ((x_i + 1) - 1) mod bs.
+        bs = self.bs
+        if k_max > 1:
+            s = x % bs
+            counts = np.bincount(s, minlength=bs)
+            suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0]])  # suffix[t] = #(s >= t)
+            cnt_ge = np.zeros(bs, dtype=np.int64)
+            cnt_ge[1:] = suffix[bs - np.arange(1, bs)]
+            j = np.arange(1, k_max, dtype=np.int64)
+            extra = n * (j // bs) + cnt_ge[j % bs]
+            allowed = int(np.searchsorted(extra, self._stretch_block_limit(int(extra[-1])), side="right"))
+            k_max = 1 + allowed
+        s0 = int(x.sum())
+        ks = np.arange(k_max, dtype=np.int64)
+        ctx = (s0 + n * ks).astype(np.float64)
+        dts = self.cost.step_time_s(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
+        acc = np.empty(k_max + 1, dtype=np.float64)
+        acc[0] = start
+        acc[1:] = dts
+        ends = np.cumsum(acc)[1:]
+        if horizon_s < ends[-1]:
+            k_max = int(np.searchsorted(ends, horizon_s, side="left")) + 1
+            ends = ends[:k_max]
+        k = k_max
+        # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
+        new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
+        total_new = int(new_blocks.sum())
+        if total_new:
+            ok = self.hbm.allocate(total_new)
+            assert ok, "stretch block reservation failed"
+            for (st, _), nb in zip(plan, new_blocks.tolist()):
+                st.private_blocks += nb
+        self._stretch_ends = ends
+        self._step_start = start
+        self._step_n_tokens = n
+        return float(ends[-1])
+
+    def _stretch_block_limit(self, wanted: int) -> int:
+        """Blocks a stretch may allocate without changing the blocked waiting head's outcome.
+
+        While a waiting request is blocked on KV, allocations only shrink what is available,
+        so it stays blocked -- unless an eviction removes one of its own cached prefix
+        segments (its hit shrinks, and with it the blocks it needs). The stretch therefore
+        stops before evicting the first such segment in LRU order.
+        """
+        hbm = self.hbm
+        protect = self._blocked_hit_hashes
+        if not protect:
+            return hbm.available_blocks
+        protected = set(protect)
+        limit = hbm.free_blocks
+        for h, nb in hbm._lru.items():
+            if h in protected or limit >= wanted:
+                break
+            limit += nb
+        return limit
+
+    # ------------------------------------------------------------------------------ admission
+    def _admit(self, now: float, budget: int, partial: int, long_partial: int,
+               plan: list, planned: set) -> tuple[int, int, int]:
+        spec = self.spec
+        thr = spec.long_prefill_token_threshold
+        order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
+        candidates = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
+        admitted: list[RequestState] = []
+        hbm = self.hbm
+        self._blocked_hit_hashes = ()
+        for st in candidates:
+            if budget <= 0 or len(self.running) >= spec.max_seqs:
+                break
+            total_tokens = st.prompt_tokens + st.generated
+            # prefix-cache lookup: full cached segments, leaving >= 1 token to compute
+            hit = 0
+            if st.n_cacheable_segments and hbm.prefix_caching:
+                max_seg = min(st.n_cacheable_segments, (total_tokens - 1) // st.seg_tokens)
+                hit = hbm.cached_prefix_segments(st.hashes, max_seg)
+            hit_tokens = hit * st.seg_tokens
+            to_compute = total_tokens - hit_tokens
+            n = to_compute
+            if thr > 0 and n > thr:
+                n = thr
+            if n > budget:
+                n = budget
+            leaves_partial = n < to_compute
+            is_long = thr > 0 and st.prompt_tokens > thr
+            if leaves_partial:
+                if not spec.enable_chunked_prefill:
+                    continue  # vLLM skips a prompt that does not fit the budget unchunked
+                if partial >= spec.max_num_partial_prefills or (is_long and long_partial >= spec.max_long_partial_prefills):
+                    continue
+            hit_hashes = st.hashes[:hit]
+            hit_blocks = hit * (st.seg_tokens // self.bs)
+            evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
+            need = self._blocks_for(hit_tokens + n) - hit_blocks
+            if need > hbm.available_blocks - evictable_hit:
+                self._blocked_hit_hashes = hit_hashes
+                break  # head-of-line: vLLM stops admitting when allocation fails
+            for h in hit_hashes:
+                seg_creator = hbm.segments[h].creator_id
+                hbm.acquire_segment(h)
+                if seg_creator == st.rid:
+                    st.self_hit_tokens += st.seg_tokens
+                else:
+                    st.prefix_hit_tokens += st.seg_tokens
+            hbm.allocate(need)
+            st.shared = list(hit_hashes)
+            st.shared_blocks = hit_blocks
+            st.private_blocks = need
+            st.next_seg = hit
+            st.computed = hit_tokens
+            st.tier = "hbm"
+            if st.lost_tokens:
+                st.recomputed_tokens += max(0, st.lost_tokens - hit_tokens)
+                st.lost_tokens = 0
+            if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
+                st.first_scheduled_s = now
+            st.admissions += 1
+            st.status = RUNNING
+            self.running.append(st)
+            admitted.append(st)
+            plan.append((st, n))
+            planned.add(st.rid)
+            budget -= n
+            if leaves_partial:
+                partial += 1
+                if is_long:
+                    long_partial += 1
+        if admitted:
+            if order is None and all(a is b for a, b in zip(admitted, self.waiting)):
+                for _ in admitted:
+                    self.waiting.popleft()
+            else:
+                gone = {id(a) for a in admitted}
+                self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+        return budget, partial, long_partial
+
+    # ----------------------------------------------------------------------------- preemption
+    def _make_room(self, st: RequestState, need: int, now: float, plan: list, planned: set) -> bool:
+        """Preempt victims until ``need`` blocks can be allocated for ``st``.
+
+        Returns ``False`` when ``st`` itself was preempted. Requests whose blocks are still
+        being copied in are not chosen while others exist.
+        """
+        while True:
+            candidates = [r for r in self.running if r.ready_s <= now] or list(self.running)
+            row = self.policy.choose_victim(FeatureTable(candidates, now, self.options.oracle_lengths))
+            victim = candidates[row]
+            if victim.rid in planned:
+                for k, (s_, _) in enumerate(plan):
+                    if s_ is victim:
+                        del plan[k]
+                        break
+                planned.discard(victim.rid)
+            self._preempt(victim, now)
+            if victim is st:
+                return False
+            if self.hbm.allocate(need):
+                return True
+
+    def _preempt(self, victim: RequestState, now: float) -> None:
+        """Preempt ``victim`` by swap (DRAM), offload (NVMe) or recompute.
+
+        Swap/offload copy its blocks device-to-host over PCIe before the step runs (vLLM V0
+        swaps out synchronously); when the target tier is full it falls back to NVMe, then to
+        recompute. Source: REFERENCE.md §4.1 and §5.4.
+        """
+        self.running.remove(victim)
+        excess = victim.shared_blocks + victim.private_blocks - self._blocks_for(victim.computed)
+        if excess > 0 and victim.private_blocks >= excess:  # blocks allocated for a step it loses
+            self.hbm.release_private(excess)
+            victim.private_blocks -= excess
+        victim.preemptions += 1
+        self.preemptions += 1
+        n_blocks = victim.shared_blocks + victim.private_blocks
+        mode = self.spec.preemption_mode
+        target = ""
+        if mode == "swap" and n_blocks and self.dram.allocate(n_blocks):
+            target = "dram"
+        elif mode in ("swap", "offload") and n_blocks and self.nvme.capacity_blocks and self.nvme.allocate(n_blocks):
+            target = "nvme"
+        self._release_hbm(victim)
+        if target:
+            nbytes = n_blocks * self.block_bytes
+            t = self.cost.transfer_time_s(n_blocks, self.spec.pcie)
+            _, end = self.links["pcie_d2h"].reserve(now, t, nbytes)
+            if end > self._step_ready_s:
+                self._step_ready_s = end  # the step waits for the swap-out copy
+            if target == "nvme":
+                tw = self.cost.transfer_time_s(n_blocks, self.spec.nvme_write)
+                self.links["nvme_write"].reserve(end, tw, nbytes)
+                victim.bytes_hbm_to_nvme += nbytes
+            else:
+                victim.bytes_hbm_to_dram += nbytes
+            victim.lower_tier = target
+            victim.lower_blocks = n_blocks
+            victim.tier = target
+            victim.status = SWAPPED
+            self.swapped.append(victim)
+        else:
+            victim.lost_tokens = victim.computed
+            victim.computed = 0
+            victim.next_seg = 0
+            victim.status = WAITING
+            self.waiting.appendleft(victim)
+
+    def _swap_in(self, st: RequestState, now: float) -> None:
+        """Copy a swapped request's blocks back to HBM (already allocated there)."""
+        n_blocks = st.lower_blocks
+        nbytes = n_blocks * self.block_bytes
+        ready = now
+        if st.lower_tier == "nvme":
+            tr = self.cost.transfer_time_s(n_blocks, self.spec.nvme_read)
+            _, ready = self.links["nvme_read"].reserve(now, tr, nbytes)
+            st.bytes_nvme_to_hbm += nbytes
+        else:
+            st.bytes_dram_to_hbm += nbytes
+        t = self.cost.transfer_time_s(n_blocks, self.spec.pcie)
+        _, end = self.links["pcie_h2d"].reserve(ready, t, nbytes)
+        st.private_blocks = n_blocks
+        st.shared = []
+        st.shared_blocks = 0
+        st.next_seg = st.n_cacheable_segments  # swapped-in blocks are private copies
+        st.ready_s = end
+        st.status = RUNNING
+        st.tier = "hbm"
+        self.pending_events.append((end, TRANSFER_EVENT, st))
+
+    def complete_transfer(self, st: RequestState, now: float) -> None:
+        """A swap-in copy landed: free the request's lower-tier blocks."""
+        if st.lower_blocks:
+            self.pools[st.lower_tier].release_private(st.lower_blocks)
+            st.lower_blocks = 0
+            st.lower_tier = ""
+
+    def _release_hbm(self, st: RequestState) -> None:
+        for h in st.shared:
+            self.hbm.release_segment(h)
+        if st.private_blocks:
+            self.hbm.release_private(st.private_blocks)
+        st.shared = []
+        st.shared_blocks = 0
+        st.private_blocks = 0
+
+    def _check_progress(self, now: float) -> None:
+        """Guard against a stuck instance: work queued but nothing runnable or in flight."""
+        if self.running or not (self.waiting or self.swapped):
+            return
+        raise RuntimeError(
+            f"instance {self.instance_id} cannot make progress at t={now:.6f}s: "
+            f"{len(self.waiting)} waiting, {len(self.swapped)} swapped, HBM free "
+            f"{self.hbm.available_blocks}/{self.hbm.capacity_blocks} blocks")
+
+    # ------------------------------------------------------------------------------ step end
+    def complete_step(self, now: float) -> None:
+        """Apply the planned step (or stretch) that ends at ``now``."""
+        self.busy = False
+        rec = self.recorder
+        plan = self._plan
+        self._plan = []
+        self.busy_s += now - self._step_start
+        finished: list[RequestState] = []
+        if self._stretch_ends is not None:
+            ends = self._stretch_ends
+            k = len(ends)
+            self.steps += k
+            self.stretches += 1
+            self.stretch_steps += k
+            self.sum_batch += k * len(plan)
+            gaps = np.diff(ends)
+            max_gap = float(gaps.max()) if k > 1 else -1.0
+            first_end = float(ends[0])
+            first_gaps = np.empty(len(plan))
+            classes = np.empty(len(plan), dtype=np.int64)
+            for idx, (st, _) in enumerate(plan):
+                g = first_end - st.last_token_s
+                first_gaps[idx] = g
+                classes[idx] = st.length_class
+                m = g if g > max_gap else max_gap
+                if not (st.max_itl_s >= m):
+                    st.max_itl_s = m
+                st.computed += k
+                st.generated += k
+                st.last_token_s = now
+                if st.generated >= st.output_tokens:
+                    finished.append(st)
+            rec.add_itl(first_gaps, classes, gaps)
+            self._stretch_ends = None
+        else:
+            self.steps += 1
+            self.sum_batch += len(plan)
+            gap_vals = []
+            gap_classes = []
+            for st, n in plan:
+                if st.status != RUNNING:
+                    continue
+                st.computed += n
+                # register newly completed prefix segments in the prefix cache
+                if st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
+                    self._register_segments(st)
+                if st.computed == st.prompt_tokens + st.generated:
+                    st.generated += 1
+                    if st.generated == 1:
+                        st.first_token_s = now
+                    else:
+                        g = now - st.last_token_s
+                        gap_vals.append(g)
+                        gap_classes.append(st.length_class)
+                        if not (st.max_itl_s >= g):
+                            st.max_itl_s = g
+                    st.last_token_s = now
+                    if st.generated >= st.output_tokens:
+                        finished.append(st)
+            if gap_vals:
+                rec.add_itl(np.asarray(gap_vals), np.asarray(gap_classes, dtype=np.int64), None)
+        for st in finished:
+            self.running.remove(st)
+            self._release_hbm(st)
+            st.status = FINISHED
+            st.finish_s = now
+            rec.record(st)
+        if self.options.check_invariants:
+            self.check()
+
+    def _register_segments(self, st: RequestState) -> None:
+        seg_blocks = st.seg_tokens // self.bs
+        while st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
+            h = st.hashes[st.next_seg]
+            if st.private_blocks >= seg_blocks and self.hbm.register_segment(h, seg_blocks, st.rid):
+                st.private_blocks -= seg_blocks
+                st.shared.append(h)
+                st.shared_blocks += seg_blocks
+            st.next_seg += 1
+
+    # ---------------------------------------------------------------------------- invariants
+    def check(self) -> None:
+        """Verify block conservation per tier and that holdings add up (tests, debugging)."""
+        for pool in self.pools.values():
+            pool.check()
+        seg_used = sum(seg.n_blocks for seg in self.hbm.segments.values() if seg.refs > 0)
+        private = sum(s.private_blocks for s in self.running)
+        if private + seg_used != self.hbm.used_blocks:
+            raise AssertionError(f"HBM used {self.hbm.used_blocks} != private {private} + "
+                                 f"referenced segments {seg_used}")
+        refs = sum(seg.refs for seg in self.hbm.segments.values())
+        if refs != sum(len(s.shared) for s in self.running):
+            raise AssertionError("segment reference counts do not match holders")
+        lower = {"dram": 0, "nvme": 0}
+        for s in list(self.running) + list(self.swapped):
+            if s.lower_blocks:
+                lower[s.lower_tier] += s.lower_blocks
+        for t in ("dram", "nvme"):
+            if lower[t] != self.pools[t].used_blocks:
+                raise AssertionError(f"{t} used {self.pools[t].used_blocks} != held {lower[t]}")
+        for s in self.running:
+            if s.hbm_blocks < self._blocks_for(s.computed):
+                raise AssertionError(f"{s} holds fewer blocks than its KV tokens need")

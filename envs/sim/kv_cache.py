@@ -1,0 +1,191 @@
+"""Paged KV-cache block manager over tiers (HBM, host DRAM, NVMe).
+
+Mechanisms and sources:
+
+- **Paged blocks** of ``block_size_tokens`` tokens (vLLM ``--block-size``, default 16;
+  PagedAttention, Kwon et al., SOSP'23). A request holds ``ceil(kv_tokens / block_size)``
+  blocks. Allocation is all-or-nothing: either every requested block is granted or nothing
+  changes (vLLM ``KVCacheManager.allocate_slots`` returns ``None``).
+- **Prefix caching** (vLLM ``--enable-prefix-caching``, REFERENCE.md §4.1). vLLM hashes each
+  full 16-token block with a hash chained to its parent. Traces give prefix identity at a
+  coarser grain (Mooncake ``hash_ids`` cover 512 tokens), so the cache stores *segments*: one
+  trace hash = ``hash_block_tokens / block_size_tokens`` consecutive blocks that are always
+  allocated, referenced and freed together. This equals chained per-block hashing for every
+  block inside a segment; only whole segments are cached (a partly-filled trailing segment
+  stays private). Hits are counted over the longest *leading* run of cached segments.
+- **LRU reuse of freed cached blocks**: when the last reference to a segment goes, its blocks
+  stay cached but become evictable, oldest first (vLLM's free-block queue). Never-cached free
+  blocks are used before evicting cached ones (as vLLM's free queue front holds them).
+- **Lower tiers** (DRAM, NVMe) hold swapped or offloaded requests' blocks privately (no prefix
+  cache there yet).
+
+Invariant, checked by :meth:`BlockPool.check`: in every tier at every event
+``free_blocks + evictable_blocks + used_blocks == capacity_blocks``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+TIER_NAMES: tuple[str, ...] = ("hbm", "dram", "nvme")
+
+
+@dataclass(slots=True)
+class Segment:
+    """A cached run of ``n_blocks`` KV blocks identified by one prefix hash."""
+
+    n_blocks: int
+    refs: int
+    creator_id: int
+
+
+class BlockPool:
+    """Block accounting of one tier.
+
+    Args:
+        name: tier name (``"hbm"``, ``"dram"`` or ``"nvme"``).
+        capacity_blocks: number of KV blocks the tier holds (>= 0; HBM must be >= 1).
+        prefix_caching: whether freed segments stay cached for reuse (HBM only).
+
+    Attributes:
+        free_blocks: blocks holding nothing.
+        evictable_blocks: blocks of cached segments nobody references (LRU order).
+        used_blocks: blocks referenced by at least one request.
+    """
+
+    __slots__ = ("name", "capacity_blocks", "prefix_caching", "free_blocks", "used_blocks",
+                 "evictable_blocks", "segments", "_lru", "evicted_segments")
+
+    def __init__(self, name: str, capacity_blocks: int, prefix_caching: bool = False) -> None:
+        if capacity_blocks < 0:
+            raise ConfigError(f"{name} capacity_blocks={capacity_blocks} must be >= 0")
+        self.name = name
+        self.capacity_blocks = int(capacity_blocks)
+        self.prefix_caching = prefix_caching
+        self.free_blocks = int(capacity_blocks)
+        self.used_blocks = 0
+        self.evictable_blocks = 0
+        self.segments: dict[int, Segment] = {}
+        self._lru: OrderedDict[int, int] = OrderedDict()
+        self.evicted_segments = 0
+
+    # -------------------------------------------------------------------------------- queries
+    @property
+    def available_blocks(self) -> int:
+        """Blocks an allocation may take: free plus evictable cached blocks."""
+        return self.free_blocks + self.evictable_blocks
+
+    def check(self) -> None:
+        """Assert block conservation (used by tests and debug runs)."""
+        total = self.free_blocks + self.evictable_blocks + self.used_blocks
+        if total != self.capacity_blocks or min(self.free_blocks, self.evictable_blocks,
+                                                 self.used_blocks) < 0:
+            raise AssertionError(
+                f"{self.name}: free {self.free_blocks} + evictable {self.evictable_blocks} + used "
+                f"{self.used_blocks} != capacity {self.capacity_blocks}")
+        if sum(self._lru.values()) != self.evictable_blocks:
+            raise AssertionError(f"{self.name}: LRU holds {sum(self._lru.values())} blocks, "
+                                 f"evictable_blocks says {self.evictable_blocks}")
+
+    def cached_prefix_segments(self, hashes: list[int] | tuple[int, ...], max_segments: int) -> int:
+        """Length of the leading run of ``hashes[:max_segments]`` cached in this tier."""
+        n = 0
+        segs = self.segments
+        for h in hashes[:max_segments]:
+            if h not in segs:
+                break
+            n += 1
+        return n
+
+    # ------------------------------------------------------------------------------ mutations
+    def allocate(self, n_blocks: int) -> bool:
+        """Take ``n_blocks`` private blocks, evicting LRU cached segments if needed.
+
+        All-or-nothing: returns ``False`` and changes nothing when fewer than ``n_blocks`` are
+        available (free + evictable).
+        """
+        if n_blocks <= 0:
+            return True
+        if n_blocks > self.free_blocks + self.evictable_blocks:
+            return False
+        while self.free_blocks < n_blocks:
+            h, nb = self._lru.popitem(last=False)
+            del self.segments[h]
+            self.evictable_blocks -= nb
+            self.free_blocks += nb
+            self.evicted_segments += 1
+        self.free_blocks -= n_blocks
+        self.used_blocks += n_blocks
+        return True
+
+    def release_private(self, n_blocks: int) -> None:
+        """Return ``n_blocks`` private blocks to the free pool."""
+        self.used_blocks -= n_blocks
+        self.free_blocks += n_blocks
+
+    def acquire_segment(self, h: int) -> int:
+        """Add a reference to cached segment ``h``; returns its block count."""
+        seg = self.segments[h]
+        if seg.refs == 0:
+            nb = self._lru.pop(h)
+            self.evictable_blocks -= nb
+            self.used_blocks += nb
+        seg.refs += 1
+        return seg.n_blocks
+
+    def release_segment(self, h: int) -> None:
+        """Drop a reference to segment ``h``; at zero references it becomes evictable."""
+        seg = self.segments[h]
+        seg.refs -= 1
+        if seg.refs == 0:
+            self._lru[h] = seg.n_blocks
+            self.used_blocks -= seg.n_blocks
+            self.evictable_blocks += seg.n_blocks
+
+    def register_segment(self, h: int, n_blocks: int, creator_id: int) -> bool:
+        """Turn ``n_blocks`` private blocks of a request into cached segment ``h`` (1 ref).
+
+        Returns ``False`` (the blocks stay private) when caching is off or ``h`` is already
+        cached: vLLM keeps such duplicate blocks uncached too.
+        """
+        if not self.prefix_caching or h in self.segments:
+            return False
+        self.segments[h] = Segment(n_blocks=n_blocks, refs=1, creator_id=creator_id)
+        return True
+
+
+@dataclass(slots=True)
+class Transfer:
+    """A KV move scheduled on one or more links (sequentially, staged through DRAM)."""
+
+    start_s: float
+    end_s: float
+    n_bytes: int
+
+
+class LinkQueue:
+    """FIFO occupancy of one link: a transfer starts when the link is free.
+
+    Models ``t = latency + bytes / bandwidth`` per operation (REFERENCE.md §5.2, §5.4) with
+    transfers serialised on the link, so a burst of swaps queues behind each other.
+    """
+
+    __slots__ = ("name", "busy_until_s", "bytes_moved", "busy_s")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.busy_until_s = 0.0
+        self.bytes_moved = 0
+        self.busy_s = 0.0
+
+    def reserve(self, ready_s: float, duration_s: float, n_bytes: int) -> tuple[float, float]:
+        """Occupy the link for ``duration_s`` from ``max(ready_s, busy_until_s)``."""
+        start = ready_s if ready_s > self.busy_until_s else self.busy_until_s
+        end = start + duration_s
+        self.busy_until_s = end
+        self.bytes_moved += n_bytes
+        self.busy_s += duration_s
+        return start, end

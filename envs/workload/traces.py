@@ -1,0 +1,895 @@
+"""Real request traces: loaders, the bundled-trace registry, windows and rate scaling.
+
+Every loader returns a columnar :class:`~kvsched.envs.sim.request.Workload` (see
+``envs/sim/request.py``), built directly from NumPy columns (no per-request Python objects):
+
+* :func:`load_azure_csv` -- Azure LLM inference trace 2023 (Splitwise, ISCA'24; CC-BY 4.0).
+  Columns ``TIMESTAMP`` (naive wall clock with 7 fractional digits), ``ContextTokens``,
+  ``GeneratedTokens``. No sessions, no prefix hashes.
+* :func:`load_mooncake_jsonl` -- Mooncake FAST'25 traces (Apache-2.0). One JSON object per line
+  with ``timestamp`` (ms from trace start), ``input_length``, ``output_length`` and ``hash_ids``
+  (one id per 512-token prompt block; ``len(hash_ids) == ceil(input_length / 512)``).
+* :func:`load_generic` -- any CSV or JSONL file, given a mapping from our field names to the
+  file's column names.
+
+Conventions shared by all loaders:
+
+* Files may be gzip-compressed (detected by content, so ``.gz`` or not). ``Workload.source_sha256``
+  is the SHA-256 of the *uncompressed* bytes, so it matches the trace README whatever the
+  compression.
+* ``request_id`` is the 0-based index of the data row in the file (file order), so a request can
+  always be traced back to its line, even after sorting.
+* Line numbers in errors are 1-based lines of the (uncompressed) file; for CSV the header is
+  line 1, so data row ``i`` (0-based) is line ``i + 2`` (quoted fields spanning several lines are
+  not supported by these line numbers).
+* Nothing is dropped silently. Any invalid value raises :class:`TraceFormatError` naming the file,
+  the line, the field (and the file's column), the value and what is allowed. Empty lines carry no
+  request and are skipped, but recorded in ``Workload.notes`` and logged at WARNING. Rows out of
+  arrival order are sorted stably by arrival; the number of such rows is recorded in the notes and
+  logged at WARNING.
+* :func:`window`, :func:`scale_rate` and :func:`head` return new workloads and append a note
+  describing the transformation.
+
+Sources and licences of the bundled files: ``envs/workload/data/ATTRIBUTION.md``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.resources
+import io
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvsched.envs.sim.errors import ConfigError, TraceFormatError
+from kvsched.envs.sim.request import Workload
+
+__all__ = [
+    "AZURE_COLUMNS",
+    "BUNDLED_SHA256",
+    "BUNDLED_TRACES",
+    "BundledTrace",
+    "DEFAULT_TRACE",
+    "GENERIC_FIELDS",
+    "MOONCAKE_HASH_BLOCK_TOKENS",
+    "MOONCAKE_KEYS",
+    "bundled_trace_path",
+    "head",
+    "list_traces",
+    "load_azure_csv",
+    "load_generic",
+    "load_mooncake_jsonl",
+    "load_trace",
+    "scale_rate",
+    "window",
+]
+
+log = logging.getLogger(__name__)
+
+#: Azure trace columns: (timestamp, prompt tokens, output tokens).
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+#: Mooncake JSONL keys: (arrival ms, prompt tokens, output tokens, 512-token block hash ids).
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+#: Tokens covered by one Mooncake ``hash_ids`` entry.
+MOONCAKE_HASH_BLOCK_TOKENS = 512
+#: Fields :func:`load_generic` can map: required ones first.
+GENERIC_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "session_id", "slo_class",
+                  "prefix_hashes")
+_REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+# =============================================================================================
+# Reading bytes
+# =============================================================================================
+def _read(path: str | os.PathLike) -> tuple[bytes, str]:
+    """Uncompressed content of ``path`` (gzip detected by magic bytes) and its SHA-256.
+
+    Raises:
+        TraceFormatError: the file cannot be read or is a corrupt gzip stream.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise TraceFormatError(f"{path}: cannot read trace file: {e.strerror or e}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise TraceFormatError(f"{path}: corrupt gzip data: {e}") from None
+    return raw, hashlib.sha256(raw).hexdigest()
+
+
+def _default_name(path: str | os.PathLike) -> str:
+    n = Path(path).name
+    for suf in (".gz", ".csv", ".jsonl", ".json"):
+        if n.lower().endswith(suf):
+            n = n[: -len(suf)]
+    return n
+
+
+def _format_of(path: str | os.PathLike) -> str | None:
+    n = Path(path).name.lower()
+    if n.endswith(".gz"):
+        n = n[:-3]
+    if n.endswith(".csv"):
+        return "csv"
+    if n.endswith(".jsonl") or n.endswith(".json") or n.endswith(".ndjson"):
+        return "jsonl"
+    return None
+
+
+# =============================================================================================
+# Errors and column validation
+# =============================================================================================
+def _bad(file: str, line: int, field: str, column: str, value: Any, allowed: str,
+         others: int = 0) -> TraceFormatError:
+    col = f" (column {column!r})" if column and column != field else ""
+    more = f" [{others} more row(s) in this column are invalid too]" if others else ""
+    return TraceFormatError(
+        f"{file}: line {line}: field {field!r}{col} has value {value!r}; expected {allowed}{more}")
+
+
+def _check_numbers(num: np.ndarray, raw: Sequence[Any], lines: np.ndarray, file: str, field: str,
+                   column: str, *, integer: bool, minimum: float, strict: bool) -> None:
+    """Raise on the first NaN / infinite / non-integral / out-of-range entry of ``num``.
+
+    ``minimum`` is inclusive unless ``strict`` (then values must be > minimum).
+    """
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(num)
+        if integer:
+            bad |= num != np.floor(num)
+        bad |= (num <= minimum) if strict else (num < minimum)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        v = raw[i]
+        what = (f"an integer {'>' if strict else '>='} {minimum:g}" if integer
+                else f"a finite number {'>' if strict else '>='} {minimum:g}")
+        if isinstance(v, float) and math.isnan(v):
+            what += " (NaN is not allowed)"
+        raise _bad(file, int(lines[i]), field, column, v, what, len(idx) - 1)
+
+
+def _numbers_from_strings(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
+                          column: str) -> np.ndarray:
+    """Parse a CSV string column to float64; raise naming the first non-numeric cell."""
+    num = pd.to_numeric(pd.Series(raw, copy=False), errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.isnan(num)
+    if bad.any():
+        # a literal "nan" parses to NaN too: both are rejected
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        raise _bad(file, int(lines[i]), field, column, raw[i],
+                   "a number" if raw[i] != "" else "a number (the cell is empty)", len(idx) - 1)
+    return num
+
+
+def _numbers_from_json(vals: list, lines: np.ndarray, file: str, field: str,
+                       column: str) -> np.ndarray:
+    """JSON numbers (int/float, not bool/str/null) as float64; raise on the first other value."""
+    types = set(map(type, vals))
+    if not types <= {int, float}:
+        for i, v in enumerate(vals):
+            if type(v) not in (int, float):
+                others = sum(type(x) not in (int, float) for x in vals) - 1
+                raise _bad(file, int(lines[i]), field, column, v,
+                           "a JSON number" + (" (key missing or null)" if v is None else ""),
+                           others)
+    return np.asarray(vals, dtype=np.float64)
+
+
+def _token_column(num: np.ndarray, raw: Sequence[Any], lines: np.ndarray, file: str, field: str,
+                  column: str) -> np.ndarray:
+    _check_numbers(num, raw, lines, file, field, column, integer=True, minimum=1, strict=False)
+    if num.size and num.max() > 2**62:
+        i = int(np.argmax(num))
+        raise _bad(file, int(lines[i]), field, column, raw[i], "an integer token count < 2**62")
+    return num.astype(np.int64)
+
+
+# =============================================================================================
+# Assembly: sort, build columns, notes
+# =============================================================================================
+def _ragged_take(offsets: np.ndarray, values: np.ndarray, order: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder a ragged array (row ``i`` = ``values[offsets[i]:offsets[i+1]]``) by ``order``."""
+    lens = (offsets[1:] - offsets[:-1])[order]
+    new_off = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    if new_off[-1] == 0:
+        return new_off, np.zeros(0, dtype=np.int64)
+    shift = np.repeat(offsets[:-1][order] - new_off[:-1], lens)
+    return new_off, values[np.arange(new_off[-1], dtype=np.int64) + shift]
+
+
+def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.ndarray,
+              output: np.ndarray, *, hash_lens: np.ndarray | None = None,
+              hashes: np.ndarray | None = None, hash_block_tokens: int = 0,
+              session: np.ndarray | None = None, slo_codes: np.ndarray | None = None,
+              slo_names: tuple[str, ...] = ("default",), notes: Sequence[str] = ()) -> Workload:
+    n = len(arrival)
+    if n == 0:
+        raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
+    notes = list(notes)
+    request_id = np.arange(n, dtype=np.int64)
+    if session is None:
+        session = np.full(n, -1, dtype=np.int64)
+    if slo_codes is None:
+        slo_codes = np.zeros(n, dtype=np.int16)
+    if hash_lens is None:
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        hashes = np.zeros(0, dtype=np.int64)
+    else:
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(hash_lens, out=offsets[1:])
+    if n > 1 and np.any(arrival[1:] < arrival[:-1]):
+        late = int(np.count_nonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]))
+        order = np.argsort(arrival, kind="stable")
+        msg = (f"sorted: {late} rows were out of arrival order in {file}; requests were sorted"
+               " stably by arrival (request_id keeps the 0-based file row index)")
+        log.warning(msg)
+        notes.append(msg)
+        arrival, prompt, output = arrival[order], prompt[order], output[order]
+        request_id, session, slo_codes = request_id[order], session[order], slo_codes[order]
+        offsets, hashes = _ragged_take(offsets, hashes, order)
+    try:
+        return Workload(
+            name=name, request_id=request_id, arrival_s=np.ascontiguousarray(arrival, np.float64),
+            prompt_tokens=prompt.astype(np.int64, copy=False),
+            output_tokens=output.astype(np.int64, copy=False),
+            session_id=session.astype(np.int64, copy=False),
+            slo_class=slo_codes.astype(np.int16, copy=False), hash_offsets=offsets,
+            hashes=hashes.astype(np.int64, copy=False),
+            hash_block_tokens=hash_block_tokens if len(hashes) else 0,
+            slo_class_names=tuple(slo_names), source_sha256=sha, notes=tuple(notes))
+    except ConfigError as e:  # should not happen after validation; keep the file in the message
+        raise TraceFormatError(f"{file}: {e}") from None
+
+
+def _check_hash_lengths(hash_lens: np.ndarray, prompt: np.ndarray, lines: np.ndarray, file: str,
+                        column: str, block: int, exact: bool) -> None:
+    need = -(-prompt // block)  # ceil
+    bad = (hash_lens != need) if exact else (hash_lens > need)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        rel = "exactly" if exact else "at most"
+        raise _bad(file, int(lines[i]), "prefix_hashes", column, f"<{int(hash_lens[i])} ids>",
+                   f"{rel} ceil(prompt_tokens / {block}) = ceil({int(prompt[i])} / {block}) = "
+                   f"{int(need[i])} ids (one per {block}-token prompt block)", len(idx) - 1)
+
+
+def _hash_array(flat: list, hash_lens: np.ndarray, lines: np.ndarray, file: str,
+                column: str) -> np.ndarray:
+    """Flat JSON hash ids -> int64, raising on the first non-integer id (naming its line)."""
+    if flat and not set(map(type, flat)) <= {int}:
+        offs = np.concatenate([[0], np.cumsum(hash_lens)])
+        for j, v in enumerate(flat):
+            if type(v) is not int:
+                row = int(np.searchsorted(offs, j, side="right") - 1)
+                raise _bad(file, int(lines[row]), "prefix_hashes", column, v,
+                           "a list of integer hash ids")
+    try:
+        return np.asarray(flat, dtype=np.int64) if flat else np.zeros(0, dtype=np.int64)
+    except OverflowError:
+        offs = np.concatenate([[0], np.cumsum(hash_lens)])
+        for j, v in enumerate(flat):
+            if not -(2**63) <= v < 2**63:
+                row = int(np.searchsorted(offs, j, side="right") - 1)
+                raise _bad(file, int(lines[row]), "prefix_hashes", column, v,
+                           "integer hash ids that fit in int64") from None
+        raise
+
+
+# =============================================================================================
+# CSV and JSONL readers (shared by all loaders)
+# =============================================================================================
+def _read_csv_rows(data: bytes, file: str, columns: Sequence[str]
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
+    """Read the named columns as strings. Returns ({column: str array}, line numbers, notes)."""
+    try:
+        df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False,
+                         skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise TraceFormatError(f"{file}: the file is empty; expected a CSV header with columns "
+                               f"{list(columns)}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise TraceFormatError(f"{file}: malformed CSV: {e}".strip()) from None
+    found = [str(c) for c in df.columns]
+    missing = [c for c in columns if c not in found]
+    if missing:
+        raise TraceFormatError(f"{file}: line 1 (header): missing column(s) {missing}; expected "
+                               f"{list(columns)}, found {found}")
+    lines = np.arange(len(df), dtype=np.int64) + 2
+    cols = {c: df[c].to_numpy(dtype=object) for c in columns}
+    notes: list[str] = []
+    if len(df):
+        allv = df.to_numpy(dtype=object)
+        empty = (allv == "").all(axis=1)
+        if empty.any():
+            blank_lines = lines[empty]
+            msg = (f"skipped {len(blank_lines)} empty line(s) in {file} (lines "
+                   f"{', '.join(map(str, blank_lines[:10]))}{', ...' if len(blank_lines) > 10 else ''})")
+            log.warning(msg)
+            notes.append(msg)
+            keep = ~empty
+            lines = lines[keep]
+            cols = {c: v[keep] for c, v in cols.items()}
+    return cols, lines, notes
+
+
+def _read_jsonl_rows(data: bytes, file: str, keys: dict[str, str], required: Sequence[str],
+                     list_key: str | None = None
+                     ) -> tuple[dict[str, list], np.ndarray, np.ndarray | None, list, list[str]]:
+    """Parse JSONL. ``keys`` maps field -> JSON key; ``required`` fields must be present.
+
+    The ``list_key`` field (hash ids) is flattened: returns its per-row lengths and a flat list.
+    Missing optional keys read as ``None``.
+
+    Returns ({field: list of values}, line numbers, list lengths or None, flat list, notes).
+    """
+    out: dict[str, list] = {f: [] for f in keys if f != list_key}
+    appenders = [(keys[f], out[f].append, f in required) for f in out]
+    lens: list[int] = []
+    flat: list = []
+    lines: list[int] = []
+    blank: list[int] = []
+    loads = json.loads
+    lk = keys[list_key] if list_key else None
+    lk_required = list_key in required if list_key else False
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            blank.append(lineno)
+            continue
+        try:
+            obj = loads(line)
+        except ValueError as e:
+            snippet = line[:80].decode("utf-8", "replace")
+            raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e}); the line starts "
+                                   f"{snippet!r}; expected one JSON object per line") from None
+        if type(obj) is not dict:
+            raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
+                                   f"{type(obj).__name__}: {line[:80].decode('utf-8', 'replace')!r}")
+        for key, app, req in appenders:
+            v = obj.get(key)
+            if v is None and req:
+                raise TraceFormatError(
+                    f"{file}: line {lineno}: required key {key!r} is "
+                    f"{'null' if key in obj else 'missing'}; keys present: {sorted(obj)}")
+            app(v)
+        if lk is not None:
+            h = obj.get(lk)
+            if h is None:
+                if lk_required:
+                    raise TraceFormatError(f"{file}: line {lineno}: required key {lk!r} is missing;"
+                                           f" keys present: {sorted(obj)}")
+                h = []
+            if type(h) is not list:
+                raise _bad(file, lineno, "prefix_hashes", lk, h, "a JSON list of integer hash ids")
+            flat.extend(h)
+            lens.append(len(h))
+        lines.append(lineno)
+    # the final newline yields one empty piece: not a blank line of the file
+    if blank and blank[-1] == data.count(b"\n") + 1:
+        blank.pop()
+    notes: list[str] = []
+    if blank:
+        msg = (f"skipped {len(blank)} empty line(s) in {file} (lines "
+               f"{', '.join(map(str, blank[:10]))}{', ...' if len(blank) > 10 else ''})")
+        log.warning(msg)
+        notes.append(msg)
+    return (out, np.asarray(lines, dtype=np.int64),
+            np.asarray(lens, dtype=np.int64) if lk is not None else None, flat, notes)
+
+
+def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str, column: str,
+                      *, slice26: bool) -> tuple[np.ndarray, str]:
+    """Parse wall-clock timestamps; seconds since the earliest one, and that earliest one."""
+    s = pd.Series(raw, copy=False).astype(str)
+    if slice26:
+        s = s.str.slice(0, 26)  # Azure: 7 fractional digits -> keep microseconds
+    ts = pd.to_datetime(s, format="ISO8601", errors="coerce")
+    bad = ts.isna().to_numpy()
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        raise _bad(file, int(lines[i]), field, column, raw[i],
+                   "a timestamp like '2023-11-16 18:17:03.9799600' (ISO 8601)", len(idx) - 1)
+    if getattr(ts.dt, "tz", None) is not None:
+        ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+    t0 = ts.min()
+    sec = (ts - t0).dt.total_seconds().to_numpy(dtype=np.float64)
+    return sec, str(t0)
+
+
+# =============================================================================================
+# Azure
+# =============================================================================================
+def _azure_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
+    t_col, p_col, o_col = AZURE_COLUMNS
+    cols, lines, notes = _read_csv_rows(data, file, AZURE_COLUMNS)
+    arrival, t0 = _datetime_seconds(cols[t_col], lines, file, "arrival_s", t_col, slice26=True)
+    prompt = _token_column(_numbers_from_strings(cols[p_col], lines, file, "prompt_tokens", p_col),
+                           cols[p_col], lines, file, "prompt_tokens", p_col)
+    output = _token_column(_numbers_from_strings(cols[o_col], lines, file, "output_tokens", o_col),
+                           cols[o_col], lines, file, "output_tokens", o_col)
+    notes.insert(0, f"loaded {len(lines)} rows from {file} (Azure LLM inference trace format); "
+                    f"arrival_s = seconds since the earliest TIMESTAMP {t0}")
+    return _assemble(file, name, sha, arrival, prompt, output, notes=notes)
+
+
+def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload:
+    """Load an Azure LLM inference trace CSV (2023 format; plain or gzip).
+
+    Source: ``github.com/Azure/AzurePublicDataset`` ``data/AzureLLMInferenceTrace_{conv,code}.csv``
+    (CC-BY 4.0; cite Patel et al., *Splitwise*, ISCA 2024).
+
+    Columns: ``TIMESTAMP`` (naive wall clock, e.g. ``2023-11-16 18:17:03.9799600``; parsed after
+    truncating to 26 characters, i.e. microseconds), ``ContextTokens`` -> ``prompt_tokens``,
+    ``GeneratedTokens`` -> ``output_tokens``. Extra columns are ignored.
+
+    Returns:
+        A workload with ``arrival_s`` in seconds since the earliest timestamp (the first row in
+        the upstream files, which are sorted), no sessions (``session_id = -1``), no prefix
+        hashes, SLO class ``"default"``; ``source_sha256`` of the uncompressed file;
+        ``name`` defaults to the file name without extensions.
+
+    Raises:
+        TraceFormatError: unreadable file, missing columns (expected vs found), unparsable
+            timestamps, non-numeric / NaN / non-integer / zero / negative token counts, or no
+            data rows -- naming the file, the 1-based line (header = line 1), the field, the
+            value and what is allowed.
+    """
+    data, sha = _read(path)
+    return _azure_from_bytes(data, str(path), sha, name or _default_name(path))
+
+
+# =============================================================================================
+# Mooncake
+# =============================================================================================
+def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
+    k_t, k_in, k_out, k_h = MOONCAKE_KEYS
+    keys = {"arrival_s": k_t, "prompt_tokens": k_in, "output_tokens": k_out, "prefix_hashes": k_h}
+    vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
+        data, file, keys, required=tuple(keys), list_key="prefix_hashes")
+    ms = _numbers_from_json(vals["arrival_s"], lines, file, "arrival_s", k_t)
+    _check_numbers(ms, vals["arrival_s"], lines, file, "arrival_s", k_t, integer=False,
+                   minimum=0, strict=False)
+    prompt = _token_column(_numbers_from_json(vals["prompt_tokens"], lines, file, "prompt_tokens",
+                                              k_in), vals["prompt_tokens"], lines, file,
+                           "prompt_tokens", k_in)
+    output = _token_column(_numbers_from_json(vals["output_tokens"], lines, file, "output_tokens",
+                                              k_out), vals["output_tokens"], lines, file,
+                           "output_tokens", k_out)
+    assert hash_lens is not None
+    _check_hash_lengths(hash_lens, prompt, lines, file, k_h, MOONCAKE_HASH_BLOCK_TOKENS, exact=True)
+    hashes = _hash_array(flat, hash_lens, lines, file, k_h)
+    notes.insert(0, f"loaded {len(lines)} rows from {file} (Mooncake JSONL format); arrival_s = "
+                    f"timestamp ms / 1000; hash_ids kept as 512-token prefix-block hashes")
+    return _assemble(file, name, sha, ms / 1000.0, prompt, output, hash_lens=hash_lens,
+                     hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes)
+
+
+def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Workload:
+    """Load a Mooncake FAST'25 trace (JSONL, one request per line; plain or gzip).
+
+    Source: ``github.com/kvcache-ai/Mooncake`` ``FAST25-release/traces/*.jsonl`` (Apache-2.0;
+    cite Qin et al., *Mooncake*, FAST 2025).
+
+    Keys: ``timestamp`` (arrival in **milliseconds** from the trace start; ``arrival_s = ms /
+    1000``), ``input_length`` -> ``prompt_tokens``, ``output_length`` -> ``output_tokens``,
+    ``hash_ids`` -> ``prefix_hashes`` with ``hash_block_tokens = 512`` (kept as int64; the
+    simulator maps each 512-token hash to 32 KV blocks of 16 tokens). Extra keys are ignored.
+
+    Returns:
+        A workload (no sessions, SLO class ``"default"``) with ``source_sha256`` of the
+        uncompressed file; ``name`` defaults to the file name without extensions.
+
+    Raises:
+        TraceFormatError: malformed JSON line, a line that is not an object, a missing/null key,
+            non-numeric / NaN / negative timestamp, non-integer / zero / negative token counts,
+            non-integer hash ids, or ``len(hash_ids) != ceil(input_length / 512)`` -- naming the
+            file, the 1-based line, the field, the value and what is allowed.
+    """
+    data, sha = _read(path)
+    return _mooncake_from_bytes(data, str(path), sha, name or _default_name(path))
+
+
+# =============================================================================================
+# Generic
+# =============================================================================================
+def _parse_hash_cell(cell: str, line: int, file: str, column: str) -> list[int]:
+    s = cell.strip()
+    if not s:
+        return []
+    try:
+        if s.startswith("["):
+            v = json.loads(s)
+            if type(v) is not list or not all(type(x) is int for x in v):
+                raise ValueError
+            return v
+        return [int(x) for x in re.split(r"[\s;,]+", s) if x]
+    except ValueError:
+        raise _bad(file, line, "prefix_hashes", column, cell,
+                   "integer hash ids as a JSON list '[1, 2, 3]' or separated by spaces/semicolons"
+                   ) from None
+
+
+def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: str = "s",
+                 fmt: str | None = None, name: str | None = None, *,
+                 hash_block_tokens: int = 0, exact_hash_length: bool = False,
+                 rebase_time: bool = False) -> Workload:
+    """Load any CSV or JSONL request trace given a column mapping.
+
+    Args:
+        path: ``.csv`` / ``.jsonl`` (``.json``, ``.ndjson``), optionally ``.gz``.
+        columns: our field name -> the file's column (CSV header) or key (JSONL). Required:
+            ``arrival_s``, ``prompt_tokens``, ``output_tokens``. Optional: ``session_id``
+            (integers, or any strings which are then numbered 0, 1, ... in order of first
+            appearance; empty/null -> -1 = unknown), ``slo_class`` (class names; empty/null ->
+            ``"default"``), ``prefix_hashes`` (a list of integer hash ids per row: a JSON list in
+            JSONL; in CSV a cell ``"[1, 2, 3]"`` or ``"1 2 3"`` / ``"1;2;3"``; empty -> none).
+        time_unit: unit of the arrival column: ``"s"``, ``"ms"`` or ``"us"`` (numbers), or
+            ``"datetime"`` (ISO-8601 wall-clock strings; arrival = seconds since the earliest).
+        fmt: ``"csv"`` or ``"jsonl"``; ``None`` infers it from the suffix.
+        name: workload name (default: the file name without extensions).
+        hash_block_tokens: tokens per prefix hash; required (> 0) when ``prefix_hashes`` is
+            mapped.
+        exact_hash_length: require ``len(prefix_hashes) == ceil(prompt_tokens /
+            hash_block_tokens)`` per row (otherwise at most that many).
+        rebase_time: subtract the earliest numeric arrival (e.g. for epoch timestamps); noted.
+
+    Returns:
+        A workload sorted by arrival (``arrival_s`` in seconds, >= 0).
+
+    Raises:
+        ConfigError: bad arguments (unknown fields, missing required fields, bad ``time_unit`` /
+            ``fmt`` / ``hash_block_tokens``).
+        TraceFormatError: missing columns/keys, malformed rows, non-numeric / NaN / negative
+            values, zero token counts, unparsable timestamps, bad hash lists -- naming the file,
+            the 1-based line, the field, the value and what is allowed.
+    """
+    if not isinstance(columns, dict):
+        raise ConfigError(f"columns={columns!r} must be a dict mapping field -> file column")
+    unknown = [f for f in columns if f not in GENERIC_FIELDS]
+    if unknown:
+        raise ConfigError(f"columns has unknown field(s) {unknown}; allowed: {list(GENERIC_FIELDS)}")
+    missing = [f for f in _REQUIRED_FIELDS if f not in columns]
+    if missing:
+        raise ConfigError(f"columns must map the required field(s) {missing}; required: "
+                          f"{list(_REQUIRED_FIELDS)}, given: {columns}")
+    if time_unit not in (*_TIME_UNITS, "datetime"):
+        raise ConfigError(f"time_unit={time_unit!r} is not allowed: expected one of "
+                          f"{[*_TIME_UNITS, 'datetime']}")
+    if fmt is None:
+        fmt = _format_of(path)
+        if fmt is None:
+            raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
+                                   "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
+    if fmt not in ("csv", "jsonl"):
+        raise ConfigError(f"fmt={fmt!r} is not allowed: expected 'csv', 'jsonl' or None")
+    has_hashes = "prefix_hashes" in columns
+    if has_hashes and (isinstance(hash_block_tokens, bool) or not isinstance(hash_block_tokens, int)
+                       or hash_block_tokens <= 0):
+        raise ConfigError(f"hash_block_tokens={hash_block_tokens!r} is not allowed: expected an "
+                          "integer > 0 (tokens per prefix hash) when 'prefix_hashes' is mapped")
+    file = str(path)
+    data, sha = _read(path)
+    hash_lens = hashes = None
+    flat: list = []
+    if fmt == "csv":
+        wanted = list(dict.fromkeys(columns.values()))
+        cols, lines, notes = _read_csv_rows(data, file, wanted)
+        raw = {f: cols[c] for f, c in columns.items()}
+        if time_unit == "datetime":
+            arrival, t0 = _datetime_seconds(raw["arrival_s"], lines, file, "arrival_s",
+                                            columns["arrival_s"], slice26=False)
+        else:
+            arrival = _numbers_from_strings(raw["arrival_s"], lines, file, "arrival_s",
+                                            columns["arrival_s"])
+        num = {f: _numbers_from_strings(raw[f], lines, file, f, columns[f])
+               for f in ("prompt_tokens", "output_tokens")}
+        if has_hashes:
+            col = columns["prefix_hashes"]
+            per_row = [_parse_hash_cell(c, int(ln), file, col)
+                       for c, ln in zip(raw["prefix_hashes"], lines)]
+            hash_lens = np.fromiter(map(len, per_row), dtype=np.int64, count=len(per_row))
+            flat = [h for r in per_row for h in r]
+        sess_raw = list(raw["session_id"]) if "session_id" in raw else None
+        slo_raw = list(raw["slo_class"]) if "slo_class" in raw else None
+        empty = ""
+    else:
+        vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
+            data, file, dict(columns), required=_REQUIRED_FIELDS,
+            list_key="prefix_hashes" if has_hashes else None)
+        raw = vals
+        if time_unit == "datetime":
+            arr_raw = np.asarray(vals["arrival_s"], dtype=object)
+            arrival, t0 = _datetime_seconds(arr_raw, lines, file, "arrival_s",
+                                            columns["arrival_s"], slice26=False)
+        else:
+            arrival = _numbers_from_json(vals["arrival_s"], lines, file, "arrival_s",
+                                         columns["arrival_s"])
+        num = {f: _numbers_from_json(vals[f], lines, file, f, columns[f])
+               for f in ("prompt_tokens", "output_tokens")}
+        sess_raw = vals.get("session_id")
+        slo_raw = vals.get("slo_class")
+        empty = None
+    prompt = _token_column(num["prompt_tokens"], raw["prompt_tokens"], lines, file,
+                           "prompt_tokens", columns["prompt_tokens"])
+    output = _token_column(num["output_tokens"], raw["output_tokens"], lines, file,
+                           "output_tokens", columns["output_tokens"])
+    head_note = f"loaded {len(lines)} rows from {file} (generic {fmt}, columns {columns}"
+    if time_unit == "datetime":
+        head_note += f", arrival_s = seconds since the earliest timestamp {t0})"
+    else:
+        _check_numbers(arrival, raw["arrival_s"], lines, file, "arrival_s", columns["arrival_s"],
+                       integer=False, minimum=-np.inf if rebase_time else 0, strict=rebase_time)
+        arrival = arrival * _TIME_UNITS[time_unit]
+        head_note += f", time unit {time_unit})"
+        if rebase_time and len(arrival):
+            t0 = float(arrival.min())
+            arrival = arrival - t0
+            head_note += f"; arrivals rebased by -{t0:g} s to start at 0"
+    notes.insert(0, head_note)
+    if has_hashes:
+        assert hash_lens is not None
+        _check_hash_lengths(hash_lens, prompt, lines, file, columns["prefix_hashes"],
+                            hash_block_tokens, exact=exact_hash_length)
+        hashes = _hash_array(flat, hash_lens, lines, file, columns["prefix_hashes"])
+    session = None
+    if sess_raw is not None:
+        session, note = _session_column(sess_raw, empty, lines, file, columns["session_id"])
+        if note:
+            notes.append(note)
+    slo_codes, slo_names = None, ("default",)
+    if slo_raw is not None:
+        names: dict[str, int] = {}
+        codes = np.empty(len(slo_raw), dtype=np.int16)
+        for i, v in enumerate(slo_raw):
+            key = "default" if v is None or v == "" else str(v)
+            codes[i] = names.setdefault(key, len(names))
+        if len(names) > np.iinfo(np.int16).max:
+            raise TraceFormatError(f"{file}: column {columns['slo_class']!r} has {len(names)} "
+                                   "distinct SLO classes; at most 32767 are allowed")
+        slo_codes, slo_names = codes, tuple(names) or ("default",)
+    return _assemble(file, name or _default_name(path), sha, arrival, prompt, output,
+                     hash_lens=hash_lens if has_hashes else None, hashes=hashes,
+                     hash_block_tokens=hash_block_tokens if has_hashes else 0, session=session,
+                     slo_codes=slo_codes, slo_names=slo_names, notes=notes)
+
+
+def _session_column(vals: Sequence[Any], empty: Any, lines: np.ndarray, file: str, column: str
+                    ) -> tuple[np.ndarray, str]:
+    """Integer session ids (empty/null -> -1); non-integer ids are numbered by first appearance."""
+    out = np.full(len(vals), -1, dtype=np.int64)
+    ints = True
+    for i, v in enumerate(vals):
+        if v is None or v == "":
+            continue
+        if type(v) is int or (isinstance(v, str) and re.fullmatch(r"\s*\d+\s*", v)):
+            out[i] = int(v)
+        else:
+            ints = False
+            break
+    if ints:
+        return out, ""
+    codes: dict[str, int] = {}
+    for i, v in enumerate(vals):
+        if v is None or v == "":
+            out[i] = -1
+        else:
+            out[i] = codes.setdefault(str(v), len(codes))
+    return out, (f"session ids in column {column!r} of {file} are not all non-negative integers; "
+                 f"numbered {len(codes)} distinct ids 0..{len(codes) - 1} by first appearance")
+
+
+# =============================================================================================
+# Bundled traces
+# =============================================================================================
+class BundledTrace(NamedTuple):
+    """A trace shipped in ``kvsched/envs/workload/data`` (see ``ATTRIBUTION.md``)."""
+
+    filename: str
+    loader: Callable[..., Workload]
+    description: str
+    attribution: str
+
+
+#: name -> (filename, loader, description, attribution). The first entry is the default.
+BUNDLED_TRACES: dict[str, BundledTrace] = {
+    "azure-conv-2023": BundledTrace(
+        "AzureLLMInferenceTrace_conv.csv.gz", load_azure_csv,
+        "Azure LLM inference 2023, conversation: 19,366 requests over 58 min (2023-11-16), "
+        "mean input 1,155 / output 211 tokens; no sessions or prefix hashes",
+        "Azure/AzurePublicDataset, CC-BY 4.0; Patel et al., Splitwise, ISCA 2024"),
+    "mooncake-conversation": BundledTrace(
+        "mooncake_conversation_trace.jsonl.gz", load_mooncake_jsonl,
+        "Mooncake (Kimi) conversation: 12,031 requests over 59 min, mean input 12,035 / output "
+        "343 tokens; 512-token prefix-block hash ids (reuse ratio 0.366)",
+        "kvcache-ai/Mooncake FAST25-release, Apache-2.0; Qin et al., Mooncake, FAST 2025"),
+}
+#: SHA-256 of each bundled file's uncompressed content (from the traces README).
+BUNDLED_SHA256: dict[str, str] = {
+    "azure-conv-2023": "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+    "mooncake-conversation": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+}
+DEFAULT_TRACE = "azure-conv-2023"
+
+
+def bundled_trace_path(name: str):
+    """The packaged file of bundled trace ``name`` (an ``importlib.resources`` Traversable).
+
+    Raises:
+        ConfigError: ``name`` is not a bundled trace (the message lists them).
+    """
+    if name not in BUNDLED_TRACES:
+        raise ConfigError(f"unknown bundled trace {name!r}; bundled traces: {list(BUNDLED_TRACES)}")
+    return importlib.resources.files("kvsched.envs.workload") / "data" / BUNDLED_TRACES[name].filename
+
+
+def list_traces() -> list[dict[str, str]]:
+    """One row per bundled trace for a CLI table: name, default, file, description, attribution."""
+    return [{"name": n, "default": "yes" if n == DEFAULT_TRACE else "", "file": t.filename,
+             "description": t.description, "attribution": t.attribution}
+            for n, t in BUNDLED_TRACES.items()]
+
+
+def _sniff(data: bytes, file: str, fmt: str | None) -> str:
+    """'azure' or 'mooncake' from the content of a .csv / .jsonl file, else TraceFormatError."""
+    hint = ("load it with kvsched.envs.workload.traces.load_generic(path, columns={'arrival_s': ..., "
+            "'prompt_tokens': ..., 'output_tokens': ...}, time_unit=...)")
+    if fmt == "csv":
+        header = data.split(b"\n", 1)[0].decode("utf-8", "replace").strip().lstrip("\ufeff")
+        found = [c.strip().strip('"') for c in header.split(",")]
+        if set(AZURE_COLUMNS) <= set(found):
+            return "azure"
+        raise TraceFormatError(f"{file}: CSV header {found} is not the Azure trace format (needs "
+                               f"columns {list(AZURE_COLUMNS)}); {hint}")
+    if fmt == "jsonl":
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e})") from None
+                keys = sorted(obj) if isinstance(obj, dict) else []
+                if set(MOONCAKE_KEYS) <= set(keys):
+                    return "mooncake"
+                raise TraceFormatError(f"{file}: line {lineno}: JSON keys {keys} are not the "
+                                       f"Mooncake format (needs {list(MOONCAKE_KEYS)}); {hint}")
+        raise TraceFormatError(f"{file}: the file holds no JSON lines")
+    raise TraceFormatError(f"{file}: unknown trace format; expected .csv (Azure) or .jsonl "
+                           f"(Mooncake), optionally .gz; otherwise {hint}")
+
+
+def load_trace(name_or_path: str | os.PathLike, name: str | None = None) -> Workload:
+    """Load a bundled trace by name (see :data:`BUNDLED_TRACES`) or a trace file by path.
+
+    A path ending in ``.csv``/``.csv.gz`` is read as the Azure format if its header has
+    ``TIMESTAMP, ContextTokens, GeneratedTokens``; ``.jsonl``/``.jsonl.gz`` as Mooncake if its
+    first object has ``timestamp, input_length, output_length, hash_ids``.
+
+    Returns:
+        The workload; a bundled trace is named by its registry name and its content hash is
+        checked against :data:`BUNDLED_SHA256`.
+
+    Raises:
+        ConfigError: ``name_or_path`` is neither a bundled name nor an existing file (the message
+            lists the bundled names).
+        TraceFormatError: the file is in neither format (the message points to
+            :func:`load_generic`), a bundled file's SHA-256 does not match, or any loader error.
+    """
+    key = os.fspath(name_or_path)
+    if key in BUNDLED_TRACES:
+        entry = BUNDLED_TRACES[key]
+        with importlib.resources.as_file(bundled_trace_path(key)) as p:
+            w = entry.loader(p, name=name or key)
+        if w.source_sha256 != BUNDLED_SHA256[key]:
+            raise TraceFormatError(f"{p}: bundled trace {key!r} has sha256 {w.source_sha256}, "
+                                   f"expected {BUNDLED_SHA256[key]}; the package data is damaged")
+        return w
+    p = Path(key)
+    if not p.is_file():
+        raise ConfigError(f"trace {key!r} is neither a bundled trace nor an existing file; bundled "
+                          f"traces: {list(BUNDLED_TRACES)} (see `kvsched traces`)")
+    data, sha = _read(p)
+    kind = _sniff(data, key, _format_of(p))
+    nm = name or _default_name(p)
+    if kind == "azure":
+        return _azure_from_bytes(data, key, sha, nm)
+    return _mooncake_from_bytes(data, key, sha, nm)
+
+
+# =============================================================================================
+# Windows, rate scaling, head
+# =============================================================================================
+def _span(w: Workload) -> str:
+    if not len(w):
+        return "the trace is empty"
+    return (f"the trace spans {w.arrival_s[0]:.3f}-{w.arrival_s[-1]:.3f} s "
+            f"({len(w)} requests)")
+
+
+def _slice(w: Workload, lo: int, hi: int, arrival: np.ndarray, note: str) -> Workload:
+    off = w.hash_offsets
+    return replace(
+        w, request_id=w.request_id[lo:hi], arrival_s=arrival,
+        prompt_tokens=w.prompt_tokens[lo:hi], output_tokens=w.output_tokens[lo:hi],
+        session_id=w.session_id[lo:hi], slo_class=w.slo_class[lo:hi],
+        hash_offsets=off[lo:hi + 1] - off[lo], hashes=w.hashes[off[lo]:off[hi]],
+        notes=w.notes + (note,))
+
+
+def window(w: Workload, start_s: float, end_s: float, rebase: bool = True) -> Workload:
+    """Requests with ``start_s <= arrival_s < end_s`` (seconds).
+
+    With ``rebase`` the kept arrivals are shifted by ``-start_s`` (so the window starts at 0).
+
+    Raises:
+        ConfigError: non-finite bounds, ``start_s >= end_s``, or a window holding no requests
+            (the message gives the trace span).
+    """
+    for f, v in (("start_s", start_s), ("end_s", end_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(v):
+            raise ConfigError(f"window {f}={v!r} is not allowed: expected a finite number of seconds")
+    if start_s >= end_s:
+        raise ConfigError(f"window start_s={start_s!r} must be < end_s={end_s!r}")
+    if rebase and start_s < 0:
+        raise ConfigError(f"window start_s={start_s!r} must be >= 0 when rebase=True "
+                          "(rebased arrivals would be negative)")
+    lo = int(np.searchsorted(w.arrival_s, start_s, side="left"))
+    hi = int(np.searchsorted(w.arrival_s, end_s, side="left"))
+    if hi <= lo:
+        raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {w.name!r} holds no requests; "
+                          f"{_span(w)}")
+    arr = w.arrival_s[lo:hi] - start_s if rebase else w.arrival_s[lo:hi]
+    note = (f"window [{start_s:g}, {end_s:g}) s: kept {hi - lo} of {len(w)} requests"
+            + (f"; arrivals rebased by -{start_s:g} s" if rebase else ""))
+    return _slice(w, lo, hi, np.maximum(arr, 0.0), note)
+
+
+def scale_rate(w: Workload, factor: float) -> Workload:
+    """Divide every arrival by ``factor``: ``factor=2`` doubles the request rate (halves the span).
+
+    Raises:
+        ConfigError: ``factor`` is not a finite number > 0.
+    """
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(factor) or factor <= 0:
+        raise ConfigError(f"scale_rate factor={factor!r} is not allowed: expected a finite number "
+                          "> 0 (2 = twice the request rate)")
+    span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w) else 0.0
+    note = (f"scale_rate x{factor:g}: arrivals divided by {factor:g} (request rate x{factor:g}; "
+            f"span {span:.3f} s -> {span / factor:.3f} s)")
+    return w.with_arrivals(w.arrival_s / float(factor), note)
+
+
+def head(w: Workload, n: int) -> Workload:
+    """The first ``n`` requests in arrival order (all of them, noted, if ``n >= len(w)``).
+
+    Raises:
+        ConfigError: ``n`` is not an integer >= 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ConfigError(f"head n={n!r} is not allowed: expected an integer >= 1")
+    n = int(n)
+    if n >= len(w):
+        note = f"head({n}): kept all {len(w)} requests (the workload has no more)"
+        return replace(w, notes=w.notes + (note,))
+    note = f"head({n}): kept the first {n} of {len(w)} requests (arrivals up to " \
+           f"{w.arrival_s[n - 1]:.3f} s)"
+    return _slice(w, 0, n, w.arrival_s[:n], note)

@@ -1,0 +1,211 @@
+"""The ``kvsched`` command line.
+
+``kvsched simulate`` is the main job: serve a bundled real trace (default: the Azure LLM
+inference 2023 conversation trace) on a simulated vLLM-like instance (default Llama-3.1-8B on
+one H100) and print TTFT/TPOT/ITL/E2E, SLO attainment and goodput per length class.
+``kvsched presets`` lists the model, GPU and link presets; ``kvsched traces`` the bundled
+traces.
+
+Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress bar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import kvsched
+from kvsched.envs.sim.errors import KvschedError
+from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
+
+from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvsched", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"kvsched {kvsched.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="serve a trace on a simulated instance and report latency metrics")
+    s.add_argument("--scenario", help="scenario YAML file (flags below override its fields)")
+    s.add_argument("--trace", help=f"bundled trace name or path (default {DEFAULT_TRACE}); see `kvsched traces`")
+    s.add_argument("--model", help=f"model preset (default {DEFAULT_MODEL}); see `kvsched presets`")
+    s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
+    s.add_argument("--tp", type=int, help="tensor-parallel degree (1, 2, 4, 8)")
+    s.add_argument("--policy", help="scheduler policy (default fcfs)")
+    s.add_argument("--instances", type=int, help="number of instances (default 1)")
+    s.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"),
+                   help="serve only requests arriving in [START_S, END_S)")
+    s.add_argument("--rate-scale", type=float, help="multiply the request rate (compress arrivals)")
+    s.add_argument("--max-requests", type=int, help="serve only the first N requests")
+    s.add_argument("--seed", type=int, help="seed for synthetic workloads (default 0)")
+    s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
+    s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    s.add_argument("--no-fast-forward", action="store_true",
+                   help="advance every step one by one (same results, slower; for checking)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sub.add_parser("presets", help="list model, GPU and link presets")
+    sub.add_parser("traces", help="list bundled traces")
+    return p
+
+
+def _scenario_from_args(a: argparse.Namespace) -> Scenario:
+    sc = load_scenario(a.scenario) if a.scenario else Scenario()
+    over: dict = {}
+    if a.trace:
+        over["trace"], over["synthetic"] = a.trace, None
+    inst = dict(sc.instance)
+    for key, val in (("model", a.model), ("gpu", a.gpu), ("tp", a.tp)):
+        if val is not None:
+            inst[key] = val
+    over["instance"] = inst
+    for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
+                     ("max_requests", a.max_requests), ("seed", a.seed)):
+        if val is not None:
+            over[key] = val
+    if a.window:
+        over["window_s"] = tuple(a.window)
+    return sc.with_overrides(**over)
+
+
+def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
+    from kvsched.envs.sim.cluster import simulate
+    from kvsched.envs.sim.instance import InstanceOptions
+
+    sc = _scenario_from_args(a)
+    spec = sc.instance_spec()
+    workload = sc.workload()
+    for note in workload.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
+    console.print(
+        f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
+        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
+        f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
+        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}",
+        highlight=False, stderr=True) if not a.json else None
+    t0 = time.perf_counter()
+    show = not (a.no_progress or a.json) and sys.stderr.isatty()
+    if show:
+        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as prog:
+            task = prog.add_task("sim", total=len(workload))
+            result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
+                              progress=lambda n: prog.update(task, completed=n))
+    else:
+        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances)
+    wall_s = time.perf_counter() - t0
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    summary = result.summary
+    if a.json:
+        print(summary_to_json(summary))
+    else:
+        table = Table(title=f"{workload.name}: {sc.policy} on {spec.model.name} / {spec.gpu.name} TP{spec.tp}")
+        for h in SUMMARY_ROW_HEADERS:
+            table.add_column(h, justify="right")
+        for row in format_summary_rows(summary):
+            table.add_row(*[str(x) for x in row])
+        console.print(table)
+        st = result.stats
+        console.print(
+            f"simulated {summary['duration_s'] or 0.0:.1f} s in {wall_s:.2f} s wall "
+            f"({len(workload) / max(wall_s, 1e-9):,.0f} requests/s, {st['events']:,} events, "
+            f"{st['steps']:,} steps of which {st['fast_forward_steps']:,} fast-forwarded in "
+            f"{st['fast_forward_stretches']:,} stretches; peak RSS {peak_rss_mib:,.0f} MiB)",
+            highlight=False)
+    if a.out:
+        _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
+    return 0
+
+
+def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console) -> None:
+    from kvsched.envs.sim.specs import instance_spec_to_dict
+
+    out: Path = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    if a.format == "parquet":
+        try:
+            result.records.to_parquet(out / "records.parquet", index=False)
+        except ImportError as e:
+            raise KvschedError(f"--format parquet needs pyarrow ({e}); install kvsched[parquet]") from None
+    else:
+        result.records.to_csv(out / "records.csv", index=False)
+    (out / "summary.json").write_text(summary_to_json(result.summary) + "\n")
+    result.occupancy.to_csv(out / "occupancy.csv", index=False)
+    run = {
+        "kvsched_version": kvsched.__version__,
+        "scenario": sc.to_dict(),
+        "scenario_sha256": sc.sha256(),
+        "workload": {"name": workload.name, "requests": len(workload),
+                     "source_sha256": workload.source_sha256,
+                     "content_sha256": workload.content_sha256(), "notes": list(workload.notes)},
+        "instance": instance_spec_to_dict(spec),
+        "stats": result.stats,
+        "wall_s": wall_s,
+        "peak_rss_mib": peak_rss_mib,
+        "python": platform.python_version(),
+    }
+    (out / "run.json").write_text(json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
+    if not a.json:
+        console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)
+
+
+def cmd_presets(console: Console) -> int:
+    from kvsched.envs.sim.specs import presets_rows
+
+    for title, rows in presets_rows().items():
+        if not rows:
+            continue
+        table = Table(title=title)
+        for col in rows[0]:
+            table.add_column(str(col))
+        for r in rows:
+            table.add_row(*[str(v) for v in r.values()])
+        console.print(table)
+    return 0
+
+
+def cmd_traces(console: Console) -> int:
+    from kvsched.envs.workload.traces import list_traces
+
+    rows = list_traces()
+    table = Table(title="bundled traces")
+    for col in rows[0]:
+        table.add_column(str(col))
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    console.print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvsched`` console script. Returns the process exit code."""
+    args = _parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "simulate":
+            return cmd_simulate(args, console)
+        if args.command == "presets":
+            return cmd_presets(console)
+        if args.command == "traces":
+            return cmd_traces(console)
+    except KvschedError as e:
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

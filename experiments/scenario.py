@@ -1,0 +1,195 @@
+"""Scenarios: one YAML file that says what to serve, on what, under which policy and SLOs.
+
+A scenario composes the simulator's configuration objects; it defines no behaviour itself.
+
+```yaml
+name: azure-conv-h100          # free text
+trace: azure-conv-2023         # a bundled trace name or a path (or use `synthetic:`)
+window_s: [0, 600]             # optional [start, end) in seconds, rebased to 0
+rate_scale: 1.0                # > 1 compresses arrivals (a higher request rate)
+max_requests: null             # optional: keep the first N requests
+synthetic: null                # SyntheticConfig fields instead of `trace`
+instance:                      # InstanceSpec fields; model/gpu as preset names or inline
+  model: Llama-3.1-8B
+  gpu: H100-SXM
+  tp: 1
+n_instances: 1
+policy: fcfs
+oracle_lengths: false          # show true output lengths to the policy
+metrics:                       # MetricsConfig fields
+  long_prompt_tokens: 8192
+  slos: {short: {ttft_s: 1.0, tpot_s: 0.1}, long: {ttft_s: 10.0, tpot_s: 0.2}}
+seed: 0
+```
+
+Unknown keys are errors (naming the key, the file and the allowed keys), never ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.metrics import SLO, MetricsConfig
+from kvsched.envs.sim.request import Workload
+from kvsched.envs.sim.specs import InstanceSpec, instance_spec_from_dict, instance_spec_to_dict
+from kvsched.envs.workload import synthetic as synth
+from kvsched.envs.workload import traces
+
+DEFAULT_TRACE = "azure-conv-2023"
+DEFAULT_MODEL = "Llama-3.1-8B"
+DEFAULT_GPU = "H100-SXM"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario (see the module docstring for the YAML form).
+
+    Raises:
+        ConfigError: on any field out of range, naming the field, value and what is allowed.
+    """
+
+    name: str = "default"
+    trace: str | None = DEFAULT_TRACE
+    window_s: tuple[float, float] | None = None
+    rate_scale: float = 1.0
+    max_requests: int | None = None
+    synthetic: dict | None = None
+    instance: dict = field(default_factory=lambda: {"model": DEFAULT_MODEL, "gpu": DEFAULT_GPU})
+    n_instances: int = 1
+    policy: str = "fcfs"
+    oracle_lengths: bool = False
+    metrics: dict = field(default_factory=dict)
+    seed: int = 0
+    source: str = "<defaults>"
+
+    def __post_init__(self) -> None:
+        where = f"scenario {self.source}"
+        if (self.trace is None) == (self.synthetic is None):
+            raise ConfigError(f"{where}: give exactly one of 'trace' and 'synthetic' "
+                              f"(trace={self.trace!r}, synthetic={'set' if self.synthetic else None})")
+        if self.window_s is not None:
+            w = tuple(float(x) for x in self.window_s)
+            if len(w) != 2 or not (0 <= w[0] < w[1]):
+                raise ConfigError(f"{where}: window_s={list(self.window_s)} must be [start, end) with 0 <= start < end")
+            object.__setattr__(self, "window_s", w)
+        if not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0):
+            raise ConfigError(f"{where}: rate_scale={self.rate_scale!r} must be a number > 0")
+        if self.max_requests is not None and (not isinstance(self.max_requests, int) or self.max_requests < 1):
+            raise ConfigError(f"{where}: max_requests={self.max_requests!r} must be an integer >= 1")
+        if not isinstance(self.n_instances, int) or self.n_instances < 1:
+            raise ConfigError(f"{where}: n_instances={self.n_instances!r} must be an integer >= 1")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"{where}: seed={self.seed!r} must be an integer >= 0")
+        if not isinstance(self.instance, dict):
+            raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
+        # build once to validate early (errors name the scenario file)
+        self.instance_spec()
+        self.metrics_config()
+
+    # ------------------------------------------------------------------------------ builders
+    def instance_spec(self) -> InstanceSpec:
+        """The :class:`InstanceSpec` this scenario serves on."""
+        return instance_spec_from_dict(self.instance, source=f"{self.source}: instance")
+
+    def metrics_config(self) -> MetricsConfig:
+        """The :class:`MetricsConfig` (defaults for fields the scenario leaves out)."""
+        m = dict(self.metrics)
+        allowed = {f.name for f in fields(MetricsConfig)}
+        unknown = set(m) - allowed
+        if unknown:
+            raise ConfigError(f"scenario {self.source}: metrics has unknown keys {sorted(unknown)}; "
+                              f"allowed: {sorted(allowed)}")
+        if "slos" in m:
+            slos = m["slos"]
+            if not isinstance(slos, dict):
+                raise ConfigError(f"scenario {self.source}: metrics.slos must map class -> {{ttft_s, tpot_s}}")
+            built = dict(MetricsConfig().slos)
+            for k, v in slos.items():
+                if isinstance(v, SLO):
+                    built[k] = v
+                elif isinstance(v, dict):
+                    try:
+                        built[k] = SLO(**v)
+                    except TypeError as e:
+                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r}: {e}") from None
+                else:
+                    raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r} must be a mapping")
+            m["slos"] = built
+        if "percentiles" in m:
+            m["percentiles"] = tuple(m["percentiles"])
+        return MetricsConfig(**m)
+
+    def workload(self) -> Workload:
+        """Load or generate the requests, then apply window, rate scaling and max_requests."""
+        if self.trace is not None:
+            w = traces.load_trace(self.trace)
+        else:
+            cfg = _build(synth.SyntheticConfig, self.synthetic, f"{self.source}: synthetic")
+            w = synth.generate(cfg, seed=self.seed)
+        if self.window_s is not None:
+            w = traces.window(w, self.window_s[0], self.window_s[1])
+        if self.rate_scale != 1.0:
+            w = traces.scale_rate(w, self.rate_scale)
+        if self.max_requests is not None:
+            w = traces.head(w, self.max_requests)
+        return w
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (instance resolved inline), for provenance."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        d["window_s"] = list(self.window_s) if self.window_s else None
+        d["instance"] = instance_spec_to_dict(self.instance_spec())
+        return d
+
+    def sha256(self) -> str:
+        """Hash of the scenario's plain-data form (provenance of exports and results)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+    def with_overrides(self, **kw: Any) -> "Scenario":
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **kw)
+
+
+def _build(cls, d: dict | None, where: str):
+    d = dict(d or {})
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(d) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario YAML file.
+
+    Raises:
+        ConfigError: unreadable YAML, unknown keys, or invalid values (naming the file).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"scenario file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"scenario file {p}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
+    allowed = {f.name for f in fields(Scenario)} - {"source"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    if "synthetic" in data and "trace" not in data:
+        data["trace"] = None
+    if "window_s" in data and data["window_s"] is not None:
+        data["window_s"] = tuple(data["window_s"])
+    return Scenario(**data, source=str(p))

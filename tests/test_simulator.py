@@ -1,0 +1,208 @@
+"""Simulator core: hand-computed schedule, accounting and block conservation, fast-forward
+equivalence, preemption modes, prefix caching, rejection and determinism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
+
+from kvsched.envs.sim.cluster import simulate
+from kvsched.envs.sim.cost_model import CostModel
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.metrics import summary_to_json
+from kvsched.envs.sim.request import Request, Workload
+from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
+
+MODEL = get_model("Llama-3.1-8B")
+GPU = get_gpu("H100-SXM")
+BLOCK_BYTES = 131072 * 16  # Llama-3.1-8B bf16 KV per 16-token block
+
+
+def make_spec(**kw) -> InstanceSpec:
+    base = dict(model=MODEL, gpu=GPU, hbm_kv_blocks=4096, max_num_batched_tokens=512, max_num_seqs=64)
+    base.update(kw)
+    return InstanceSpec(**base)
+
+
+def run(workload, spec, fast_forward=True, check=True, policy="fcfs"):
+    return simulate(workload, spec, policy,
+                    options=InstanceOptions(fast_forward=fast_forward, check_invariants=check))
+
+
+# ------------------------------------------------------------------------------------------
+def test_hand_computed_three_request_schedule():
+    """Budget 64 tokens, one partial prefill at a time; the schedule worked out by hand:
+
+    step 1: A prefill 64 of 100 (partial)                         -> budget used
+    step 2: A prefill 36 (done: A token 1), B prefill 20 (done: B token 1),
+            C prefill 8 of 10 (partial; A and B finish their prefill so the slot is free)
+    step 3: A decode, B decode (B token 2: finished), C prefill 2 (C token 1: finished)
+    step 4: A decode (A token 3: finished)
+    """
+    spec = make_spec(max_num_batched_tokens=64, enable_prefix_caching=False)
+    reqs = [Request(0, 0.0, 100, 3), Request(1, 0.0, 20, 2), Request(2, 0.0, 10, 1)]
+    res = run(Workload.from_requests(reqs), spec)
+    cm = CostModel(spec)
+
+    def t(n, attn, kv):
+        return float(cm.step_time_s(float(n), float(attn), float(kv)))
+
+    t1 = t(64, 64 * 32, 64)
+    t2 = t(36 + 20 + 8, 36 * (64 + 18) + 20 * 10 + 8 * 4, (64 + 36) + 20 + 8)
+    t3 = t(1 + 1 + 2, 100 + 20 + 2 * (8 + 1), 100 + 20 + 10)
+    t4 = t(1, 101, 101)
+    e1 = 0.0 + t1
+    e2 = e1 + t2
+    e3 = e2 + t3
+    e4 = e3 + t4
+    r = res.records.set_index("request_id")
+    assert r.loc[0, "first_token_s"] == e2 and r.loc[0, "finish_s"] == e4
+    assert r.loc[1, "first_token_s"] == e2 and r.loc[1, "finish_s"] == e3
+    assert r.loc[2, "first_token_s"] == e3 and r.loc[2, "finish_s"] == e3
+    assert r.loc[0, "max_itl_s"] == max(t3, t4)
+    assert list(r["generated_tokens"]) == [3, 2, 1]
+    assert res.stats["steps"] == 4
+
+
+def test_decode_stretch_is_fast_forwarded_and_exact():
+    spec = make_spec()
+    reqs = [Request(i, 0.0, 200 + 37 * i, 300 + 11 * i) for i in range(8)]
+    w = Workload.from_requests(reqs)
+    fast = run(w, spec, fast_forward=True)
+    slow = run(w, spec, fast_forward=False)
+    pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+    assert fast.stats["steps"] == slow.stats["steps"]
+    assert fast.stats["fast_forward_steps"] > 0.9 * fast.stats["steps"]
+    assert fast.stats["events"] < slow.stats["events"] / 20
+
+
+# ------------------------------------------------------------------------------------------
+request_lists = hst.lists(
+    hst.tuples(
+        hst.floats(0, 5.0, allow_nan=False),     # arrival
+        hst.integers(1, 1500),                   # prompt
+        hst.integers(1, 200),                    # output
+        hst.integers(0, 3),                      # prefix group (0: none)
+    ),
+    min_size=1, max_size=25,
+)
+
+
+def build_workload(rows, seg_tokens=32):
+    reqs = []
+    for i, (arr, p, o, g) in enumerate(rows):
+        hashes = ()
+        if g:
+            n = p // seg_tokens
+            hashes = tuple(1000 * g + k for k in range(n))  # groups share leading segments
+        reqs.append(Request(i, arr, p, o, prefix_hashes=hashes, hash_block_tokens=seg_tokens if hashes else 0))
+    return Workload.from_requests(reqs)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=request_lists,
+       hbm_blocks=hst.integers(110, 400),
+       budget=hst.sampled_from([64, 256, 2048]),
+       mode=hst.sampled_from(["recompute", "swap", "offload"]),
+       threshold=hst.sampled_from([0, 128]),
+       partial=hst.sampled_from([1, 2]),
+       max_seqs=hst.sampled_from([2, 64]))
+def test_accounting_conservation_and_fast_forward_equivalence(rows, hbm_blocks, budget, mode, threshold,
+                                                              partial, max_seqs):
+    w = build_workload(rows)
+    spec = make_spec(hbm_kv_blocks=hbm_blocks, max_num_batched_tokens=budget,
+                     dram_kv_bytes=60 * BLOCK_BYTES if mode == "swap" else 0,
+                     nvme_kv_bytes=200 * BLOCK_BYTES if mode in ("swap", "offload") else 0,
+                     preemption_mode=mode, long_prefill_token_threshold=threshold,
+                     max_num_partial_prefills=partial, max_long_partial_prefills=1, max_num_seqs=max_seqs)
+    fast = run(w, spec, fast_forward=True, check=True)  # check=True verifies conservation every step
+    rec = fast.records
+    # every request either finished with all its tokens or was rejected with a reason
+    assert len(rec) == len(w)
+    fin = rec[rec.status == "finished"]
+    rej = rec[rec.status == "rejected"]
+    assert (fin.generated_tokens == fin.output_tokens).all()
+    assert (rej.reject_reason != "").all()
+    assert (fin.first_token_s >= fin.arrival_s).all() and (fin.finish_s >= fin.first_token_s).all()
+    # a request is rejected only when prompt + output exceed what HBM can hold (max_model_len)
+    too_big = (rec.prompt_tokens + rec.output_tokens) > hbm_blocks * 16
+    assert (too_big == (rec.status == "rejected")).all()
+    slow = run(w, spec, fast_forward=False, check=False)
+    pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+
+
+def test_recompute_preemption_counts_recomputed_tokens():
+    # 3 requests whose decodes outgrow a small cache: the latest admitted is preempted
+    spec = make_spec(hbm_kv_blocks=40, max_num_batched_tokens=2048, enable_prefix_caching=False)
+    reqs = [Request(i, 0.0, 150, 120) for i in range(3)]
+    res = run(Workload.from_requests(reqs), spec)
+    r = res.records.set_index("request_id")
+    assert (r.status == "finished").all()
+    assert r.loc[2, "preemptions"] >= 1 and r.loc[0, "preemptions"] == 0
+    assert r.loc[2, "recomputed_tokens"] >= 150
+    assert res.summary["classes"]["all"]["preemptions"]["total"] == int(r.preemptions.sum())
+
+
+def test_swap_preemption_moves_bytes_over_pcie_and_keeps_progress():
+    spec = make_spec(hbm_kv_blocks=40, max_num_batched_tokens=2048, dram_kv_bytes=100 * BLOCK_BYTES,
+                     preemption_mode="swap", enable_prefix_caching=False)
+    reqs = [Request(i, 0.0, 150, 120) for i in range(3)]
+    res = run(Workload.from_requests(reqs), spec)
+    r = res.records.set_index("request_id")
+    assert (r.status == "finished").all()
+    victim = r[r.preemptions > 0]
+    assert len(victim) >= 1
+    assert (victim.recomputed_tokens == 0).all()  # swapped, not recomputed
+    assert (victim.bytes_hbm_to_dram > 0).all()
+    assert (victim.bytes_dram_to_hbm == victim.bytes_hbm_to_dram).all()
+    assert res.stats["link_bytes"]["pcie_d2h"] == int(victim.bytes_hbm_to_dram.sum())
+
+
+def test_prefix_cache_hits_across_requests_not_self():
+    seg = 512
+    shared = tuple(range(4))  # 4 x 512 tokens of shared system prompt
+    reqs = [
+        Request(0, 0.0, 4 * seg + 100, 5, prefix_hashes=shared + (99,), hash_block_tokens=seg),
+        Request(1, 10.0, 4 * seg + 300, 5, prefix_hashes=shared + (77,), hash_block_tokens=seg),
+    ]
+    res = run(Workload.from_requests(reqs), make_spec())
+    r = res.records.set_index("request_id")
+    assert r.loc[0, "prefix_hit_tokens"] == 0
+    assert r.loc[1, "prefix_hit_tokens"] == 4 * seg
+    # caching off: no hits
+    res_off = run(Workload.from_requests(reqs), make_spec(enable_prefix_caching=False))
+    assert res_off.records.prefix_hit_tokens.sum() == 0
+    # the hit shortens request 1's prefill, so its TTFT drops
+    assert r.loc[1, "first_token_s"] - 10.0 < res_off.records.set_index("request_id").loc[1, "first_token_s"] - 10.0
+
+
+def test_request_that_can_never_fit_is_rejected_and_counted():
+    spec = make_spec(hbm_kv_blocks=64)  # 1024 tokens of KV
+    reqs = [Request(0, 0.0, 2000, 10), Request(1, 0.1, 100, 10)]
+    res = run(Workload.from_requests(reqs), spec)
+    r = res.records.set_index("request_id")
+    assert r.loc[0, "status"] == "rejected" and r.loc[0, "reject_reason"] == "exceeds_max_model_len"
+    assert r.loc[1, "status"] == "finished"
+    assert res.summary["classes"]["all"]["counts"]["rejected"] == 1
+
+
+def test_same_seed_same_summary_bytes_across_processes(tmp_path):
+    code = (
+        "from kvsched.experiments.scenario import Scenario\n"
+        "from kvsched.envs.sim.cluster import simulate\n"
+        "from kvsched.envs.sim.metrics import summary_to_json\n"
+        "sc = Scenario(max_requests=400)\n"
+        "r = simulate(sc.workload(), sc.instance_spec(), sc.policy, sc.metrics_config())\n"
+        "print(summary_to_json(r.summary))\n"
+    )
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)]
+    assert outs[0] == outs[1]
+    assert json.loads(outs[0])["classes"]["all"]["counts"]["finished"] == 400
