@@ -87,15 +87,18 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     sc = _scenario_from_args(a)
     spec = sc.instance_spec()
     workload = sc.workload()
-    for note in workload.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    err = Console(stderr=True)
+    if not a.json:
+        for note in workload.notes:
+            err.print(f"[yellow]note:[/] {note}", highlight=False)
     options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
-    console.print(
+    if not a.json:
+        err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
         f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
         f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
         f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}",
-        highlight=False, stderr=True) if not a.json else None
+        highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
     if show:

@@ -211,6 +211,12 @@ class SyntheticConfig:
         need(_is_int(self.hash_block_tokens) and self.hash_block_tokens >= 16
              and self.hash_block_tokens % 16 == 0, "hash_block_tokens",
              "a positive multiple of 16 (tokens per prefix hash; KV blocks are 16 tokens)")
+        # canonical types (so equal configs hash equally and NumPy scalars serialize to JSON)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None or isinstance(v, str):
+                continue
+            object.__setattr__(self, f.name, float(v) if f.type.startswith("float") else int(v))
 
     def non_default_fields(self) -> dict[str, Any]:
         """Fields whose value differs from the default (required fields always included)."""

@@ -171,8 +171,10 @@ def _numbers_from_strings(raw: np.ndarray, lines: np.ndarray, file: str, field: 
         # a literal "nan" parses to NaN too: both are rejected
         idx = np.flatnonzero(bad)
         i = int(idx[0])
-        raise _bad(file, int(lines[i]), field, column, raw[i],
-                   "a number" if raw[i] != "" else "a number (the cell is empty)", len(idx) - 1)
+        v = str(raw[i])
+        what = ("a number (the cell is empty)" if v.strip() == "" else
+                "a number (NaN is not allowed)" if v.strip().lower() == "nan" else "a number")
+        raise _bad(file, int(lines[i]), field, column, raw[i], what, len(idx) - 1)
     return num
 
 
