@@ -115,11 +115,14 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if a.json:
         print(summary_to_json(summary))
     else:
-        table = Table(title=f"{workload.name}: {sc.policy} on {spec.model.name} / {spec.gpu.name} TP{spec.tp}")
-        for h in SUMMARY_ROW_HEADERS:
-            table.add_column(h, justify="right")
-        for row in format_summary_rows(summary):
-            table.add_row(*[str(x) for x in row])
+        rows = format_summary_rows(summary)
+        table = Table(title=f"{workload.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
+                            f"{spec.gpu.name} TP{spec.tp}")
+        table.add_column("metric")
+        for r in rows:  # one column per class (all, short, long): fits a narrow terminal
+            table.add_column(r[0], justify="right")
+        for j, header in enumerate(SUMMARY_ROW_HEADERS[1:], start=1):
+            table.add_row(header, *[r[j] for r in rows])
         console.print(table)
         st = result.stats
         console.print(
