@@ -175,8 +175,9 @@ def cmd_presets(console: Console) -> int:
         if not rows:
             continue
         table = Table(title=title)
-        for col in rows[0]:
-            table.add_column(str(col))
+        for j, col in enumerate(rows[0]):
+            # names never wrap; numeric headers may
+            table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")
         for r in rows:
             table.add_row(*[str(v) for v in r.values()])
         console.print(table)
@@ -199,7 +200,7 @@ def cmd_traces(console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvsched`` console script. Returns the process exit code."""
     args = _parser().parse_args(argv)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         if args.command == "simulate":
             return cmd_simulate(args, console)

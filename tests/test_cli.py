@@ -1,0 +1,81 @@
+"""The `kvsched` command line: outputs, provenance, and clean errors on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvsched.envs.sim.metrics import RECORD_COLUMNS
+from kvsched.experiments.cli import main
+
+
+def test_simulate_writes_records_summary_occupancy_and_provenance(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["simulate", "--max-requests", "300", "--out", str(out), "--json", "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(printed) == summary
+    assert summary["classes"]["all"]["counts"]["arrived"] == 300
+    rec = pd.read_csv(out / "records.csv")
+    assert list(rec.columns) == list(RECORD_COLUMNS) and len(rec) == 300
+    assert (rec.status == "finished").all()
+    # TTFT in the summary is the mean over the records' first_token - arrival
+    ttft = (rec.first_token_s - rec.arrival_s).mean()
+    assert summary["classes"]["all"]["ttft_s"]["mean"] == pytest.approx(ttft, rel=1e-12)
+    run = json.loads((out / "run.json").read_text())
+    assert run["workload"]["source_sha256"] == "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"
+    assert run["instance"]["model"]["name"] == "Llama-3.1-8B"
+    assert len(run["scenario_sha256"]) == 64
+    occ = pd.read_csv(out / "occupancy.csv")
+    assert (occ.used_blocks_hbm <= occ.capacity_blocks_hbm).all() and occ.used_blocks_hbm.max() > 0
+
+
+def test_same_arguments_same_summary_bytes(tmp_path):
+    for name in ("a", "b"):
+        assert main(["simulate", "--max-requests", "200", "--out", str(tmp_path / name), "--json",
+                     "--no-progress"]) == 0
+    assert (tmp_path / "a" / "summary.json").read_bytes() == (tmp_path / "b" / "summary.json").read_bytes()
+
+
+def test_table_output_names_the_setup(capsys):
+    assert main(["simulate", "--max-requests", "100", "--no-progress", "--model", "Qwen2.5-7B"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen2.5-7B" in out and "TTFT p99 ms" in out and "goodput" in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["simulate", "--model", "llama-9b"], "Llama-3.1-8B"),           # lists known models
+    (["simulate", "--gpu", "H900"], "H100-SXM"),                     # lists known GPUs
+    (["simulate", "--trace", "no-such-trace"], "azure-conv-2023"),   # lists bundled traces
+    (["simulate", "--scenario", "/nonexistent.yaml"], "does not exist"),
+    (["simulate", "--rate-scale", "-1"], "rate_scale"),
+    (["simulate", "--model", "Llama-3.1-70B", "--tp", "1"], "Llama-3.1-70B"),  # weights do not fit
+    (["simulate", "--policy", "magic"], "fcfs"),                      # lists known policies
+])
+def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
+    rc = main(argv + ["--no-progress", "--max-requests", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "error" in err and fragment in err
+    assert "Traceback" not in err
+
+
+def test_unknown_scenario_key_is_an_error(tmp_path, capsys):
+    p = tmp_path / "s.yaml"
+    p.write_text("trace: azure-conv-2023\npolicy: fcfs\nrate_scael: 2\n")
+    assert main(["simulate", "--scenario", str(p), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "rate_scael" in err and "rate_scale" in err
+
+
+def test_presets_and_traces_list_names(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("Llama-3.1-8B", "Llama-2-70B", "Qwen2.5-72B", "H100-SXM", "A100-80GB", "B200", "L40S"):
+        assert name in out
+    assert main(["traces"]) == 0
+    out = capsys.readouterr().out
+    assert "azure-conv-2023" in out and "mooncake-conversation" in out
