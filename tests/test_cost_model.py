@@ -218,3 +218,21 @@ def test_idle_hbm_bytes_is_unused_bandwidth() -> None:
     b = cm.step_breakdown(2048, 2048 * 1024, 2048)  # compute-bound prefill leaves HBM idle
     assert b["idle_hbm_bytes"] == pytest.approx(b["step_s"] * cm.hbm_bytes_per_s - b["hbm_bytes"])
     assert b["idle_hbm_bytes"] > 0.5 * b["step_s"] * cm.hbm_bytes_per_s
+
+
+def test_fast_scalar_and_array_paths_are_bitwise_equal_to_step_time_s():
+    """The simulator's fast paths must equal step_time_s bit for bit (fast-forward relies on it)."""
+    from kvsched.envs.sim.cost_model import CostModel
+    from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
+
+    rng = np.random.default_rng(7)
+    for tp, model in ((1, "Llama-3.1-8B"), (4, "Llama-3.1-70B")):
+        cm = CostModel(InstanceSpec(model=get_model(model), gpu=get_gpu("H100-SXM"), tp=tp))
+        n = rng.integers(1, 8192, 500).astype(float)
+        pairs = rng.integers(0, 10**9, 500) / 2.0
+        kv = rng.integers(0, 10**6, 500).astype(float)
+        ref = cm.step_time_s(n, pairs, kv)
+        fast = np.array([cm.step_time_fast(a, b, c) for a, b, c in zip(n, pairs, kv)])
+        assert np.array_equal(ref, fast)
+        assert np.array_equal(ref, cm.step_times_fast(n, pairs, kv))
+        assert cm.step_time_fast(0.0, 0.0, 0.0) == 0.0

@@ -135,6 +135,25 @@ class CostModel:
         n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
         return np.where(n > 0, self._step(n, pairs, kv)["step_s"], 0.0)[()]
 
+    def step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float) -> float:
+        """:meth:`step_time_s` for one step, on Python floats, without input checks.
+
+        The simulator's per-step hot path. Same IEEE operations in the same order as the array
+        path, so the result is bitwise equal to ``step_time_s`` (a test checks it). Callers
+        guarantee non-negative inputs.
+        """
+        if n_tokens <= 0.0:
+            return 0.0
+        flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        return ((compute if compute >= memory else memory) + self._overhead
+                + (self._comm_per_token * n_tokens + self._comm_fixed))
+
+    def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""
+        return self._step(n_tokens, attn_pairs, kv_tokens)["step_s"]
+
     def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> dict[str, Any]:
         """The parts of :meth:`step_time_s` (same arguments).
 

@@ -244,7 +244,7 @@ class Instance:
             else:
                 attn2 += n * (2 * p + n)
                 kv += p + n
-        dt = float(self.cost.step_time_s(float(n_tokens), attn2 / 2.0, float(kv)))
+        dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
         self._stretch_ends = None
         self._step_start = start
         self._step_n_tokens = n_tokens
@@ -273,7 +273,7 @@ class Instance:
         s0 = int(x.sum())
         ks = np.arange(k_max, dtype=np.int64)
         ctx = (s0 + n * ks).astype(np.float64)
-        dts = self.cost.step_time_s(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
+        dts = self.cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
         acc = np.empty(k_max + 1, dtype=np.float64)
         acc[0] = start
         acc[1:] = dts

@@ -22,8 +22,12 @@ class Recorder:
 
     def __init__(self, metrics: MetricsConfig, occupancy_every: int = 1) -> None:
         self.metrics = metrics
-        self.itl = {name: LogHistogram() for name in LENGTH_CLASSES}
-        self._itl_by_index = [self.itl[name] for name in LENGTH_CLASSES]
+        self._itl = {name: LogHistogram() for name in LENGTH_CLASSES}
+        self._itl_by_index = [self._itl[name] for name in LENGTH_CLASSES]
+        # ITL samples are buffered and binned in batches: one histogram call per ~64k samples
+        self._buf_vals: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
+        self._buf_wts: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
+        self._buffered = 0
         self.rows: list[tuple] = []
         self.occupancy: list[tuple] = []
         self.occupancy_every = max(1, int(occupancy_every))
@@ -53,14 +57,35 @@ class Recorder:
             shared_gaps: gaps every one of the ``n`` requests saw (a fast-forwarded stretch),
                 shape ``(k,)``; each is counted once per request.
         """
-        for c, hist in enumerate(self._itl_by_index):
-            mask = classes == c
-            cnt = int(mask.sum())
+        n_long = int(classes.sum())  # classes are 0 (short) or 1 (long)
+        n_short = len(classes) - n_long
+        for c, cnt in ((0, n_short), (1, n_long)):
             if not cnt:
                 continue
-            hist.add(first_gaps[mask])
+            vals = first_gaps if cnt == len(classes) else first_gaps[classes == c]
+            self._buf_vals[c].append(vals)
+            self._buf_wts[c].append(np.ones(len(vals), dtype=np.int64))
+            self._buffered += len(vals)
             if shared_gaps is not None and len(shared_gaps):
-                hist.add(shared_gaps, cnt)
+                self._buf_vals[c].append(shared_gaps)
+                self._buf_wts[c].append(np.full(len(shared_gaps), cnt, dtype=np.int64))
+                self._buffered += len(shared_gaps)
+        if self._buffered >= 65536:
+            self._flush_itl()
+
+    def _flush_itl(self) -> None:
+        for c, hist in enumerate(self._itl_by_index):
+            if self._buf_vals[c]:
+                hist.add(np.concatenate(self._buf_vals[c]), np.concatenate(self._buf_wts[c]))
+                self._buf_vals[c].clear()
+                self._buf_wts[c].clear()
+        self._buffered = 0
+
+    @property
+    def itl(self) -> dict[str, LogHistogram]:
+        """Pooled inter-token-latency histogram per length class ("short", "long")."""
+        self._flush_itl()
+        return self._itl
 
     def sample_occupancy(self, now: float, inst) -> None:
         """Record the blocks in use per tier of ``inst`` at ``now`` (s)."""
