@@ -78,6 +78,8 @@ def test_decode_stretch_is_fast_forwarded_and_exact():
     fast = run(w, spec, fast_forward=True)
     slow = run(w, spec, fast_forward=False)
     pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+    assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
+    pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
     assert fast.stats["steps"] == slow.stats["steps"]
     assert fast.stats["fast_forward_steps"] > 0.9 * fast.stats["steps"]
     assert fast.stats["events"] < slow.stats["events"] / 20
@@ -136,6 +138,8 @@ def test_accounting_conservation_and_fast_forward_equivalence(rows, hbm_blocks, 
     assert (too_big == (rec.status == "rejected")).all()
     slow = run(w, spec, fast_forward=False, check=False)
     pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+    assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
+    pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
 
 
 def test_recompute_preemption_counts_recomputed_tokens():

@@ -145,7 +145,8 @@ class Cluster:
             raise RuntimeError(f"{len(workload) - len(records)} requests neither finished nor were "
                                f"rejected (instance, waiting, running, swapped): {stuck}")
         occupancy = rec.occupancy_frame()
-        summary = summarize(records, rec.itl, occupancy, self.metrics)
+        summary = summarize(records, rec.itl, None, self.metrics)
+        summary["kv_occupancy"] = rec.occupancy.summary()
         stats = {
             "events": self.events.popped,
             "steps": sum(i.steps for i in self.instances),

@@ -102,6 +102,8 @@ class Instance:
         self._plan: list[tuple[RequestState, int]] = []
         self._stretch_ends: np.ndarray | None = None
         # counters
+        self._stretch_reserved = 0
+        self._stretch_used: np.ndarray | None = None
         self.steps = 0
         self.stretches = 0
         self.stretch_steps = 0
@@ -212,6 +214,7 @@ class Instance:
                 waiting_blocked_static = self.policy.order_is_static
 
         if not plan:
+            self.recorder.occupancy_change(self, now)
             self._check_progress(now)
             return None
 
@@ -226,7 +229,7 @@ class Instance:
         else:
             end = self._plan_single(start)
         self.busy = True
-        self.recorder.sample_occupancy(now, self)
+        self.recorder.occupancy_change(self, now, self.hbm.used_blocks - self._stretch_reserved)
         if self.options.check_invariants:
             self.check()
         return end
@@ -246,6 +249,7 @@ class Instance:
                 kv += p + n
         dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
         self._stretch_ends = None
+        self._stretch_reserved = 0
         self._step_start = start
         self._step_n_tokens = n_tokens
         return start + dt
@@ -285,6 +289,12 @@ class Instance:
         # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
         new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
         total_new = int(new_blocks.sum())
+        used0 = self.hbm.used_blocks
+        self._stretch_used = np.empty(k, dtype=np.int64)  # HBM blocks in use during each step
+        self._stretch_used[0] = used0
+        if k > 1:
+            self._stretch_used[1:] = used0 + extra[:k - 1]
+        self._stretch_reserved = total_new
         if total_new:
             ok = self.hbm.allocate(total_new)
             assert ok, "stretch block reservation failed"
@@ -491,6 +501,7 @@ class Instance:
             self.pools[st.lower_tier].release_private(st.lower_blocks)
             st.lower_blocks = 0
             st.lower_tier = ""
+            self.recorder.occupancy_change(self, now)
 
     def _release_hbm(self, st: RequestState) -> None:
         for h in st.shared:
@@ -544,6 +555,7 @@ class Instance:
                 if st.generated >= st.output_tokens:
                     finished.append(st)
             rec.add_itl(first_gaps, classes, gaps)
+            rec.occupancy.stretch(self.instance_id, ends, self._stretch_used)
             self._stretch_ends = None
         else:
             self.steps += 1
@@ -578,6 +590,7 @@ class Instance:
             st.status = FINISHED
             st.finish_s = now
             rec.record(st)
+        rec.occupancy_change(self, now)
         if self.options.check_invariants:
             self.check()
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .metrics import LENGTH_CLASSES, RECORD_COLUMNS, LogHistogram, MetricsConfig
+from .occupancy import OccupancyTracker
 from .request import FINISHED, RequestState
 
 class Recorder:
@@ -16,11 +17,11 @@ class Recorder:
 
     Args:
         metrics: the metrics configuration (length-class threshold).
-        occupancy_every: keep one occupancy sample in ``occupancy_every`` scheduling events per
-            instance (1 keeps all); the first and last are always kept.
+        occupancy_interval_s: simulated seconds between kept occupancy samples (statistics
+            are exact regardless; see :mod:`kvsched.envs.sim.occupancy`).
     """
 
-    def __init__(self, metrics: MetricsConfig, occupancy_every: int = 1) -> None:
+    def __init__(self, metrics: MetricsConfig, occupancy_interval_s: float = 1.0) -> None:
         self.metrics = metrics
         self._itl = {name: LogHistogram() for name in LENGTH_CLASSES}
         self._itl_by_index = [self._itl[name] for name in LENGTH_CLASSES]
@@ -29,9 +30,7 @@ class Recorder:
         self._buf_wts: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
         self._buffered = 0
         self.rows: list[tuple] = []
-        self.occupancy: list[tuple] = []
-        self.occupancy_every = max(1, int(occupancy_every))
-        self._occ_counter: dict[int, int] = {}
+        self.occupancy = OccupancyTracker(occupancy_interval_s)
 
     def length_class(self, prompt_tokens: int) -> int:
         """0 for short, 1 for long (``prompt_tokens >= long_prompt_tokens``)."""
@@ -87,15 +86,12 @@ class Recorder:
         self._flush_itl()
         return self._itl
 
-    def sample_occupancy(self, now: float, inst) -> None:
-        """Record the blocks in use per tier of ``inst`` at ``now`` (s)."""
-        k = self._occ_counter.get(inst.instance_id, 0)
-        self._occ_counter[inst.instance_id] = k + 1
-        if k % self.occupancy_every:
-            return
-        self.occupancy.append((now, inst.instance_id, inst.hbm.used_blocks, inst.hbm.capacity_blocks,
-                               inst.dram.used_blocks, inst.dram.capacity_blocks,
-                               inst.nvme.used_blocks, inst.nvme.capacity_blocks))
+    def occupancy_change(self, inst, t: float, hbm_used: int | None = None) -> None:
+        """Blocks in use per tier of ``inst`` from time ``t`` (s) on (``hbm_used`` overrides HBM)."""
+        self.occupancy.change(
+            inst.instance_id, t,
+            (inst.hbm.used_blocks if hbm_used is None else hbm_used, inst.dram.used_blocks, inst.nvme.used_blocks),
+            (inst.hbm.capacity_blocks, inst.dram.capacity_blocks, inst.nvme.capacity_blocks))
 
     def records_frame(self) -> pd.DataFrame:
         """Per-request records sorted by request id (columns :data:`RECORD_COLUMNS`)."""
@@ -103,15 +99,5 @@ class Recorder:
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
     def occupancy_frame(self) -> pd.DataFrame:
-        """Occupancy summed over instances: columns time_s, used_blocks_<tier>, capacity_blocks_<tier>."""
-        cols = ["time_s", "instance_id", "used_blocks_hbm", "capacity_blocks_hbm", "used_blocks_dram",
-                "capacity_blocks_dram", "used_blocks_nvme", "capacity_blocks_nvme"]
-        df = pd.DataFrame.from_records(self.occupancy, columns=cols)
-        if df.empty or df["instance_id"].nunique() == 1:
-            return df.drop(columns="instance_id")
-        # piecewise-constant per instance: forward-fill each instance's last sample, then sum
-        parts = []
-        for col in cols[2:]:
-            wide = df.pivot_table(index="time_s", columns="instance_id", values=col, aggfunc="last")
-            parts.append(wide.ffill().fillna(0).sum(axis=1).rename(col))
-        return pd.concat(parts, axis=1).reset_index()
+        """Sampled occupancy: time_s, instance_id, used_blocks_<tier>, capacity_blocks_<tier>."""
+        return self.occupancy.frame()

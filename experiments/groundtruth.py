@@ -1,0 +1,374 @@
+"""Reading the real vLLM measurements of ``shared/groundtruth`` at run time (never bundled).
+
+The ground-truth directory holds data from three repositories of the inference-sim GitHub
+organisation (its ``README.md`` documents every file). Two of them carry no licence
+(``training_default_args/`` from inference-sim/training and ``sim_to_real/`` from
+inference-sim/sim-to-real-accuracy-validation), so kvsched reads them from disk when asked and
+never copies them into the package; ``blis/`` is Apache-2.0. :func:`find_groundtruth` locates
+the directory: ``$KVSCHED_GROUNDTRUTH``, else ``../shared/groundtruth`` next to the repository
+root, else ``../shared/groundtruth`` or ``shared/groundtruth`` under the current directory.
+
+:func:`load_experiments` returns one :class:`Experiment` per real run it can read:
+
+- ``training_default_args/<run>/``: server flags (``exp-config.yaml``), the inference-perf
+  workload (``profile.yaml``, one-line JSON) and measured per-stage metrics
+  (``results/stage_<k>_lifecycle_metrics.json``, seconds);
+- ``sim_to_real/trainval_error_records.csv``: measured per-stage metrics (``actual``, ms) and
+  the peers' predictions (``predicted``) for experiments whose workload spec and vLLM-logged
+  ``total_kv_blocks`` are in ``blis/trained_physics_iter29_experiments.json``.
+
+Measured metrics per stage, in milliseconds: TTFT mean/p90/p99, E2E mean/p90/p99 and
+``itl_mean``. The latter is what the sim-to-real table calls ITL:
+``(E2E_mean − TTFT_mean) / (output_len_mean − 1)`` with the **client-counted** mean output length
+(checked: it reproduces every ``actual`` itl_mean of the csv from the stage JSON to 1e-9). That
+count re-tokenises the streamed text and is below the tokens vLLM decoded (``ignore_eos``): for
+Llama-2-7B 194 instead of 247, so this ITL is 27 % above the true time per token. For csv-only
+experiments the count is implied by the same identity, ``(E2E − TTFT) / ITL + 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError
+from kvsched.envs.sim.specs import get_model
+from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
+
+__all__ = ["METRICS", "PEERS", "Experiment", "GroundTruthMissing", "StageMeasurement", "find_groundtruth",
+           "load_experiments", "retokenization"]
+
+METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
+"""Metric names of the sim-to-real table (all in ms)."""
+
+PEERS = ("vidur", "blis-evolved", "blis-roofline", "llm-optimizer-estimate", "aiconfigurator-estimate")
+"""Peer simulators with predictions in ``sim_to_real/trainval_error_records.csv``."""
+
+OVERLOAD_FAILURE_FRACTION = 0.01
+"""Runs where more than this share of requests failed at the client are not replayed: the
+failure cause (timeout, abort) is not published, so the successes-only latencies cannot be
+reproduced. The training repo's README marks these runs (the three ``reasoning`` ones) as
+overloaded as well."""
+
+_RETOKENIZATION: dict[str, tuple[float, float, str]] = {
+    "llama-2": (1.0486, 0.28,
+                "mean of measured stage-0 successes.prompt_len / (system_prompt_len + question_len) over "
+                "the 8 Llama-2 runs of training_default_args (1.045-1.052); jitter = (p90 - p10)/2.563 "
+                "/ sqrt(nominal), 0.25-0.32 over the same runs"),
+}
+"""Re-tokenisation of inference-perf's random-token prompts per tokenizer family:
+(prompt_scale, prompt_jitter, source)."""
+
+
+class GroundTruthMissing(KvschedError, FileNotFoundError):
+    """The ground-truth directory (or a file in it) is not there."""
+
+
+def _repo_root() -> Path:
+    import kvsched
+
+    return Path(kvsched.__file__).resolve().parents[1]
+
+
+def find_groundtruth(path: str | os.PathLike | None = None) -> Path:
+    """The ground-truth directory: ``path`` if given, else the first that exists of
+    ``$KVSCHED_GROUNDTRUTH``, ``<repo root>/../shared/groundtruth``, ``./../shared/groundtruth``,
+    ``./shared/groundtruth``.
+
+    Raises:
+        GroundTruthMissing: none of them is a directory holding ``README.md``; the message lists
+            the places searched.
+    """
+    if path is not None:
+        candidates = [Path(path)]
+    else:
+        candidates = []
+        env = os.environ.get("KVSCHED_GROUNDTRUTH")
+        if env:
+            candidates.append(Path(env))
+        candidates += [_repo_root().parent / "shared" / "groundtruth",
+                       Path.cwd().parent / "shared" / "groundtruth", Path.cwd() / "shared" / "groundtruth"]
+    for c in candidates:
+        if c.is_dir() and (c / "README.md").is_file():
+            return c.resolve()
+    raise GroundTruthMissing(
+        "ground-truth directory not found; searched " + ", ".join(str(c) for c in candidates)
+        + ". Set KVSCHED_GROUNDTRUTH to the shared/groundtruth directory (it is not bundled: two of "
+        "its source repositories carry no licence)")
+
+
+def retokenization(model_id: str) -> tuple[float, float, str]:
+    """``(prompt_scale, prompt_jitter, source)`` for the tokenizer of HF ``model_id``.
+
+    Llama-2 tokenizers: measured (see :data:`_RETOKENIZATION`). Others: ``(1.0, 0.0)``, no
+    measurement is published (the sim-to-real csv carries no prompt lengths).
+    """
+    key = model_id.lower()
+    if "llama-2" in key:
+        return _RETOKENIZATION["llama-2"]
+    return 1.0, 0.0, "no measured prompt lengths for this tokenizer: nominal lengths"
+
+
+@dataclass(frozen=True)
+class StageMeasurement:
+    """Measured metrics of one load stage.
+
+    Attributes:
+        stage: 0-based stage index.
+        values_ms: metric name (:data:`METRICS`) -> measured value in ms.
+        output_len_mean: the client-counted mean output length the ITL definition uses.
+        count: requests sent in the stage (None when unknown).
+        failures: requests that failed (None when unknown).
+        prompt_len: measured prompt-length statistics (mean, min, max, p10, p90) or None.
+        peers_ms: metric -> {simulator: predicted ms} from the sim-to-real csv.
+    """
+
+    stage: int
+    values_ms: Mapping[str, float]
+    output_len_mean: float
+    count: int | None = None
+    failures: int | None = None
+    prompt_len: Mapping[str, float] | None = None
+    peers_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One real vLLM run: serving configuration, workload, measured stages, peer predictions.
+
+    Attributes:
+        exp_id: the run's folder name (unique).
+        source: ``"training_default_args"`` or ``"sim_to_real"`` (where the measurements come from).
+        model_id: Hugging Face model id as logged.
+        preset: kvsched model preset name, or None when the model is not modelled.
+        hardware: GPU name as logged (all H100 here).
+        tp, max_num_batched_tokens, max_num_seqs: vLLM flags.
+        max_model_len: vLLM ``--max-model-len`` when logged, else None.
+        total_kv_blocks: GPU KV blocks from the vLLM log (blis experiments file) or None.
+        cpu_kv_blocks: CPU blocks from the same file (vLLM's swap space; unused by V1 unless
+            CPU offload is on).
+        cpu_offload: vLLM CPU KV offload on (csv column; no run here sets it).
+        workload: the inference-perf workload with the tokenizer's re-tokenisation.
+        stages: measured stages.
+        notes: what was inferred or deduplicated while reading.
+        skip_reason: why the run cannot be replayed (None when it can).
+    """
+
+    exp_id: str
+    source: str
+    model_id: str
+    preset: str | None
+    hardware: str
+    tp: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int | None
+    total_kv_blocks: int | None
+    cpu_kv_blocks: int | None
+    cpu_offload: bool
+    workload: SharedPrefixConfig
+    stages: tuple[StageMeasurement, ...]
+    notes: tuple[str, ...] = ()
+    skip_reason: str | None = None
+
+    @property
+    def family(self) -> str:
+        """Workload family from the folder name (general, codegen, roleplay, reasoning)."""
+        for fam in ("general", "codegen", "roleplay", "reasoning"):
+            if fam in self.exp_id:
+                return fam
+        return "?"
+
+    @property
+    def label(self) -> str:
+        """Short display name: ``<preset or model> TP<n> <family>``."""
+        return f"{self.preset or self.model_id.split('/')[-1]} TP{self.tp} {self.family}"
+
+
+# ------------------------------------------------------------------------------------------------
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GroundTruthMissing(f"{p}: missing") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: invalid JSON: {e}") from None
+
+
+def _preset(model_id: str) -> str | None:
+    try:
+        return get_model(model_id).name
+    except UnknownPresetError:
+        return None
+
+
+def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,
+              max_model_len: int | None) -> SharedPrefixConfig:
+    scale, jitter, _ = retokenization(model_id)
+    first = int(sp["system_prompt_len"]) + int(sp["question_len"]) + int(sp["output_len"])
+    return SharedPrefixConfig(
+        num_groups=int(sp["num_unique_system_prompts"]), users_per_group=int(sp["num_users_per_system_prompt"]),
+        system_prompt_len=int(sp["system_prompt_len"]), question_len=int(sp["question_len"]),
+        output_len=int(sp["output_len"]),
+        stages=tuple(LoadStage(float(s["rate"]), float(s["duration"])) for s in stages),
+        history="fixed", prompt_scale=scale, prompt_jitter=jitter,
+        max_context_tokens=max(first, int(max_model_len or 4096)))
+
+
+def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
+    s = d["successes"]
+    lat = s["latency"]
+    ttft, e2e = lat["time_to_first_token"], lat["request_latency"]
+    out_mean = float(s["output_len"]["mean"])
+    vals = {"ttft_mean": ttft["mean"] * 1e3, "ttft_p90": ttft["p90"] * 1e3, "ttft_p99": ttft["p99"] * 1e3,
+            "e2e_mean": e2e["mean"] * 1e3, "e2e_p90": e2e["p90"] * 1e3, "e2e_p99": e2e["p99"] * 1e3}
+    vals["itl_mean"] = (vals["e2e_mean"] - vals["ttft_mean"]) / (out_mean - 1.0)
+    pl = s["prompt_len"]
+    return StageMeasurement(
+        stage=k, values_ms=vals, output_len_mean=out_mean, count=int(d["load_summary"]["count"]),
+        failures=int(d["failures"]["count"]),
+        prompt_len={key: float(pl[key]) for key in ("mean", "min", "max", "p10", "p90")})
+
+
+def _csv_rows(gt: Path) -> pd.DataFrame:
+    p = gt / "sim_to_real" / "trainval_error_records.csv"
+    if not p.is_file():
+        raise GroundTruthMissing(f"{p}: missing")
+    d = pd.read_csv(p)
+    d["folder"] = d["experiment_folder"].astype(str).str.rstrip("/").str.split("/").str[-1]
+    return d
+
+
+def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for r in rows.itertuples(index=False):
+        out.setdefault(int(r.stage_index), {}).setdefault(str(r.metric_name), {})[str(r.simulator)] = float(r.predicted)
+    return out
+
+
+def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Experiment]:
+    """Every run of the ground truth as an :class:`Experiment` (replayable or with a skip reason).
+
+    Order: training_default_args runs by folder name, then csv-only runs by experiment id.
+
+    Raises:
+        GroundTruthMissing: the directory or one of its index files is missing.
+        ConfigError: a file that does not parse.
+    """
+    gt = find_groundtruth(groundtruth)
+    blis = _read_json(gt / "blis" / "trained_physics_iter29_experiments.json")["experiments"]
+    csv = _csv_rows(gt)
+    out: list[Experiment] = []
+    seen_folders: set[str] = set()
+
+    def blis_entry(folder: str) -> Mapping[str, Any] | None:
+        for e in blis:
+            if folder.startswith(str(e["id"]) + "-"):
+                return e
+        return None
+
+    def csv_for(folder: str, family: str) -> tuple[pd.DataFrame, list[str]]:
+        rows = csv[(csv["folder"] == folder) & (csv["stage_index"] >= 0)]
+        notes = []
+        fams = sorted(rows["workload"].unique())
+        if len(fams) > 1:
+            keep = rows[rows["workload"] == family]
+            # the other labels repeat the same measured values: say so, keep one
+            notes.append(f"sim_to_real csv lists {folder} under workloads {fams}; the rows are copies with "
+                         f"identical measured values, kept once as '{family}'")
+            rows = keep
+        return rows, notes
+
+    root = gt / "training_default_args"
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")) if root.is_dir() else []:
+        cfg = yaml.safe_load((d / "exp-config.yaml").read_text(encoding="utf-8"))
+        prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
+        model_id = str(cfg["model"])
+        sp = prof["data"]["shared_prefix"]
+        stages_cfg = prof["load"]["stages"]
+        notes: list[str] = []
+        if prof["load"].get("type") != "constant":
+            raise ConfigError(f"{d / 'profile.yaml'}: load.type={prof['load'].get('type')!r}; only 'constant' is "
+                              "modelled")
+        stages = []
+        for k in range(len(stages_cfg)):
+            stages.append(_stage_from_json(k, _read_json(d / "results" / f"stage_{k}_lifecycle_metrics.json")))
+        family = next((f for f in ("general", "codegen", "roleplay", "reasoning") if f in d.name), "?")
+        rows, n2 = csv_for(d.name, family)
+        notes += n2
+        if len(rows):
+            seen_folders.add(d.name)
+            peers = _peer_table(rows)
+            for i, st in enumerate(stages):
+                actual = rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name").set_index("metric_name")["actual"]
+                for m, v in actual.items():
+                    if not math.isclose(float(v), st.values_ms[m], rel_tol=1e-6):
+                        raise ConfigError(f"{d.name} stage {st.stage} {m}: csv actual {v} != stage JSON "
+                                          f"{st.values_ms[m]}")
+                stages[i] = StageMeasurement(**{**st.__dict__, "peers_ms": peers.get(st.stage, {})})
+        be = blis_entry(d.name)
+        preset = _preset(model_id)
+        skip = None
+        if preset is None:
+            skip = f"model {model_id} (mixture of experts) is not modelled by kvsched"
+        else:
+            failed = sum(s.failures or 0 for s in stages)
+            sent = sum(s.count or 0 for s in stages)
+            if sent and failed / sent > OVERLOAD_FAILURE_FRACTION:
+                skip = (f"overloaded: {failed} of {sent} requests failed at the client (cause not "
+                        "published), so the successes-only latencies cannot be replayed")
+        if be is None:
+            notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
+        out.append(Experiment(
+            exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset, hardware="H100",
+            tp=int(cfg["tensor_parallelism"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
+            max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
+            total_kv_blocks=int(be["total_kv_blocks"]) if be else None,
+            cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=False,
+            workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"])), stages=tuple(stages),
+            notes=tuple(notes), skip_reason=skip))
+
+    for folder in sorted(set(csv["folder"]) - seen_folders, key=lambda f: (len(f.split("-")[0]), f)):
+        be = blis_entry(folder)
+        sub = csv[csv["folder"] == folder]
+        first = sub.iloc[0]
+        model_id = str(first["model"])
+        family = str(first["workload"])
+        rows, notes_l = csv_for(folder, family)
+        notes = list(notes_l)
+        if be is None:
+            raise ConfigError(f"{folder}: in the sim-to-real csv but not in blis/trained_physics_iter29_experiments.json"
+                              " (no workload spec)")
+        peers = _peer_table(rows)
+        wl = be["workload"]["inference_perf"]
+        stages = []
+        for k in sorted(rows["stage_index"].unique()):
+            a = rows[rows["stage_index"] == k].drop_duplicates("metric_name").set_index("metric_name")["actual"]
+            vals = {m: float(a[m]) for m in METRICS}
+            out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
+            stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
+                                           peers_ms=peers.get(int(k), {})))
+        if len(stages) != len(wl["stages"]):
+            raise ConfigError(f"{folder}: csv has {len(stages)} stages, the workload spec {len(wl['stages'])}")
+        offload = first["cpu_offload"]
+        cpu_offload = bool(offload) if not (isinstance(offload, float) and math.isnan(offload)) else False
+        preset = _preset(model_id)
+        skip = None if preset is not None else f"model {model_id} (mixture of experts, FP8) is not modelled by kvsched"
+        if preset is not None and str(first["precision"]).upper() not in ("FP16", "BF16"):
+            skip = f"precision {first['precision']} not replayed"
+        out.append(Experiment(
+            exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=str(first["hardware"]),
+            tp=int(be["tp"]), max_num_batched_tokens=int(be["max_num_batched_tokens"]),
+            max_num_seqs=int(be["max_num_seqs"]), max_model_len=None, total_kv_blocks=int(be["total_kv_blocks"]),
+            cpu_kv_blocks=int(be["cpu_kv_blocks"]), cpu_offload=cpu_offload,
+            workload=_workload(wl["shared_prefix"], wl["stages"], model_id, None), stages=tuple(stages),
+            notes=tuple(notes), skip_reason=skip))
+    return out

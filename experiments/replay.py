@@ -1,0 +1,147 @@
+"""Replay a measured vLLM experiment in kvsched and score it against the measurement.
+
+:func:`instance_spec_for` turns an :class:`~kvsched.experiments.groundtruth.Experiment` into the
+served system (groundtruth README "Replaying", step 1): the model preset, H100-SXM, TP,
+``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len`` when logged, 16-token blocks,
+chunked prefill and prefix caching on, and the vLLM-logged ``total_kv_blocks`` as the HBM KV
+capacity when known (else kvsched derives it from memory). A run with CPU offload on would get
+a DRAM tier of ``cpu_kv_blocks`` blocks with swap preemption (kvsched's closest mechanism); none
+of the published runs sets it.
+
+:func:`replay` generates the inference-perf workload (step 2), simulates it and returns the
+per-stage metrics in ms (step 3) with the measurement's definitions: TTFT and E2E from the
+client's send time (``arrival_s``) -- kvsched adds the front-end overheads of
+:class:`~kvsched.envs.sim.specs.CostParams` -- mean, p90 and p99 (``numpy.percentile``,
+linear interpolation), and ``itl_mean = (E2E_mean − TTFT_mean) / (n − 1)`` with ``n`` the
+measurement's client-counted mean output length (see :mod:`kvsched.experiments.groundtruth`).
+
+``stage_cap_s`` shortens every stage to its first ``stage_cap_s`` seconds (calibration uses
+this to stay fast; the steady state of these open-loop, under-saturated runs is reached within a
+few seconds, the E2E of a request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+import numpy as np
+
+from kvsched.envs.sim.cluster import simulate
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.metrics import MetricsConfig
+from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
+from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig, generate, stage_of
+
+from .groundtruth import METRICS, Experiment
+
+__all__ = ["ReplayResult", "ape", "instance_spec_for", "replay", "workload_config"]
+
+GPU_OF_HARDWARE = {"H100": "H100-SXM"}
+"""GT ``hardware`` -> kvsched GPU preset (all published runs are H100 SXM 80 GB)."""
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Predicted metrics of one replay.
+
+    Attributes:
+        exp_id: the experiment.
+        stages_ms: stage index -> metric (:data:`METRICS`) -> predicted ms.
+        n_requests: stage index -> requests scored.
+        per_token_itl_ms: stage index -> kvsched's own (E2E−TTFT)/(output_len−1) mean, ms.
+    """
+
+    exp_id: str
+    stages_ms: Mapping[int, Mapping[str, float]]
+    n_requests: Mapping[int, int]
+    per_token_itl_ms: Mapping[int, float]
+
+
+def instance_spec_for(exp: Experiment, cost: CostParams | None = None) -> InstanceSpec:
+    """The :class:`InstanceSpec` of ``exp`` (see the module docstring).
+
+    Args:
+        exp: a replayable experiment (``skip_reason is None``).
+        cost: cost parameters; None = the GPU's default (the calibration file when present).
+
+    Raises:
+        ConfigError: the experiment cannot be replayed (its skip reason) or an invalid spec.
+    """
+    from kvsched.envs.sim.errors import ConfigError
+
+    if exp.skip_reason:
+        raise ConfigError(f"experiment {exp.exp_id} cannot be replayed: {exp.skip_reason}")
+    gpu = get_gpu(GPU_OF_HARDWARE.get(exp.hardware, exp.hardware))
+    kw: dict = dict(model=get_model(exp.preset), gpu=gpu, tp=exp.tp,
+                    max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
+                    max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
+                    enable_chunked_prefill=True, enable_prefix_caching=True, block_size_tokens=16)
+    if cost is not None:
+        kw["cost"] = cost
+    spec = InstanceSpec(**kw)
+    if exp.cpu_offload and exp.cpu_kv_blocks:
+        spec = spec.with_overrides(dram_kv_bytes=exp.cpu_kv_blocks * spec.kv_bytes_per_block,
+                                   preemption_mode="swap")
+    return spec
+
+
+def workload_config(exp: Experiment, stage_cap_s: float | None = None) -> SharedPrefixConfig:
+    """The experiment's workload, every stage cut to ``stage_cap_s`` seconds when given."""
+    cfg = exp.workload
+    if stage_cap_s is None:
+        return cfg
+    stages = tuple(LoadStage(s.rate_per_s, min(s.duration_s, float(stage_cap_s))) for s in cfg.stages)
+    return replace(cfg, stages=stages)
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float | None = None,
+           seed: int = 0) -> ReplayResult:
+    """Simulate ``exp`` and compute its per-stage metrics (ms).
+
+    Args:
+        exp: a replayable experiment.
+        cost: cost parameters (None: the GPU default).
+        stage_cap_s: cut every stage to this many seconds (None: full length).
+        seed: workload seed (group permutation, re-tokenisation noise, hashes).
+
+    Raises:
+        ConfigError: the experiment cannot be replayed.
+        RuntimeError: requests were rejected (a replay must serve every request).
+    """
+    spec = instance_spec_for(exp, cost)
+    cfg = workload_config(exp, stage_cap_s)
+    wl = generate(cfg, seed=seed)
+    res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions())
+    rec = res.records
+    if (rec["status"] != "finished").any():
+        bad = rec[rec["status"] != "finished"]
+        raise RuntimeError(f"{exp.exp_id}: {len(bad)} requests were not served "
+                           f"({bad['reject_reason'].value_counts().to_dict()})")
+    arrival = rec["arrival_s"].to_numpy()
+    ttft = (rec["first_token_s"].to_numpy() - arrival) * 1e3
+    e2e = (rec["finish_s"].to_numpy() - arrival) * 1e3
+    out_tokens = rec["output_tokens"].to_numpy()
+    stage = stage_of(cfg, arrival)
+    stages, counts, per_tok = {}, {}, {}
+    meas = {s.stage: s for s in exp.stages}
+    for k in range(len(cfg.stages)):
+        m = stage == k
+        t, e = ttft[m], e2e[m]
+        vals = {"ttft_mean": float(t.mean()), "ttft_p90": _pct(t, 90), "ttft_p99": _pct(t, 99),
+                "e2e_mean": float(e.mean()), "e2e_p90": _pct(e, 90), "e2e_p99": _pct(e, 99)}
+        n_meas = meas[k].output_len_mean if k in meas else float(cfg.output_len)
+        vals["itl_mean"] = (vals["e2e_mean"] - vals["ttft_mean"]) / (n_meas - 1.0)
+        stages[k] = {name: vals[name] for name in METRICS}
+        counts[k] = int(m.sum())
+        per_tok[k] = float(((e - t) / np.maximum(out_tokens[m] - 1, 1)).mean())
+    return ReplayResult(exp.exp_id, stages, counts, per_tok)
+
+
+def ape(pred: float, actual: float) -> float:
+    """Absolute percentage error ``100·|pred − actual| / actual``."""
+    return 100.0 * abs(pred - actual) / actual
