@@ -32,7 +32,10 @@ from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvsched", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="kvsched",
+        description="kvsched: LLM-serving scheduling as a KV-cache residency problem. "
+                    "`kvsched simulate` serves a real trace on a simulated vLLM-like instance.")
     p.add_argument("--version", action="version", version=f"kvsched {kvsched.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -62,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _scenario_from_args(a: argparse.Namespace) -> Scenario:
-    sc = load_scenario(a.scenario) if a.scenario else Scenario()
+    sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
     over: dict = {}
     if a.trace:
         over["trace"], over["synthetic"] = a.trace, None
@@ -84,13 +87,20 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     from kvsched.envs.sim.cluster import simulate
     from kvsched.envs.sim.instance import InstanceOptions
 
+    if a.format == "parquet" and not a.out:
+        raise KvschedError("--format parquet needs --out DIR (records are only written with --out)")
+    if a.out:
+        _prepare_out(a.out)
     sc = _scenario_from_args(a)
     spec = sc.instance_spec()
     workload = sc.workload()
+    sc.check_slo_classes(workload)
     err = Console(stderr=True)
     if not a.json:
         for note in workload.notes:
-            err.print(f"[yellow]note:[/] {note}", highlight=False)
+            first = note.splitlines()[0]
+            err.print(f"[yellow]note:[/] {first[:240]}{' ...' if len(first) > 240 or chr(10) in note else ''}",
+                      highlight=False)
     options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
     if not a.json:
         err.print(
@@ -112,11 +122,12 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary
+    summary["run"] = _run_identity(sc, workload, spec)
     if a.json:
         print(summary_to_json(summary))
     else:
         rows = format_summary_rows(summary)
-        table = Table(title=f"{workload.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
+        table = Table(title=f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
                             f"{spec.gpu.name} TP{spec.tp}")
         table.add_column("metric")
         for r in rows:  # one column per class (all, short, long): fits a narrow terminal
@@ -136,11 +147,41 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _prepare_out(out: Path) -> None:
+    """Create the output folder before simulating, with a clear error if that is impossible."""
+    if out.exists() and not out.is_dir():
+        raise KvschedError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvsched-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise KvschedError(f"--out {out}: cannot write there ({e.strerror})") from None
+
+
+def _run_identity(sc: Scenario, workload, spec) -> dict:
+    """What was simulated (deterministic: no wall time), included in summary.json and --json."""
+    return {
+        "kvsched_version": kvsched.__version__,
+        "scenario": sc.name,
+        "scenario_sha256": sc.sha256(),
+        "workload": workload.name,
+        "workload_sha256": workload.content_sha256(),
+        "requests": len(workload),
+        "model": spec.model.name,
+        "gpu": spec.gpu.name,
+        "tp": spec.tp,
+        "n_instances": sc.n_instances,
+        "policy": sc.policy,
+        "seed": sc.seed,
+    }
+
+
 def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console) -> None:
     from kvsched.envs.sim.specs import instance_spec_to_dict
 
     out: Path = a.out
-    out.mkdir(parents=True, exist_ok=True)
     if a.format == "parquet":
         try:
             result.records.to_parquet(out / "records.parquet", index=False)

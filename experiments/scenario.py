@@ -75,10 +75,19 @@ class Scenario:
             raise ConfigError(f"{where}: give exactly one of 'trace' and 'synthetic' "
                               f"(trace={self.trace!r}, synthetic={'set' if self.synthetic else None})")
         if self.window_s is not None:
-            w = tuple(float(x) for x in self.window_s)
-            if len(w) != 2 or not (0 <= w[0] < w[1]):
-                raise ConfigError(f"{where}: window_s={list(self.window_s)} must be [start, end) with 0 <= start < end")
-            object.__setattr__(self, "window_s", w)
+            ws = self.window_s
+            ok = isinstance(ws, (list, tuple)) and len(ws) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in ws)
+            if not ok or not (0 <= ws[0] < ws[1]):
+                raise ConfigError(f"{where}: window_s={ws!r} must be [start_s, end_s] (two numbers, "
+                                  f"0 <= start_s < end_s)")
+            object.__setattr__(self, "window_s", (float(ws[0]), float(ws[1])))
+        if not isinstance(self.oracle_lengths, bool):
+            raise ConfigError(f"{where}: oracle_lengths={self.oracle_lengths!r} must be true or false")
+        if not isinstance(self.policy, str):
+            raise ConfigError(f"{where}: policy={self.policy!r} must be a policy name")
+        from kvsched.policies.base import make_policy
+        make_policy(self.policy)  # raises listing the known policies
         if not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0):
             raise ConfigError(f"{where}: rate_scale={self.rate_scale!r} must be a number > 0")
         if self.max_requests is not None and (not isinstance(self.max_requests, int) or self.max_requests < 1):
@@ -125,6 +134,19 @@ class Scenario:
         if "percentiles" in m:
             m["percentiles"] = tuple(m["percentiles"])
         return MetricsConfig(**m)
+
+    def check_slo_classes(self, workload: Workload) -> None:
+        """Every SLO class in ``metrics.slos`` must be a length class or a workload SLO class.
+
+        Raises:
+            ConfigError: naming the unknown classes and the allowed names (a typo such as
+                ``shrt`` would otherwise be silently unused).
+        """
+        allowed = {"short", "long"} | set(workload.slo_class_names)
+        unknown = sorted(set(self.metrics.get("slos", {}) or {}) - allowed)
+        if unknown:
+            raise ConfigError(f"scenario {self.source}: metrics.slos has classes {unknown} that no request "
+                              f"uses; allowed: {sorted(allowed)}")
 
     def workload(self) -> Workload:
         """Load or generate the requests, then apply window, rate scaling and max_requests."""
@@ -176,8 +198,10 @@ def load_scenario(path: str | Path) -> Scenario:
         ConfigError: unreadable YAML, unknown keys, or invalid values (naming the file).
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"scenario file {str(p)!r} does not exist")
+    if not p.is_file():
+        raise ConfigError(f"scenario file {str(p)!r} is not a file (give a .yaml file)")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
@@ -190,6 +214,4 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
     if "synthetic" in data and "trace" not in data:
         data["trace"] = None
-    if "window_s" in data and data["window_s"] is not None:
-        data["window_s"] = tuple(data["window_s"])
     return Scenario(**data, source=str(p))

@@ -79,3 +79,43 @@ def test_presets_and_traces_list_names(capsys):
     assert main(["traces"]) == 0
     out = capsys.readouterr().out
     assert "azure-conv-2023" in out and "mooncake-conversation" in out
+
+
+def test_out_path_that_is_a_file_fails_before_simulating(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["simulate", "--out", str(f), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "not a directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("window_s: 600\n", "window_s"),
+    ("window_s: [a, 300]\n", "window_s"),
+    ("oracle_lengths: maybe\n", "oracle_lengths"),
+    ("metrics:\n  slos:\n    shrt: {ttft_s: 1.0, tpot_s: 0.1}\n", "shrt"),
+    ("metrics:\n  slos:\n    short: {ttft_s: 1.0}\n", "tpot_s"),
+])
+def test_malformed_scenario_values_are_clean_errors(tmp_path, capsys, body, fragment):
+    p = tmp_path / "s.yaml"
+    p.write_text("trace: azure-conv-2023\nmax_requests: 20\n" + body)
+    assert main(["simulate", "--scenario", str(p), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_parquet_without_out_is_an_error(capsys):
+    assert main(["simulate", "--format", "parquet", "--max-requests", "5", "--no-progress"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_records_carry_the_length_class_the_summary_groups_by(tmp_path):
+    out = tmp_path / "r"
+    assert main(["simulate", "--trace", "mooncake-conversation", "--max-requests", "200", "--out", str(out),
+                 "--json", "--no-progress"]) == 0
+    rec = pd.read_csv(out / "records.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(rec.length_class) == {"short", "long"}
+    assert (rec.length_class == "long").sum() == summary["classes"]["long"]["counts"]["arrived"]
+    assert ((rec.prompt_tokens >= 8192) == (rec.length_class == "long")).all()
+    assert summary["run"]["workload"] == "mooncake-conversation" and summary["run"]["requests"] == 200

@@ -570,7 +570,8 @@ BYTE_COLUMNS: tuple[str, ...] = (
 #: the workload; token counts and bytes are integers.
 #:
 #: request_id (int), instance_id (int), arrival_s (float), prompt_tokens (int),
-#: output_tokens (int, requested), slo_class (str), status ("finished" | "rejected"),
+#: output_tokens (int, requested), slo_class (str, the trace's tag), length_class ("short" |
+#: "long", the class the summary groups by: prompt_tokens >= MetricsConfig.long_prompt_tokens), status ("finished" | "rejected"),
 #: reject_reason (str, "" if none), first_scheduled_s, first_token_s, finish_s (float, NaN when
 #: the event did not happen; finish_s is NaN for rejected requests), generated_tokens (int),
 #: preemptions (int), recomputed_tokens (int), prefix_hit_tokens (int), max_itl_s (float, the
@@ -583,6 +584,7 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "prompt_tokens",
     "output_tokens",
     "slo_class",
+    "length_class",
     "status",
     "reject_reason",
     "first_scheduled_s",

@@ -40,7 +40,8 @@ class Recorder:
         """Append the final record of a finished or rejected request."""
         self.rows.append((
             st.rid, st.instance_id, st.arrival_s, st.prompt_tokens, st.output_tokens,
-            st.req.slo_class, "finished" if st.status == FINISHED else "rejected",
+            st.req.slo_class, LENGTH_CLASSES[st.length_class],
+            "finished" if st.status == FINISHED else "rejected",
             st.reject_reason, st.first_scheduled_s, st.first_token_s, st.finish_s, st.generated,
             st.preemptions, st.recomputed_tokens, st.prefix_hit_tokens, st.max_itl_s,
             st.bytes_hbm_to_dram, st.bytes_dram_to_hbm, st.bytes_hbm_to_nvme,

@@ -73,6 +73,7 @@ GENERATOR_VERSION = "kvsched.envs.workload.inference_perf/1"
 """Version tag hashed into ``Workload.source_sha256``; bump when the output changes."""
 
 HISTORY_MODES = ("fixed", "append")
+PREFIX_SHARING = ("system+user", "system", "none")
 MAX_REQUESTS = 5_000_000
 """Memory guard on the number of generated requests."""
 
@@ -156,6 +157,7 @@ class SharedPrefixConfig:
     prompt_jitter: float = 0.0
     max_context_tokens: int = 4096
     hash_block_tokens: int = 16
+    prefix_sharing: str = "system+user"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -170,6 +172,7 @@ class SharedPrefixConfig:
         need(_is_int(self.question_len) and self.question_len >= 1, "question_len", "an integer >= 1 (tokens)")
         need(_is_int(self.output_len) and self.output_len >= 1, "output_len", "an integer >= 1 (tokens)")
         need(self.history in HISTORY_MODES, "history", f"one of {list(HISTORY_MODES)}")
+        need(self.prefix_sharing in PREFIX_SHARING, "prefix_sharing", f"one of {list(PREFIX_SHARING)}")
         need(_is_num(self.prompt_scale) and 0.5 <= self.prompt_scale <= 2.0, "prompt_scale",
              "a number in [0.5, 2] (re-tokenisation factor)")
         need(_is_num(self.prompt_jitter) and 0.0 <= self.prompt_jitter <= 5.0, "prompt_jitter",
@@ -335,6 +338,9 @@ def generate(config: SharedPrefixConfig, seed: int = 0) -> Workload:
     full = (j + 1) * b <= prompt[owner]
     hashes = np.where(in_sys, _block_hashes(seed, _TAG_SYS, group[owner], j),
                       _block_hashes(seed, _TAG_CONV, conversation[owner], j))
+    if c.prefix_sharing != "system+user":
+        own = ~in_sys if c.prefix_sharing == "system" else np.ones(len(j), dtype=bool)
+        hashes[own] = _block_hashes(seed, _TAG_PARTIAL, owner[own], j[own])
     partial = ~full
     if partial.any():
         hashes[partial] = _block_hashes(seed, _TAG_PARTIAL, owner[partial], j[partial])

@@ -860,7 +860,10 @@ def window(w: Workload, start_s: float, end_s: float, rebase: bool = True) -> Wo
                           f"{_span(w)}")
     arr = w.arrival_s[lo:hi] - start_s if rebase else w.arrival_s[lo:hi]
     note = (f"window [{start_s:g}, {end_s:g}) s: kept {hi - lo} of {len(w)} requests"
-            + (f"; arrivals rebased by -{start_s:g} s" if rebase else ""))
+            + (f"; arrivals rebased by -{start_s:g} s" if rebase and start_s > 0 else "")
+            + (f"; the window ends after the last arrival ({float(w.arrival_s[-1]):.1f} s), so it"
+               f" covers only {float(w.arrival_s[-1]) - start_s:.1f} s of traffic"
+               if end_s > float(w.arrival_s[-1]) and end_s != math.inf else ""))
     return _slice(w, lo, hi, np.maximum(arr, 0.0), note)
 
 
