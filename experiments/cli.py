@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -250,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "traces":
             return cmd_traces(console)
     except KvschedError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     return 1
 

@@ -88,16 +88,28 @@ class Scenario:
             raise ConfigError(f"{where}: policy={self.policy!r} must be a policy name")
         from kvsched.policies.base import make_policy
         make_policy(self.policy)  # raises listing the known policies
-        if not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0):
-            raise ConfigError(f"{where}: rate_scale={self.rate_scale!r} must be a number > 0")
-        if self.max_requests is not None and (not isinstance(self.max_requests, int) or self.max_requests < 1):
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if self.trace is not None and not isinstance(self.trace, str):
+            raise ConfigError(f"{where}: trace={self.trace!r} must be a bundled trace name or a file path")
+        if self.synthetic is not None and not isinstance(self.synthetic, dict):
+            raise ConfigError(f"{where}: synthetic={self.synthetic!r} must be a mapping of SyntheticConfig fields")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"{where}: name={self.name!r} must be text")
+        if isinstance(self.rate_scale, bool) or not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0
+                                                     and self.rate_scale != float("inf")):
+            raise ConfigError(f"{where}: rate_scale={self.rate_scale!r} must be a finite number > 0")
+        if self.max_requests is not None and (not is_int(self.max_requests) or self.max_requests < 1):
             raise ConfigError(f"{where}: max_requests={self.max_requests!r} must be an integer >= 1")
-        if not isinstance(self.n_instances, int) or self.n_instances < 1:
+        if not is_int(self.n_instances) or self.n_instances < 1:
             raise ConfigError(f"{where}: n_instances={self.n_instances!r} must be an integer >= 1")
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise ConfigError(f"{where}: seed={self.seed!r} must be an integer >= 0")
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
+        if not isinstance(self.metrics, dict):
+            raise ConfigError(f"{where}: metrics={self.metrics!r} must be a mapping of MetricsConfig fields")
         # build once to validate early (errors name the scenario file)
         self.instance_spec()
         self.metrics_config()
@@ -132,6 +144,9 @@ class Scenario:
                     raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r} must be a mapping")
             m["slos"] = built
         if "percentiles" in m:
+            if not isinstance(m["percentiles"], (list, tuple)):
+                raise ConfigError(f"scenario {self.source}: metrics.percentiles={m['percentiles']!r} must be a "
+                                  "list of numbers in (0, 100]")
             m["percentiles"] = tuple(m["percentiles"])
         return MetricsConfig(**m)
 
@@ -191,6 +206,24 @@ def _build(cls, d: dict | None, where: str):
         raise ConfigError(f"{where}: {e}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (the first would be lost)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file.
 
@@ -203,7 +236,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if not p.is_file():
         raise ConfigError(f"scenario file {str(p)!r} is not a file (give a .yaml file)")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"scenario file {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"scenario file {p}: invalid YAML: {e}") from None
     if not isinstance(data, dict):

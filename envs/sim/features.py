@@ -37,15 +37,15 @@ class FeatureTable:
     """
 
     def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False):
-        self.states = states
+        self._states = states  # private: policies read the columns, never the raw states
         self.now_s = now_s
         self.oracle_lengths = oracle_lengths
 
     def __len__(self) -> int:
-        return len(self.states)
+        return len(self._states)
 
     def _col(self, attr: str, dtype=np.int64) -> np.ndarray:
-        return np.fromiter((getattr(s, attr) for s in self.states), dtype=dtype, count=len(self.states))
+        return np.fromiter((getattr(s, attr) for s in self._states), dtype=dtype, count=len(self._states))
 
     @cached_property
     def request_id(self) -> np.ndarray:
@@ -77,8 +77,8 @@ class FeatureTable:
 
     @cached_property
     def hbm_blocks(self) -> np.ndarray:
-        return np.fromiter((s.shared_blocks + s.private_blocks for s in self.states), np.int64,
-                           count=len(self.states))
+        return np.fromiter((s.shared_blocks + s.private_blocks for s in self._states), np.int64,
+                           count=len(self._states))
 
     @cached_property
     def lower_blocks(self) -> np.ndarray:
@@ -86,8 +86,8 @@ class FeatureTable:
 
     @cached_property
     def tier(self) -> np.ndarray:
-        return np.fromiter((TIER_CODES[s.lower_tier] if s.lower_tier else 0 for s in self.states),
-                           np.int8, count=len(self.states))
+        return np.fromiter((TIER_CODES[s.lower_tier] if s.lower_tier else 0 for s in self._states),
+                           np.int8, count=len(self._states))
 
     @cached_property
     def preemptions(self) -> np.ndarray:
@@ -96,5 +96,5 @@ class FeatureTable:
     @cached_property
     def output_tokens(self) -> np.ndarray:
         if not self.oracle_lengths:
-            return np.full(len(self.states), -1, dtype=np.int64)
+            return np.full(len(self._states), -1, dtype=np.int64)
         return self._col("output_tokens")

@@ -92,6 +92,9 @@ class Instance:
         self.pools = {"hbm": self.hbm, "dram": self.dram, "nvme": self.nvme}
         self.links = {name: LinkQueue(name) for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read")}
         self.block_bytes = int(round(spec.kv_bytes_per_block))
+        self.long_threshold = self.effective_long_prefill_threshold(spec)
+        recorder.occupancy.register(instance_id, (self.hbm.capacity_blocks, self.dram.capacity_blocks,
+                                                  self.nvme.capacity_blocks))
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.swapped: deque[RequestState] = deque()
@@ -110,6 +113,23 @@ class Instance:
         self.preemptions = 0
         self.busy_s = 0.0
         self.sum_batch = 0
+
+    @staticmethod
+    def effective_long_prefill_threshold(spec: InstanceSpec) -> int:
+        """Per-step chunk cap of one prefill, as vLLM applies it.
+
+        ``long_prefill_token_threshold`` when > 0; when it is 0 and
+        ``max_num_partial_prefills > 1``, vLLM sets it to 4 % of ``max_model_len``
+        (``SchedulerConfig.__post_init__``, REFERENCE.md §4.1). Without chunked prefill there is
+        no per-step cap (a prompt runs whole).
+        """
+        if not spec.enable_chunked_prefill:
+            return 0
+        if spec.long_prefill_token_threshold > 0:
+            return spec.long_prefill_token_threshold
+        if spec.max_num_partial_prefills > 1:
+            return max(1, int(spec.model_len_limit * 0.04))
+        return 0
 
     # ------------------------------------------------------------------------------- arrivals
     def add_request(self, st: RequestState, now: float) -> bool:
@@ -152,7 +172,7 @@ class Instance:
         """
         spec = self.spec
         budget = spec.token_budget
-        thr = spec.long_prefill_token_threshold
+        thr = self.long_threshold
         max_partial = spec.max_num_partial_prefills
         max_long = spec.max_long_partial_prefills
         plan: list[tuple[RequestState, int]] = []
@@ -329,7 +349,7 @@ class Instance:
     def _admit(self, now: float, budget: int, partial: int, long_partial: int,
                plan: list, planned: set) -> tuple[int, int, int]:
         spec = self.spec
-        thr = spec.long_prefill_token_threshold
+        thr = self.long_threshold
         order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
         candidates = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
         admitted: list[RequestState] = []
@@ -365,13 +385,16 @@ class Instance:
             if need > hbm.available_blocks - evictable_hit:
                 self._blocked_hit_hashes = hit_hashes
                 break  # head-of-line: vLLM stops admitting when allocation fails
+            first_admission = st.admissions == 0
             for h in hit_hashes:
                 seg_creator = hbm.segments[h].creator_id
                 hbm.acquire_segment(h)
-                if seg_creator == st.rid:
-                    st.self_hit_tokens += st.seg_tokens
-                else:
+                # reuse across requests counts once, at first admission; what a preempted
+                # request finds again when it returns is its own work restored, not a hit
+                if first_admission and seg_creator != st.rid:
                     st.prefix_hit_tokens += st.seg_tokens
+                else:
+                    st.self_hit_tokens += st.seg_tokens
             hbm.allocate(need)
             st.shared = list(hit_hashes)
             st.shared_blocks = hit_blocks
@@ -455,9 +478,10 @@ class Instance:
             _, end = self.links["pcie_d2h"].reserve(now, t, nbytes)
             if end > self._step_ready_s:
                 self._step_ready_s = end  # the step waits for the swap-out copy
+            victim.ready_s = end  # its copy is complete (in DRAM) from here on
             if target == "nvme":
                 tw = self.cost.transfer_time_s(n_blocks, self.spec.nvme_write)
-                self.links["nvme_write"].reserve(end, tw, nbytes)
+                _, victim.ready_s = self.links["nvme_write"].reserve(end, tw, nbytes)
                 victim.bytes_hbm_to_nvme += nbytes
             else:
                 victim.bytes_hbm_to_dram += nbytes
@@ -477,10 +501,10 @@ class Instance:
         """Copy a swapped request's blocks back to HBM (already allocated there)."""
         n_blocks = st.lower_blocks
         nbytes = n_blocks * self.block_bytes
-        ready = now
+        ready = now if now > st.ready_s else st.ready_s  # the swap-out copy must have landed
         if st.lower_tier == "nvme":
             tr = self.cost.transfer_time_s(n_blocks, self.spec.nvme_read)
-            _, ready = self.links["nvme_read"].reserve(now, tr, nbytes)
+            _, ready = self.links["nvme_read"].reserve(ready, tr, nbytes)
             st.bytes_nvme_to_hbm += nbytes
         else:
             st.bytes_dram_to_hbm += nbytes

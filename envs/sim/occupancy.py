@@ -46,6 +46,10 @@ class OccupancyTracker:
         self._inst: dict[int, _InstanceOccupancy] = {}
         self.samples: list[tuple] = []
 
+    def register(self, inst_id: int, capacity: tuple[int, int, int]) -> None:
+        """Declare an instance and its capacity per tier (counted even if it never runs)."""
+        self._state(inst_id, capacity)
+
     def _state(self, inst_id: int, capacity: tuple[int, int, int]) -> _InstanceOccupancy:
         s = self._inst.get(inst_id)
         if s is None:
@@ -131,8 +135,11 @@ class OccupancyTracker:
         """
         if not self._inst:
             return {"time_span_s": None, "samples": 0, "tiers": {}}
-        first = min(s.first_t for s in self._inst.values())
-        last = max(s.prev_t for s in self._inst.values())
+        active = [s for s in self._inst.values() if s.first_t == s.first_t]
+        if not active:
+            return {"time_span_s": None, "samples": 0, "tiers": {}}
+        first = min(s.first_t for s in active)
+        last = max(s.prev_t for s in active)
         span = last - first
         tiers: dict[str, Any] = {}
         for i, name in enumerate(TIERS):

@@ -51,6 +51,10 @@ class Request:
     slo_class: str = "default"
 
     def __post_init__(self) -> None:
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "hash_block_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ConfigError(f"request {self.request_id!r}: {name}={v!r} must be an integer")
         if self.request_id < 0:
             raise ConfigError(f"request_id={self.request_id} must be >= 0")
         if not np.isfinite(self.arrival_s) or self.arrival_s < 0:
@@ -235,6 +239,20 @@ class Workload:
         return h.hexdigest()
 
 
+def _chain(hashes: tuple[int, ...]) -> tuple[int, ...]:
+    """Chained cache keys: key_i = hash((key_{i-1}, hash_i)).
+
+    Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys are the same in
+    every process.
+    """
+    out = []
+    prev = 0x6B7673636865  # any fixed root
+    for h in hashes:
+        prev = hash((prev, h))
+        out.append(prev)
+    return tuple(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-request progress inside the simulator
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +291,9 @@ class RequestState:
         self.arrival_s = req.arrival_s
         self.prompt_tokens = req.prompt_tokens
         self.output_tokens = req.output_tokens
-        self.hashes = req.prefix_hashes
+        # Cache keys chain each segment's hash to its parent's, as vLLM chains block hashes:
+        # a segment is reusable only after the same prefix (position and content).
+        self.hashes = _chain(req.prefix_hashes) if req.prefix_hashes else ()
         self.seg_tokens = req.hash_block_tokens
         if self.hashes and self.seg_tokens % block_size_tokens:
             raise ConfigError(

@@ -164,8 +164,8 @@ class SyntheticConfig:
         need(self.arrival in ARRIVAL_PROCESSES, "arrival", f"one of {list(ARRIVAL_PROCESSES)}")
         if self.arrival == "bursty":
             need(self.burstiness_cv is not None and _is_num(self.burstiness_cv)
-                 and self.burstiness_cv > 1, "burstiness_cv",
-                 "a number > 1 (coefficient of variation of inter-arrival times) for "
+                 and 1 < self.burstiness_cv <= 100, "burstiness_cv",
+                 "a number in (1, 100] (coefficient of variation of inter-arrival times) for "
                  "arrival='bursty'")
         else:
             need(self.burstiness_cv is None, "burstiness_cv",

@@ -401,16 +401,23 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
     """Parse wall-clock timestamps; seconds since the earliest one, and that earliest one."""
     s = pd.Series(raw, copy=False).astype(str)
     if slice26:
-        s = s.str.slice(0, 26)  # Azure: 7 fractional digits -> keep microseconds
-    ts = pd.to_datetime(s, format="ISO8601", errors="coerce")
+        # Azure writes 7 fractional digits; pandas parses 6. Only that exact naive form is cut,
+        # so a UTC offset ("+01:00") is never dropped.
+        azure = s.str.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{7}")
+        s = s.where(~azure, s.str.slice(0, 26))
+    try:
+        # utc=True honours offsets (also mixed ones); naive timestamps are taken as UTC
+        ts = pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
+    except (ValueError, TypeError) as e:
+        raise TraceFormatError(f"{file}: column {column!r} ({field}): timestamps cannot be parsed "
+                               f"together ({e}); use one ISO 8601 form throughout") from None
     bad = ts.isna().to_numpy()
     if bad.any():
         idx = np.flatnonzero(bad)
         i = int(idx[0])
         raise _bad(file, int(lines[i]), field, column, raw[i],
                    "a timestamp like '2023-11-16 18:17:03.9799600' (ISO 8601)", len(idx) - 1)
-    if getattr(ts.dt, "tz", None) is not None:
-        ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+    ts = ts.dt.tz_localize(None)
     t0 = ts.min()
     sec = (ts - t0).dt.total_seconds().to_numpy(dtype=np.float64)
     return sec, str(t0)
