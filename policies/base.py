@@ -1,11 +1,24 @@
 """The scheduler-policy interface and the policy registry.
 
 An instance (``kvsched.envs.sim.instance``) runs a vLLM-V1-like step loop; a policy makes its
-two decisions, reading only a :class:`~kvsched.envs.sim.features.FeatureTable`:
+decisions there, reading only a :class:`~kvsched.envs.sim.features.FeatureTable` (never the
+hidden output length unless the scenario enables oracle lengths) and the served system's
+spec and cost model, handed over once by :meth:`SchedulerPolicy.bind`.
+
+Decisions (each has a vLLM-faithful default):
 
 1. ``order_waiting(table)``: the order in which waiting requests are offered cache residency
-   (admission order). Return ``None`` to keep queue order (FCFS), or row indices.
+   (admission order). ``None`` keeps queue order (FCFS).
 2. ``choose_victim(table)``: which running request to preempt when KV allocation fails.
+3. ``token_budget(default)``: tokens per step (``max_num_batched_tokens``).
+4. ``stall_free`` and ``order_prefills(table)``: with ``stall_free`` (Sarathi-Serve), running
+   decodes are scheduled first, then every prefill -- unfinished (running) ones and waiting
+   ones together -- in the order ``order_prefills`` gives, so a waiting request can go before
+   a paused partial prefill. Without it (vLLM), running requests go first in admission order.
+5. ``chunk_limit(prompt_tokens, computed_tokens, decode_tokens, decode_context_tokens)``: a cap
+   on one prefill's chunk in this step (adaptive chunking), or ``None``.
+6. ``chunked_prefill``: ``False`` makes every prefill run whole in one step (non-preemptive).
+7. ``on_request_finished(now_s, ...)``: feedback when a request completes (for online tuning).
 
 ``order_is_static`` declares that the admission order cannot change while the batch is
 unchanged (no arrival, completion or transfer); the simulator only fast-forwards stretches
@@ -15,7 +28,7 @@ of steps past a blocked waiting queue when it is ``True``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,17 +41,49 @@ class PolicyParams:
     """Base of every policy's frozen parameter dataclass."""
 
 
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know about the system it schedules (handed over by ``bind``).
+
+    Attributes:
+        spec: the instance's :class:`~kvsched.envs.sim.specs.InstanceSpec`.
+        cost: its :class:`~kvsched.envs.sim.cost_model.CostModel` (for predicted prefill
+            times, T-hat in Medha's LARS).
+        instance_id: index of the instance in its cluster.
+    """
+
+    spec: Any
+    cost: Any
+    instance_id: int = 0
+
+
 class SchedulerPolicy:
-    """Base class: FCFS admission and vLLM's default preemption victim."""
+    """Base class: FCFS admission, vLLM's default preemption victim, no other changes."""
 
     name = "base"
+    params_cls: type = PolicyParams
     order_is_static = True
+    stall_free = False
+    chunked_prefill: bool | None = None  # None: as the spec says
 
     def __init__(self, params: PolicyParams | None = None) -> None:
-        self.params = params if params is not None else PolicyParams()
+        self.params = params if params is not None else self.params_cls()
+        self.ctx: PolicyContext | None = None
+
+    def bind(self, ctx: PolicyContext) -> None:
+        """Called once by the instance before the first decision."""
+        self.ctx = ctx
 
     def order_waiting(self, table: FeatureTable) -> np.ndarray | None:
         """Admission order over ``table`` rows, or ``None`` for queue order."""
+        return None
+
+    def order_prefills(self, table: FeatureTable) -> np.ndarray | None:
+        """With ``stall_free``: order over prefill candidates (running partial + waiting).
+
+        ``table.running`` tells which rows are already running. Default: running partial
+        prefills first (in admission order), then waiting in ``order_waiting`` order.
+        """
         return None
 
     def choose_victim(self, table: FeatureTable) -> int:
@@ -48,6 +93,26 @@ class SchedulerPolicy:
         ``--scheduling-policy fcfs`` (``self.running.pop()``, REFERENCE.md §4.1).
         """
         return len(table) - 1
+
+    def token_budget(self, default: int) -> int:
+        """Tokens per step; default the spec's ``max_num_batched_tokens``."""
+        return default
+
+    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, decode_tokens: int,
+                    decode_context_tokens: int) -> int | None:
+        """Largest chunk for one prefill this step (``None``: no policy limit).
+
+        Args:
+            prompt_tokens: the request's prompt length.
+            computed_tokens: tokens already in its KV cache.
+            decode_tokens: decodes already in this step's batch.
+            decode_context_tokens: their summed context (tokens).
+        """
+        return None
+
+    def on_request_finished(self, now_s: float, arrival_s: float, first_token_s: float,
+                            prompt_tokens: int, generated_tokens: int) -> None:
+        """Feedback when a request completes (times in s)."""
 
 
 _REGISTRY: dict[str, Callable[..., SchedulerPolicy]] = {}
@@ -64,17 +129,30 @@ def register(name: str) -> Callable[[type], type]:
     return deco
 
 
-def make_policy(name: str, params: PolicyParams | None = None) -> SchedulerPolicy:
-    """Instantiate the registered policy ``name``.
+def make_policy(name: str, params: PolicyParams | dict | None = None) -> SchedulerPolicy:
+    """Instantiate the registered policy ``name`` (``params`` as its dataclass or a dict).
 
     Raises:
         UnknownPresetError: if ``name`` is not registered (the message lists known names).
+        ConfigError: if a params dict has unknown keys or invalid values.
     """
     from kvsched import policies as _p  # noqa: F401  (registers the built-in policies)
 
     if name not in _REGISTRY:
         raise UnknownPresetError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](params)
+    cls = _REGISTRY[name]
+    if isinstance(params, dict):
+        from dataclasses import fields
+
+        from kvsched.envs.sim.errors import ConfigError
+
+        pcls = getattr(cls, "params_cls", PolicyParams)
+        allowed = {f.name for f in fields(pcls)}
+        unknown = set(params) - allowed
+        if unknown:
+            raise ConfigError(f"policy {name!r}: unknown parameters {sorted(unknown)}; allowed: {sorted(allowed)}")
+        params = pcls(**params)
+    return cls(params)
 
 
 def policy_names() -> list[str]:

@@ -32,14 +32,24 @@ class FeatureTable:
 
     Columns (each ``np.ndarray`` of shape ``(len(states),)``): ``request_id`` (int64),
     ``arrival_s``, ``wait_s`` (now - arrival), ``prompt_tokens``, ``computed_tokens``,
-    ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``
+    ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``,
+    ``running`` (bool)
     (0 HBM, 1 DRAM, 2 NVMe), ``preemptions``, ``output_tokens`` (-1 unless oracle).
     """
 
-    def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False):
+    def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False,
+                 running: np.ndarray | None = None):
         self._states = states  # private: policies read the columns, never the raw states
         self.now_s = now_s
         self.oracle_lengths = oracle_lengths
+        self._running = running
+
+    @cached_property
+    def running(self) -> np.ndarray:
+        """True for rows already running (an unfinished prefill), False for waiting rows."""
+        if self._running is not None:
+            return self._running
+        return np.fromiter((s.status == 1 for s in self._states), bool, count=len(self._states))
 
     def __len__(self) -> int:
         return len(self._states)

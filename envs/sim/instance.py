@@ -40,11 +40,29 @@ import numpy as np
 
 from .cost_model import CostModel
 from .features import FeatureTable
+from kvsched.policies.base import PolicyContext
 from .kv_cache import BlockPool, LinkQueue
 from .request import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, RequestState
 from .specs import InstanceSpec
 
 TRANSFER_EVENT = "transfer"
+_ADMITTED, _SKIP, _STOP = 0, 1, 2
+
+
+class _StepBuild:
+    """Mutable state while one step's batch is composed."""
+
+    __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "decode_n", "decode_ctx")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.plan: list[tuple[RequestState, int]] = []
+        self.planned: set[int] = set()
+        self.partial = 0
+        self.long_partial = 0
+        self.preempted = False
+        self.decode_n = 0
+        self.decode_ctx = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,17 @@ class Instance:
         self.links = {name: LinkQueue(name) for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read")}
         self.block_bytes = int(round(spec.kv_bytes_per_block))
         self.long_threshold = self.effective_long_prefill_threshold(spec)
+        policy.bind(PolicyContext(spec=spec, cost=self.cost, instance_id=instance_id))
+        self.budget = int(policy.token_budget(spec.token_budget))
+        if self.budget < 1:
+            raise ValueError(f"policy {policy.name!r} gave token_budget={self.budget}; must be >= 1")
+        self.chunked = spec.enable_chunked_prefill if policy.chunked_prefill is None else bool(policy.chunked_prefill)
+        if not self.chunked:
+            self.long_threshold = 0
+            if self.budget < spec.model_len_limit:
+                raise ValueError(
+                    f"without chunked prefill the token budget ({self.budget}) must cover max_model_len "
+                    f"({spec.model_len_limit}), as vLLM requires; raise max_num_batched_tokens")
         recorder.occupancy.register(instance_id, (self.hbm.capacity_blocks, self.dram.capacity_blocks,
                                                   self.nvme.capacity_blocks))
         self.waiting: deque[RequestState] = deque()
@@ -171,77 +200,76 @@ class Instance:
             The end time of the planned step/stretch, or ``None`` when nothing can run.
         """
         spec = self.spec
-        budget = spec.token_budget
-        thr = self.long_threshold
-        max_partial = spec.max_num_partial_prefills
-        max_long = spec.max_long_partial_prefills
-        plan: list[tuple[RequestState, int]] = []
-        planned: set[int] = set()
-        partial = 0
-        long_partial = 0
-        preempted = False
+        step = _StepBuild(self.budget)
         self._step_ready_s = now
         self._blocked_hit_hashes = ()
         running = self.running
-
-        # 1. running requests, in order (a snapshot: preemption removes victims from the list)
-        for st in list(running):
-            if budget <= 0:
-                break
-            if st.status != RUNNING or st.ready_s > now:  # preempted, or blocks still loading
-                continue
-            to_compute = st.prompt_tokens + st.generated - st.computed
-            n = to_compute
-            if thr > 0 and n > thr:
-                n = thr
-            if n > budget:
-                n = budget
-            leaves_partial = n < to_compute
-            is_long = thr > 0 and st.prompt_tokens > thr
-            if leaves_partial and (partial >= max_partial or (is_long and long_partial >= max_long)):
-                continue
-            need = self._blocks_for(st.computed + n) - st.shared_blocks - st.private_blocks
-            if need < 0:
-                need = 0
-            if need > 0 and not self.hbm.allocate(need):
-                preempted = True
-                if not self._make_room(st, need, now, plan, planned):
-                    budget = spec.token_budget - sum(n_ for _, n_ in plan)
-                    continue  # st preempted itself
-                budget = spec.token_budget - sum(n_ for _, n_ in plan)
-            st.private_blocks += need
-            plan.append((st, n))
-            planned.add(st.rid)
-            budget -= n
-            if leaves_partial:
-                partial += 1
-                if is_long:
-                    long_partial += 1
-
-        # 2. resume swapped requests, then admit waiting ones
         waiting_blocked_static = True
-        if not preempted:
-            while self.swapped and len(running) < spec.max_seqs:
-                st = self.swapped[0]
-                if not self.hbm.allocate(st.lower_blocks):
+
+        if not self.policy.stall_free:
+            # vLLM: running requests first, in admission order
+            for st in list(running):
+                if step.budget <= 0:
                     break
-                self.swapped.popleft()
-                self._swap_in(st, now)
-                running.append(st)
-            if not self.swapped and self.waiting and budget > 0 and len(running) < spec.max_seqs:
-                budget, partial, long_partial = self._admit(now, budget, partial, long_partial,
-                                                            plan, planned)
+                if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
+                    self._schedule_running(st, step, now)
+            if not step.preempted:
+                self._resume_swapped(now)
+                if not self.swapped and self.waiting and step.budget > 0 and len(running) < spec.max_seqs:
+                    order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
+                    cands = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
+                    self._admit_in_order(cands, step, now, keep_queue_order=order is None)
+                    waiting_blocked_static = self.policy.order_is_static
+        else:
+            # Sarathi-Serve stall-free batching: decodes first, then prefills in policy order
+            for st in list(running):
+                if step.budget <= 0:
+                    break
+                if (st.status == RUNNING and st.ready_s <= now
+                        and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
+                    self._schedule_running(st, step, now)
+            if not step.preempted:
+                self._resume_swapped(now)
+            partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now
+                            and st.rid not in step.planned]
+            admit = (not step.preempted and not self.swapped)
+            waiting = list(self.waiting) if admit else []
+            cands = partial_runs + waiting
+            if cands and step.budget > 0:
+                is_running = np.zeros(len(cands), dtype=bool)
+                is_running[:len(partial_runs)] = True
+                order = self.policy.order_prefills(
+                    FeatureTable(cands, now, self.options.oracle_lengths, running=is_running))
+                ordered = cands if order is None else [cands[int(r)] for r in order]
+                admitted: list[RequestState] = []
+                stop_admitting = False
+                for st in ordered:
+                    if step.budget <= 0:
+                        break
+                    if st.status == RUNNING:
+                        if st.status == RUNNING and st.rid not in step.planned:
+                            self._schedule_running(st, step, now)
+                    elif not stop_admitting:
+                        r = self._try_admit(st, step, now)
+                        if r == _ADMITTED:
+                            admitted.append(st)
+                        elif r == _STOP:
+                            stop_admitting = True
+                if admitted:
+                    gone = {id(a) for a in admitted}
+                    self.waiting = deque(s for s in self.waiting if id(s) not in gone)
                 waiting_blocked_static = self.policy.order_is_static
 
+        plan = step.plan
         if not plan:
             self.recorder.occupancy_change(self, now)
             self._check_progress(now)
             return None
 
-        # 3. time the step, or a fast-forwarded stretch of identical decode steps
+        # time the step, or a fast-forwarded stretch of identical decode steps
         start = self._step_ready_s
         self._plan = plan
-        if (self.options.fast_forward and not preempted and not self.swapped
+        if (self.options.fast_forward and not step.preempted and not self.swapped
                 and len(plan) == len(running) and (not self.waiting or waiting_blocked_static)
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in plan)):
@@ -253,6 +281,69 @@ class Instance:
         if self.options.check_invariants:
             self.check()
         return end
+
+    def _chunk(self, st: RequestState, to_compute: int, step: "_StepBuild") -> int:
+        """Tokens a prefill may take this step: threshold, policy limit, budget."""
+        n = to_compute
+        if self.long_threshold > 0 and n > self.long_threshold:
+            n = self.long_threshold
+        if to_compute > 1:
+            lim = self.policy.chunk_limit(st.prompt_tokens, st.computed, step.decode_n, step.decode_ctx)
+            if lim is not None and n > lim:
+                n = max(1, int(lim))
+        if n > step.budget:
+            n = step.budget
+        return n
+
+    def _partial_blocked(self, st: RequestState, leaves_partial: bool, step: "_StepBuild") -> bool:
+        if not leaves_partial:
+            return False
+        if not self.chunked:
+            return True  # an unchunked prefill runs whole or not at all
+        is_long = self.long_threshold > 0 and st.prompt_tokens > self.long_threshold
+        return (step.partial >= self.spec.max_num_partial_prefills
+                or (is_long and step.long_partial >= self.spec.max_long_partial_prefills))
+
+    def _count(self, st: RequestState, n: int, leaves_partial: bool, step: "_StepBuild") -> None:
+        step.plan.append((st, n))
+        step.planned.add(st.rid)
+        step.budget -= n
+        if n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1:
+            step.decode_n += 1
+            step.decode_ctx += st.computed
+        if leaves_partial:
+            step.partial += 1
+            if self.long_threshold > 0 and st.prompt_tokens > self.long_threshold:
+                step.long_partial += 1
+
+    def _schedule_running(self, st: RequestState, step: "_StepBuild", now: float) -> None:
+        """Give a running request its tokens for this step, preempting others if KV runs out."""
+        to_compute = st.prompt_tokens + st.generated - st.computed
+        n = self._chunk(st, to_compute, step)
+        leaves_partial = n < to_compute
+        if self._partial_blocked(st, leaves_partial, step):
+            return
+        need = self._blocks_for(st.computed + n) - st.shared_blocks - st.private_blocks
+        if need < 0:
+            need = 0
+        if need > 0 and not self.hbm.allocate(need):
+            step.preempted = True
+            survived = self._make_room(st, need, now, step.plan, step.planned)
+            step.budget = self.budget - sum(n_ for _, n_ in step.plan)
+            if not survived:
+                return  # st preempted itself
+        st.private_blocks += need
+        self._count(st, n, leaves_partial, step)
+
+    def _resume_swapped(self, now: float) -> None:
+        """Swap requests back in (oldest first) while HBM has room for their blocks."""
+        while self.swapped and len(self.running) < self.spec.max_seqs:
+            st = self.swapped[0]
+            if not self.hbm.allocate(st.lower_blocks):
+                break
+            self.swapped.popleft()
+            self._swap_in(st, now)
+            self.running.append(st)
 
     def _plan_single(self, start: float) -> float:
         n_tokens = 0
@@ -346,86 +437,83 @@ class Instance:
         return limit
 
     # ------------------------------------------------------------------------------ admission
-    def _admit(self, now: float, budget: int, partial: int, long_partial: int,
-               plan: list, planned: set) -> tuple[int, int, int]:
-        spec = self.spec
-        thr = self.long_threshold
-        order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
-        candidates = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
+    def _admit_in_order(self, cands: list, step: "_StepBuild", now: float, keep_queue_order: bool) -> None:
+        """Admit waiting requests in the given order until budget, seats or KV run out."""
         admitted: list[RequestState] = []
-        hbm = self.hbm
-        self._blocked_hit_hashes = ()
-        for st in candidates:
-            if budget <= 0 or len(self.running) >= spec.max_seqs:
+        for st in cands:
+            if step.budget <= 0 or len(self.running) >= self.spec.max_seqs:
                 break
-            total_tokens = st.prompt_tokens + st.generated
-            # prefix-cache lookup: full cached segments, leaving >= 1 token to compute
-            hit = 0
-            if st.n_cacheable_segments and hbm.prefix_caching:
-                max_seg = min(st.n_cacheable_segments, (total_tokens - 1) // st.seg_tokens)
-                hit = hbm.cached_prefix_segments(st.hashes, max_seg)
-            hit_tokens = hit * st.seg_tokens
-            to_compute = total_tokens - hit_tokens
-            n = to_compute
-            if thr > 0 and n > thr:
-                n = thr
-            if n > budget:
-                n = budget
-            leaves_partial = n < to_compute
-            is_long = thr > 0 and st.prompt_tokens > thr
-            if leaves_partial:
-                if not spec.enable_chunked_prefill:
-                    continue  # vLLM skips a prompt that does not fit the budget unchunked
-                if partial >= spec.max_num_partial_prefills or (is_long and long_partial >= spec.max_long_partial_prefills):
-                    continue
-            hit_hashes = st.hashes[:hit]
-            hit_blocks = hit * (st.seg_tokens // self.bs)
-            evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
-            need = self._blocks_for(hit_tokens + n) - hit_blocks
-            if need > hbm.available_blocks - evictable_hit:
-                self._blocked_hit_hashes = hit_hashes
-                break  # head-of-line: vLLM stops admitting when allocation fails
-            first_admission = st.admissions == 0
-            for h in hit_hashes:
-                seg_creator = hbm.segments[h].creator_id
-                hbm.acquire_segment(h)
-                # reuse across requests counts once, at first admission; what a preempted
-                # request finds again when it returns is its own work restored, not a hit
-                if first_admission and seg_creator != st.rid:
-                    st.prefix_hit_tokens += st.seg_tokens
-                else:
-                    st.self_hit_tokens += st.seg_tokens
-            hbm.allocate(need)
-            st.shared = list(hit_hashes)
-            st.shared_blocks = hit_blocks
-            st.private_blocks = need
-            st.next_seg = hit
-            st.computed = hit_tokens
-            st.tier = "hbm"
-            if st.lost_tokens:
-                st.recomputed_tokens += max(0, st.lost_tokens - hit_tokens)
-                st.lost_tokens = 0
-            if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
-                st.first_scheduled_s = now
-            st.admissions += 1
-            st.status = RUNNING
-            self.running.append(st)
-            admitted.append(st)
-            plan.append((st, n))
-            planned.add(st.rid)
-            budget -= n
-            if leaves_partial:
-                partial += 1
-                if is_long:
-                    long_partial += 1
+            r = self._try_admit(st, step, now)
+            if r == _ADMITTED:
+                admitted.append(st)
+            elif r == _STOP:
+                break
         if admitted:
-            if order is None and all(a is b for a, b in zip(admitted, self.waiting)):
+            if keep_queue_order and all(a is b for a, b in zip(admitted, self.waiting)):
                 for _ in admitted:
                     self.waiting.popleft()
             else:
                 gone = {id(a) for a in admitted}
                 self.waiting = deque(s for s in self.waiting if id(s) not in gone)
-        return budget, partial, long_partial
+
+    def _try_admit(self, st: RequestState, step: "_StepBuild", now: float) -> int:
+        """Try to give a waiting request cache residency and its first chunk.
+
+        Returns ``_ADMITTED``, ``_SKIP`` (not now; later requests may go) or ``_STOP``
+        (allocation failed: vLLM stops admitting, head-of-line).
+        """
+        if len(self.running) >= self.spec.max_seqs or step.budget <= 0:
+            return _STOP
+        hbm = self.hbm
+        total_tokens = st.prompt_tokens + st.generated
+        # prefix-cache lookup: full cached segments, leaving >= 1 token to compute
+        hit = 0
+        if st.n_cacheable_segments and hbm.prefix_caching:
+            max_seg = min(st.n_cacheable_segments, (total_tokens - 1) // st.seg_tokens)
+            hit = hbm.cached_prefix_segments(st.hashes, max_seg)
+        hit_tokens = hit * st.seg_tokens
+        to_compute = total_tokens - hit_tokens
+        st_computed = st.computed
+        st.computed = hit_tokens  # chunk_limit sees the tokens already cached
+        n = self._chunk(st, to_compute, step)
+        st.computed = st_computed
+        leaves_partial = n < to_compute
+        if self._partial_blocked(st, leaves_partial, step):
+            return _SKIP
+        hit_hashes = st.hashes[:hit]
+        hit_blocks = hit * (st.seg_tokens // self.bs) if hit else 0
+        evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
+        need = self._blocks_for(hit_tokens + n) - hit_blocks
+        if need > hbm.available_blocks - evictable_hit:
+            self._blocked_hit_hashes = hit_hashes
+            return _STOP
+        first_admission = st.admissions == 0
+        for h in hit_hashes:
+            seg_creator = hbm.segments[h].creator_id
+            hbm.acquire_segment(h)
+            # reuse across requests counts once, at first admission; what a preempted
+            # request finds again when it returns is its own work restored, not a hit
+            if first_admission and seg_creator != st.rid:
+                st.prefix_hit_tokens += st.seg_tokens
+            else:
+                st.self_hit_tokens += st.seg_tokens
+        hbm.allocate(need)
+        st.shared = list(hit_hashes)
+        st.shared_blocks = hit_blocks
+        st.private_blocks = need
+        st.next_seg = hit
+        st.computed = hit_tokens
+        st.tier = "hbm"
+        if st.lost_tokens:
+            st.recomputed_tokens += max(0, st.lost_tokens - hit_tokens)
+            st.lost_tokens = 0
+        if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
+            st.first_scheduled_s = now
+        st.admissions += 1
+        st.status = RUNNING
+        self.running.append(st)
+        self._count(st, n, leaves_partial, step)
+        return _ADMITTED
 
     # ----------------------------------------------------------------------------- preemption
     def _make_room(self, st: RequestState, need: int, now: float, plan: list, planned: set) -> bool:
@@ -614,6 +702,7 @@ class Instance:
             st.status = FINISHED
             st.finish_s = now
             rec.record(st)
+            self.policy.on_request_finished(now, st.arrival_s, st.first_token_s, st.prompt_tokens, st.generated)
         rec.occupancy_change(self, now)
         if self.options.check_invariants:
             self.check()
