@@ -5,6 +5,10 @@ Importing this package registers the built-in policies; build one with
 """
 
 from . import fcfs  # noqa: F401  (registers "fcfs")
+from . import lars  # noqa: F401  (registers "lars")
+from . import nonpreemptive  # noqa: F401  (registers "nonpreemptive")
+from . import priority  # noqa: F401  (registers "priority")
+from . import sarathi  # noqa: F401  (registers "sarathi")
 from .base import PolicyParams, SchedulerPolicy, make_policy, policy_names
 
 __all__ = ["PolicyParams", "SchedulerPolicy", "make_policy", "policy_names"]

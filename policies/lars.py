@@ -1,0 +1,142 @@
+"""Medha's LARS (Length-Aware Relative Slack) with adaptive chunking -- ``medha_lars_inferred``.
+
+Source: Agrawal et al., "Medha" / "No Request Left Behind" (arXiv 2409.17264, v4-v5 abstracts),
+as specified in REFERENCE.md §1.2-1.3. The LARS equations and the adaptive-chunk rule could not
+be read from the paper; this is the project's **[inferred]** reconstruction, consistent with
+the abstract: chunked prefills interruptible at chunk boundaries, deadline- and length-aware
+priority recomputed every step, decodes never paused (stall-free batching), long requests
+never starved.
+
+Ordering. For each prefill candidate (running partial prefills and waiting requests) at time t:
+
+    T_hat(len, done) = predicted time of the remaining prefill (cost model)
+    deadline  = arrival + max(ttft_floor_s, kappa * T_hat(prompt, 0))   # length-aware SLO
+    remaining = T_hat(prompt, done)
+    slack     = deadline - t - remaining
+    relative  = slack / max(norm, eps_s),  norm = remaining ("remaining") or T_hat(prompt, 0) ("total")
+
+ascending ``relative`` first. Long prefills yield to short ones with less relative slack, but
+their deadlines keep approaching, so they are not starved.
+
+Adaptive chunking (§1.3). The chunk of a prefill with ``p`` cached tokens is the largest
+``c`` (a multiple of ``chunk_multiple_tokens``) whose step, together with the decodes already
+in the batch, stays within ``tbt_target_s``; clamped to
+``[min_chunk_tokens, max_chunk_tokens]``. Chunks start large and shrink as ``p`` grows,
+because attention over the cached context grows.
+
+T_hat is the roofline step time of the remaining tokens as one pass plus one per-step overhead
+per extra chunk: the FLOPs and KV traffic of chunked and unchunked prefills are equal
+(REFERENCE §5.3), only per-step overheads differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.features import FeatureTable
+
+from .base import PolicyParams, SchedulerPolicy, register
+
+
+@dataclass(frozen=True)
+class LARSParams(PolicyParams):
+    """Parameters of LARS (REFERENCE §1.2-1.3; ranges there are the tuning space).
+
+    Attributes:
+        kappa: TTFT SLO scale over the predicted isolated prefill time (2-5 suggested). > 0.
+        ttft_floor_s: smallest TTFT deadline (0.25-1 s suggested). > 0.
+        eps_s: guard against division by ~0 remaining work (s). > 0.
+        normalize: "remaining" (slack per unit of remaining work) or "total".
+        adaptive_chunking: size chunks from the TBT target; otherwise no policy cap.
+        tbt_target_s: per-step time target that bounds co-batched decodes' TBT (s). > 0.
+        min_chunk_tokens: chunk floor (REFERENCE §1.3 suggests 32; the brief says ~40).
+        max_chunk_tokens: chunk ceiling (tokens).
+        chunk_multiple_tokens: chunks are multiples of this (block size 16).
+    """
+
+    kappa: float = 3.0
+    ttft_floor_s: float = 0.5
+    eps_s: float = 1e-3
+    normalize: str = "remaining"
+    adaptive_chunking: bool = True
+    tbt_target_s: float = 0.05
+    min_chunk_tokens: int = 32
+    max_chunk_tokens: int = 8192
+    chunk_multiple_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
+            v = getattr(self, name)
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                    f"LARSParams.{name}", v, "a number > 0")
+        require(self.normalize in ("remaining", "total"), "LARSParams.normalize", self.normalize,
+                "'remaining' or 'total'")
+        for name in ("min_chunk_tokens", "max_chunk_tokens", "chunk_multiple_tokens"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"LARSParams.{name}", v,
+                    "an integer >= 1 (tokens)")
+        require(self.min_chunk_tokens <= self.max_chunk_tokens, "LARSParams.min_chunk_tokens",
+                self.min_chunk_tokens, f"<= max_chunk_tokens ({self.max_chunk_tokens})")
+
+
+@register("lars")
+class LARS(SchedulerPolicy):
+    """Length-aware relative slack ordering of prefills, adaptive chunks, decodes never paused."""
+
+    params_cls = LARSParams
+    stall_free = True
+    order_is_static = False  # slack depends on time
+
+    def bind(self, ctx) -> None:
+        super().bind(ctx)
+        p = self.params
+        m = p.chunk_multiple_tokens
+        lo = max(m, (p.min_chunk_tokens // m) * m)
+        self._candidates = np.arange(lo, p.max_chunk_tokens + 1, m, dtype=np.float64)
+        self._chunk_overhead_s = float(ctx.spec.cost.step_overhead_s)
+        self._budget = ctx.spec.token_budget
+
+    def predicted_prefill_s(self, prompt_tokens: np.ndarray, done_tokens: np.ndarray) -> np.ndarray:
+        """T_hat(len, done): seconds to finish the prefill of ``prompt - done`` tokens (arrays)."""
+        n = np.maximum(prompt_tokens - done_tokens, 0).astype(np.float64)
+        p = done_tokens.astype(np.float64)
+        t = self.ctx.cost.step_time_s(n, n * (p + n / 2.0), p + n)
+        extra_chunks = np.maximum(np.ceil(n / self._budget) - 1.0, 0.0)
+        return t + extra_chunks * self._chunk_overhead_s
+
+    def relative_slack(self, table: FeatureTable) -> np.ndarray:
+        """Relative slack of every row (s per s; negative means already late)."""
+        p = self.params
+        prompt = table.prompt_tokens
+        # tokens still to prefill: a recompute-preempted request re-prefills its output too
+        total = prompt + table.generated_tokens
+        t_total = self.predicted_prefill_s(total, np.zeros_like(total))
+        remaining = self.predicted_prefill_s(total, table.computed_tokens)
+        deadline = table.arrival_s + np.maximum(p.ttft_floor_s, p.kappa * t_total)
+        slack = deadline - table.now_s - remaining
+        norm = remaining if p.normalize == "remaining" else t_total
+        return slack / np.maximum(norm, p.eps_s)
+
+    def order_prefills(self, table: FeatureTable) -> np.ndarray:
+        # most urgent first; ties by arrival (stable)
+        return np.lexsort((table.arrival_s, self.relative_slack(table)))
+
+    def order_waiting(self, table: FeatureTable) -> np.ndarray:
+        return self.order_prefills(table)
+
+    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, decode_tokens: int,
+                    decode_context_tokens: int) -> int | None:
+        p = self.params
+        if not p.adaptive_chunking:
+            return None
+        c = self._candidates
+        pc = float(computed_tokens)
+        t = self.ctx.cost.step_times_fast(decode_tokens + c, decode_context_tokens + c * (pc + c / 2.0),
+                                          decode_context_tokens + pc + c)
+        ok = np.flatnonzero(t <= p.tbt_target_s)
+        if not len(ok):
+            return int(c[0])  # the floor: a prefill always progresses
+        return int(c[ok[-1]])
