@@ -4,6 +4,7 @@ Importing this package registers the built-in policies; build one with
 :func:`kvsched.policies.base.make_policy`.
 """
 
+from . import ewsjf  # noqa: F401  (registers "ewsjf")
 from . import fcfs  # noqa: F401  (registers "fcfs")
 from . import lars  # noqa: F401  (registers "lars")
 from . import nonpreemptive  # noqa: F401  (registers "nonpreemptive")

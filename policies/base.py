@@ -15,8 +15,8 @@ Decisions (each has a vLLM-faithful default):
    decodes are scheduled first, then every prefill -- unfinished (running) ones and waiting
    ones together -- in the order ``order_prefills`` gives, so a waiting request can go before
    a paused partial prefill. Without it (vLLM), running requests go first in admission order.
-5. ``chunk_limit(prompt_tokens, computed_tokens, decode_tokens, decode_context_tokens)``: a cap
-   on one prefill's chunk in this step (adaptive chunking), or ``None``.
+5. ``chunk_limit(prompt_tokens, computed_tokens, batch_tokens, batch_attn_pairs, batch_kv_tokens)``:
+   a cap on one prefill's chunk given the batch planned so far (adaptive chunking), or ``None``.
 6. ``chunked_prefill``: ``False`` makes every prefill run whole in one step (non-preemptive).
 7. ``on_request_finished(now_s, ...)``: feedback when a request completes (for online tuning).
 
@@ -98,15 +98,15 @@ class SchedulerPolicy:
         """Tokens per step; default the spec's ``max_num_batched_tokens``."""
         return default
 
-    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, decode_tokens: int,
-                    decode_context_tokens: int) -> int | None:
+    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, batch_tokens: int,
+                    batch_attn_pairs: float, batch_kv_tokens: int) -> int | None:
         """Largest chunk for one prefill this step (``None``: no policy limit).
 
         Args:
             prompt_tokens: the request's prompt length.
             computed_tokens: tokens already in its KV cache.
-            decode_tokens: decodes already in this step's batch.
-            decode_context_tokens: their summed context (tokens).
+            batch_tokens, batch_attn_pairs, batch_kv_tokens: the step planned so far (decodes
+                and earlier chunks), in the cost model's terms (``CostModel.step_time_s``).
         """
         return None
 

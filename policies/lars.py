@@ -18,9 +18,15 @@ Ordering. For each prefill candidate (running partial prefills and waiting reque
 ascending ``relative`` first. Long prefills yield to short ones with less relative slack, but
 their deadlines keep approaching, so they are not starved.
 
+Late requests (slack < 0) rank before all on-time ones by *absolute* lateness, most late first
+(earliest deadline first). [inferred] Dividing a negative slack by the remaining work would
+make a late short request look ever more urgent than a late long one, so under sustained
+overload the long one would starve (a test shows it); by lateness, a waiting long request's
+rank keeps rising until it runs.
+
 Adaptive chunking (§1.3). The chunk of a prefill with ``p`` cached tokens is the largest
-``c`` (a multiple of ``chunk_multiple_tokens``) whose step, together with the decodes already
-in the batch, stays within ``tbt_target_s``; clamped to
+``c`` (a multiple of ``chunk_multiple_tokens``) whose step, together with everything already
+planned in the batch (decodes first, then earlier chunks), stays within ``tbt_target_s``; clamped to
 ``[min_chunk_tokens, max_chunk_tokens]``. Chunks start large and shrink as ``p`` grows,
 because attention over the cached context grows.
 
@@ -47,7 +53,8 @@ class LARSParams(PolicyParams):
 
     Attributes:
         kappa: TTFT SLO scale over the predicted isolated prefill time (2-5 suggested). > 0.
-        ttft_floor_s: smallest TTFT deadline (0.25-1 s suggested). > 0.
+        ttft_floor_s: smallest TTFT deadline; REFERENCE §1.2 suggests 0.25-1 s, the default
+            takes the low end so interactive prompts are served well inside a 1 s TTFT SLO. > 0.
         eps_s: guard against division by ~0 remaining work (s). > 0.
         normalize: "remaining" (slack per unit of remaining work) or "total".
         adaptive_chunking: size chunks from the TBT target; otherwise no policy cap.
@@ -58,7 +65,7 @@ class LARSParams(PolicyParams):
     """
 
     kappa: float = 3.0
-    ttft_floor_s: float = 0.5
+    ttft_floor_s: float = 0.25
     eps_s: float = 1e-3
     normalize: str = "remaining"
     adaptive_chunking: bool = True
@@ -108,7 +115,7 @@ class LARS(SchedulerPolicy):
         return t + extra_chunks * self._chunk_overhead_s
 
     def relative_slack(self, table: FeatureTable) -> np.ndarray:
-        """Relative slack of every row (s per s; negative means already late)."""
+        """Priority key of every row: relative slack (s per s) when on time, else lateness (s, < 0)."""
         p = self.params
         prompt = table.prompt_tokens
         # tokens still to prefill: a recompute-preempted request re-prefills its output too
@@ -118,7 +125,8 @@ class LARS(SchedulerPolicy):
         deadline = table.arrival_s + np.maximum(p.ttft_floor_s, p.kappa * t_total)
         slack = deadline - table.now_s - remaining
         norm = remaining if p.normalize == "remaining" else t_total
-        return slack / np.maximum(norm, p.eps_s)
+        # late requests: absolute lateness (EDF among the late), ahead of every on-time one
+        return np.where(slack >= 0, slack / np.maximum(norm, p.eps_s), slack)
 
     def order_prefills(self, table: FeatureTable) -> np.ndarray:
         # most urgent first; ties by arrival (stable)
@@ -127,15 +135,15 @@ class LARS(SchedulerPolicy):
     def order_waiting(self, table: FeatureTable) -> np.ndarray:
         return self.order_prefills(table)
 
-    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, decode_tokens: int,
-                    decode_context_tokens: int) -> int | None:
+    def chunk_limit(self, prompt_tokens: int, computed_tokens: int, batch_tokens: int,
+                    batch_attn_pairs: float, batch_kv_tokens: int) -> int | None:
         p = self.params
         if not p.adaptive_chunking:
             return None
         c = self._candidates
         pc = float(computed_tokens)
-        t = self.ctx.cost.step_times_fast(decode_tokens + c, decode_context_tokens + c * (pc + c / 2.0),
-                                          decode_context_tokens + pc + c)
+        t = self.ctx.cost.step_times_fast(batch_tokens + c, batch_attn_pairs + c * (pc + c / 2.0),
+                                          batch_kv_tokens + pc + c)
         ok = np.flatnonzero(t <= p.tbt_target_s)
         if not len(ok):
             return int(c[0])  # the floor: a prefill always progresses

@@ -16,10 +16,14 @@ Each step (one scheduler iteration, vLLM ``Scheduler.schedule``; REFERENCE.md §
 3. The step's time comes from the cost model; at its end every request that finished its
    pending tokens emits one output token.
 
-Partial prefills (vLLM ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``): at
-most that many requests may be left with an unfinished prefill by one step; a prefill is
-*long* when its prompt exceeds ``long_prefill_token_threshold`` (> 0). Requests whose whole
-prefill fits in the step do not count.
+Partial prefills (vLLM ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``, V0
+``PartialPrefillMetadata``): only when ``max_num_partial_prefills = k > 1``, each prefill gets at
+most ``budget // min(m, k)`` tokens (``m`` prefills could run), at most ``k`` requests may be
+left with an unfinished prefill by one step, and at most ``max_long_partial_prefills`` of them
+*long* (prompt above ``long_prefill_token_threshold``, which defaults to 4 % of
+``max_model_len`` then). Requests whose whole prefill fits in the step do not count. With
+``k = 1`` nothing is limited, so a running long prefill takes whatever budget the decodes
+leave, and short prompts wait behind it (the stall the threshold or ``k > 1`` removes).
 
 **Fast-forward.** When a step's batch is all decodes, nobody is loading, swapped or
 preempted, and the waiting queue cannot be admitted by a static-order policy, the next steps
@@ -52,17 +56,20 @@ _ADMITTED, _SKIP, _STOP = 0, 1, 2
 class _StepBuild:
     """Mutable state while one step's batch is composed."""
 
-    __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "decode_n", "decode_ctx")
+    __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
+                 "kv_tokens", "prefill_slot")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
+        self.prefill_slot = budget
         self.plan: list[tuple[RequestState, int]] = []
         self.planned: set[int] = set()
         self.partial = 0
         self.long_partial = 0
         self.preempted = False
-        self.decode_n = 0
-        self.decode_ctx = 0
+        self.n_tokens = 0  # the batch so far, in the cost model's terms (attn2 = 2 x pairs)
+        self.attn2 = 0
+        self.kv_tokens = 0
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,7 @@ class Instance:
         """
         spec = self.spec
         step = _StepBuild(self.budget)
+        step.prefill_slot = self._prefill_slot_budget(now)
         self._step_ready_s = now
         self._blocked_hit_hashes = ()
         running = self.running
@@ -282,13 +290,31 @@ class Instance:
             self.check()
         return end
 
+    def _prefill_slot_budget(self, now: float) -> int:
+        """Per-prefill share of the token budget with several partial prefills.
+
+        vLLM (``Scheduler._chunk_new_tokens_to_schedule`` with
+        ``partial_prefill_budget_lookup_list``): with ``max_num_partial_prefills = k > 1`` and
+        ``m`` prefills that could run, each prefill gets at most ``budget // min(m, k)`` tokens,
+        so a long prompt cannot take the whole budget from short ones.
+        """
+        k = self.spec.max_num_partial_prefills
+        if k <= 1 or not self.chunked:
+            return self.budget
+        m = sum(1 for st in self.running
+                if st.status == RUNNING and st.ready_s <= now and st.prompt_tokens + st.generated - st.computed > 1)
+        m += len(self.waiting) if not self.swapped else 0
+        return self.budget // max(1, min(m, k))
+
     def _chunk(self, st: RequestState, to_compute: int, step: "_StepBuild") -> int:
-        """Tokens a prefill may take this step: threshold, policy limit, budget."""
+        """Tokens a prefill may take this step: threshold, per-prefill slot, policy limit, budget."""
         n = to_compute
+        if to_compute > 1 and n > step.prefill_slot:
+            n = step.prefill_slot
         if self.long_threshold > 0 and n > self.long_threshold:
             n = self.long_threshold
         if to_compute > 1:
-            lim = self.policy.chunk_limit(st.prompt_tokens, st.computed, step.decode_n, step.decode_ctx)
+            lim = self.policy.chunk_limit(st.prompt_tokens, st.computed, step.n_tokens, step.attn2 / 2.0, step.kv_tokens)
             if lim is not None and n > lim:
                 n = max(1, int(lim))
         if n > step.budget:
@@ -300,6 +326,8 @@ class Instance:
             return False
         if not self.chunked:
             return True  # an unchunked prefill runs whole or not at all
+        if self.spec.max_num_partial_prefills <= 1:
+            return False  # concurrent partial prefills are only limited when enabled (> 1)
         is_long = self.long_threshold > 0 and st.prompt_tokens > self.long_threshold
         return (step.partial >= self.spec.max_num_partial_prefills
                 or (is_long and step.long_partial >= self.spec.max_long_partial_prefills))
@@ -308,9 +336,14 @@ class Instance:
         step.plan.append((st, n))
         step.planned.add(st.rid)
         step.budget -= n
-        if n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1:
-            step.decode_n += 1
-            step.decode_ctx += st.computed
+        p = st.computed
+        step.n_tokens += n
+        if n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
+            step.attn2 += 2 * p
+            step.kv_tokens += p
+        else:
+            step.attn2 += n * (2 * p + n)
+            step.kv_tokens += p + n
         if leaves_partial:
             step.partial += 1
             if self.long_threshold > 0 and st.prompt_tokens > self.long_threshold:
