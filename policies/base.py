@@ -38,7 +38,16 @@ from kvsched.envs.sim.features import FeatureTable
 
 @dataclass(frozen=True)
 class PolicyParams:
-    """Base of every policy's frozen parameter dataclass."""
+    """Base of every policy's frozen parameter dataclass.
+
+    Attributes:
+        tier_aware_preemption: choose the preemption victim and mode (recompute, swap to DRAM,
+            offload to NVMe) from where its blocks can go and what reload or recompute would
+            cost (REFERENCE.md §5.4), instead of vLLM's newest-victim and the spec's fixed
+            mode. Available to every policy.
+    """
+
+    tier_aware_preemption: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,32 @@ class SchedulerPolicy:
         ``--scheduling-policy fcfs`` (``self.running.pop()``, REFERENCE.md §4.1).
         """
         return len(table) - 1
+
+    def choose_preemption(self, table: FeatureTable, costs_s: dict[str, np.ndarray],
+                          default_mode: str) -> tuple[int, str]:
+        """Victim row and mode when KV allocation fails.
+
+        Args:
+            table: running candidates (admission order).
+            costs_s: for each feasible mode ("recompute", "swap", "offload"), the seconds it
+                would cost each row: recompute = predicted re-prefill of its tokens; swap = copy
+                out and back over PCIe; offload = PCIe plus NVMe write and read (REFERENCE.md
+                §5.4). Modes whose tier cannot take a row's blocks are ``inf`` for that row.
+            default_mode: the spec's ``preemption_mode``.
+
+        Returns:
+            ``(row, mode)``. Default: :meth:`choose_victim` and ``default_mode``; with
+            ``params.tier_aware_preemption`` the row and mode of least cost per freed block.
+        """
+        if not getattr(self.params, "tier_aware_preemption", False):
+            return self.choose_victim(table), default_mode
+        modes = list(costs_s)
+        cost = np.vstack([costs_s[m] for m in modes])           # (modes, rows)
+        best_mode = np.argmin(cost, axis=0)
+        best_cost = cost[best_mode, np.arange(cost.shape[1])]
+        per_block = best_cost / np.maximum(table.hbm_blocks, 1)
+        row = int(np.argmin(per_block))
+        return row, modes[int(best_mode[row])]
 
     def token_budget(self, default: int) -> int:
         """Tokens per step; default the spec's ``max_num_batched_tokens``."""

@@ -156,3 +156,43 @@ def test_under_fcfs_every_length_waits_about_the_same_absolute_time():
 
     service = CostModel(spec()).prefill_time_s(rec.prompt_tokens[lo].to_numpy())
     assert float(np.median(q[lo].to_numpy() / service)) > 10
+
+
+def test_tier_aware_costs_make_recompute_cheaper_for_short_and_offload_for_long_contexts():
+    """REFERENCE §5.4: recompute grows quadratically with context, an NVMe round trip linearly,
+    so the simulator must not hard-code either: short victims recompute, long ones offload."""
+    from kvsched.envs.sim.cluster import Cluster
+
+    sp = spec(hbm_kv_blocks=20_000, nvme_kv_bytes=200 * 2**30)
+    inst = Cluster([sp], lambda: make_policy("fcfs", {"tier_aware_preemption": True})).instances[0]
+    from kvsched.envs.sim.request import RequestState
+
+    states = []
+    for rid, ctx in ((0, 1_000), (1, 120_000)):
+        st = RequestState(Request(rid, 0.0, ctx + 1, 10), 16, 0)
+        st.computed = ctx
+        st.private_blocks = -(-ctx // 16)
+        states.append(st)
+    costs = inst._preemption_costs(states)
+    assert set(costs) == {"recompute", "offload"}
+    assert costs["recompute"][0] < costs["offload"][0]
+    assert costs["offload"][1] < costs["recompute"][1]
+
+
+def test_preemption_pays_with_a_dram_tier():
+    """Long contexts on a small KV cache: recompute preemption throws away long prefills; with
+    a DRAM tier, tier-aware preemption swaps instead (PCIe is ~10x cheaper per token than
+    recompute on an H100), so nothing is recomputed and long requests finish sooner."""
+    s = short_only(rate=3.0, dur=60.0)
+    rng = np.random.default_rng(11)
+    mix = with_longs(s, np.sort(rng.uniform(2, 50, 8)), rng.integers(20_000, 40_000, 8), out=400)
+    small = dict(hbm_kv_blocks=5_000)  # 80k tokens of KV
+    recompute = simulate(mix, spec(**small), "fcfs")
+    from kvsched.envs.sim.cluster import Cluster
+
+    swap = Cluster([spec(**small, dram_kv_bytes=64 * 2**30)],
+                   lambda: make_policy("fcfs", {"tier_aware_preemption": True})).run(mix)
+    rc, sw = recompute.summary["classes"]["all"], swap.summary["classes"]["all"]
+    assert rc["preemptions"]["total"] > 0 and rc["preemptions"]["recomputed_tokens"] > 50_000
+    assert sw["preemptions"]["recomputed_tokens"] == 0 and sw["bytes_moved"]["hbm_to_dram"] > 0
+    assert swap.summary["classes"]["long"]["e2e_s"]["mean"] < recompute.summary["classes"]["long"]["e2e_s"]["mean"]

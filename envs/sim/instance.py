@@ -557,7 +557,9 @@ class Instance:
         """
         while True:
             candidates = [r for r in self.running if r.ready_s <= now] or list(self.running)
-            row = self.policy.choose_victim(FeatureTable(candidates, now, self.options.oracle_lengths))
+            table = FeatureTable(candidates, now, self.options.oracle_lengths)
+            row, mode = self.policy.choose_preemption(table, self._preemption_costs(candidates),
+                                                      self.spec.preemption_mode)
             victim = candidates[row]
             if victim.rid in planned:
                 for k, (s_, _) in enumerate(plan):
@@ -565,18 +567,40 @@ class Instance:
                         del plan[k]
                         break
                 planned.discard(victim.rid)
-            self._preempt(victim, now)
+            self._preempt(victim, now, mode)
             if victim is st:
                 return False
             if self.hbm.allocate(need):
                 return True
 
-    def _preempt(self, victim: RequestState, now: float) -> None:
+    def _preemption_costs(self, candidates: list[RequestState]) -> dict[str, np.ndarray]:
+        """Seconds each preemption mode would cost each candidate (REFERENCE.md §5.4).
+
+        recompute: predicted prefill of the tokens it holds; swap: PCIe out and back in;
+        offload: PCIe plus NVMe write and read. ``inf`` where the lower tier has no room.
+        """
+        blocks = np.fromiter((c.shared_blocks + c.private_blocks for c in candidates), np.int64,
+                             count=len(candidates))
+        tokens = np.fromiter((c.computed for c in candidates), np.int64, count=len(candidates))
+        costs = {"recompute": np.asarray(self.cost.prefill_time_s(tokens), dtype=np.float64)}
+        pcie = 2.0 * (self.spec.pcie.latency_s + blocks * self.cost.kv_bytes_per_token_per_gpu * self.bs
+                      / self.spec.pcie.bytes_per_s)
+        if self.dram.capacity_blocks:
+            costs["swap"] = np.where(blocks <= self.dram.available_blocks, pcie, np.inf)
+        if self.nvme.capacity_blocks:
+            nv = (pcie + self.spec.nvme_write.latency_s + self.spec.nvme_read.latency_s
+                  + blocks * self.cost.kv_bytes_per_token_per_gpu * self.bs
+                  * (1.0 / self.spec.nvme_write.bytes_per_s + 1.0 / self.spec.nvme_read.bytes_per_s))
+            costs["offload"] = np.where(blocks <= self.nvme.available_blocks, nv, np.inf)
+        return costs
+
+    def _preempt(self, victim: RequestState, now: float, mode: str | None = None) -> None:
         """Preempt ``victim`` by swap (DRAM), offload (NVMe) or recompute.
 
-        Swap/offload copy its blocks device-to-host over PCIe before the step runs (vLLM V0
-        swaps out synchronously); when the target tier is full it falls back to NVMe, then to
-        recompute. Source: REFERENCE.md §4.1 and §5.4.
+        ``mode`` defaults to the spec's ``preemption_mode``. Swap/offload copy its blocks
+        device-to-host over PCIe before the step runs (vLLM V0 swaps out synchronously); when
+        the target tier is full, swap falls back to NVMe, then to recompute. Source:
+        REFERENCE.md §4.1 and §5.4.
         """
         self.running.remove(victim)
         excess = victim.shared_blocks + victim.private_blocks - self._blocks_for(victim.computed)
@@ -586,7 +610,7 @@ class Instance:
         victim.preemptions += 1
         self.preemptions += 1
         n_blocks = victim.shared_blocks + victim.private_blocks
-        mode = self.spec.preemption_mode
+        mode = mode or self.spec.preemption_mode
         target = ""
         if mode == "swap" and n_blocks and self.dram.allocate(n_blocks):
             target = "dram"
