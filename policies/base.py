@@ -45,9 +45,14 @@ class PolicyParams:
             offload to NVMe) from where its blocks can go and what reload or recompute would
             cost (REFERENCE.md §5.4), instead of vLLM's newest-victim and the spec's fixed
             mode. Available to every policy.
+        prefetch: copy swapped-out KV back into HBM asynchronously, behind the running steps'
+            compute (packing-prefetch, arXiv 2508.08457; REFERENCE.md §9.1, mapping [inferred]),
+            instead of reloading on demand the way vLLM V0 does (the step waits for the
+            swap-in copy, stalling every running request). Available to every policy.
     """
 
     tier_aware_preemption: bool = False
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)

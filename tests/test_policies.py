@@ -196,3 +196,20 @@ def test_preemption_pays_with_a_dram_tier():
     assert rc["preemptions"]["total"] > 0 and rc["preemptions"]["recomputed_tokens"] > 50_000
     assert sw["preemptions"]["recomputed_tokens"] == 0 and sw["bytes_moved"]["hbm_to_dram"] > 0
     assert swap.summary["classes"]["long"]["e2e_s"]["mean"] < recompute.summary["classes"]["long"]["e2e_s"]["mean"]
+
+
+def test_prefetch_cuts_the_stall_of_swapped_in_requests():
+    """Reload on demand (vLLM V0) makes every running request wait for a swap-in copy; with
+    prefetch the copy runs behind the steps' compute, so the inter-token stalls shrink."""
+    s = short_only(rate=3.0, dur=60.0)
+    rng = np.random.default_rng(11)
+    mix = with_longs(s, np.sort(rng.uniform(2, 50, 8)), rng.integers(20_000, 40_000, 8), out=400)
+    from kvsched.envs.sim.cluster import Cluster
+
+    sp = spec(hbm_kv_blocks=5_000, dram_kv_bytes=64 * 2**30, preemption_mode="swap")
+    on_demand = Cluster([sp], lambda: make_policy("fcfs")).run(mix)
+    prefetch = Cluster([sp], lambda: make_policy("fcfs", {"prefetch": True})).run(mix)
+    a, b = on_demand.summary["classes"]["all"], prefetch.summary["classes"]["all"]
+    assert a["bytes_moved"]["dram_to_hbm"] > 0 and b["bytes_moved"]["dram_to_hbm"] > 0
+    assert b["itl_s"]["p99"] < 0.5 * a["itl_s"]["p99"]   # measured 31 ms vs 163 ms
+    assert b["itl_s"]["mean"] < a["itl_s"]["mean"]

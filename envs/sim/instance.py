@@ -122,6 +122,7 @@ class Instance:
         self.budget = int(policy.token_budget(spec.token_budget))
         if self.budget < 1:
             raise ValueError(f"policy {policy.name!r} gave token_budget={self.budget}; must be >= 1")
+        self.prefetch = bool(getattr(policy.params, "prefetch", False))
         self.chunked = spec.enable_chunked_prefill if policy.chunked_prefill is None else bool(policy.chunked_prefill)
         if not self.chunked:
             self.long_threshold = 0
@@ -643,7 +644,12 @@ class Instance:
             self.waiting.appendleft(victim)
 
     def _swap_in(self, st: RequestState, now: float) -> None:
-        """Copy a swapped request's blocks back to HBM (already allocated there)."""
+        """Copy a swapped request's blocks back to HBM (already allocated there).
+
+        Reload on demand (default, vLLM V0 ``swap_in`` before the model runs): the step waits
+        for the copy. With ``prefetch`` the copy runs behind the steps and only this request
+        waits for it.
+        """
         n_blocks = st.lower_blocks
         nbytes = n_blocks * self.block_bytes
         ready = now if now > st.ready_s else st.ready_s  # the swap-out copy must have landed
@@ -662,6 +668,8 @@ class Instance:
         st.ready_s = end
         st.status = RUNNING
         st.tier = "hbm"
+        if not self.prefetch and end > self._step_ready_s:
+            self._step_ready_s = end  # the whole step waits for the reload
         self.pending_events.append((end, TRANSFER_EVENT, st))
 
     def complete_transfer(self, st: RequestState, now: float) -> None:
