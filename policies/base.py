@@ -49,10 +49,15 @@ class PolicyParams:
             compute (packing-prefetch, arXiv 2508.08457; REFERENCE.md §9.1, mapping [inferred]),
             instead of reloading on demand the way vLLM V0 does (the step waits for the
             swap-in copy, stalling every running request). Available to every policy.
+        admit_while_swapped: keep admitting new prompts while requests are swapped out. vLLM V0
+            does not (swapped requests resume first); allowing it lets new arrivals push more
+            requests out until host memory fills (then preemption falls back to NVMe, then
+            recompute).
     """
 
     tier_aware_preemption: bool = False
     prefetch: bool = False
+    admit_while_swapped: bool = False
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class Instance:
         if self.budget < 1:
             raise ValueError(f"policy {policy.name!r} gave token_budget={self.budget}; must be >= 1")
         self.prefetch = bool(getattr(policy.params, "prefetch", False))
+        self.admit_while_swapped = bool(getattr(policy.params, "admit_while_swapped", False))
         self.chunked = spec.enable_chunked_prefill if policy.chunked_prefill is None else bool(policy.chunked_prefill)
         if not self.chunked:
             self.long_threshold = 0
@@ -224,7 +225,8 @@ class Instance:
                     self._schedule_running(st, step, now)
             if not step.preempted:
                 self._resume_swapped(now)
-                if not self.swapped and self.waiting and step.budget > 0 and len(running) < spec.max_seqs:
+                if (not self.swapped or self.admit_while_swapped) and self.waiting and step.budget > 0 \
+                        and len(running) < spec.max_seqs:
                     order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
                     cands = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
                     self._admit_in_order(cands, step, now, keep_queue_order=order is None)
@@ -241,7 +243,7 @@ class Instance:
                 self._resume_swapped(now)
             partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now
                             and st.rid not in step.planned]
-            admit = (not step.preempted and not self.swapped)
+            admit = not step.preempted and (not self.swapped or self.admit_while_swapped)
             waiting = list(self.waiting) if admit else []
             cands = partial_runs + waiting
             if cands and step.budget > 0:
@@ -304,7 +306,7 @@ class Instance:
             return self.budget
         m = sum(1 for st in self.running
                 if st.status == RUNNING and st.ready_s <= now and st.prompt_tokens + st.generated - st.computed > 1)
-        m += len(self.waiting) if not self.swapped else 0
+        m += len(self.waiting) if (not self.swapped or self.admit_while_swapped) else 0
         return self.budget // max(1, min(m, k))
 
     def _chunk(self, st: RequestState, to_compute: int, step: "_StepBuild") -> int:

@@ -150,11 +150,11 @@ class OccupancyTracker:
                                "max_capacity_blocks": 0, "max_used_blocks": peak_used}
                 continue
             integral = sum(s.integral[i] for s in self._inst.values())
-            mean = integral / (cap * span) if span > 0 else None
+            mean = float(integral / (cap * span)) if span > 0 else None
             tiers[name] = {
                 "mean_utilization": mean,
                 "max_utilization": max(s.peak[i] / s.capacity[i] for s in self._inst.values() if s.capacity[i]),
                 "max_capacity_blocks": max(s.capacity[i] for s in self._inst.values()),
                 "max_used_blocks": peak_used,
             }
-        return {"time_span_s": span, "samples": len(self.samples), "tiers": tiers}
+        return {"time_span_s": float(span), "samples": len(self.samples), "tiers": tiers}
