@@ -4,7 +4,9 @@
 inference 2023 conversation trace) on a simulated vLLM-like instance (default Llama-3.1-8B on
 one H100) and print TTFT/TPOT/ITL/E2E, SLO attainment and goodput per length class.
 ``kvsched presets`` lists the model, GPU and link presets; ``kvsched traces`` the bundled
-traces.
+traces; ``kvsched bench`` measures the simulator's speed and memory (:mod:`.bench`). ``kvsched calibrate`` fits the cost parameters to real vLLM runs and ``kvsched validate``
+scores the simulator against them (:mod:`kvsched.experiments.calibrate`,
+:mod:`kvsched.experiments.validate`).
 
 Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress bar).
 """
@@ -60,8 +62,30 @@ def _parser() -> argparse.ArgumentParser:
                    help="advance every step one by one (same results, slower; for checking)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    b = sub.add_parser("bench", help="measure simulator speed and memory on reference cases (see --list)")
+    from .bench import add_arguments as add_bench_arguments
+    add_bench_arguments(b)
+
+    c = sub.add_parser("compare", help="run several policies on the same workload and seeds; table, CSV and plots")
+    c.add_argument("--scenario", required=True, help="scenario YAML file (its `policy` is ignored)")
+    c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
+    c.add_argument("--seeds", type=int, default=1,
+                   help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
+                        "a trace is the same for every seed) (default 1)")
+    c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
+    c.add_argument("--policy-params", metavar="JSON",
+                   help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     sub.add_parser("presets", help="list model, GPU and link presets")
     sub.add_parser("traces", help="list bundled traces")
+
+    from . import calibrate, validate
+
+    calibrate.add_arguments(sub.add_parser(
+        "calibrate", help="fit the cost model's efficiency and overhead parameters to real vLLM runs"))
+    validate.add_arguments(sub.add_parser(
+        "validate", help="replay the real vLLM runs and score kvsched beside its peers"))
     return p
 
 
@@ -75,6 +99,8 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         if val is not None:
             inst[key] = val
     over["instance"] = inst
+    if a.policy is not None and a.policy != sc.policy:
+        over["policy_params"] = {}  # the scenario's parameters belong to its own policy
     for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
                      ("max_requests", a.max_requests), ("seed", a.seed)):
         if val is not None:
@@ -117,9 +143,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
                       console=Console(stderr=True), transient=True) as prog:
             task = prog.add_task("sim", total=len(workload))
             result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                              progress=lambda n: prog.update(task, completed=n))
+                              progress=lambda n: prog.update(task, completed=n), policy_params=sc.policy_params)
     else:
-        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances)
+        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
+                          policy_params=sc.policy_params)
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary
@@ -210,6 +237,47 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
         console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)
 
 
+def cmd_compare(a: argparse.Namespace, console: Console) -> int:
+    from kvsched.policies.base import policy_names
+
+    from .compare import aggregate, parse_policies, parse_policy_params, rich_table, run_compare, write_outputs
+
+    policies = parse_policies(a.policies if a.policies is not None else policy_names())
+    params = parse_policy_params(a.policy_params, policies)
+    if a.out:
+        _prepare_out(a.out)
+    sc = load_scenario(a.scenario)
+    err = Console(stderr=True)
+    show = not a.no_progress and sys.stderr.isatty()
+    n_runs = len(policies) * max(a.seeds, 1)
+    t0 = time.perf_counter()
+    if show:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("comparing", total=n_runs)
+            started = [0]
+
+            def step(name: str, seed: int) -> None:  # called before each run
+                prog.update(task, completed=started[0], description=f"{name} seed {seed}")
+                started[0] += 1
+
+            result = run_compare(sc, policies, a.seeds, params, progress=step)
+    else:
+        result = run_compare(sc, policies, a.seeds, params)
+    agg = aggregate(result.runs, result.policies)
+    seeds = result.seeds
+    console.print(rich_table(agg, f"{sc.name}: {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]} "
+                                  f"(mean{' ± std' if len(seeds) > 1 else ''})"))
+    if sc.trace is not None and len(seeds) > 1:
+        err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
+                  "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
+    console.print(f"{len(policies) * len(seeds)} runs in {time.perf_counter() - t0:.1f} s wall", highlight=False)
+    if a.out:
+        files = write_outputs(result, agg, sc, a.out)
+        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    return 0
+
+
 def cmd_presets(console: Console) -> int:
     from kvsched.envs.sim.specs import presets_rows
 
@@ -246,10 +314,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return cmd_simulate(args, console)
+        if args.command == "bench":
+            from .bench import cmd_bench
+            return cmd_bench(args, console)
+        if args.command == "compare":
+            return cmd_compare(args, console)
         if args.command == "presets":
             return cmd_presets(console)
         if args.command == "traces":
             return cmd_traces(console)
+        if args.command == "calibrate":
+            from .calibrate import cmd_calibrate
+
+            return cmd_calibrate(args, console)
+        if args.command == "validate":
+            from .validate import cmd_validate
+
+            return cmd_validate(args, console)
     except KvschedError as e:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2

@@ -17,6 +17,12 @@ root, else ``../shared/groundtruth`` or ``shared/groundtruth`` under the current
   the peers' predictions (``predicted``) for experiments whose workload spec and vLLM-logged
   ``total_kv_blocks`` are in ``blis/trained_physics_iter29_experiments.json``.
 
+The replayed workload follows what the client actually ran (:func:`_workload`): the load stages
+and lengths of ``profile.yaml``, but the prompt population of ``results/config.yaml``, which shows
+that the client version used ignored the profile's multi-turn keys and sent 10 x 10 fixed
+prompts round-robin (:data:`RESOLVED_DEFAULT_PROMPTS`); the measured prompt lengths confirm it
+(they never grow, 16,800 requests at max_model_len 4096 never fail).
+
 Measured metrics per stage, in milliseconds: TTFT mean/p90/p99, E2E mean/p90/p99 and
 ``itl_mean``. The latter is what the sim-to-real table calls ITL:
 ``(E2E_mean − TTFT_mean) / (output_len_mean − 1)`` with the **client-counted** mean output length
@@ -57,6 +63,14 @@ OVERLOAD_FAILURE_FRACTION = 0.01
 failure cause (timeout, abort) is not published, so the successes-only latencies cannot be
 reproduced. The training repo's README marks these runs (the three ``reasoning`` ones) as
 overloaded as well."""
+
+RESOLVED_DEFAULT_PROMPTS = (10, 10)
+"""(num_groups, num_prompts_per_group) inference-perf used when the run does not say: every one of
+the 12 ``results/config.yaml`` files (the configuration as inference-perf resolved it) shows
+10 x 10 and no ``enable_multi_turn_chat``, whatever ``profile.yaml`` asked for -- that client
+version did not know the profile's ``num_unique_system_prompts`` / ``num_users_per_system_prompt``
+/ ``enable_multi_turn_chat`` keys and used its defaults. The sim-to-real runs used the same
+workload files (the csv-only runs' resolved configs are not published), so the same is assumed."""
 
 _RETOKENIZATION: dict[str, tuple[float, float, str]] = {
     "llama-2": (1.0486, 0.28,
@@ -211,15 +225,24 @@ def _preset(model_id: str) -> str | None:
 
 
 def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,
-              max_model_len: int | None) -> SharedPrefixConfig:
+              max_model_len: int | None, resolved: Mapping[str, Any] | None = None) -> SharedPrefixConfig:
+    """The replayed workload: ``profile.yaml``'s lengths and load stages, the prompt population of
+    the resolved config (``num_groups`` x ``num_prompts_per_group`` distinct prompts, each a group's
+    system prompt + its own question, sent round-robin; :data:`RESOLVED_DEFAULT_PROMPTS` when not
+    published), single-turn (``history="fixed"``), every prompt block shareable through the prefix
+    cache (``"system+user"``: vLLM hashes the full blocks of identical prompts alike), and the
+    tokenizer's re-tokenisation (:func:`retokenization`)."""
     scale, jitter, _ = retokenization(model_id)
     first = int(sp["system_prompt_len"]) + int(sp["question_len"]) + int(sp["output_len"])
+    groups, per_group = RESOLVED_DEFAULT_PROMPTS
+    if resolved is not None:
+        groups, per_group = int(resolved["num_groups"]), int(resolved["num_prompts_per_group"])
     return SharedPrefixConfig(
-        num_groups=int(sp["num_unique_system_prompts"]), users_per_group=int(sp["num_users_per_system_prompt"]),
+        num_groups=groups, users_per_group=per_group,
         system_prompt_len=int(sp["system_prompt_len"]), question_len=int(sp["question_len"]),
         output_len=int(sp["output_len"]),
         stages=tuple(LoadStage(float(s["rate"]), float(s["duration"])) for s in stages),
-        history="fixed", prompt_scale=scale, prompt_jitter=jitter,
+        history="fixed", prefix_sharing="system+user", prompt_scale=scale, prompt_jitter=jitter,
         max_context_tokens=max(first, int(max_model_len or 4096)))
 
 
@@ -295,6 +318,14 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
         sp = prof["data"]["shared_prefix"]
         stages_cfg = prof["load"]["stages"]
         notes: list[str] = []
+        resolved_sp = None
+        rc = d / "results" / "config.yaml"
+        if rc.is_file():
+            resolved_sp = (yaml.safe_load(rc.read_text(encoding="utf-8")) or {}).get("data", {}).get("shared_prefix")
+            if resolved_sp and "enable_multi_turn_chat" not in resolved_sp and sp.get("enable_multi_turn_chat"):
+                notes.append(f"profile asks for multi-turn chat with {sp.get('num_unique_system_prompts')} x "
+                             f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
+                             f"with {resolved_sp.get('num_groups')} x {resolved_sp.get('num_prompts_per_group')} prompts")
         if prof["load"].get("type") != "constant":
             raise ConfigError(f"{d / 'profile.yaml'}: load.type={prof['load'].get('type')!r}; only 'constant' is "
                               "modelled")
@@ -333,7 +364,8 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
             max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
             total_kv_blocks=int(be["total_kv_blocks"]) if be else None,
             cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=False,
-            workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"])), stages=tuple(stages),
+            workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
+            stages=tuple(stages),
             notes=tuple(notes), skip_reason=skip))
 
     for folder in sorted(set(csv["folder"]) - seen_folders, key=lambda f: (len(f.split("-")[0]), f)):
@@ -356,6 +388,8 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
             out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
             stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
                                            peers_ms=peers.get(int(k), {})))
+        notes.append(f"resolved inference-perf config not published: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
+                     f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
         if len(stages) != len(wl["stages"]):
             raise ConfigError(f"{folder}: csv has {len(stages)} stages, the workload spec {len(wl['stages'])}")
         offload = first["cpu_offload"]

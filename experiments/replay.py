@@ -15,9 +15,9 @@ client's send time (``arrival_s``) -- kvsched adds the front-end overheads of
 linear interpolation), and ``itl_mean = (E2E_mean − TTFT_mean) / (n − 1)`` with ``n`` the
 measurement's client-counted mean output length (see :mod:`kvsched.experiments.groundtruth`).
 
-``stage_cap_s`` shortens every stage to its first ``stage_cap_s`` seconds (calibration uses
-this to stay fast; the steady state of these open-loop, under-saturated runs is reached within a
-few seconds, the E2E of a request).
+``stage_cap_s`` shortens every stage to its first ``stage_cap_s`` seconds after an unscored
+warm-up (calibration uses this to stay fast; the steady state of these open-loop runs is
+reached within a few request lifetimes once the prefix cache holds every prompt).
 """
 
 from __future__ import annotations
@@ -86,13 +86,21 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None) -> Instan
     return spec
 
 
-def workload_config(exp: Experiment, stage_cap_s: float | None = None) -> SharedPrefixConfig:
-    """The experiment's workload, every stage cut to ``stage_cap_s`` seconds when given."""
+def workload_config(exp: Experiment, stage_cap_s: float | None = None) -> tuple[SharedPrefixConfig, int]:
+    """The experiment's workload and the number of leading warm-up stages not to score.
+
+    With ``stage_cap_s`` every stage is cut to that many seconds and a warm-up stage at the first
+    stage's rate is prepended, long enough to send every distinct prompt once plus 2 s: in a
+    full run the prefix cache is cold for the first round of prompts only (about 2 % of the
+    first stage), in a cut stage it would be most of it.
+    """
     cfg = exp.workload
     if stage_cap_s is None:
-        return cfg
-    stages = tuple(LoadStage(s.rate_per_s, min(s.duration_s, float(stage_cap_s))) for s in cfg.stages)
-    return replace(cfg, stages=stages)
+        return cfg, 0
+    first = cfg.stages[0]
+    warm = LoadStage(first.rate_per_s, cfg.num_users / first.rate_per_s + 2.0)
+    stages = (warm,) + tuple(LoadStage(s.rate_per_s, min(s.duration_s, float(stage_cap_s))) for s in cfg.stages)
+    return replace(cfg, stages=stages), 1
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -114,7 +122,7 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
         RuntimeError: requests were rejected (a replay must serve every request).
     """
     spec = instance_spec_for(exp, cost)
-    cfg = workload_config(exp, stage_cap_s)
+    cfg, skip = workload_config(exp, stage_cap_s)
     wl = generate(cfg, seed=seed)
     res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions())
     rec = res.records
@@ -126,10 +134,10 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
     ttft = (rec["first_token_s"].to_numpy() - arrival) * 1e3
     e2e = (rec["finish_s"].to_numpy() - arrival) * 1e3
     out_tokens = rec["output_tokens"].to_numpy()
-    stage = stage_of(cfg, arrival)
+    stage = stage_of(cfg, arrival) - skip
     stages, counts, per_tok = {}, {}, {}
     meas = {s.stage: s for s in exp.stages}
-    for k in range(len(cfg.stages)):
+    for k in range(len(cfg.stages) - skip):
         m = stage == k
         t, e = ttft[m], e2e[m]
         vals = {"ttft_mean": float(t.mean()), "ttft_p90": _pct(t, 90), "ttft_p99": _pct(t, 99),

@@ -15,6 +15,7 @@ instance:                      # InstanceSpec fields; model/gpu as preset names 
   tp: 1
 n_instances: 1
 policy: fcfs
+policy_params: {}              # the policy's parameters, e.g. {tier_aware_preemption: true}
 oracle_lengths: false          # show true output lengths to the policy
 metrics:                       # MetricsConfig fields
   long_prompt_tokens: 8192
@@ -64,6 +65,7 @@ class Scenario:
     instance: dict = field(default_factory=lambda: {"model": DEFAULT_MODEL, "gpu": DEFAULT_GPU})
     n_instances: int = 1
     policy: str = "fcfs"
+    policy_params: dict = field(default_factory=dict)
     oracle_lengths: bool = False
     metrics: dict = field(default_factory=dict)
     seed: int = 0
@@ -86,8 +88,11 @@ class Scenario:
             raise ConfigError(f"{where}: oracle_lengths={self.oracle_lengths!r} must be true or false")
         if not isinstance(self.policy, str):
             raise ConfigError(f"{where}: policy={self.policy!r} must be a policy name")
+        if not isinstance(self.policy_params, dict):
+            raise ConfigError(f"{where}: policy_params={self.policy_params!r} must be a mapping of the "
+                              f"policy's parameters")
         from kvsched.policies.base import make_policy
-        make_policy(self.policy)  # raises listing the known policies
+        make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 

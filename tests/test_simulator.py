@@ -18,7 +18,7 @@ from kvsched.envs.sim.cost_model import CostModel
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import summary_to_json
 from kvsched.envs.sim.request import Request, Workload
-from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
+from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
 
 MODEL = get_model("Llama-3.1-8B")
 GPU = get_gpu("H100-SXM")
@@ -46,7 +46,9 @@ def test_hand_computed_three_request_schedule():
     step 3: A decode, B decode (B token 2: finished), C prefill 2 (C token 1: finished)
     step 4: A decode (A token 3: finished)
     """
-    spec = make_spec(max_num_batched_tokens=64, enable_prefix_caching=False)
+    # engine schedule only: no API front-end delays (they would stagger the three arrivals)
+    no_front_end = CostParams(request_overhead_s=0.0, prompt_token_overhead_s=0.0, output_token_overhead_s=0.0)
+    spec = make_spec(max_num_batched_tokens=64, enable_prefix_caching=False, cost=no_front_end)
     reqs = [Request(0, 0.0, 100, 3), Request(1, 0.0, 20, 2), Request(2, 0.0, 10, 1)]
     res = run(Workload.from_requests(reqs), spec)
     cm = CostModel(spec)
@@ -210,3 +212,13 @@ def test_same_seed_same_summary_bytes_across_processes(tmp_path):
                            env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)]
     assert outs[0] == outs[1]
     assert json.loads(outs[0])["classes"]["all"]["counts"]["finished"] == 400
+
+
+def test_tiny_budget_with_several_partial_prefills_still_progresses():
+    """Regression: budget 1 token split among partial prefills gave 0-token chunks and a step
+    of zero length, forever. Each prefill must get at least one token."""
+    spec = make_spec(max_num_batched_tokens=1, max_num_partial_prefills=4, max_long_partial_prefills=4)
+    reqs = [Request(i, 0.0, 20, 2) for i in range(3)]
+    res = run(Workload.from_requests(reqs), spec)
+    assert (res.records.status == "finished").all()
+    assert res.stats["steps"] >= 3 * 20

@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
+from .errors import ConfigError
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
@@ -71,7 +73,15 @@ class Cluster:
                  progress: Callable[[int], None] | None = None) -> None:
         if not specs:
             raise ValueError("a cluster needs at least one instance spec")
-        self.recorder = Recorder(metrics)
+        front = {(s.cost.request_overhead_s, s.cost.prompt_token_overhead_s, s.cost.output_token_overhead_s,
+                  s.cost.first_chunk_delay_tokens) for s in specs}
+        if len(front) > 1:
+            raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
+                              "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s and "
+                              f"first_chunk_delay_tokens; got {sorted(front)}")
+        self.front_end = specs[0].cost
+        self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
+                                 first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)
         self.metrics = metrics
         self.instances = [Instance(spec, policy_factory(), self.recorder, i, options)
                           for i, spec in enumerate(specs)]
@@ -80,13 +90,24 @@ class Cluster:
         self.events = EventQueue()
 
     def run(self, workload: Workload) -> SimulationResult:
-        """Serve every request of ``workload``; returns records, summary and counters."""
+        """Serve every request of ``workload``; returns records, summary and counters.
+
+        A request reaches the router and scheduler ``CostParams.server_delay_s(prompt_tokens)``
+        after its ``arrival_s`` (the API front end: HTTP, tokenisation, hand-off to the engine;
+        one front end for the cluster); its record keeps the client's ``arrival_s``, so TTFT and
+        E2E include that delay.
+        """
         ev = self.events
         n = len(workload)
         instances = self.instances
         rec = self.recorder
         block_size = {inst.instance_id: inst.bs for inst in instances}
-        arrivals = workload.arrival_s
+        # when the engine sees each request (after the API front end), and in which order
+        arrivals = workload.arrival_s + self.front_end.server_delay_s(workload.prompt_tokens)
+        order = None
+        if n > 1 and np.any(np.diff(arrivals) < 0):  # per-token delays can reorder arrivals
+            order = np.argsort(arrivals, kind="stable")
+            arrivals = arrivals[order]
         next_idx = 0
         if n:
             ev.push(float(arrivals[0]), ARRIVAL, None)
@@ -98,7 +119,7 @@ class Cluster:
                 inst.complete_step(t)
                 self._wake(inst, t)
             elif kind == ARRIVAL:
-                req = workload.request(next_idx)
+                req = workload.request(next_idx if order is None else int(order[next_idx]))
                 next_idx += 1
                 if next_idx < n:
                     ev.push(float(arrivals[next_idx]), ARRIVAL, None)
@@ -106,6 +127,8 @@ class Cluster:
                 st = RequestState(req, block_size[any_inst.instance_id], rec.length_class(req.prompt_tokens))
                 idx = self.router(st, instances) if len(instances) > 1 else 0
                 inst = instances[idx]
+                if inst.bs != any_inst.bs:  # heterogeneous block sizes: segments in its blocks
+                    st = RequestState(req, inst.bs, st.length_class)
                 if inst.add_request(st, t):
                     self._wake(inst, t)
             elif kind == TRANSFER_DONE:
@@ -164,16 +187,20 @@ class Cluster:
 
 def simulate(workload: Workload, spec: InstanceSpec, policy: str = "fcfs",
              metrics: MetricsConfig = MetricsConfig(), options: InstanceOptions = InstanceOptions(),
-             n_instances: int = 1, progress: Callable[[int], None] | None = None) -> SimulationResult:
+             n_instances: int = 1, progress: Callable[[int], None] | None = None,
+             policy_params: dict | None = None) -> SimulationResult:
     """Run ``workload`` on ``n_instances`` copies of ``spec`` with the named policy.
+
+    ``policy_params`` (a dict of the policy's parameter fields) is validated once and used for
+    every instance.
 
     Raises:
         UnknownPresetError: unknown policy name.
-        ConfigError: invalid spec or request fields.
+        ConfigError: invalid spec, policy parameters or request fields.
     """
     from kvsched.policies.base import make_policy
 
-    make_policy(policy)  # fail early on an unknown name
-    cluster = Cluster([spec] * n_instances, lambda: make_policy(policy), metrics=metrics,
+    params = make_policy(policy, policy_params).params  # fail early on an unknown name or field
+    cluster = Cluster([spec] * n_instances, lambda: make_policy(policy, params), metrics=metrics,
                       options=options, progress=progress)
     return cluster.run(workload)

@@ -7,10 +7,11 @@ FLOPs  = 2·P_m·n_tokens + A·attn_pairs                 P_m = matmul params / 
 Bytes  = W + kvt·kv_tokens                             W = weight bytes / tp, kvt = KV bytes/token/GPU
 MFU(n) = mfu_max · n / (n + mfu_half_tokens)           (REFERENCE §5.2)
 t_step = max(FLOPs / (F·MFU(n)), Bytes / (B·mbu)) + step_overhead_s + t_comm(n)
-t_comm = 2·L·(2·(tp−1)/tp · n·hidden·2 B / nvlink + allreduce_latency_s)   (0 at tp = 1)
+t_comm = 2·L·(2·(tp−1)/tp · n·hidden·2 B / (nvlink·η) + allreduce_latency_s)   (0 at tp = 1)
 ```
 
-with F the dense peak for the weight dtype (FP8 peak for fp8 weights) and B the HBM bandwidth.
+with F the dense peak for the weight dtype (FP8 peak for fp8 weights), B the HBM bandwidth and
+η = ``allreduce_bw_efficiency`` the achieved share of the GPU-GPU link in TP all-reduces.
 A batch with prefill chunks ``{(c_j, p_j)}`` (c_j new tokens after p_j cached ones) and decodes with
 cached contexts ``{ctx_k}`` is summarised by three numbers:
 
@@ -79,7 +80,8 @@ class CostModel:
         self._overhead = float(c.step_overhead_s)
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
-            self._comm_per_token = 2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES / g.nvlink_bytes_per_s
+            self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
+                                    / (g.nvlink_bytes_per_s * c.allreduce_bw_efficiency))
             self._comm_fixed = 2.0 * m.n_layers * c.allreduce_latency_s
         else:
             self._comm_per_token = 0.0

@@ -307,7 +307,7 @@ class Instance:
         m = sum(1 for st in self.running
                 if st.status == RUNNING and st.ready_s <= now and st.prompt_tokens + st.generated - st.computed > 1)
         m += len(self.waiting) if (not self.swapped or self.admit_while_swapped) else 0
-        return self.budget // max(1, min(m, k))
+        return max(1, self.budget // max(1, min(m, k)))
 
     def _chunk(self, st: RequestState, to_compute: int, step: "_StepBuild") -> int:
         """Tokens a prefill may take this step: threshold, per-prefill slot, policy limit, budget."""
@@ -356,6 +356,8 @@ class Instance:
         """Give a running request its tokens for this step, preempting others if KV runs out."""
         to_compute = st.prompt_tokens + st.generated - st.computed
         n = self._chunk(st, to_compute, step)
+        if n <= 0:
+            return
         leaves_partial = n < to_compute
         if self._partial_blocked(st, leaves_partial, step):
             return
@@ -513,6 +515,8 @@ class Instance:
         st.computed = hit_tokens  # chunk_limit sees the tokens already cached
         n = self._chunk(st, to_compute, step)
         st.computed = st_computed
+        if n <= 0:
+            return _STOP
         leaves_partial = n < to_compute
         if self._partial_blocked(st, leaves_partial, step):
             return _SKIP

@@ -19,10 +19,21 @@ class Recorder:
         metrics: the metrics configuration (length-class threshold).
         occupancy_interval_s: simulated seconds between kept occupancy samples (statistics
             are exact regardless; see :mod:`kvsched.envs.sim.occupancy`).
+        output_overhead_s: seconds between a step producing a token and the client receiving
+            it (:attr:`~kvsched.envs.sim.specs.CostParams.output_token_overhead_s`); added to the
+            recorded first-token and finish times. Gaps between tokens are unchanged (every token
+            is delayed alike).
+        first_chunk_delay_tokens: mean inter-token gaps between a request's first token and the
+            client's first text (:attr:`~kvsched.envs.sim.specs.CostParams.first_chunk_delay_tokens`);
+            added to the recorded first-token time of requests with more than one token, capped
+            at the finish time (the last chunk flushes all text).
     """
 
-    def __init__(self, metrics: MetricsConfig, occupancy_interval_s: float = 1.0) -> None:
+    def __init__(self, metrics: MetricsConfig, occupancy_interval_s: float = 1.0,
+                 output_overhead_s: float = 0.0, first_chunk_delay_tokens: float = 0.0) -> None:
         self.metrics = metrics
+        self.output_overhead_s = float(output_overhead_s)
+        self.first_chunk_delay_tokens = float(first_chunk_delay_tokens)
         self._itl = {name: LogHistogram() for name in LENGTH_CLASSES}
         self._itl_by_index = [self._itl[name] for name in LENGTH_CLASSES]
         # ITL samples are buffered and binned in batches: one histogram call per ~64k samples
@@ -37,12 +48,20 @@ class Recorder:
         return 1 if prompt_tokens >= self.metrics.long_prompt_tokens else 0
 
     def record(self, st: RequestState) -> None:
-        """Append the final record of a finished or rejected request."""
+        """Append the final record of a finished or rejected request (first-token and finish
+        times as the client sees them: + ``output_overhead_s``, and the first token also
+        + ``first_chunk_delay_tokens`` mean gaps; NaN stays NaN)."""
+        d = self.output_overhead_s
+        first = st.first_token_s
+        if self.first_chunk_delay_tokens and st.generated > 1:
+            # never after the last token: the final chunk flushes all pending text
+            first = min(first + self.first_chunk_delay_tokens * (st.finish_s - st.first_token_s)
+                        / (st.generated - 1), st.finish_s)
         self.rows.append((
             st.rid, st.instance_id, st.arrival_s, st.prompt_tokens, st.output_tokens,
             st.req.slo_class, LENGTH_CLASSES[st.length_class],
             "finished" if st.status == FINISHED else "rejected",
-            st.reject_reason, st.first_scheduled_s, st.first_token_s, st.finish_s, st.generated,
+            st.reject_reason, st.first_scheduled_s, first + d, st.finish_s + d, st.generated,
             st.preemptions, st.recomputed_tokens, st.prefix_hit_tokens, st.max_itl_s,
             st.bytes_hbm_to_dram, st.bytes_dram_to_hbm, st.bytes_hbm_to_nvme,
             st.bytes_nvme_to_hbm,

@@ -371,10 +371,12 @@ LINK_PRESETS: dict[str, LinkSpec] = {
 
 @dataclass(frozen=True)
 class CostParams:
-    """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3).
+    """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3) and the
+    front-end overheads a client measures on top of the engine's steps.
 
-    Defaults are the literature midpoints of REFERENCE §5.2 "Typical efficiency fractions";
-    a calibration run replaces them.
+    The defaults below are the literature values; :func:`default_cost_params` replaces them by a
+    calibration file where one exists for the GPU (``envs/sim/calibration/``, written by
+    ``kvsched calibrate``).
 
     Attributes:
         mfu_max: asymptotic model-FLOPs utilisation, 0 < mfu_max <= 1 (§5.2: ≈ 0.6).
@@ -383,6 +385,36 @@ class CostParams:
         mbu: memory-bandwidth utilisation, 0 < mbu <= 1 (§5.2: 0.75 for decode).
         step_overhead_s: fixed CPU/launch cost per step, >= 0 (§5.2: 0.5-2 ms with CUDA graphs).
         allreduce_latency_s: fixed latency of one all-reduce under TP, >= 0 (§5.3: ~10 µs).
+        allreduce_bw_efficiency: achieved share of ``GPUSpec.nvlink_bytes_per_s`` in the TP
+            all-reduces of a step, 0 < η <= 1. Default 1.0 (REFERENCE §5.3 uses the link rate
+            as is); NCCL ring all-reduces of the 0.1-10 MB activations of a serving step reach
+            well below the link's peak, which a calibration measures.
+        request_overhead_s: per-request front-end delay before the engine sees a request, s, >= 0:
+            HTTP handling, request validation and hand-off from the API-server process to the
+            engine core (vLLM V1 ``AsyncLLM`` -> ZMQ -> ``EngineCore``). Default 10 ms: the
+            "10-15 ms of API/queueing per request" of the groundtruth README (replaying, step 4),
+            close to the α0 fitted by the inference-sim/training repo (9.3 ms, ``pre_queueing``)
+            and BLIS's blackbox α0 for Llama-3.1-8B/H100/vLLM 0.11 (10.3 ms).
+        prompt_token_overhead_s: per prompt token of the same delay (tokenisation), s, >= 0.
+            Default 4.2 µs: median of the α1 (queueing time per input token) of BLIS's 99 H100
+            blackbox coefficient sets (groundtruth ``blis/defaults_blackbox_coeffs_at_90522ded_
+            parent.yaml``; inter-quartile range 1.7-8.1 µs).
+        output_token_overhead_s: delay between the end of the step that produced a token and
+            the client receiving it (engine-core output -> API server detokenisation -> streamed
+            chunk), s, >= 0. It shifts the first and last token times (TTFT, E2E), not the gaps
+            between tokens: the API server processes outputs while the engine runs the next step.
+            Default 45.9 µs: BLIS trained-physics α2 (groundtruth README §3).
+        first_chunk_delay_tokens: how many inter-token gaps after its first token a streaming
+            client sees its first text, >= 0 (the recorder adds this many of the request's mean
+            gaps, ``(finish − first token)/(tokens − 1)``, to its first-token time; E2E is
+            unchanged). Default 0 (the client sees the first token at once). The real H100 runs
+            need about one gap: their TTFT exceeds front-end delay + wait + prefill by about one
+            decode step for every model and TP degree. Streaming detokenisation explains such a
+            delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
+            multi-byte character, and the runs generate random-token text); a calibration measures it.
+
+    The front-end overheads are latencies, not GPU time: the engine is not busy during them
+    (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
 
     Raises:
         ConfigError: a value outside the ranges above.
@@ -393,6 +425,11 @@ class CostParams:
     mbu: float = 0.75
     step_overhead_s: float = 1e-3
     allreduce_latency_s: float = 10e-6
+    allreduce_bw_efficiency: float = 1.0
+    request_overhead_s: float = 10e-3
+    prompt_token_overhead_s: float = 4.2e-6
+    output_token_overhead_s: float = 45.9e-6
+    first_chunk_delay_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         _real("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -400,6 +437,31 @@ class CostParams:
         _real("CostParams", "mbu", self.mbu, lambda x: 0 < x <= 1, "a number in (0, 1]")
         _non_negative("CostParams", "step_overhead_s", self.step_overhead_s)
         _non_negative("CostParams", "allreduce_latency_s", self.allreduce_latency_s)
+        _real("CostParams", "allreduce_bw_efficiency", self.allreduce_bw_efficiency, lambda x: 0 < x <= 1,
+              "a number in (0, 1]")
+        _non_negative("CostParams", "request_overhead_s", self.request_overhead_s)
+        _non_negative("CostParams", "prompt_token_overhead_s", self.prompt_token_overhead_s)
+        _non_negative("CostParams", "output_token_overhead_s", self.output_token_overhead_s)
+        _non_negative("CostParams", "first_chunk_delay_tokens", self.first_chunk_delay_tokens)
+
+    def server_delay_s(self, prompt_tokens: Any) -> Any:
+        """Front-end delay (s) from the client's send to the engine seeing the request:
+        ``request_overhead_s + prompt_token_overhead_s · prompt_tokens`` (scalar or array)."""
+        return self.request_overhead_s + self.prompt_token_overhead_s * np.asarray(prompt_tokens, dtype=np.float64)
+
+
+def default_cost_params(gpu: GPUSpec | str) -> CostParams:
+    """The GPU's default :class:`CostParams`: its calibration file if kvsched ships one
+    (``envs/sim/calibration/``, see :mod:`kvsched.envs.sim.calibration`), else the literature
+    defaults of :class:`CostParams`.
+
+    Raises:
+        ConfigError: a shipped calibration file that does not parse or validate.
+    """
+    from .calibration import calibrated_cost_params  # lazy: calibration imports this module
+
+    name = gpu.name if isinstance(gpu, GPUSpec) else str(gpu)
+    return calibrated_cost_params(name) or CostParams()
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +521,9 @@ class InstanceSpec:
         enable_chunked_prefill, enable_prefix_caching: True, True (vLLM V1 defaults, §4.1).
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
-        cost: efficiency parameters of the cost model.
+        cost: efficiency parameters of the cost model. None (default) means
+            :func:`default_cost_params` of the GPU (the calibration file where one exists, else
+            the literature defaults); after construction the field always holds a CostParams.
 
     Raises:
         ConfigError: any value out of range, weights that do not fit in
@@ -491,10 +555,11 @@ class InstanceSpec:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
-    cost: CostParams = CostParams()
+    cost: CostParams | None = None
 
     # derived in __post_init__ (not init arguments, not compared)
     _pcie_auto: bool = field(init=False, repr=False, compare=False)
+    _cost_auto: bool = field(init=False, repr=False, compare=False)
     _weight_dtype_bytes: float = field(init=False, repr=False, compare=False)
     _kv_dtype_bytes: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
@@ -557,7 +622,11 @@ class InstanceSpec:
                 self.preemption_mode, "'swap' only with a DRAM tier: set dram_kv_bytes > 0")
         require(self.preemption_mode != "offload" or self.nvme_kv_bytes > 0, f"{o}.preemption_mode",
                 self.preemption_mode, "'offload' only with an NVMe tier: set nvme_kv_bytes > 0")
-        require(isinstance(self.cost, CostParams), f"{o}.cost", self.cost, "a CostParams")
+        require(self.cost is None or isinstance(self.cost, CostParams), f"{o}.cost", self.cost,
+                "a CostParams or None (the GPU's default)")
+        set_("_cost_auto", self.cost is None)
+        if self.cost is None:
+            set_("cost", default_cost_params(g))
 
         set_("_pcie_auto", self.pcie is None)
         if self.pcie is None:
@@ -730,7 +799,7 @@ class InstanceSpec:
         """A copy with some fields replaced (``dataclasses.replace``), re-validated.
 
         A ``pcie`` link that was derived from the GPU is derived again from the new GPU unless
-        ``pcie`` is among the overrides.
+        ``pcie`` is among the overrides; likewise a ``cost`` that was the GPU's default.
 
         Raises:
             ConfigError: an unknown field name or an invalid resulting spec.
@@ -741,6 +810,8 @@ class InstanceSpec:
             raise ConfigError(f"InstanceSpec has no field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
         if self._pcie_auto and "pcie" not in kw:
             kw["pcie"] = None
+        if self._cost_auto and "cost" not in kw:
+            kw["cost"] = None  # the default of the (possibly new) GPU
         return dataclasses.replace(self, **kw)
 
 
@@ -884,8 +955,9 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
     """Build an :class:`InstanceSpec` from a dict (e.g. parsed YAML).
 
     ``model``, ``gpu``, ``pcie``, ``nvme_read`` and ``nvme_write`` may be preset names or inline
-    dicts of the spec's fields; ``cost`` is a dict of :class:`CostParams` fields. Omitted keys take
-    the dataclass defaults; ``model`` and ``gpu`` are required.
+    dicts of the spec's fields; ``cost`` is a dict of :class:`CostParams` fields whose omitted keys
+    take the GPU's default (:func:`default_cost_params`). Other omitted keys take the dataclass
+    defaults; ``model`` and ``gpu`` are required.
 
     Raises:
         ConfigError: not a mapping, an unknown key (the message names the key, ``source`` and the
@@ -907,8 +979,16 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
     for key in ("pcie", "nvme_read", "nvme_write"):
         if key in d and not (key == "pcie" and d[key] is None):
             kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}: {key}")
-    if "cost" in d:
-        kw["cost"] = _build(CostParams, d["cost"] if d["cost"] is not None else {}, f"{source}: cost")
+    if "cost" in d and d["cost"] is not None:
+        # omitted cost keys take the GPU's default (calibrated where a calibration file exists)
+        given = d["cost"]
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"{source}: cost must be a mapping of CostParams fields, got {type(given).__name__}")
+        base = _spec_dict(default_cost_params(kw["gpu"]))
+        unknown = [k for k in given if k not in base]
+        if unknown:
+            raise ConfigError(f"{source}: cost: unknown key {unknown[0]!r}; allowed keys: {', '.join(base)}")
+        kw["cost"] = _build(CostParams, {**base, **given}, f"{source}: cost")
     for key in _INT_FIELDS + _OPT_INT_FIELDS:
         if key in d:
             v = d[key]

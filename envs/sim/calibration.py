@@ -1,0 +1,316 @@
+"""Calibration files of the cost model, and the least-squares fit that produces them.
+
+A calibration file (JSON, ``format = "kvsched-calibration/1"``) holds the full
+:class:`~kvsched.envs.sim.specs.CostParams` of one GPU preset, which of them were fitted and on
+which experiments, the fit's loss and provenance. Files shipped in
+``envs/sim/calibration/<GPU preset>.json`` are the GPU's default cost parameters
+(:func:`~kvsched.envs.sim.specs.default_cost_params`); ``kvsched calibrate`` writes them and
+``kvsched validate`` reads them. Nothing here reads a clock or a global random generator.
+
+:func:`fit_cost_params` keeps the roofline structure of :mod:`~kvsched.envs.sim.cost_model` and
+only sets its parameters: it minimises a residual vector (typically ``log(predicted / measured)``
+per experiment, stage and metric) over a few named :class:`CostParams` fields with
+``scipy.optimize.least_squares`` (trust-region reflective, bounded, finite-difference
+Jacobian). Each fitted field is searched in log space between its bounds, so efficiencies and
+overheads of different magnitudes are scaled alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .specs import CostParams
+
+__all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "CalibrationFile", "FitParam", "FitResult",
+           "calibrated_cost_params", "calibration_path", "fit_cost_params", "load_calibration",
+           "save_calibration"]
+
+CALIBRATION_FORMAT = "kvsched-calibration/1"
+"""Format tag of calibration files; bump when the schema changes."""
+
+_COST_FIELDS = tuple(f.name for f in dataclasses.fields(CostParams))
+
+
+@dataclass(frozen=True)
+class FitParam:
+    """One :class:`CostParams` field to fit, searched in log space within ``[lo, hi]``.
+
+    Attributes:
+        name: the CostParams field.
+        lo, hi: bounds, 0 < lo < hi (in the field's units: fraction, seconds, tokens).
+
+    Raises:
+        ConfigError: an unknown field or bounds that are not 0 < lo < hi.
+    """
+
+    name: str
+    lo: float
+    hi: float
+
+    def __post_init__(self) -> None:
+        if self.name not in _COST_FIELDS:
+            raise ConfigError(f"FitParam.name={self.name!r} is not allowed: expected one of {', '.join(_COST_FIELDS)}")
+        if not (isinstance(self.lo, (int, float)) and isinstance(self.hi, (int, float))
+                and 0 < self.lo < self.hi and math.isfinite(self.hi)):
+            raise ConfigError(f"FitParam({self.name}) bounds lo={self.lo!r}, hi={self.hi!r} are not allowed: "
+                              "expected finite 0 < lo < hi")
+
+
+DEFAULT_FIT_PARAMS: tuple[FitParam, ...] = (
+    FitParam("mfu_max", 0.15, 1.0),
+    FitParam("mbu", 0.3, 1.0),
+    FitParam("step_overhead_s", 1e-5, 10e-3),
+    FitParam("allreduce_bw_efficiency", 0.05, 1.0),
+    FitParam("request_overhead_s", 1e-4, 50e-3),
+    FitParam("first_chunk_delay_tokens", 0.01, 4.0),
+)
+"""What ``kvsched calibrate`` fits by default, with bounds: the utilisation ceilings of
+REFERENCE §5.2 anywhere in their physical range; the step overhead between 10 µs and 10 ms (§5.2
+quotes 0.5-2 ms); the achieved share of the GPU-GPU link in TP all-reduces down to 5 %; the
+per-request front-end delay up to 50 ms (the groundtruth README quotes 10-15 ms); the first-chunk
+delay up to 4 token gaps. The MFU ramp (``mfu_half_tokens``), the all-reduce latency and the
+per-token front-end terms stay at their literature defaults: the published runs (prompts of
+550-1,100 tokens, fixed outputs, TP 1/2/4) cannot tell them apart from ``mfu_max``,
+``allreduce_bw_efficiency`` and ``request_overhead_s``."""
+
+
+@dataclass(frozen=True)
+class CalibrationFile:
+    """A calibration of one GPU preset.
+
+    Attributes:
+        gpu: GPU preset name (e.g. ``"H100-SXM"``).
+        version: calibration version, an integer >= 1 (bumped by whoever re-calibrates).
+        cost: the complete cost parameters.
+        fitted: names of the fields the fit set; the others are literature defaults.
+        train: experiment ids the fit used; everything else is held out.
+        objective: how the residuals were formed (free text).
+        loss: final value of the least-squares cost (0.5·Σ ρ(r²)); None when unknown.
+        n_residuals: residuals in the fit.
+        n_evaluations: objective evaluations the fit took.
+        wall_s: wall-clock seconds of the fit (provenance only; never read by the simulator); None
+            when unknown.
+        kvsched_version: version that wrote the file.
+        notes: free-text provenance lines.
+
+    Raises:
+        ConfigError: a bad GPU name, version, or ``fitted`` naming an unknown field.
+    """
+
+    gpu: str
+    version: int
+    cost: CostParams
+    fitted: tuple[str, ...] = ()
+    train: tuple[str, ...] = ()
+    objective: str = ""
+    loss: float | None = None
+    n_residuals: int = 0
+    n_evaluations: int = 0
+    wall_s: float | None = None
+    kvsched_version: str = ""
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gpu, str) and self.gpu):
+            raise ConfigError(f"CalibrationFile.gpu={self.gpu!r} is not allowed: expected a GPU preset name")
+        if not (isinstance(self.version, int) and not isinstance(self.version, bool) and self.version >= 1):
+            raise ConfigError(f"CalibrationFile.version={self.version!r} is not allowed: expected an integer >= 1")
+        if not isinstance(self.cost, CostParams):
+            raise ConfigError(f"CalibrationFile.cost={self.cost!r} is not allowed: expected a CostParams")
+        for name in self.fitted:
+            if name not in _COST_FIELDS:
+                raise ConfigError(f"CalibrationFile.fitted has {name!r}: expected CostParams fields "
+                                  f"({', '.join(_COST_FIELDS)})")
+        object.__setattr__(self, "fitted", tuple(self.fitted))
+        object.__setattr__(self, "train", tuple(self.train))
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the file content)."""
+        return {
+            "format": CALIBRATION_FORMAT, "gpu": self.gpu, "version": self.version,
+            "cost_params": dataclasses.asdict(self.cost), "fitted": list(self.fitted),
+            "train_experiments": list(self.train), "objective": self.objective,
+            "loss": self.loss, "n_residuals": self.n_residuals, "n_evaluations": self.n_evaluations,
+            "wall_s": self.wall_s, "kvsched_version": self.kvsched_version, "notes": list(self.notes),
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], source: str = "<dict>") -> "CalibrationFile":
+        """Parse the file content.
+
+        Raises:
+            ConfigError: wrong format tag, missing or unknown keys, invalid cost parameters.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: a calibration file must hold a JSON object")
+        if d.get("format") != CALIBRATION_FORMAT:
+            raise ConfigError(f"{source}: format={d.get('format')!r} is not allowed: expected {CALIBRATION_FORMAT!r}")
+        allowed = {"format", "gpu", "version", "cost_params", "fitted", "train_experiments", "objective", "loss",
+                   "n_residuals", "n_evaluations", "wall_s", "kvsched_version", "notes"}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+        for key in ("gpu", "version", "cost_params"):
+            if key not in d:
+                raise ConfigError(f"{source}: missing key {key!r}")
+        cp = d["cost_params"]
+        if not isinstance(cp, Mapping):
+            raise ConfigError(f"{source}: cost_params must be an object of CostParams fields")
+        bad = sorted(set(cp) - set(_COST_FIELDS))
+        if bad:
+            raise ConfigError(f"{source}: cost_params has unknown field {bad[0]!r}; allowed: {', '.join(_COST_FIELDS)}")
+        try:
+            cost = CostParams(**{k: float(v) for k, v in cp.items()})
+            return CalibrationFile(
+                gpu=d["gpu"], version=d["version"], cost=cost, fitted=tuple(d.get("fitted", ())),
+                train=tuple(d.get("train_experiments", ())), objective=str(d.get("objective", "")),
+                loss=None if d.get("loss") is None else float(d["loss"]), n_residuals=int(d.get("n_residuals", 0)),
+                n_evaluations=int(d.get("n_evaluations", 0)),
+                wall_s=None if d.get("wall_s") is None else float(d["wall_s"]),
+                kvsched_version=str(d.get("kvsched_version", "")), notes=tuple(d.get("notes", ())))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    """Read a calibration file.
+
+    Raises:
+        ConfigError: invalid JSON or content (the message names the file).
+        OSError: the file cannot be read.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: invalid JSON: {e}") from None
+    return CalibrationFile.from_dict(data, source=str(p))
+
+
+def save_calibration(cal: CalibrationFile, path: str | Path) -> None:
+    """Write ``cal`` as pretty-printed JSON with sorted keys (byte-identical for equal content)."""
+    Path(path).write_text(json.dumps(cal.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def calibration_path(gpu: str) -> Path:
+    """Where the shipped calibration of GPU preset ``gpu`` lives (it may not exist)."""
+    return Path(str(importlib.resources.files("kvsched.envs.sim").joinpath("calibration", f"{gpu}.json")))
+
+
+@functools.lru_cache(maxsize=None)
+def calibrated_cost_params(gpu: str) -> CostParams | None:
+    """The shipped calibration's CostParams for GPU preset ``gpu``, or None when none is shipped.
+
+    Raises:
+        ConfigError: the shipped file is invalid or calibrates another GPU.
+    """
+    p = calibration_path(gpu)
+    if not p.is_file():
+        return None
+    cal = load_calibration(p)
+    if cal.gpu != gpu:
+        raise ConfigError(f"{p}: calibrates gpu={cal.gpu!r}, expected {gpu!r}")
+    return cal.cost
+
+
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FitResult:
+    """Outcome of :func:`fit_cost_params`.
+
+    Attributes:
+        cost: the fitted CostParams (base with the fitted fields replaced).
+        values: fitted field -> value.
+        loss: final least-squares cost (scipy's ``cost``: 0.5·Σ ρ(r²)).
+        residuals: final residual vector.
+        n_evaluations: calls of ``residual_fn``, finite-difference Jacobian columns included.
+        status, message: scipy's termination status and message.
+        history: (values, loss) of every evaluation, in order.
+    """
+
+    cost: CostParams
+    values: Mapping[str, float]
+    loss: float
+    residuals: np.ndarray
+    n_evaluations: int
+    status: int
+    message: str
+    history: tuple = field(default_factory=tuple)
+
+
+def fit_cost_params(residual_fn: Callable[[CostParams], np.ndarray], base: CostParams,
+                    params: Sequence[FitParam] = DEFAULT_FIT_PARAMS, max_nfev: int = 60,
+                    loss: str = "soft_l1", f_scale: float = 0.1, diff_step: float = 0.02,
+                    x0: Mapping[str, float] | None = None, xtol: float = 1e-3,
+                    ftol: float = 1e-4) -> FitResult:
+    """Fit ``params`` of ``base`` by bounded least squares on ``residual_fn``.
+
+    Args:
+        residual_fn: maps candidate CostParams to a 1-D residual vector of fixed length (e.g.
+            ``log(predicted / measured)``); must be deterministic.
+        base: CostParams whose other fields stay fixed; also the starting point unless ``x0``.
+        params: the fields to fit and their bounds (log-space search).
+        max_nfev: scipy's cap on function evaluations; it does not count the finite-difference
+            Jacobian, so ``residual_fn`` runs up to about ``max_nfev · (1 + len(params))`` times.
+        loss, f_scale: scipy robust loss and its scale (default soft-L1 at 0.1: residuals beyond
+            ~10 % log error count linearly, so one saturated stage cannot dominate).
+        diff_step: relative finite-difference step in log space (the simulator's outputs are
+            piecewise smooth: a step of 2 % spans many event re-orderings).
+        x0: starting values by name (default: ``base``'s values, clipped into the bounds).
+        xtol, ftol: scipy termination tolerances.
+
+    Returns:
+        A :class:`FitResult`.
+
+    Raises:
+        ConfigError: no parameters, duplicate names, or a residual vector that is empty,
+            changes length, or is not finite at the start.
+    """
+    from scipy.optimize import least_squares
+
+    names = [p.name for p in params]
+    if not names:
+        raise ConfigError("fit_cost_params: params is empty; expected at least one FitParam")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"fit_cost_params: duplicate parameter names {names}")
+    lo = np.log([p.lo for p in params])
+    hi = np.log([p.hi for p in params])
+    start = dict(x0 or {})
+    z0 = np.array([math.log(min(max(float(start.get(p.name, getattr(base, p.name))), p.lo), p.hi))
+                   for p in params])
+    z0 = np.clip(z0, lo + 1e-9, hi - 1e-9)
+    history: list[tuple[dict[str, float], float]] = []
+    n_res: list[int] = []
+
+    def cost_of(z: np.ndarray) -> CostParams:
+        return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(names, z)})
+
+    def fun(z: np.ndarray) -> np.ndarray:
+        r = np.asarray(residual_fn(cost_of(z)), dtype=np.float64).ravel()
+        if not n_res:
+            if r.size == 0 or not np.all(np.isfinite(r)):
+                raise ConfigError(f"fit_cost_params: residuals at the start are empty or not finite: {r}")
+            n_res.append(r.size)
+        elif r.size != n_res[0]:
+            raise ConfigError(f"fit_cost_params: residual length changed from {n_res[0]} to {r.size}")
+        r = np.where(np.isfinite(r), r, 10.0)  # a failed prediction counts as a large error
+        history.append(({n: float(math.exp(v)) for n, v in zip(names, z)}, 0.5 * float(r @ r)))
+        return r
+
+    sol = least_squares(fun, z0, bounds=(lo, hi), method="trf", loss=loss, f_scale=f_scale,
+                        diff_step=diff_step, max_nfev=max_nfev, x_scale=1.0, xtol=xtol, ftol=ftol)
+    cost = cost_of(sol.x)
+    return FitResult(cost=cost, values={n: float(math.exp(v)) for n, v in zip(names, sol.x)},
+                     loss=float(sol.cost), residuals=np.asarray(sol.fun), n_evaluations=len(history),
+                     status=int(sol.status), message=str(sol.message), history=tuple(history))

@@ -1,0 +1,877 @@
+"""``kvsched bench``: how fast the simulator serves requests, case by case.
+
+Each case builds a workload and an instance spec, then times :func:`~kvsched.envs.sim.cluster.simulate`
+in a **fresh Python subprocess** (``python -m kvsched.experiments.bench CASE``), so that peak
+memory is the case's own. Measured per case:
+
+* ``sim_wall_s``: wall seconds of the ``simulate()`` call alone (event loop, records frame,
+  summary), :func:`time.perf_counter`. ``requests_per_s`` and ``events_per_s`` divide by it.
+* ``load_wall_s``: building or loading the workload; ``process_wall_s``: the whole subprocess
+  as the parent sees it (interpreter start, imports, load, simulate, output).
+* ``sim_cpu_s``: CPU seconds of the same call (:func:`time.process_time`) and
+  ``requests_per_cpu_s``: less sensitive than wall time to other processes sharing the machine;
+  ``load_average_1min`` (:func:`os.getloadavg`) at the end of the case says how busy it was.
+* ``events``, ``steps``, ``fast_forward_steps``, ``fast_forward_stretches``, ``preemptions``:
+  :attr:`SimulationResult.stats <kvsched.envs.sim.cluster.SimulationResult.stats>`.
+* ``peak_rss_mib``: peak resident set size of the case's process, ``resource.getrusage(
+  RUSAGE_SELF).ru_maxrss`` (KiB on Linux) / 1024, read after the run. It includes the
+  interpreter and imported libraries; ``baseline_rss_mib`` is the same figure read after the
+  imports and before the workload is built, so ``peak - baseline`` is what the case added. We
+  chose ``ru_maxrss`` over :mod:`tracemalloc` because tracemalloc slows Python allocation
+  several-fold (it would distort the timings measured in the same run) and misses memory that
+  NumPy and pandas allocate outside the Python allocator's tracing.
+* ``result_sha256``: SHA-256 of the run's ``summary.json`` bytes (simulated results only, no
+  timings): the same case gives the same hash in every run and process.
+
+Cases (``kvsched bench --list``):
+
+* ``blis-1k``, ``blis-10k``, ``blis-100k``: the BLIS reference workload (fixed 800 prompt +
+  400 output tokens, Poisson 10 req/s, Llama-3.1-8B on one H100-SXM) with 1,000 / 10,000 /
+  100,000 requests. The figure to beat: BLIS takes about 23 s for 10,000 requests of it on
+  these 2-core machines (about 435 req/s; :data:`BLIS_REFERENCE_WALL_S`, quoted, not re-run
+  here); the goal is >= 10x that.
+* ``azure-conv``: the bundled Azure 2023 conversation trace (19,366 requests) on one H100.
+* ``mooncake-1i``, ``mooncake-4i``, ``mooncake-16i``: the bundled Mooncake conversation trace
+  (12,031 requests, prefix hashes) on 1, 4 and 16 H100s (round-robin). One H100 is overloaded
+  by it (the queue grows over the hour), which makes that case the slowest per request.
+* ``long-context-swap``: ``experiments/scenarios/long-context-swap-dram.yaml`` (synthetic
+  short traffic + 3 % 16k-120k-token requests on a small KV cache with swap to 64 GiB DRAM):
+  preemptions and PCIe tier transfers.
+* ``azure-1m-64i`` (opt-in, not in the default set): 1,000,000 requests on 64 H100s. The
+  Azure trace is *tiled*: 52 copies, copy ``k`` circularly shifted in time by ``k/52`` of the
+  trace's period (so copies do not arrive in lock-step and the hour's rate profile is kept),
+  merged by arrival and rate-scaled by 64/52 so that each of the 64 instances sees, under
+  round-robin, the mean request rate one H100 sees in the default ``azure-conv`` job
+  (~5.4 req/s); then the first 1,000,000 requests are kept (52 x 19,366 = 1,007,032).
+* Quick set (``--quick``, CI-sized): ``blis-1k``, ``azure-1k`` (first 1,000 Azure requests),
+  ``mooncake-4i-500`` (first 500 Mooncake requests on 4 instances), ``swap-60s`` (the first
+  60 s of ``long-context-swap``).
+* ``vidur-n<N>-qps<Q>``: Vidur's only runnable offline configuration in kvsched (see
+  :func:`vidur_instance_spec`); used by ``--peer vidur``.
+
+``kvsched bench --peer vidur`` runs Microsoft Vidur 0.0.26 (``run.sh`` of the peer folder,
+default ``/work/shared/peers/vidur``, which installs Vidur into its own venv) and kvsched on the
+same configuration and reports the wall-time ratio and both simulators' TTFT / TBT / E2E
+p50 / p99.
+
+Not measured here: steps per second of the Gymnasium environments (issue #8) -- those
+environments do not exist yet; the output says so instead of giving a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+#: Wall seconds BLIS takes for 10,000 requests of the BLIS reference workload on these 2-core
+#: machines (figure quoted in issue #8; not re-measured by this module).
+BLIS_REFERENCE_WALL_S = 23.0
+#: Requests of that BLIS figure.
+BLIS_REFERENCE_REQUESTS = 10_000
+#: BLIS throughput on its reference workload, requests per wall second (~435).
+BLIS_REFERENCE_REQ_PER_S = BLIS_REFERENCE_REQUESTS / BLIS_REFERENCE_WALL_S
+#: Speed-up over BLIS that issue #8 asks for.
+GOAL_SPEEDUP = 10.0
+
+#: Default folder of the Vidur peer scripts (``run.sh``, ``summarize.py``); override with
+#: ``--peer-dir`` or the ``KVSCHED_VIDUR_DIR`` environment variable.
+DEFAULT_VIDUR_DIR = "/work/shared/peers/vidur"
+#: Vidur release the peer scripts install (PyPI ``vidur``).
+VIDUR_VERSION = "0.0.26"
+
+GYM_NOTE = ("Gymnasium environment steps/s: not measured -- the Gymnasium environments of issue #8 "
+            "do not exist yet")
+MEMORY_METHOD = ("peak RSS of a fresh subprocess per case: resource.getrusage(RUSAGE_SELF).ru_maxrss "
+                 "(includes the interpreter and imports; baseline_rss_mib is the same figure before "
+                 "the workload is built)")
+
+#: Keys of every case entry in the JSON output (``cases[i]``), documented in the README.
+CASE_KEYS = (
+    "case", "description", "group", "requests", "instances", "model", "gpu", "tp", "finished",
+    "rejected", "simulated_s", "sim_wall_s", "sim_cpu_s", "load_wall_s", "process_wall_s",
+    "requests_per_s", "requests_per_cpu_s", "load_average_1min",
+    "events", "events_per_s", "steps", "fast_forward_steps", "fast_forward_stretches",
+    "fast_forward_share", "preemptions", "peak_rss_mib", "baseline_rss_mib", "latency_s",
+    "result_sha256", "profiled",
+)
+#: Top-level keys of the JSON output.
+TOP_KEYS = ("kvsched_version", "python", "platform", "cpu_count", "memory_method", "reference",
+            "cases", "not_measured")
+
+
+# =============================================================================================
+# Workloads
+# =============================================================================================
+def fixed_length_poisson(n: int, rate_per_s: float, prompt_tokens: int, output_tokens: int,
+                         seed: int, name: str):
+    """``n`` requests with fixed lengths and Poisson arrivals (a columnar ``Workload``).
+
+    Arrivals are the cumulative sum of ``n`` exponential gaps of mean ``1 / rate_per_s``
+    seconds drawn from ``numpy.random.default_rng(seed)``; no sessions, no prefix hashes, SLO
+    class ``"default"``. (Built here rather than with
+    :func:`kvsched.envs.workload.synthetic.generate`, which cannot produce a fixed length:
+    ``prompt_sigma=0`` with ``prompt_min_tokens == prompt_max_tokens == median`` is rejected
+    because ``exp(log(800)) < 800`` in floating point.)
+
+    Args:
+        n: number of requests (>= 1).
+        rate_per_s: mean arrival rate, requests per second (> 0).
+        prompt_tokens, output_tokens: tokens of every request (>= 1).
+        seed: seed of the generator.
+        name: workload name (provenance).
+    """
+    from kvsched.envs.sim.errors import ConfigError
+    from kvsched.envs.sim.request import Workload
+
+    for field, v in (("n", n), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"fixed_length_poisson {field}={v!r} is not allowed: expected an integer >= 1")
+    if not (isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise ConfigError(f"fixed_length_poisson rate_per_s={rate_per_s!r} is not allowed: expected a "
+                          "finite number > 0 (requests per second)")
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
+    desc = (f"fixed prompt {prompt_tokens} + output {output_tokens} tokens, Poisson {rate_per_s:g} req/s, "
+            f"{n} requests, seed {seed} (numpy default_rng exponential gaps)")
+    return Workload(
+        name=name, request_id=np.arange(n, dtype=np.int64), arrival_s=arrival,
+        prompt_tokens=np.full(n, prompt_tokens, dtype=np.int64),
+        output_tokens=np.full(n, output_tokens, dtype=np.int64),
+        session_id=np.full(n, -1, dtype=np.int64), slo_class=np.zeros(n, dtype=np.int16),
+        hash_offsets=np.zeros(n + 1, dtype=np.int64), hashes=np.zeros(0, dtype=np.int64),
+        source_sha256=hashlib.sha256(desc.encode()).hexdigest(), notes=(desc,))
+
+
+def tile_workload(w, copies: int):
+    """``copies`` time-shifted copies of a trace merged into one workload (for scale tests).
+
+    Copy ``k`` (0-based) has arrivals ``(a - a0 + k * P / copies) mod P`` with ``a0`` the first
+    arrival and period ``P = span * n / (n - 1)`` (the span plus one mean gap, so the seam where
+    a copy wraps around looks like any other gap). The copies are merged by arrival (stable),
+    request ids renumbered ``0..N-1``; session ids of copy ``k`` are offset so copies never
+    share a session. The request rate is ``copies`` times the trace's; rate-scale afterwards to
+    set the load per instance.
+
+    Raises:
+        ConfigError: ``copies`` < 1, fewer than two requests, or a trace with prefix hashes
+            (copies would share prefixes that no real client sent).
+    """
+    from kvsched.envs.sim.errors import ConfigError
+    from kvsched.envs.sim.request import Workload
+
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ConfigError(f"tile_workload copies={copies!r} is not allowed: expected an integer >= 1")
+    n = len(w)
+    if n < 2:
+        raise ConfigError(f"tile_workload: workload {w.name!r} has {n} requests; expected >= 2")
+    if len(w.hashes):
+        raise ConfigError(f"tile_workload: workload {w.name!r} has prefix hashes; tiling would make copies "
+                          "share prefixes (allowed: traces without hashes, e.g. azure-conv-2023)")
+    base = w.arrival_s - w.arrival_s[0]
+    span = float(base[-1])
+    period = span * n / (n - 1)
+    arr = np.concatenate([np.mod(base + k * period / copies, period) for k in range(copies)])
+    order = np.argsort(arr, kind="stable")
+    sess = w.session_id
+    sess_span = int(sess.max()) + 1 if len(sess) and sess.max() >= 0 else 0
+    sessions = np.concatenate([np.where(sess >= 0, sess + k * sess_span, -1) for k in range(copies)])
+    total = n * copies
+    note = (f"tiled x{copies}: copy k shifted by k/{copies} of the period {period:.3f} s (circular), "
+            f"merged by arrival: {total:,} requests at {copies}x the trace's rate")
+    return Workload(
+        name=f"{w.name} x{copies}", request_id=np.arange(total, dtype=np.int64), arrival_s=arr[order],
+        prompt_tokens=np.tile(w.prompt_tokens, copies)[order],
+        output_tokens=np.tile(w.output_tokens, copies)[order],
+        session_id=sessions[order], slo_class=np.tile(w.slo_class, copies)[order],
+        hash_offsets=np.zeros(total + 1, dtype=np.int64), hashes=np.zeros(0, dtype=np.int64),
+        hash_block_tokens=0, slo_class_names=w.slo_class_names, source_sha256=w.source_sha256,
+        notes=w.notes + (note,))
+
+
+# =============================================================================================
+# Cases
+# =============================================================================================
+@dataclass(frozen=True)
+class Prepared:
+    """Everything :func:`simulate` needs for one case."""
+
+    workload: Any
+    spec: Any
+    n_instances: int = 1
+    policy: str = "fcfs"
+    metrics: Any = None
+    oracle_lengths: bool = False
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark case.
+
+    Attributes:
+        name: the case name (``--cases``).
+        description: one line for the table and JSON.
+        group: ``blis``, ``trace``, ``mooncake``, ``long-context``, ``scale`` or ``peer``
+            (plot series).
+        build: returns the :class:`Prepared` inputs (runs inside the case's subprocess).
+        default: part of the default set (``kvsched bench`` without ``--cases``).
+        quick: part of ``--quick``.
+    """
+
+    name: str
+    description: str
+    group: str
+    build: Callable[[], Prepared]
+    default: bool = True
+    quick: bool = False
+
+
+def _h100_8b(**kw):
+    from kvsched.envs.sim.specs import instance_spec_from_dict
+
+    return instance_spec_from_dict({"model": "Llama-3.1-8B", "gpu": "H100-SXM", "tp": 1, **kw},
+                                   source="bench")
+
+
+def _blis(n: int) -> Callable[[], Prepared]:
+    def build() -> Prepared:
+        w = fixed_length_poisson(n, 10.0, 800, 400, seed=0, name=f"blis-reference-{n}")
+        return Prepared(w, _h100_8b())
+    return build
+
+
+def _trace(name: str, n_instances: int, max_requests: int | None = None) -> Callable[[], Prepared]:
+    def build() -> Prepared:
+        from kvsched.envs.workload import traces
+
+        w = traces.load_trace(name)
+        if max_requests is not None:
+            w = traces.head(w, max_requests)
+        return Prepared(w, _h100_8b(), n_instances)
+    return build
+
+
+def _scenario_file(stem: str, window_s: tuple[float, float] | None = None) -> Callable[[], Prepared]:
+    def build() -> Prepared:
+        from .scenario import load_scenario
+
+        sc = load_scenario(Path(__file__).parent / "scenarios" / f"{stem}.yaml")
+        if window_s is not None:
+            sc = sc.with_overrides(window_s=window_s)
+        return Prepared(sc.workload(), sc.instance_spec(), sc.n_instances, sc.policy, sc.metrics_config(),
+                        sc.oracle_lengths)
+    return build
+
+
+#: Requests, copies and instances of the scale case.
+SCALE_REQUESTS, SCALE_COPIES, SCALE_INSTANCES = 1_000_000, 52, 64
+
+
+def _azure_scale() -> Prepared:
+    from kvsched.envs.workload import traces
+
+    w = tile_workload(traces.load_trace("azure-conv-2023"), SCALE_COPIES)
+    w = traces.scale_rate(w, SCALE_INSTANCES / SCALE_COPIES)
+    w = traces.head(w, SCALE_REQUESTS)
+    return Prepared(w, _h100_8b(), SCALE_INSTANCES)
+
+
+CASES: dict[str, BenchCase] = {c.name: c for c in (
+    BenchCase("blis-1k", "BLIS reference: 800+400 tokens, Poisson 10/s, 1,000 req, 1x H100 8B", "blis",
+              _blis(1_000), quick=True),
+    BenchCase("blis-10k", "BLIS reference, 10,000 requests", "blis", _blis(10_000)),
+    BenchCase("blis-100k", "BLIS reference, 100,000 requests", "blis", _blis(100_000)),
+    BenchCase("azure-conv", "Azure 2023 conversation trace (19,366 req), 1x H100 8B", "trace",
+              _trace("azure-conv-2023", 1)),
+    BenchCase("mooncake-1i", "Mooncake conversation trace (12,031 req), 1x H100 8B (overloaded)", "mooncake",
+              _trace("mooncake-conversation", 1)),
+    BenchCase("mooncake-4i", "Mooncake conversation trace, 4x H100 8B round-robin", "mooncake",
+              _trace("mooncake-conversation", 4)),
+    BenchCase("mooncake-16i", "Mooncake conversation trace, 16x H100 8B round-robin", "mooncake",
+              _trace("mooncake-conversation", 16)),
+    BenchCase("long-context-swap", "long-context-swap-dram.yaml: 3% 16k-120k req, swap to DRAM", "long-context",
+              _scenario_file("long-context-swap-dram")),
+    BenchCase("azure-1m-64i", "Azure trace tiled x52, rate x64/52, first 1,000,000 req, 64x H100 8B", "scale",
+              _azure_scale, default=False),
+    BenchCase("azure-1k", "Azure trace, first 1,000 requests, 1x H100 8B", "trace",
+              _trace("azure-conv-2023", 1, 1_000), default=False, quick=True),
+    BenchCase("mooncake-4i-500", "Mooncake trace, first 500 requests, 4x H100 8B", "mooncake",
+              _trace("mooncake-conversation", 4, 500), default=False, quick=True),
+    BenchCase("swap-60s", "long-context-swap-dram.yaml, first 60 s", "long-context",
+              _scenario_file("long-context-swap-dram", (0.0, 60.0)), default=False, quick=True),
+)}
+
+_VIDUR_CASE = re.compile(r"^vidur-n(\d+)-qps(\d+(?:\.\d+)?)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Vidur's configuration in kvsched
+# ---------------------------------------------------------------------------------------------
+def vidur_kv_blocks(max_tokens_per_request: int = 4096, block_size: int = 16) -> int:
+    """KV blocks Vidur 0.0.26 gives Llama-2-70B on one A100 (80 GB) replica with TP 2.
+
+    Vidur's ``MemoryPlanner.get_max_kv_cache_size_in_tokens`` (vidur/utils/memory_planner.py):
+    ``80 GiB * (1 - memory_margin_fraction=0.1)`` minus 2 bytes per *layer* parameter per
+    device (``ParamCounter``: attention and gated MLP weights of 80 layers, sharded by TP 2; no
+    embeddings or LM head), divided by 2 bytes x K and V x 128 head dims x 4 KV heads per
+    device x 80 layers per token. ``BaseReplicaScheduler`` then rounds down to whole requests of
+    ``request_generator max_tokens`` (4096): ``num_blocks = (4096 // 16) * (tokens // 4096)``.
+    Vidur does not read ``ReplicaConfig.gpu_memory_utilization`` (0.8) anywhere in 0.0.26.
+
+    Returns:
+        The block count (3,328 for the defaults).
+    """
+    d, heads, kv_heads, head_dim, layers, ffn, tp = 8192, 64, 8, 128, 80, 28672, 2
+    per_layer = (d * head_dim * (heads // tp + 2 * (kv_heads // tp))   # Wq, Wk, Wv
+                 + d * head_dim * (heads // tp)                          # Wo
+                 + 3 * d * ffn // tp)                                   # gated MLP
+    params = per_layer * layers
+    available = 80 * 1024 ** 3 * (1 - 0.1)
+    kv_per_token = 2 * 2 * head_dim * (kv_heads // tp) * layers
+    tokens = int((available - 2 * params) // kv_per_token)
+    return (max_tokens_per_request // block_size) * (tokens // max_tokens_per_request)
+
+
+def vidur_instance_spec():
+    """kvsched's spec for Vidur's configuration (see ``/work/shared/peers/vidur/README.md``).
+
+    Llama-2-70B on 2x A100-80GB (TP 2), 16-token blocks, Sarathi chunk 512 -> a token budget
+    (``max_num_batched_tokens``) of 512 with chunked prefill, batch cap 128 -> ``max_num_seqs``
+    128, recompute preemption, prefix caching off (Vidur does not model it; the workload has no
+    prefix hashes anyway). KV capacity: Vidur's own block count (:func:`vidur_kv_blocks`) via
+    ``hbm_kv_blocks``, and ``gpu_memory_utilization=0.9`` (= Vidur's ``1 -
+    memory_margin_fraction``): at the issue's 0.8 kvsched refuses the run, because Llama-2-70B's
+    bf16 weights (68.98 GB per GPU with embeddings and LM head) exceed 0.8 x 85.9 GB; Vidur
+    runs it because it ignores that setting.
+    """
+    from kvsched.envs.sim.specs import instance_spec_from_dict
+
+    return instance_spec_from_dict({
+        "model": "Llama-2-70B", "gpu": "A100-80GB", "tp": 2, "block_size_tokens": 16,
+        "gpu_memory_utilization": 0.9, "hbm_kv_blocks": vidur_kv_blocks(),
+        "max_num_batched_tokens": 512, "max_num_seqs": 128, "enable_chunked_prefill": True,
+        "enable_prefix_caching": False, "preemption_mode": "recompute"}, source="bench: vidur configuration")
+
+
+def vidur_case_name(n: int, qps: float) -> str:
+    """Case name of kvsched on Vidur's configuration with ``n`` requests at ``qps`` req/s."""
+    return f"vidur-n{int(n)}-qps{qps:g}"
+
+
+def get_case(name: str) -> BenchCase:
+    """The case called ``name`` (a registered case or ``vidur-n<N>-qps<Q>``).
+
+    Raises:
+        ConfigError: unknown name (the message lists the allowed names).
+    """
+    from kvsched.envs.sim.errors import ConfigError
+
+    if name in CASES:
+        return CASES[name]
+    m = _VIDUR_CASE.match(name)
+    if m:
+        n, qps = int(m.group(1)), float(m.group(2))
+        if n < 1 or qps <= 0:
+            raise ConfigError(f"bench case {name!r}: N={n} must be >= 1 and QPS={qps:g} > 0")
+
+        def build() -> Prepared:
+            w = fixed_length_poisson(n, qps, 1024, 128, seed=42, name=f"vidur-synthetic-{n}-qps{qps:g}")
+            return Prepared(w, vidur_instance_spec())
+        return BenchCase(name, f"Vidur config: Llama-2-70B 2x A100 TP2, 1024+128 tokens, Poisson {qps:g}/s, "
+                               f"{n:,} req", "peer", build, default=False)
+    raise ConfigError(f"unknown bench case {name!r}; allowed: {', '.join(CASES)}, or vidur-n<N>-qps<Q> "
+                      "(e.g. vidur-n10000-qps1)")
+
+
+def default_cases() -> list[str]:
+    """Names of the default set (``kvsched bench``)."""
+    return [n for n, c in CASES.items() if c.default]
+
+
+def quick_cases() -> list[str]:
+    """Names of the quick set (``kvsched bench --quick``)."""
+    return [n for n, c in CASES.items() if c.quick]
+
+
+# =============================================================================================
+# Running one case (inside its own process)
+# =============================================================================================
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _quantiles(s) -> dict[str, float | None]:
+    s = s.dropna()
+    if not len(s):
+        return {"p50": None, "p99": None}
+    return {"p50": float(s.quantile(0.5)), "p99": float(s.quantile(0.99))}
+
+
+def latency_quantiles(records) -> dict[str, dict[str, float | None]]:
+    """TTFT, TPOT and E2E p50 / p99 in seconds over finished requests (pandas linear quantiles).
+
+    TTFT = first token - arrival, TPOT = (finish - first token) / (generated tokens - 1) (the
+    request's mean time between tokens, for requests with >= 2 tokens), E2E = finish - arrival.
+    """
+    fin = records[records["status"] == "finished"]
+    multi = fin[fin["generated_tokens"] > 1]
+    return {
+        "ttft": _quantiles(fin["first_token_s"] - fin["arrival_s"]),
+        "tpot": _quantiles((multi["finish_s"] - multi["first_token_s"]) / (multi["generated_tokens"] - 1)),
+        "e2e": _quantiles(fin["finish_s"] - fin["arrival_s"]),
+    }
+
+
+def run_case(name: str, profile_dir: Path | None = None) -> dict:
+    """Build and simulate case ``name`` in this process; returns its JSON entry (without
+    ``process_wall_s``, which only the parent can measure). Prefer :func:`run_case_subprocess`
+    for timings and memory that belong to the case alone."""
+    import kvsched  # noqa: F401  (imports counted in the baseline)
+    from kvsched.envs.sim.cluster import simulate
+    from kvsched.envs.sim.instance import InstanceOptions
+    from kvsched.envs.sim.metrics import MetricsConfig, summary_to_json
+
+    case = get_case(name)
+    baseline = _rss_mib()
+    t0 = time.perf_counter()
+    prep = case.build()
+    load_s = time.perf_counter() - t0
+    options = InstanceOptions(oracle_lengths=prep.oracle_lengths)
+    metrics = prep.metrics or MetricsConfig()
+    profiler = None
+    if profile_dir is not None:
+        try:
+            from pyinstrument import Profiler
+        except ImportError as e:
+            from kvsched.envs.sim.errors import KvschedError
+            raise KvschedError(f"--profile needs pyinstrument ({e}); install kvsched[profile]") from None
+        profiler = Profiler(interval=0.001)
+        profiler.start()
+    n = len(prep.workload)
+    t1, c1 = time.perf_counter(), time.process_time()
+    step = max(1_000, n // 10)
+    marks = {"next": step}
+
+    def progress(done: int) -> None:  # a line per ~10 % on stderr (the parent passes it through)
+        if done >= marks["next"] and done < n:
+            marks["next"] = (done // step + 1) * step
+            sys.stderr.write(f"  {name}: {done:,}/{n:,} requests done, {time.perf_counter() - t1:,.0f} s\n")
+            sys.stderr.flush()
+
+    result = simulate(prep.workload, prep.spec, prep.policy, metrics, options, prep.n_instances,
+                      progress=progress if n >= 50_000 else None)
+    sim_s, cpu_s = time.perf_counter() - t1, time.process_time() - c1
+    if profiler is not None:
+        profiler.stop()
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        (profile_dir / f"{name}.html").write_text(profiler.output_html())
+        (profile_dir / f"{name}.txt").write_text(profiler.output_text(unicode=False, color=False))
+    st = result.stats
+    summary = result.summary
+    counts = summary["classes"]["all"]["counts"]
+    return {
+        "case": name, "description": case.description, "group": case.group,
+        "requests": n, "instances": prep.n_instances,
+        "model": prep.spec.model.name, "gpu": prep.spec.gpu.name, "tp": prep.spec.tp,
+        "finished": int(counts["finished"]), "rejected": int(counts["rejected"]),
+        "simulated_s": float(summary["duration_s"] or 0.0),
+        "sim_wall_s": sim_s, "sim_cpu_s": cpu_s, "load_wall_s": load_s, "process_wall_s": None,
+        "requests_per_s": n / max(sim_s, 1e-9), "requests_per_cpu_s": n / max(cpu_s, 1e-9),
+        "load_average_1min": os.getloadavg()[0],
+        "events": int(st["events"]), "events_per_s": st["events"] / max(sim_s, 1e-9),
+        "steps": int(st["steps"]), "fast_forward_steps": int(st["fast_forward_steps"]),
+        "fast_forward_stretches": int(st["fast_forward_stretches"]),
+        "fast_forward_share": st["fast_forward_steps"] / max(1, st["steps"]),
+        "preemptions": int(st["preemptions"]),
+        "peak_rss_mib": _rss_mib(), "baseline_rss_mib": baseline,
+        "latency_s": latency_quantiles(result.records),
+        "result_sha256": hashlib.sha256(summary_to_json(summary).encode()).hexdigest(),
+        "profiled": profiler is not None,
+    }
+
+
+def run_case_subprocess(name: str, profile_dir: Path | None = None) -> dict:
+    """Run case ``name`` in a fresh ``python -m kvsched.experiments.bench`` process.
+
+    The subprocess's error output (progress lines of long cases, errors) goes to this
+    process's stderr.
+
+    Raises:
+        KvschedError: the subprocess failed.
+    """
+    from kvsched.envs.sim.errors import KvschedError
+
+    get_case(name)  # unknown names fail here, with the list of allowed names
+    cmd = [sys.executable, "-m", "kvsched.experiments.bench", name]
+    if profile_dir is not None:
+        cmd += ["--profile", str(profile_dir)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise KvschedError(f"bench case {name!r} failed (exit {proc.returncode}); its error output is above")
+    entry = json.loads(proc.stdout.strip().splitlines()[-1])
+    entry["process_wall_s"] = wall
+    return entry
+
+
+# =============================================================================================
+# Vidur
+# =============================================================================================
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsched-peers"
+
+
+def _time_v(log: str) -> tuple[float | None, float | None]:
+    """(wall s, max RSS MiB) from ``/usr/bin/time -v`` output."""
+    wall = rss = None
+    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
+    if m:
+        parts = [float(p) for p in m.group(1).split(":")]
+        wall = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", log)
+    if m:
+        rss = int(m.group(1)) / 1024.0
+    return wall, rss
+
+
+_VIDUR_LOG_TIME = re.compile(r"^\w+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) simulator\.py:\d+\] (.*)$", re.M)
+
+
+def _vidur_event_loop_s(log: str) -> float | None:
+    """Seconds between Vidur's "Starting simulation" and "Writing output" log lines (its event
+    loop alone; the log has 1 s resolution, so +-1 s)."""
+    stamps = {}
+    for m in _VIDUR_LOG_TIME.finditer(log):
+        secs = int(m.group(3)) * 3600 + int(m.group(4)) * 60 + int(m.group(5))
+        for key in ("Starting simulation", "Writing output"):
+            if m.group(6).startswith(key):
+                stamps[key] = secs
+    if len(stamps) < 2:
+        return None
+    return float((stamps["Writing output"] - stamps["Starting simulation"]) % 86400)
+
+
+def _vidur_num_blocks() -> int | None:
+    """KV blocks of the run as Vidur's own ``MemoryPlanner`` computes them (in Vidur's venv), or
+    ``None`` if that venv is not usable. Cross-checks :func:`vidur_kv_blocks`."""
+    venv = Path(os.environ.get("VIDUR_VENV") or _cache_root() / "vidur-venv")
+    code = ("from vidur.config import ReplicaConfig, CacheConfig\n"
+            "from vidur.utils.memory_planner import MemoryPlanner\n"
+            "rc = ReplicaConfig(model_name='meta-llama/Llama-2-70b-hf', device='a100', network_device='a100_dgx', "
+            "tensor_parallel_size=2, num_pipeline_stages=1)\n"
+            "t = MemoryPlanner(rc, CacheConfig()).get_max_kv_cache_size_in_tokens()\n"
+            "print(int((4096 // 16) * (t // 4096)))\n")
+    try:
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_vidur(n: int, qps: float, peer_dir: Path) -> dict:
+    """Run Vidur 0.0.26 (the peer folder's ``run.sh N sarathi QPS``) and read its results.
+
+    ``run.sh`` creates its venv and predictor cache under ``$XDG_CACHE_HOME/kvsched-peers`` on
+    first use (about 1 min of pip install and 5 min of random-forest training), then runs
+    ``python -m vidur.main`` under ``/usr/bin/time -v``. Reported: the wall time of ``run.sh``
+    as measured here (``wall_s``) and as ``time -v`` saw ``vidur.main`` (``vidur_main_wall_s``:
+    about 36 s of it rebuild prediction tables before simulating), its event loop alone from the
+    log's time stamps (``event_loop_s``, 1 s resolution), peak RSS, the KV blocks Vidur's
+    ``MemoryPlanner`` gives the replica (``num_blocks``), and from
+    ``request_metrics.csv`` TTFT = ``prefill_e2e_time``, TBT =
+    ``decode_time_execution_plus_preemption_normalized`` (the request's mean time between
+    tokens), E2E = ``request_e2e_time``, p50 / p99 in seconds (pandas linear quantiles).
+
+    Raises:
+        KvschedError: ``run.sh`` is missing or fails (with the tail of its output).
+    """
+    import pandas as pd
+
+    from kvsched.envs.sim.errors import KvschedError
+
+    run_sh = peer_dir / "run.sh"
+    if not run_sh.is_file():
+        raise KvschedError(f"--peer vidur: {run_sh} does not exist; give the Vidur peer folder with --peer-dir "
+                           "or KVSCHED_VIDUR_DIR")
+    out = _cache_root() / "runs" / f"bench_sarathi_{n}_qps{qps:g}"
+    env = {**os.environ, "VIDUR_OUT": str(out)}
+    t0 = time.perf_counter()
+    proc = subprocess.run(["bash", str(run_sh), str(n), "sarathi", f"{qps:g}"], capture_output=True,
+                          text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise KvschedError(f"Vidur run (N={n}, QPS={qps:g}) failed (exit {proc.returncode}):\n{tail}")
+    log_path = Path(f"{out}.log")
+    main_wall, rss = _time_v(log_path.read_text(errors="replace") if log_path.exists() else "")
+    runs = sorted(p for p in out.iterdir() if p.is_dir())
+    if not runs:
+        raise KvschedError(f"Vidur run (N={n}, QPS={qps:g}) wrote no run folder under {out}")
+    d = pd.read_csv(runs[-1] / "request_metrics.csv")
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return {
+        "version": VIDUR_VERSION, "scheduler": "sarathi", "requests": n, "qps": qps,
+        "completed": int(len(d)), "wall_s": wall, "vidur_main_wall_s": main_wall,
+        "event_loop_s": _vidur_event_loop_s(log), "peak_rss_mib": rss,
+        "num_blocks": _vidur_num_blocks(), "run_dir": str(runs[-1]),
+        "restarts": int(d["request_num_restarts"].sum()) if "request_num_restarts" in d else None,
+        "latency_s": {
+            "ttft": _quantiles(d["prefill_e2e_time"]),
+            "tpot": _quantiles(d["decode_time_execution_plus_preemption_normalized"]),
+            "e2e": _quantiles(d["request_e2e_time"]),
+        },
+    }
+
+
+def peer_vidur(n: int, qps_list: Sequence[float], peer_dir: Path, console) -> list[dict]:
+    """Vidur and kvsched on the same configuration, one entry per QPS (Vidur first)."""
+    rows = []
+    for qps in qps_list:
+        console.print(f"[dim]Vidur {VIDUR_VERSION}: N={n:,}, QPS={qps:g} (first use installs Vidur and trains "
+                      "its predictor: several minutes) ...[/]", highlight=False)
+        vid = run_vidur(n, qps, peer_dir)
+        console.print(f"[dim]kvsched on the same configuration ...[/]", highlight=False)
+        kv = run_case_subprocess(vidur_case_name(n, qps))
+        rows.append({"requests": n, "qps": qps, "vidur": vid, "kvsched": kv,
+                     "wall_ratio_vidur_over_kvsched_process": vid["wall_s"] / kv["process_wall_s"],
+                     "wall_ratio_vidur_over_kvsched_sim": (vid["event_loop_s"] / kv["sim_wall_s"]
+                                                           if vid["event_loop_s"] is not None else None),
+                     "kvsched_kv_blocks": vidur_kv_blocks()})
+    return rows
+
+
+# =============================================================================================
+# Output: table, JSON, plot
+# =============================================================================================
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else (f"{x:,.2f}" if x >= 1 else f"{x:.3f}")
+
+
+def cases_table(entries: Sequence[dict]):
+    """A rich table of case entries."""
+    from rich.table import Table
+
+    t = Table(title="kvsched bench (wall = simulate() call; peak RSS of the case's own process)")
+    for col in ("case", "requests", "inst", "sim wall s", "cpu s", "req/s", "events", "events/s", "steps",
+                "ff steps", "preempt", "peak RSS MiB", "x BLIS"):
+        t.add_column(col, justify="left" if col == "case" else "right", no_wrap=(col == "case"))
+    for e in entries:
+        blis = (f"{e['requests_per_s'] / BLIS_REFERENCE_REQ_PER_S:,.1f}x" if e["group"] == "blis" else "")
+        t.add_row(e["case"] + (" (profiled)" if e.get("profiled") else ""), f"{e['requests']:,}",
+                  str(e["instances"]), _fmt_s(e["sim_wall_s"]), _fmt_s(e["sim_cpu_s"]),
+                  f"{e['requests_per_s']:,.0f}",
+                  f"{e['events']:,}", f"{e['events_per_s']:,.0f}", f"{e['steps']:,}",
+                  f"{e['fast_forward_steps']:,} ({100 * e['fast_forward_share']:.0f}%)",
+                  f"{e['preemptions']:,}", f"{e['peak_rss_mib']:,.0f}", blis)
+    return t
+
+
+def peer_table(row: dict):
+    """A rich table comparing Vidur and kvsched for one QPS."""
+    from rich.table import Table
+
+    vid, kv = row["vidur"], row["kvsched"]
+    t = Table(title=f"Vidur {vid['version']} vs kvsched: Llama-2-70B, 2x A100 TP2, 1024+128 tokens, "
+                    f"Poisson {row['qps']:g}/s, {row['requests']:,} requests")
+    for col in ("", "Vidur", "kvsched", "Vidur / kvsched"):
+        t.add_column(col, justify="left" if not col else "right")
+
+    def ratio(a, b):
+        return f"{a / b:,.1f}" if a is not None and b not in (None, 0) else "-"
+
+    t.add_row("wall s (whole process)", _fmt_s(vid["wall_s"]), _fmt_s(kv["process_wall_s"]),
+              ratio(vid["wall_s"], kv["process_wall_s"]))
+    t.add_row("wall s (simulation only: Vidur event loop / kvsched simulate())", _fmt_s(vid["event_loop_s"]),
+              _fmt_s(kv["sim_wall_s"]), ratio(vid["event_loop_s"], kv["sim_wall_s"]))
+    t.add_row("peak RSS MiB", f"{vid['peak_rss_mib']:,.0f}" if vid["peak_rss_mib"] else "-",
+              f"{kv['peak_rss_mib']:,.0f}", ratio(vid["peak_rss_mib"], kv["peak_rss_mib"]))
+    t.add_row("requests completed", f"{vid['completed']:,}", f"{kv['finished']:,}", "")
+    t.add_row("KV blocks", str(vid.get("num_blocks") or "-"), f"{row['kvsched_kv_blocks']:,}", "")
+    for metric, label in (("ttft", "TTFT"), ("tpot", "TBT (per-request mean)"), ("e2e", "E2E")):
+        for q in ("p50", "p99"):
+            a, b = vid["latency_s"][metric][q], kv["latency_s"][metric][q]
+            t.add_row(f"{label} {q} s", _fmt_s(a), _fmt_s(b), ratio(a, b))
+    return t
+
+
+def write_plot(entries: Sequence[dict], path: Path) -> None:
+    """Log-log plot: wall time against requests (left) and against instances (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    markers = {"blis": "o", "trace": "s", "mooncake": "^", "long-context": "D", "scale": "*", "peer": "v"}
+    blis = sorted((e for e in entries if e["group"] == "blis"), key=lambda e: e["requests"])
+    if blis:
+        ax1.plot([e["requests"] for e in blis], [e["sim_wall_s"] for e in blis], "-o", label="BLIS workload")
+    for e in entries:
+        if e["group"] != "blis":
+            ax1.plot(e["requests"], e["sim_wall_s"], markers.get(e["group"], "x"), label=e["case"])
+    ax1.plot(BLIS_REFERENCE_REQUESTS, BLIS_REFERENCE_WALL_S, "kx", markersize=10, label="BLIS itself (quoted)")
+    ax1.set(xscale="log", yscale="log", xlabel="requests", ylabel="wall time of simulate() (s)",
+            title="wall time vs requests")
+    ax1.legend(fontsize=7)
+    ax1.grid(True, which="both", alpha=0.3)
+    moon = sorted((e for e in entries if e["group"] == "mooncake" and e["requests"] > 10_000),
+                  key=lambda e: e["instances"])
+    if moon:
+        ax2.plot([e["instances"] for e in moon], [e["sim_wall_s"] for e in moon], "-^",
+                 label="Mooncake trace (12,031 req)")
+    for e in entries:
+        if e["group"] == "scale":
+            ax2.plot(e["instances"], e["sim_wall_s"], "*", markersize=12, label=f"{e['case']} ({e['requests']:,} req)")
+    for e in entries:
+        if e["group"] == "mooncake" and e["requests"] <= 10_000:
+            ax2.plot(e["instances"], e["sim_wall_s"], "^", label=f"{e['case']} ({e['requests']:,} req)")
+    ax2.set(xscale="log", yscale="log", xlabel="instances", ylabel="wall time of simulate() (s)",
+            title="wall time vs instances")
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend(fontsize=7)
+    ax2.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bench_report(entries: Sequence[dict], peer: list[dict] | None = None) -> dict:
+    """The JSON document of one bench run (keys: :data:`TOP_KEYS`, plus ``peer`` with ``--peer``)."""
+    import kvsched
+
+    doc: dict[str, Any] = {
+        "kvsched_version": kvsched.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "memory_method": MEMORY_METHOD,
+        "reference": {"blis_wall_s": BLIS_REFERENCE_WALL_S, "blis_requests": BLIS_REFERENCE_REQUESTS,
+                      "blis_requests_per_s": BLIS_REFERENCE_REQ_PER_S, "goal_speedup": GOAL_SPEEDUP,
+                      "note": "BLIS figure quoted in issue #8, not re-measured in this run"},
+        "cases": list(entries),
+        "not_measured": [GYM_NOTE],
+    }
+    for e in entries:
+        if e["group"] == "blis":
+            e["speedup_vs_blis_quoted"] = e["requests_per_s"] / BLIS_REFERENCE_REQ_PER_S
+    if peer is not None:
+        doc["peer"] = {"name": "vidur", "version": VIDUR_VERSION, "runs": peer}
+    return doc
+
+
+# =============================================================================================
+# Command line
+# =============================================================================================
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    """The ``kvsched bench`` options (wired into :mod:`kvsched.experiments.cli`)."""
+    b.add_argument("--cases", nargs="+", metavar="CASE",
+                   help=f"cases to run (default: {' '.join(default_cases())}); see --list")
+    b.add_argument("--quick", action="store_true", help=f"the small CI-sized set: {' '.join(quick_cases())}")
+    b.add_argument("--list", action="store_true", help="list the cases and exit")
+    b.add_argument("--out", type=Path, help="write the results as JSON here (and the plot next to it as .png)")
+    b.add_argument("--plot", type=Path, help="write the log-log plot here (default: --out with .png)")
+    b.add_argument("--peer", choices=("vidur",),
+                   help="compare with a peer simulator on its configuration (runs it; minutes)")
+    b.add_argument("--peer-requests", type=int, default=10_000, help="requests of the peer comparison (10000)")
+    b.add_argument("--qps", type=float, nargs="+", default=[1.0], help="request rates of the peer comparison (1)")
+    b.add_argument("--peer-dir", type=Path, default=None,
+                   help=f"Vidur peer folder with run.sh (default $KVSCHED_VIDUR_DIR or {DEFAULT_VIDUR_DIR})")
+    b.add_argument("--profile", type=Path, metavar="DIR",
+                   help="profile each case with pyinstrument, writing DIR/<case>.html and .txt "
+                        "(timings of profiled runs are inflated)")
+
+
+def cmd_bench(a: argparse.Namespace, console) -> int:
+    """``kvsched bench``: run the selected cases (and the peer comparison) and report."""
+    from rich.console import Console
+
+    from kvsched.envs.sim.errors import KvschedError
+
+    if a.list:
+        from rich.table import Table
+
+        t = Table(title="bench cases")
+        for col in ("case", "default", "quick", "description"):
+            t.add_column(col)
+        for c in CASES.values():
+            t.add_row(c.name, "yes" if c.default else "", "yes" if c.quick else "", c.description)
+        t.add_row("vidur-n<N>-qps<Q>", "", "", "Vidur's configuration in kvsched (used by --peer vidur)")
+        console.print(t)
+        return 0
+    if a.peer_requests < 1:
+        raise KvschedError(f"--peer-requests {a.peer_requests} is not allowed: expected an integer >= 1")
+    for q in a.qps:
+        if not (math.isfinite(q) and q > 0):
+            raise KvschedError(f"--qps {q:g} is not allowed: expected finite request rates > 0")
+    if a.cases and a.quick:
+        raise KvschedError("give either --cases or --quick, not both")
+    names = a.cases or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
+    for n in names:
+        get_case(n)  # unknown names fail before anything runs
+    err = Console(stderr=True)
+    entries = []
+    for i, name in enumerate(names, 1):
+        err.print(f"[dim]case {i}/{len(names)}: {name} ...[/]", highlight=False)
+        entries.append(run_case_subprocess(name, a.profile))
+    peer = None
+    if a.peer == "vidur":
+        peer_dir = a.peer_dir or Path(os.environ.get("KVSCHED_VIDUR_DIR", DEFAULT_VIDUR_DIR))
+        peer = peer_vidur(a.peer_requests, a.qps, peer_dir, err)
+    doc = bench_report(entries, peer)
+    if entries:
+        console.print(cases_table(entries))
+        blis10 = next((e for e in entries if e["case"] == "blis-10k"), None)
+        if blis10:
+            console.print(f"blis-10k: {blis10['requests_per_s']:,.0f} req/s = "
+                          f"{blis10['requests_per_s'] / BLIS_REFERENCE_REQ_PER_S:,.1f}x the quoted BLIS figure "
+                          f"({BLIS_REFERENCE_REQ_PER_S:,.0f} req/s: {BLIS_REFERENCE_REQUESTS:,} requests in "
+                          f"{BLIS_REFERENCE_WALL_S:g} s; goal {GOAL_SPEEDUP:g}x)", highlight=False)
+    for row in peer or []:
+        console.print(peer_table(row))
+    console.print(f"[dim]{GYM_NOTE}. Memory: {MEMORY_METHOD}.[/]", highlight=False)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        console.print(f"wrote {a.out}", highlight=False)
+    plot = a.plot or (a.out.with_suffix(".png") if a.out else None)
+    if plot and entries:
+        write_plot(entries, plot)
+        console.print(f"wrote {plot}", highlight=False)
+    return 0
+
+
+def _worker_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of a case's subprocess: prints the case's JSON entry as the last line."""
+    p = argparse.ArgumentParser(prog="python -m kvsched.experiments.bench",
+                                description="run one bench case in this process (used by `kvsched bench`)")
+    p.add_argument("case")
+    p.add_argument("--profile", type=Path)
+    a = p.parse_args(argv)
+    from kvsched.envs.sim.errors import KvschedError
+
+    try:
+        entry = run_case(a.case, a.profile)
+    except KvschedError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(entry) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

@@ -1,0 +1,421 @@
+"""Compare scheduler policies on one scenario: the same workload and seeds for every policy.
+
+:func:`run_compare` serves the scenario's workload once per (policy, seed) and gathers, per
+length class ("all", "short", "long"; :mod:`kvsched.envs.sim.metrics`), TTFT / TPOT / E2E
+p50 and p99, SLO attainment, goodput, preemptions, bytes moved per link and the longest
+queueing delay (``starvation.max_queueing_delay_s``; on the ``long`` row, the maximum wait of
+a long request). :func:`aggregate` averages over seeds with the spread (std, min, max);
+:func:`write_outputs` writes the tables as CSV and three plots (matplotlib, Agg backend):
+
+* ``ttft_cdf.png`` -- empirical CDF of TTFT per length class, one line per policy, built from
+  the per-request records (finished requests, all seeds pooled);
+* ``kv_occupancy.png`` -- KV blocks in use / capacity per tier over time, summed over
+  instances (:attr:`SimulationResult.occupancy`, first seed), one line per policy;
+* ``slo_attainment.png`` -- SLO attainment per class and policy (mean over seeds, error bar
+  = min..max).
+
+Seeds. ``seeds`` runs use scenario seeds ``scenario.seed, scenario.seed + 1, ...``. The seed
+regenerates *synthetic* workloads; a trace scenario serves the same requests for every seed,
+so there seeds only change seeded policy internals (EWSJF's Optuna sampler). A policy whose
+parameters have a ``seed`` field gets the run's seed unless ``policy_params`` sets it.
+
+Determinism: the simulator is deterministic (no wall clock, no global RNG), so the same
+scenario, policies, parameters and seeds give byte-identical CSV tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
+
+from .scenario import Scenario
+
+#: Class rows of the table, in order ("all" first, then the length classes present).
+CLASS_ORDER: tuple[str, ...] = ("all",) + tuple(LENGTH_CLASSES)
+#: Link byte columns (bytes; from the summary's ``bytes_moved``).
+LINK_COLUMNS: tuple[str, ...] = tuple(c for c in BYTE_COLUMNS)
+#: Metric columns of one (policy, seed, class) row. Times in seconds, bytes in bytes.
+METRIC_COLUMNS: tuple[str, ...] = (
+    "n", "finished", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
+    "slo_attainment", "goodput_rps", "preemptions",
+) + LINK_COLUMNS + ("max_wait_s",)
+
+
+@dataclass
+class CompareResult:
+    """What :func:`run_compare` produced.
+
+    Attributes:
+        runs: one row per (policy, seed, class): ``policy``, ``seed``, ``class`` and
+            :data:`METRIC_COLUMNS` (NaN where a metric is undefined, e.g. no finished request).
+        records: ``(policy, seed) -> per-request records`` (``RECORD_COLUMNS``).
+        occupancy: ``(policy, seed) -> KV occupancy samples``.
+        policies, seeds: what was run, in order.
+        params: ``policy -> parameters given`` (before the per-seed ``seed`` injection).
+    """
+
+    runs: pd.DataFrame
+    records: dict[tuple[str, int], pd.DataFrame] = field(default_factory=dict)
+    occupancy: dict[tuple[str, int], pd.DataFrame] = field(default_factory=dict)
+    policies: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    params: dict[str, dict] = field(default_factory=dict)
+
+
+def parse_policies(text: str | Sequence[str]) -> list[str]:
+    """Policy names from ``"fcfs,ewsjf"`` (or a list), checked against the registry.
+
+    Raises:
+        UnknownPresetError: an unknown name (the message lists the known ones).
+        ConfigError: an empty list or a name given twice.
+    """
+    from kvsched.policies.base import make_policy
+
+    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"--policies={text!r}: give at least one policy name, comma-separated")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--policies={text!r}: {dup} given twice")
+    for n in names:
+        make_policy(n)  # raises UnknownPresetError listing the known policies
+    return names
+
+
+def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, dict]:
+    """``{"policy": {param: value}}`` from JSON text (``None`` -> no parameters).
+
+    Raises:
+        ConfigError: invalid JSON, not a mapping of mappings, a policy not in ``policies``, or
+            a parameter the policy does not have / an invalid value (naming it).
+    """
+    from kvsched.policies.base import make_policy
+
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos}); expected e.g. "
+                          '\'{"ewsjf": {"meta_window_s": 10}}\'') from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"--policy-params={text!r}: must map policy name -> {{parameter: value}}")
+    unknown = sorted(set(data) - set(policies))
+    if unknown:
+        raise ConfigError(f"--policy-params names policies {unknown} that are not compared; compared: "
+                          f"{list(policies)}")
+    for name, params in data.items():
+        make_policy(name, dict(params))  # validates names and values
+    return {k: dict(v) for k, v in data.items()}
+
+
+def _params_for(name: str, given: Mapping[str, Any], seed: int) -> dict:
+    """``given`` plus ``seed`` = the run's seed when the policy has a seed parameter not given."""
+    from kvsched.policies.base import make_policy
+
+    pcls = type(make_policy(name)).params_cls
+    out = dict(given)
+    if "seed" in {f.name for f in fields(pcls)} and "seed" not in out:
+        out["seed"] = int(seed)
+    return out
+
+
+def _metric_row(c: Mapping[str, Any]) -> dict[str, float]:
+    def g(*path):
+        v: Any = c
+        for p in path:
+            if not isinstance(v, Mapping) or p not in v:
+                return math.nan
+            v = v[p]
+        return math.nan if v is None else float(v)
+
+    row = {
+        "n": g("counts", "arrived"), "finished": g("counts", "finished"),
+        "ttft_p50_s": g("ttft_s", "p50"), "ttft_p99_s": g("ttft_s", "p99"),
+        "tpot_p50_s": g("tpot_s", "p50"), "tpot_p99_s": g("tpot_s", "p99"),
+        "e2e_p50_s": g("e2e_s", "p50"), "e2e_p99_s": g("e2e_s", "p99"),
+        "slo_attainment": g("slo", "attainment"), "goodput_rps": g("goodput_rps"),
+        "preemptions": g("preemptions", "total"),
+    }
+    for col in LINK_COLUMNS:
+        row[col] = g("bytes_moved", col[len("bytes_"):])
+    row["max_wait_s"] = g("starvation", "max_queueing_delay_s")
+    return row
+
+
+def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
+                policy_params: Mapping[str, Mapping[str, Any]] | None = None,
+                fast_forward: bool = True,
+                progress: Callable[[str, int], None] | None = None) -> CompareResult:
+    """Serve ``scenario`` with every policy and seed (``scenario.policy`` is ignored).
+
+    Args:
+        scenario: the scenario (workload, instance, metrics, base seed).
+        policies: registered policy names.
+        seeds: number of seeds (>= 1): ``scenario.seed + k`` for ``k < seeds``.
+        policy_params: ``policy -> {parameter: value}``.
+        fast_forward: the simulator's fast-forward option (results are identical either way).
+        progress: optional ``progress(policy, seed)`` called before each run.
+
+    Returns:
+        A :class:`CompareResult`.
+
+    Raises:
+        UnknownPresetError: an unknown policy (before anything runs).
+        ConfigError: ``seeds`` < 1, invalid policy parameters, or an invalid scenario.
+    """
+    from kvsched.envs.sim.cluster import Cluster
+    from kvsched.envs.sim.instance import InstanceOptions
+    from kvsched.policies.base import make_policy
+
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
+    policies = parse_policies(list(policies))
+    given = {k: dict(v) for k, v in (policy_params or {}).items()}
+    unknown = sorted(set(given) - set(policies))
+    if unknown:
+        raise ConfigError(f"policy_params names policies {unknown} that are not compared; compared: {policies}")
+    for name in policies:  # validate every parameter set before the first run
+        make_policy(name, _params_for(name, given.get(name, {}), scenario.seed))
+    spec = scenario.instance_spec()
+    metrics = scenario.metrics_config()
+    options = InstanceOptions(fast_forward=fast_forward, oracle_lengths=scenario.oracle_lengths)
+    seed_list = [scenario.seed + k for k in range(seeds)]
+    rows: list[dict] = []
+    result = CompareResult(runs=pd.DataFrame(), policies=list(policies), seeds=seed_list, params=given)
+    for seed in seed_list:
+        sc = scenario.with_overrides(seed=seed)
+        workload = sc.workload()
+        sc.check_slo_classes(workload)
+        for name in policies:
+            if progress is not None:
+                progress(name, seed)
+            params = _params_for(name, given.get(name, {}), seed)
+            cluster = Cluster([spec] * sc.n_instances, lambda: make_policy(name, dict(params)),
+                              metrics=metrics, options=options)
+            res = cluster.run(workload)
+            result.records[(name, seed)] = res.records
+            result.occupancy[(name, seed)] = res.occupancy
+            for cls in CLASS_ORDER:
+                c = res.summary["classes"].get(cls)
+                if c is None:
+                    continue
+                rows.append({"policy": name, "seed": seed, "class": cls, **_metric_row(c)})
+    runs = pd.DataFrame(rows, columns=["policy", "seed", "class", *METRIC_COLUMNS])
+    result.runs = runs
+    return result
+
+
+def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean over seeds per (policy, class), with ``<metric>_std`` (population), ``_min``, ``_max``.
+
+    Rows come in policy order (``policies``, default order of appearance), then class order
+    ("all", "short", "long"). ``seeds`` counts the runs averaged. NaN values (undefined
+    metrics) are skipped; a metric undefined in every seed stays NaN.
+    """
+    if policies is None:
+        policies = list(dict.fromkeys(runs["policy"]))
+    out = []
+    for p in policies:
+        for cls in CLASS_ORDER:
+            sub = runs[(runs["policy"] == p) & (runs["class"] == cls)]
+            if sub.empty:
+                continue
+            row: dict[str, Any] = {"policy": p, "class": cls, "seeds": int(len(sub))}
+            for m in METRIC_COLUMNS:
+                v = sub[m].to_numpy(dtype=np.float64)
+                v = v[np.isfinite(v)]
+                row[m] = float(v.mean()) if v.size else math.nan
+                row[f"{m}_std"] = float(v.std()) if v.size else math.nan
+                row[f"{m}_min"] = float(v.min()) if v.size else math.nan
+                row[f"{m}_max"] = float(v.max()) if v.size else math.nan
+            out.append(row)
+    cols = ["policy", "class", "seeds"] + [f"{m}{s}" for m in METRIC_COLUMNS for s in ("", "_std", "_min", "_max")]
+    return pd.DataFrame(out, columns=cols)
+
+
+# ------------------------------------------------------------------------------ presentation
+def _fmt(mean: float, std: float, scale: float, digits: int, spread: bool) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    s = f"{mean * scale:.{digits}f}"
+    if spread and math.isfinite(std) and std > 0:
+        s += f"±{std * scale:.{digits}f}"
+    return s
+
+
+def rich_table(agg: pd.DataFrame, title: str):
+    """A :class:`rich.table.Table` of the aggregated rows (mean, ``±std`` when seeds > 1).
+
+    Link columns appear only for links that moved bytes in some row (GB = 1e9 B).
+    """
+    from rich.table import Table
+
+    spread = bool((agg["seeds"] > 1).any()) if len(agg) else False
+    links = [c for c in LINK_COLUMNS if (agg[c].fillna(0) > 0).any()]
+    cols = [("TTFT p50 ms", "ttft_p50_s", 1e3, 0), ("TTFT p99 ms", "ttft_p99_s", 1e3, 0),
+            ("TPOT p50 ms", "tpot_p50_s", 1e3, 1), ("TPOT p99 ms", "tpot_p99_s", 1e3, 1),
+            ("E2E p50 s", "e2e_p50_s", 1.0, 2), ("E2E p99 s", "e2e_p99_s", 1.0, 2),
+            ("SLO %", "slo_attainment", 100.0, 1), ("goodput req/s", "goodput_rps", 1.0, 2),
+            ("preempt", "preemptions", 1.0, 0)]
+    cols += [(f"GB {c[len('bytes_'):].replace('_to_', '→')}", c, 1e-9, 2) for c in links]
+    cols += [("max wait s", "max_wait_s", 1.0, 2)]
+    t = Table(title=title)
+    t.add_column("policy", no_wrap=True)
+    t.add_column("class", no_wrap=True)
+    t.add_column("n", justify="right")
+    for head, *_ in cols:
+        t.add_column(head, justify="right")
+    prev = None
+    for _, r in agg.iterrows():
+        t.add_row(r["policy"] if r["policy"] != prev else "", r["class"], _fmt(r["n"], 0, 1.0, 0, False),
+                  *[_fmt(r[c], r[f"{c}_std"], sc, d, spread) for _, c, sc, d in cols],
+                  end_section=False)
+        prev = r["policy"]
+    return t
+
+
+def _ecdf(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.sort(x[np.isfinite(x)])
+    return x, np.arange(1, len(x) + 1) / max(len(x), 1)
+
+
+def plot_ttft_cdf(result: CompareResult, path: Path) -> None:
+    """TTFT CDF per length class (one panel each), a line per policy, seeds pooled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = [c for c in LENGTH_CLASSES
+               if any((r["length_class"] == c).any() for r in result.records.values())]
+    fig, axes = plt.subplots(1, max(len(classes), 1), figsize=(5.5 * max(len(classes), 1), 4), squeeze=False)
+    for ax, cls in zip(axes[0], classes):
+        for name in result.policies:
+            parts = [r for (p, _), r in result.records.items() if p == name]
+            rec = pd.concat(parts, ignore_index=True)
+            m = (rec["length_class"] == cls) & (rec["status"] == "finished")
+            x, y = _ecdf((rec.loc[m, "first_token_s"] - rec.loc[m, "arrival_s"]).to_numpy(dtype=np.float64))
+            if len(x):
+                ax.step(x, y, where="post", label=f"{name} (n={len(x)})",
+                        linestyle=("-", "--", ":", "-.")[result.policies.index(name) % 4])
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of finished requests")
+        ax.set_title(f"TTFT CDF, {cls} requests")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _summed_occupancy(occ: pd.DataFrame, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """Time and used/capacity of one tier summed over instances (values hold until the next sample)."""
+    if occ.empty:
+        return np.zeros(0), np.zeros(0)
+    used = occ.pivot_table(index="time_s", columns="instance_id", values=f"used_blocks_{tier}",
+                           aggfunc="last").sort_index().ffill().fillna(0.0)
+    cap = occ.pivot_table(index="time_s", columns="instance_id", values=f"capacity_blocks_{tier}",
+                          aggfunc="last").sort_index().ffill().fillna(0.0)
+    total_cap = cap.sum(axis=1).to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(total_cap > 0, used.sum(axis=1).to_numpy(dtype=np.float64) / total_cap, np.nan)
+    return used.index.to_numpy(dtype=np.float64), frac
+
+
+def plot_occupancy(result: CompareResult, path: Path) -> None:
+    """KV blocks in use / capacity per tier over time (first seed), a line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seed = result.seeds[0]
+    occs = {p: result.occupancy[(p, seed)] for p in result.policies}
+    tiers = [t for t in ("hbm", "dram", "nvme")
+             if any(f"capacity_blocks_{t}" in o and (o[f"capacity_blocks_{t}"] > 0).any() for o in occs.values())]
+    tiers = tiers or ["hbm"]
+    fig, axes = plt.subplots(len(tiers), 1, figsize=(9, 2.8 * len(tiers)), squeeze=False, sharex=True)
+    for ax, tier in zip(axes[:, 0], tiers):
+        for name, occ in occs.items():
+            t, frac = _summed_occupancy(occ, tier)
+            if len(t):
+                ax.step(t, 100.0 * frac, where="post", label=name, linewidth=1.0,
+                        linestyle=("-", "--", ":", "-.")[list(occs).index(name) % 4])
+        ax.set_ylabel(f"{tier.upper()} used %")
+        ax.set_ylim(0, 105)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper right")
+    axes[0, 0].set_title(f"KV cache occupancy per tier (seed {seed})")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
+    """Grouped bars: SLO attainment (%) per class, a bar per policy (error bar = min..max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = [c for c in CLASS_ORDER if (agg["class"] == c).any()]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(classes) * max(len(policies), 1) / 2), 4))
+    width = 0.8 / max(len(policies), 1)
+    x = np.arange(len(classes))
+    for j, name in enumerate(policies):
+        vals, lo, hi = [], [], []
+        for cls in classes:
+            r = agg[(agg["policy"] == name) & (agg["class"] == cls)]
+            v = float(r["slo_attainment"].iloc[0]) if len(r) else math.nan
+            vals.append(100 * v)
+            lo.append(100 * (v - float(r["slo_attainment_min"].iloc[0])) if len(r) else 0.0)
+            hi.append(100 * (float(r["slo_attainment_max"].iloc[0]) - v) if len(r) else 0.0)
+        err = np.nan_to_num(np.array([lo, hi]))
+        ax.bar(x + (j - (len(policies) - 1) / 2) * width, vals, width, yerr=err, capsize=3, label=name)
+    ax.set_xticks(x, classes)
+    ax.set_ylabel("SLO attainment (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("SLO attainment (mean over seeds)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+#: Files :func:`write_outputs` writes.
+OUTPUT_FILES: tuple[str, ...] = ("compare.csv", "compare_runs.csv", "compare.json", "ttft_cdf.png",
+                                 "kv_occupancy.png", "slo_attainment.png")
+
+
+def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, out: Path) -> list[Path]:
+    """Write :data:`OUTPUT_FILES` into ``out`` (created); returns their paths.
+
+    ``compare.csv`` is the aggregated table, ``compare_runs.csv`` one row per
+    (policy, seed, class), ``compare.json`` what was compared (scenario and its hash,
+    policies, parameters, seeds). CSV floats are written with 17 significant digits (round
+    trip) so identical runs give identical files.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    agg.to_csv(out / "compare.csv", index=False, float_format="%.17g")
+    result.runs.to_csv(out / "compare_runs.csv", index=False, float_format="%.17g")
+    meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "policies": result.policies,
+            "policy_params": result.params, "seeds": result.seeds}
+    (out / "compare.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    plot_ttft_cdf(result, out / "ttft_cdf.png")
+    plot_occupancy(result, out / "kv_occupancy.png")
+    plot_slo(agg, result.policies, out / "slo_attainment.png")
+    return [out / f for f in OUTPUT_FILES]

@@ -1,0 +1,144 @@
+"""`kvsched bench`: the quick set runs, writes the documented JSON, counts requests, and the
+same case gives the same simulated results twice (timings are never asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments import bench
+from kvsched.experiments.cli import main
+from kvsched.experiments.scenario import load_scenario
+
+# simulated results of a case: everything but timings and memory
+SIMULATED_KEYS = ("requests", "instances", "finished", "rejected", "simulated_s", "events", "steps",
+                  "fast_forward_steps", "fast_forward_stretches", "preemptions", "latency_s", "result_sha256")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    assert main(["bench", "--quick", "--out", str(out)]) == 0
+    return out, json.loads(out.read_text())
+
+
+def _expected_requests(name: str) -> int:
+    if name == "blis-1k":
+        return 1_000
+    if name == "azure-1k":
+        return 1_000
+    if name == "mooncake-4i-500":
+        return 500
+    if name == "swap-60s":
+        sc = load_scenario(bench.Path(bench.__file__).parent / "scenarios" / "long-context-swap-dram.yaml")
+        return len(sc.with_overrides(window_s=(0.0, 60.0)).workload())
+    raise AssertionError(name)
+
+
+def test_quick_bench_writes_documented_json_and_plot(quick_run):
+    out, doc = quick_run
+    assert list(doc) == list(bench.TOP_KEYS)
+    assert [e["case"] for e in doc["cases"]] == bench.quick_cases()
+    for e in doc["cases"]:
+        assert set(bench.CASE_KEYS) <= set(e), set(bench.CASE_KEYS) - set(e)
+        assert e["sim_wall_s"] > 0 and e["process_wall_s"] >= e["sim_wall_s"]
+        assert e["peak_rss_mib"] >= e["baseline_rss_mib"] > 0
+        assert 0 <= e["fast_forward_share"] <= 1 and e["fast_forward_steps"] <= e["steps"]
+        assert len(e["result_sha256"]) == 64 and e["profiled"] is False
+    assert "do not exist yet" in doc["not_measured"][0]
+    assert doc["reference"]["blis_requests_per_s"] == pytest.approx(10_000 / 23.0)
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_quick_bench_counts_requests(quick_run):
+    _, doc = quick_run
+    for e in doc["cases"]:
+        assert e["requests"] == _expected_requests(e["case"]), e["case"]
+        assert e["finished"] + e["rejected"] == e["requests"]
+    by = {e["case"]: e for e in doc["cases"]}
+    assert by["mooncake-4i-500"]["instances"] == 4
+    assert by["blis-1k"]["finished"] == 1_000
+
+
+def test_same_case_same_simulated_results_in_a_new_process(quick_run):
+    _, doc = quick_run
+    first = next(e for e in doc["cases"] if e["case"] == "mooncake-4i-500")
+    again = bench.run_case_subprocess("mooncake-4i-500")
+    assert {k: again[k] for k in SIMULATED_KEYS} == {k: first[k] for k in SIMULATED_KEYS}
+
+
+def test_fixed_length_poisson_workload():
+    w = bench.fixed_length_poisson(2_000, 10.0, 800, 400, seed=0, name="blis")
+    assert len(w) == 2_000 and set(w.prompt_tokens) == {800} and set(w.output_tokens) == {400}
+    assert np.all(np.diff(w.arrival_s) >= 0)
+    assert 8.0 < len(w) / w.arrival_s[-1] < 12.0  # Poisson 10/s
+    again = bench.fixed_length_poisson(2_000, 10.0, 800, 400, seed=0, name="blis")
+    assert again.content_sha256() == w.content_sha256()
+    with pytest.raises(ConfigError, match="prompt_tokens=0"):
+        bench.fixed_length_poisson(10, 10.0, 0, 400, seed=0, name="x")
+    with pytest.raises(ConfigError, match="rate_per_s=-1"):
+        bench.fixed_length_poisson(10, -1, 8, 4, seed=0, name="x")
+
+
+def test_tile_workload_keeps_rate_profile_and_lengths():
+    w = bench.fixed_length_poisson(100, 2.0, 8, 4, seed=1, name="small")
+    t = bench.tile_workload(w, 3)
+    assert len(t) == 300 and np.all(np.diff(t.arrival_s) >= 0)
+    assert list(t.request_id) == list(range(300))
+    period = (w.arrival_s[-1] - w.arrival_s[0]) * 100 / 99
+    assert t.arrival_s.max() < period
+    assert t.arrival_s[0] == 0.0  # copy 0 starts at the first arrival
+    with pytest.raises(ConfigError, match="copies=0"):
+        bench.tile_workload(w, 0)
+
+
+def test_vidur_configuration_in_kvsched():
+    # Vidur 0.0.26's MemoryPlanner gives 54,067 KV tokens -> 13 requests of 4,096 -> 3,328 blocks
+    assert bench.vidur_kv_blocks() == 3_328
+    spec = bench.vidur_instance_spec()
+    assert (spec.model.name, spec.gpu.name, spec.tp) == ("Llama-2-70B", "A100-80GB", 2)
+    assert (spec.num_hbm_blocks, spec.token_budget, spec.max_seqs, spec.block_size_tokens) == (3_328, 512, 128, 16)
+    case = bench.get_case("vidur-n100-qps1.5")
+    assert case.group == "peer" and bench.vidur_case_name(100, 1.5) == "vidur-n100-qps1.5"
+
+
+def test_vidur_log_parsing():
+    log = ("INFO 11-29 09:22:31 simulator.py:57] Starting simulation with cluster: ... and 10 requests\n"
+           "INFO 11-29 09:22:50 simulator.py:79] Simulation ended at: 12.3s\n"
+           "INFO 11-29 09:22:51 simulator.py:84] Writing output\n"
+           "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02.11\n"
+           "\tMaximum resident set size (kbytes): 4870144\n")
+    assert bench._vidur_event_loop_s(log) == 20.0
+    wall, rss = bench._time_v(log)
+    assert wall == pytest.approx(62.11) and rss == pytest.approx(4870144 / 1024)
+
+
+def test_unknown_case_is_a_clean_error(capsys):
+    assert main(["bench", "--cases", "blis-2k"]) == 2
+    err = capsys.readouterr().err
+    assert "blis-2k" in err and "blis-1k" in err and "Traceback" not in err
+    assert main(["bench", "--quick", "--cases", "blis-1k"]) == 2
+
+
+def test_list_names_every_case(capsys):
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in bench.CASES:
+        assert name in out
+
+
+@pytest.mark.skipif(os.environ.get("KVSCHED_RUN_PEERS") != "1",
+                    reason="runs the Vidur peer (minutes; installs Vidur); set KVSCHED_RUN_PEERS=1")
+def test_peer_vidur_side_by_side(tmp_path):
+    out = tmp_path / "peer.json"
+    assert main(["bench", "--peer", "vidur", "--peer-requests", "200", "--qps", "1", "--out", str(out)]) == 0
+    run = json.loads(out.read_text())["peer"]["runs"][0]
+    assert run["vidur"]["completed"] == 200 and run["kvsched"]["finished"] == 200
+    assert run["vidur"]["num_blocks"] in (None, run["kvsched_kv_blocks"])
+    for sim in ("vidur", "kvsched"):
+        for metric in ("ttft", "tpot", "e2e"):
+            assert run[sim]["latency_s"][metric]["p50"] > 0
