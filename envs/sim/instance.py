@@ -258,7 +258,7 @@ class Instance:
                     if step.budget <= 0:
                         break
                     if st.status == RUNNING:
-                        if st.status == RUNNING and st.rid not in step.planned:
+                        if st.rid not in step.planned:
                             self._schedule_running(st, step, now)
                     elif not stop_admitting:
                         r = self._try_admit(st, step, now)
@@ -400,7 +400,6 @@ class Instance:
         self._stretch_ends = None
         self._stretch_reserved = 0
         self._step_start = start
-        self._step_n_tokens = n_tokens
         return start + dt
 
     def _plan_stretch(self, start: float, horizon_s: float) -> float:
@@ -451,7 +450,6 @@ class Instance:
                 st.private_blocks += nb
         self._stretch_ends = ends
         self._step_start = start
-        self._step_n_tokens = n
         return float(ends[-1])
 
     def _stretch_block_limit(self, wanted: int) -> int:
