@@ -93,7 +93,7 @@ DEFAULT_VIDUR_DIR = "/work/shared/peers/vidur"
 #: Vidur release the peer scripts install (PyPI ``vidur``).
 VIDUR_VERSION = "0.0.26"
 
-GYM_NOTE = ("Gymnasium environment steps/s: not measured -- the Gymnasium environments of issue #8 "
+GYM_NOTE = ("Gymnasium environment steps/s: not measured -- the Gymnasium environments (issue #6) "
             "do not exist yet")
 MEMORY_METHOD = ("peak RSS of a fresh subprocess per case: resource.getrusage(RUSAGE_SELF).ru_maxrss "
                  "(includes the interpreter and imports; baseline_rss_mib is the same figure before "
