@@ -54,7 +54,7 @@ default ``/work/shared/peers/vidur``, which installs Vidur into its own venv) an
 same configuration and reports the wall-time ratio and both simulators' TTFT / TBT / E2E
 p50 / p99.
 
-Not measured here: steps per second of the Gymnasium environments (issue #8) -- those
+Not measured here: steps per second of the Gymnasium environments (issue #6) -- those
 environments do not exist yet; the output says so instead of giving a number.
 """
 
@@ -645,7 +645,7 @@ def peer_vidur(n: int, qps_list: Sequence[float], peer_dir: Path, console) -> li
         console.print(f"[dim]Vidur {VIDUR_VERSION}: N={n:,}, QPS={qps:g} (first use installs Vidur and trains "
                       "its predictor: several minutes) ...[/]", highlight=False)
         vid = run_vidur(n, qps, peer_dir)
-        console.print(f"[dim]kvsched on the same configuration ...[/]", highlight=False)
+        console.print("[dim]kvsched on the same configuration ...[/]", highlight=False)
         kv = run_case_subprocess(vidur_case_name(n, qps))
         rows.append({"requests": n, "qps": qps, "vidur": vid, "kvsched": kv,
                      "wall_ratio_vidur_over_kvsched_process": vid["wall_s"] / kv["process_wall_s"],

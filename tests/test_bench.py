@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def _expected_requests(name: str) -> int:
     if name == "mooncake-4i-500":
         return 500
     if name == "swap-60s":
-        sc = load_scenario(bench.Path(bench.__file__).parent / "scenarios" / "long-context-swap-dram.yaml")
+        sc = load_scenario(Path(bench.__file__).parent / "scenarios" / "long-context-swap-dram.yaml")
         return len(sc.with_overrides(window_s=(0.0, 60.0)).workload())
     raise AssertionError(name)
 
