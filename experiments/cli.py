@@ -75,6 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
     c.add_argument("--policy-params", metavar="JSON",
                    help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
+    c.add_argument("--windows", type=int, default=1,
+                   help="cut the workload into this many consecutive windows of equal time, each served "
+                        "separately from a cold start (default 1)")
+    c.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="run the grid here, one run after another, or as Ray tasks (needs kvsched[ray]); "
+                        "results are identical (default local)")
+    c.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray; default: "
+                                     "start a local Ray)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sub.add_parser("presets", help="list model, GPU and link presets")
@@ -249,21 +257,17 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     sc = load_scenario(a.scenario)
     err = Console(stderr=True)
     show = not a.no_progress and sys.stderr.isatty()
-    n_runs = len(policies) * max(a.seeds, 1)
+    n_runs = len(policies) * max(a.seeds, 1) * max(a.windows, 1)
     t0 = time.perf_counter()
+    run = lambda progress=None: run_compare(sc, policies, a.seeds, params, progress=progress,  # noqa: E731
+                                            windows=a.windows, backend=a.backend, address=a.address)
     if show:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
-            task = prog.add_task("comparing", total=n_runs)
-            started = [0]
-
-            def step(name: str, seed: int) -> None:  # called before each run
-                prog.update(task, completed=started[0], description=f"{name} seed {seed}")
-                started[0] += 1
-
-            result = run_compare(sc, policies, a.seeds, params, progress=step)
+            task = prog.add_task(f"comparing ({a.backend})", total=n_runs)
+            result = run(lambda done, total: prog.update(task, completed=done))
     else:
-        result = run_compare(sc, policies, a.seeds, params)
+        result = run()
     agg = aggregate(result.runs, result.policies)
     seeds = result.seeds
     console.print(rich_table(agg, f"{sc.name}: {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]} "
@@ -271,7 +275,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     if sc.trace is not None and len(seeds) > 1:
         err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
                   "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
-    console.print(f"{len(policies) * len(seeds)} runs in {time.perf_counter() - t0:.1f} s wall", highlight=False)
+    console.print(f"{n_runs} runs ({len(policies)} policies x {len(seeds)} seeds x {a.windows} windows, "
+                  f"backend {a.backend}) in {time.perf_counter() - t0:.1f} s wall", highlight=False)
     if a.out:
         files = write_outputs(result, agg, sc, a.out)
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

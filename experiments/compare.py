@@ -57,9 +57,10 @@ class CompareResult:
     Attributes:
         runs: one row per (policy, seed, class): ``policy``, ``seed``, ``class`` and
             :data:`METRIC_COLUMNS` (NaN where a metric is undefined, e.g. no finished request).
-        records: ``(policy, seed) -> per-request records`` (``RECORD_COLUMNS``).
-        occupancy: ``(policy, seed) -> KV occupancy samples``.
+        records: ``(policy, seed, window) -> per-request records`` (``RECORD_COLUMNS``).
+        occupancy: ``(policy, seed, window) -> KV occupancy samples``.
         policies, seeds: what was run, in order.
+        windows: how many windows the workload was cut into.
         params: ``policy -> parameters given`` (before the per-seed ``seed`` injection).
     """
 
@@ -69,6 +70,7 @@ class CompareResult:
     policies: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     params: dict[str, dict] = field(default_factory=dict)
+    windows: int = 1
 
 
 def parse_policies(text: str | Sequence[str]) -> list[str]:
@@ -156,8 +158,9 @@ def _metric_row(c: Mapping[str, Any]) -> dict[str, float]:
 def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
                 policy_params: Mapping[str, Mapping[str, Any]] | None = None,
                 fast_forward: bool = True,
-                progress: Callable[[str, int], None] | None = None) -> CompareResult:
-    """Serve ``scenario`` with every policy and seed (``scenario.policy`` is ignored).
+                progress: Callable[[int, int], None] | None = None,
+                windows: int = 1, backend: str = "local", address: str | None = None) -> CompareResult:
+    """Serve ``scenario`` with every policy, seed and window (``scenario.policy`` is ignored).
 
     Args:
         scenario: the scenario (workload, instance, metrics, base seed).
@@ -165,21 +168,28 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
         seeds: number of seeds (>= 1): ``scenario.seed + k`` for ``k < seeds``.
         policy_params: ``policy -> {parameter: value}``.
         fast_forward: the simulator's fast-forward option (results are identical either way).
-        progress: optional ``progress(policy, seed)`` called before each run.
+        progress: optional ``progress(finished_runs, total_runs)``.
+        windows: cut the workload into this many consecutive windows of equal simulated time,
+            each served separately (:func:`kvsched.experiments.sweep.cell_workload`); >= 1.
+        backend: ``"local"`` or ``"ray"`` (one Ray task per run; identical results).
+        address: Ray cluster address (``backend="ray"`` only; ``None`` = a local Ray).
 
     Returns:
-        A :class:`CompareResult`.
+        A :class:`CompareResult`; ``runs`` has a row per (policy, seed, window, class).
 
     Raises:
         UnknownPresetError: an unknown policy (before anything runs).
-        ConfigError: ``seeds`` < 1, invalid policy parameters, or an invalid scenario.
+        ConfigError: ``seeds`` or ``windows`` < 1, invalid policy parameters, an invalid
+            scenario, an unknown backend, or Ray missing for ``backend="ray"``.
     """
-    from kvsched.envs.sim.cluster import Cluster
-    from kvsched.envs.sim.instance import InstanceOptions
     from kvsched.policies.base import make_policy
+
+    from .sweep import Cell, run_cells
 
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+        raise ConfigError(f"windows={windows!r} must be an integer >= 1")
     policies = parse_policies(list(policies))
     given = {k: dict(v) for k, v in (policy_params or {}).items()}
     unknown = sorted(set(given) - set(policies))
@@ -187,41 +197,39 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
         raise ConfigError(f"policy_params names policies {unknown} that are not compared; compared: {policies}")
     for name in policies:  # validate every parameter set before the first run
         make_policy(name, _params_for(name, given.get(name, {}), scenario.seed))
-    spec = scenario.instance_spec()
-    metrics = scenario.metrics_config()
-    options = InstanceOptions(fast_forward=fast_forward, oracle_lengths=scenario.oracle_lengths)
     seed_list = [scenario.seed + k for k in range(seeds)]
-    rows: list[dict] = []
-    result = CompareResult(runs=pd.DataFrame(), policies=list(policies), seeds=seed_list, params=given)
+    cells = []
     for seed in seed_list:
         sc = scenario.with_overrides(seed=seed)
-        workload = sc.workload()
-        sc.check_slo_classes(workload)
-        for name in policies:
-            if progress is not None:
-                progress(name, seed)
-            params = _params_for(name, given.get(name, {}), seed)
-            cluster = Cluster([spec] * sc.n_instances, lambda: make_policy(name, dict(params)),
-                              metrics=metrics, options=options)
-            res = cluster.run(workload)
-            result.records[(name, seed)] = res.records
-            result.occupancy[(name, seed)] = res.occupancy
-            for cls in CLASS_ORDER:
-                c = res.summary["classes"].get(cls)
-                if c is None:
-                    continue
-                rows.append({"policy": name, "seed": seed, "class": cls, **_metric_row(c)})
-    runs = pd.DataFrame(rows, columns=["policy", "seed", "class", *METRIC_COLUMNS])
-    result.runs = runs
+        for k in range(windows):
+            for name in policies:
+                cells.append(Cell(sc, name, _params_for(name, given.get(name, {}), seed), window=k,
+                                  windows=windows, fast_forward=fast_forward))
+    outs = run_cells(cells, backend=backend, address=address, progress=progress)
+    rows: list[dict] = []
+    result = CompareResult(runs=pd.DataFrame(), policies=list(policies), seeds=seed_list, params=given,
+                           windows=windows)
+    for cell, res in zip(cells, outs):
+        key = (cell.policy, cell.seed, cell.window)
+        result.records[key] = res.records
+        result.occupancy[key] = res.occupancy
+        for cls in CLASS_ORDER:
+            c = res.summary["classes"].get(cls)
+            if c is None:
+                continue
+            rows.append({"policy": cell.policy, "seed": cell.seed, "window": cell.window, "class": cls,
+                         **_metric_row(c)})
+    result.runs = pd.DataFrame(rows, columns=["policy", "seed", "window", "class", *METRIC_COLUMNS])
     return result
 
 
 def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.DataFrame:
-    """Mean over seeds per (policy, class), with ``<metric>_std`` (population), ``_min``, ``_max``.
+    """Mean over runs (seeds x windows) per (policy, class), with ``<metric>_std`` (population),
+    ``_min``, ``_max``.
 
     Rows come in policy order (``policies``, default order of appearance), then class order
-    ("all", "short", "long"). ``seeds`` counts the runs averaged. NaN values (undefined
-    metrics) are skipped; a metric undefined in every seed stays NaN.
+    ("all", "short", "long"). ``seeds`` counts the runs averaged (seeds x windows). NaN values
+    (undefined metrics) are skipped; a metric undefined in every run stays NaN.
     """
     if policies is None:
         policies = list(dict.fromkeys(runs["policy"]))
@@ -302,7 +310,7 @@ def plot_ttft_cdf(result: CompareResult, path: Path) -> None:
     fig, axes = plt.subplots(1, max(len(classes), 1), figsize=(5.5 * max(len(classes), 1), 4), squeeze=False)
     for ax, cls in zip(axes[0], classes):
         for name in result.policies:
-            parts = [r for (p, _), r in result.records.items() if p == name]
+            parts = [r for (p, _, _), r in result.records.items() if p == name]
             rec = pd.concat(parts, ignore_index=True)
             m = (rec["length_class"] == cls) & (rec["status"] == "finished")
             x, y = _ecdf((rec.loc[m, "first_token_s"] - rec.loc[m, "arrival_s"]).to_numpy(dtype=np.float64))
@@ -342,7 +350,7 @@ def plot_occupancy(result: CompareResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     seed = result.seeds[0]
-    occs = {p: result.occupancy[(p, seed)] for p in result.policies}
+    occs = {p: result.occupancy[(p, seed, 0)] for p in result.policies}
     tiers = [t for t in ("hbm", "dram", "nvme")
              if any(f"capacity_blocks_{t}" in o and (o[f"capacity_blocks_{t}"] > 0).any() for o in occs.values())]
     tiers = tiers or ["hbm"]
@@ -357,7 +365,8 @@ def plot_occupancy(result: CompareResult, path: Path) -> None:
         ax.set_ylim(0, 105)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
-    axes[0, 0].set_title(f"KV cache occupancy per tier (seed {seed})")
+    axes[0, 0].set_title(f"KV cache occupancy per tier (seed {seed}"
+                        + (", window 0)" if result.windows > 1 else ")"))
     axes[-1, 0].set_xlabel("simulated time (s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -405,15 +414,16 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
     """Write :data:`OUTPUT_FILES` into ``out`` (created); returns their paths.
 
     ``compare.csv`` is the aggregated table, ``compare_runs.csv`` one row per
-    (policy, seed, class), ``compare.json`` what was compared (scenario and its hash,
-    policies, parameters, seeds). CSV floats are written with 17 significant digits (round
+    (policy, seed, window, class), ``compare.json`` what was compared (scenario and its hash,
+    policies, parameters, seeds, windows). CSV floats are written with 17 significant digits (round
     trip) so identical runs give identical files.
     """
     out.mkdir(parents=True, exist_ok=True)
     agg.to_csv(out / "compare.csv", index=False, float_format="%.17g")
     result.runs.to_csv(out / "compare_runs.csv", index=False, float_format="%.17g")
     meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "policies": result.policies,
-            "policy_params": result.params, "seeds": result.seeds}
+            "policy_params": result.params, "seeds": result.seeds,
+            "windows": result.windows}
     (out / "compare.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     plot_ttft_cdf(result, out / "ttft_cdf.png")
     plot_occupancy(result, out / "kv_occupancy.png")

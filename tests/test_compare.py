@@ -46,7 +46,8 @@ def result(scenario_file):
 def test_one_row_per_policy_seed_and_class(result):
     runs = result.runs
     assert result.seeds == [4, 5] and result.policies == ["fcfs", "ewsjf"]
-    assert list(runs.columns) == ["policy", "seed", "class", *METRIC_COLUMNS]
+    assert list(runs.columns) == ["policy", "seed", "window", "class", *METRIC_COLUMNS]
+    assert (runs.window == 0).all()
     keys = set(zip(runs.policy, runs.seed, runs["class"]))
     assert keys == {(p, s, c) for p in ("fcfs", "ewsjf") for s in (4, 5) for c in ("all", "short", "long")}
     agg = aggregate(runs, result.policies)

@@ -1,0 +1,131 @@
+"""Grids of runs (experiments/sweep.py): windows partition the workload, a windowed compare
+equals separate simulations of each window, bad grids fail clearly, and a Ray run (local
+Ray, and a real `ray start --head` cluster by address) gives the same table as the local run.
+The Ray tests skip with a message when the `ray` extra is not installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsched.envs.sim.cluster import simulate
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments.compare import aggregate, run_compare
+from kvsched.experiments.scenario import Scenario
+from kvsched.experiments.sweep import Cell, cell_workload, run_cells
+
+SC = Scenario(name="tiny", trace=None, synthetic={"rate_per_s": 8.0, "duration_s": 12, "long_fraction": 0.1,
+                                                   "long_min_tokens": 8192, "long_max_tokens": 16384},
+              seed=3)
+
+
+def test_windows_partition_the_workload_in_time_order():
+    whole = SC.workload()
+    parts = [cell_workload(Cell(SC, "fcfs", window=k, windows=3)) for k in range(3)]
+    assert sum(len(p) for p in parts) == len(whole)
+    ids = np.concatenate([p.request_id for p in parts])
+    assert np.array_equal(ids, whole.request_id)
+    for p in parts:  # rebased: each window starts at (or just after) 0
+        assert p.arrival_s[0] >= 0 and p.arrival_s[0] < 12 / 3
+
+
+def test_windowed_compare_equals_separate_simulations_of_each_window():
+    res = run_compare(SC, ["fcfs", "lars"], seeds=1, windows=2)
+    assert len(res.runs[res.runs["class"] == "all"]) == 4
+    for k in range(2):
+        w = cell_workload(Cell(SC, "fcfs", window=k, windows=2))
+        direct = simulate(w, SC.instance_spec(), "lars", SC.metrics_config()).summary["classes"]["all"]
+        row = res.runs[(res.runs.policy == "lars") & (res.runs.window == k) & (res.runs["class"] == "all")]
+        assert row.ttft_p99_s.item() == direct["ttft_s"]["p99"]
+        assert row.n.item() == len(w)
+    agg = aggregate(res.runs).set_index(["policy", "class"])
+    assert agg.loc[("fcfs", "all"), "seeds"] == 2  # runs averaged: 1 seed x 2 windows
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"windows": 0}, "windows=0"),
+    ({"windows": 2, "window": 2}, "window=2"),
+    ({"windows": True}, "windows=True"),
+])
+def test_bad_cells_are_rejected(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        Cell(SC, "fcfs", **kw)
+
+
+def test_bad_backend_and_address_are_rejected():
+    cells = [Cell(SC, "fcfs")]
+    with pytest.raises(ConfigError, match="backend='spark'"):
+        run_cells(cells, backend="spark")
+    with pytest.raises(ConfigError, match="only used with backend 'ray'"):
+        run_cells(cells, address="127.0.0.1:6379")
+    with pytest.raises(ConfigError, match="windows=0"):
+        run_compare(SC, ["fcfs"], windows=0)
+
+
+def test_too_many_windows_name_the_empty_window():
+    tiny = SC.with_overrides(max_requests=2)
+    with pytest.raises(ConfigError, match="window 1 of 50"):
+        run_compare(tiny, ["fcfs"], windows=50)
+
+
+
+
+def _need_ray():
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pytest.skip("Ray is not installed (pip install 'kvsched[ray]'); skipping the Ray backend tests")
+
+
+def _grid(**kw):
+    return run_compare(SC, ["fcfs", "sarathi"], seeds=2, windows=2, **kw)
+
+
+def test_ray_local_backend_gives_the_local_table():
+    _need_ray()
+    local = _grid()
+    remote = _grid(backend="ray")
+    pd.testing.assert_frame_equal(local.runs, remote.runs)
+    assert list(local.records) == list(remote.records)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_ray_cluster_by_address_gives_the_local_table():
+    _need_ray()
+    temp_dir = tempfile.mkdtemp(prefix="kvray-", dir="/tmp")  # Ray's socket paths must stay < 108 bytes
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        ray_bin = shutil.which("ray")
+        if ray_bin is None:
+            pytest.skip("the `ray` command is not on PATH")
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    start = subprocess.run([str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                            "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                            f"--temp-dir={temp_dir}"],
+                           capture_output=True, text=True, env=env, timeout=180)
+    if start.returncode != 0:
+        pytest.skip(f"`ray start --head` failed here: {start.stderr[-500:]}")
+    try:
+        import ray
+        remote = _grid(backend="ray", address=f"127.0.0.1:{port}")
+        assert not ray.is_initialized()  # the driver disconnected again
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    local = _grid()
+    pd.testing.assert_frame_equal(local.runs, remote.runs)
