@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-fast-forward", action="store_true",
                    help="advance every step one by one (same results, slower; for checking)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--policy-file", type=Path,
+                   help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON")
+
+    t = sub.add_parser("tune", help="Bayesian tuning of a policy's parameters (Optuna); see README 'Tuning'")
+    from .tune_cli import add_tune_arguments, add_export_arguments
+    add_tune_arguments(t)
+    e = sub.add_parser("export", help="export a tuned trial as vLLM / SGLang / llm-d / kvsched configuration")
+    add_export_arguments(e)
 
     b = sub.add_parser("bench", help="measure simulator speed and memory on reference cases (see --list)")
     from .bench import add_arguments as add_bench_arguments
@@ -115,6 +123,15 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
             over[key] = val
     if a.window:
         over["window_s"] = tuple(a.window)
+    if getattr(a, "policy_file", None) is not None:
+        from .export import load_policy_file
+
+        pf = load_policy_file(a.policy_file)
+        if a.policy is not None and a.policy != pf["policy"]:
+            raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
+                               f"(policy {pf['policy']!r}); give one of them")
+        over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
+        over["instance"] = {**over["instance"], **pf["engine"]}
     return sc.with_overrides(**over)
 
 
@@ -324,6 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args, console)
         if args.command == "compare":
             return cmd_compare(args, console)
+        if args.command == "tune":
+            from .tune_cli import cmd_tune
+            return cmd_tune(args, console)
+        if args.command == "export":
+            from .tune_cli import cmd_export
+            return cmd_export(args, console)
         if args.command == "presets":
             return cmd_presets(console)
         if args.command == "traces":

@@ -28,12 +28,57 @@ of steps past a blocked waiting queue when it is ``True``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
 from kvsched.envs.sim.errors import UnknownPresetError
 from kvsched.envs.sim.features import FeatureTable
+
+
+@dataclass(frozen=True)
+class SearchDim:
+    """One tunable parameter of a search space (``kvsched tune``, :mod:`kvsched.experiments.tune`).
+
+    Attributes:
+        kind: "float", "int" or "categorical" (Optuna's ``suggest_float`` / ``suggest_int`` /
+            ``suggest_categorical``).
+        low, high: inclusive bounds for "float" and "int".
+        log: sample on a log scale ("float" and "int"; then ``low > 0``).
+        step: grid step for "int" (tokens, e.g. 16 for block multiples); ``None`` = 1.
+        choices: the values of a "categorical" dimension.
+        source: where the range comes from (paper, REFERENCE section or "kvsched choice").
+
+    Raises:
+        ConfigError: an unknown kind, ``low > high``, a log scale with ``low <= 0``, or an empty
+            choice list.
+    """
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | None = None
+    choices: tuple = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        from kvsched.envs.sim.errors import require
+
+        require(self.kind in ("float", "int", "categorical"), "SearchDim.kind", self.kind,
+                "'float', 'int' or 'categorical'")
+        if self.kind == "categorical":
+            require(len(self.choices) >= 1, "SearchDim.choices", self.choices, "at least one value")
+        else:
+            require(self.low is not None and self.high is not None and self.low <= self.high,
+                    "SearchDim.low/high", (self.low, self.high), "two numbers with low <= high")
+            require(not self.log or self.low > 0, "SearchDim.low", self.low, "> 0 on a log scale")
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` lies in this dimension (a published default outside it is noted)."""
+        if self.kind == "categorical":
+            return value in self.choices
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
 
 
 @dataclass(frozen=True)
@@ -54,6 +99,10 @@ class PolicyParams:
             requests out until host memory fills (then preemption falls back to NVMe, then
             recompute).
     """
+
+    #: What ``kvsched tune`` may vary: parameter name -> :class:`SearchDim`. Empty here;
+    #: each policy declares its own next to its parameters.
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {}
 
     tier_aware_preemption: bool = False
     prefetch: bool = False

@@ -76,13 +76,14 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar, Mapping
 
 import numpy as np
 
 from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.features import FeatureTable
 
-from .base import PolicyParams, SchedulerPolicy, register
+from .base import PolicyParams, SchedulerPolicy, SearchDim, register
 
 #: Meta-optimisation search space (REFERENCE §2.3 "Tuning ranges for Optuna").
 W_RANGE: tuple[float, float] = (0.0, 2.0)
@@ -133,6 +134,19 @@ class EWSJFParams(PolicyParams):
     Raises:
         ConfigError: a field out of range (naming the field, the value and what is allowed).
     """
+
+    #: ``kvsched tune`` space: REFERENCE §2.3 "Tuning ranges for Optuna" (w in [0, 2], step in
+    #: {50, ..., 800}, empty_queue_threshold in [5, 100], initial queues in [2, 20]); the
+    #: online meta-optimiser's on/off switch, window and lambda (kvsched choice).
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "weighting_factor": SearchDim("float", W_RANGE[0], W_RANGE[1], source="REFERENCE §2.3"),
+        "step_size": SearchDim("categorical", choices=STEP_CHOICES, source="REFERENCE §2.3"),
+        "empty_queue_threshold": SearchDim("int", 5, 100, source="REFERENCE §2.3"),
+        "initial_queues": SearchDim("int", 2, 20, source="REFERENCE §2.3"),
+        "meta_optimize": SearchDim("categorical", choices=(True, False), source="kvsched choice"),
+        "meta_window_s": SearchDim("float", 10.0, 120.0, log=True, source="kvsched choice"),
+        "meta_lambda": SearchDim("float", 0.0, 5.0, source="kvsched choice"),
+    }
 
     weighting_factor: float = 0.5
     step_size: int = 200

@@ -38,13 +38,14 @@ per extra chunk: the FLOPs and KV traffic of chunked and unchunked prefills are 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Mapping
 
 import numpy as np
 
 from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.features import FeatureTable
 
-from .base import PolicyParams, SchedulerPolicy, register
+from .base import PolicyParams, SchedulerPolicy, SearchDim, register
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,18 @@ class LARSParams(PolicyParams):
         max_chunk_tokens: chunk ceiling (tokens).
         chunk_multiple_tokens: chunks are multiples of this (block size 16).
     """
+
+    #: ``kvsched tune`` space: kappa, ttft_floor_s, the normalisation (REFERENCE §1.2 "tunable:
+    #: kappa 2-5, ttft_floor 0.25-1 s, normalisation"; widened to 1.5-6 and 0.1-1 s), the TBT
+    #: target (kvsched choice, 20-200 ms around the 50 ms default) and the chunk floor
+    #: (REFERENCE §1.3: tunable in [16, 256], block multiples).
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "kappa": SearchDim("float", 1.5, 6.0, source="REFERENCE §1.2 (2-5), widened"),
+        "ttft_floor_s": SearchDim("float", 0.1, 1.0, log=True, source="REFERENCE §1.2 (0.25-1 s), widened"),
+        "normalize": SearchDim("categorical", choices=("remaining", "total"), source="REFERENCE §1.2"),
+        "tbt_target_s": SearchDim("float", 0.02, 0.2, log=True, source="kvsched choice"),
+        "min_chunk_tokens": SearchDim("int", 16, 256, step=16, source="REFERENCE §1.3 ([16, 256])"),
+    }
 
     kappa: float = 3.0
     ttft_floor_s: float = 0.25

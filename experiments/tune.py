@@ -1,0 +1,773 @@
+"""Bayesian tuning of a policy's parameters with Optuna (``kvsched tune``).
+
+One *trial* serves the scenario's workload in ``len(windows) x len(seeds)`` short runs with
+one parameter set and scores each run on one metric of one length class (``goodput_rps:all``,
+``ttft_p99_s:short``, ...; the metric names of :data:`kvsched.experiments.compare.METRIC_COLUMNS`).
+The trial's value is the mean over runs; the spread (population std, min, max) and every
+run's value are stored as user attributes.
+
+Search space. Each policy declares it next to its parameters
+(``PolicyParams.SEARCH_SPACE``, a mapping name -> :class:`~kvsched.policies.base.SearchDim`,
+e.g. :class:`~kvsched.policies.lars.LARSParams`). ``--tune-engine`` adds the engine knobs of
+:data:`ENGINE_SPACE` (vLLM flags of the same names, applied to the scenario's instance);
+those trial parameters are named ``engine.<field>``.
+
+Windows and seeds. Windows are ``[start, start + window_s)`` sub-intervals of the scenario's
+workload (inside its own ``window_s`` if it has one), spread evenly over its arrival span;
+each run starts from an empty instance (no warm-up: queues left at a window's end are
+served to completion, arrivals after it are not). Seeds ``seed, seed+1, ...`` regenerate
+synthetic workloads; on a trace they only change seeded policy internals (EWSJF's sampler,
+whose ``seed`` parameter gets the run's seed unless tuned).
+
+Pruning. After each window (all its seeds) the running mean of the objective is reported as
+the intermediate value of step ``window index``; Optuna's ``MedianPruner`` (default;
+``--pruner none`` turns it off) stops a trial whose running mean is worse than the median of
+earlier trials at the same step.
+
+Constraints (``--constraint 'ttft_p99_s:short<=1.0'``, repeatable). Each is stored as
+``value - bound`` (``<=``) or ``bound - value`` (``>=``) of the mean over runs; feasible
+when ``<= 0``. Samplers that support Optuna's ``constraints_func`` (TPE, GP) get them there
+and the trial's value stays the raw objective. CMA-ES has no constraint support, so there the
+value told to Optuna is penalised: ``objective -/+ penalty x sum(relative violation)``
+(relative violation = ``max(0, c) / max(|bound|, 1e-9)``; ``-`` when maximising), with
+``--penalty`` (default 10, in objective units per 100 % violation); the raw objective is kept
+in the ``objective_mean`` user attribute. The *best* trial is always chosen by kvsched among
+feasible finished trials by the raw mean objective, never from Optuna's penalised value.
+
+Baseline. The policy's published defaults (the parameter dataclass defaults, and the
+scenario's engine settings) are enqueued as the study's first trial (user attribute
+``baseline``). The report compares the best trial with it; when no trial beats it, that is
+said. ``--holdout-seeds K`` re-evaluates baseline and best on K seeds the study never saw
+(the in-sample gain of a maximum over many noisy trials is biased upward).
+
+Storage. No ``--storage``: in memory (one process). ``journal:PATH`` or a path ending in
+``.journal``/``.log``: Optuna's ``JournalStorage`` file (any number of processes on one
+machine). ``sqlite:///...``, ``postgresql://...``: Optuna's ``RDBStorage`` (SQLAlchemy; for
+PostgreSQL the psycopg2 driver), which lets ``kvsched tune`` workers on several machines
+join one study, with heartbeats (a killed worker's running trial is marked failed after
+``grace_period`` and retried once). ``--workers N`` starts N processes on this machine
+(a journal file in ``--out`` when no storage is given). ``--trials N`` is the study's total
+of finished (complete or pruned) trials (Optuna's ``MaxTrialsCallback``): re-running the same
+command after a kill resumes the study and runs only the missing trials; finished trials are
+in the storage as soon as they finish and are never re-run. A trial that was running when its
+process was killed stays ``RUNNING`` in a journal (it never finished) and is not counted.
+
+Results: the best parameters and their objective vs the baseline (printed and
+``tune.json``), ``trials.csv``, and plots ``history.png`` (optimisation history) and
+``importances.png`` (PED-ANOVA parameter importances, Optuna's default evaluator) from ``optuna.visualization.matplotlib``
+(Agg backend). The study opens in optuna-dashboard (``pip install optuna-dashboard``;
+``optuna-dashboard <storage URL>``; for a journal file ``optuna-dashboard PATH``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import multiprocessing as mp
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+import kvsched
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.policies.base import SearchDim, make_policy
+
+from .compare import METRIC_COLUMNS, _metric_row
+from .scenario import Scenario
+
+#: Engine knobs ``--tune-engine`` adds (InstanceSpec fields = vLLM flags of the same names).
+#: Ranges: kvsched choice around the vLLM defaults for >= 70 GiB GPUs (token budget 8192,
+#: 1024 sequences; REFERENCE §4.1); the long-prefill threshold 0 = off.
+ENGINE_SPACE: Mapping[str, SearchDim] = {
+    "max_num_batched_tokens": SearchDim("int", 512, 16384, log=True, source="vLLM --max-num-batched-tokens"),
+    "max_num_seqs": SearchDim("int", 32, 1024, log=True, source="vLLM --max-num-seqs"),
+    "long_prefill_token_threshold": SearchDim("categorical", choices=(0, 512, 1024, 2048, 4096),
+                                              source="vLLM --long-prefill-token-threshold"),
+}
+ENGINE_PREFIX = "engine."
+#: Metrics where larger is better; every other metric is minimised.
+MAXIMISED = frozenset({"goodput_rps", "slo_attainment", "finished"})
+SAMPLERS = ("tpe", "gp", "cmaes")
+_CONSTRAINT_RE = re.compile(r"^\s*([a-z0-9_]+)(?::([A-Za-z0-9_-]+))?\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
+
+
+# ----------------------------------------------------------------------------- specifications
+@dataclass(frozen=True)
+class MetricRef:
+    """A metric of one class: ``name`` in METRIC_COLUMNS, ``cls`` "all", "short", "long" or an SLO class."""
+
+    name: str
+    cls: str = "all"
+
+    @classmethod
+    def parse(cls, text: str, what: str = "--objective") -> "MetricRef":
+        """``"goodput_rps"`` or ``"ttft_p99_s:short"``. Raises ConfigError naming the allowed metrics."""
+        name, _, c = str(text).strip().partition(":")
+        if name not in METRIC_COLUMNS:
+            raise ConfigError(f"{what}={text!r}: unknown metric {name!r}; allowed: {', '.join(METRIC_COLUMNS)} "
+                              f"(optionally ':CLASS', e.g. ttft_p99_s:short)")
+        return cls(name, c or "all")
+
+    @property
+    def maximise(self) -> bool:
+        return self.name in MAXIMISED
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.cls}"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``metric <= bound`` or ``metric >= bound`` on the mean over a trial's runs."""
+
+    metric: MetricRef
+    op: str
+    bound: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Constraint":
+        """``"ttft_p99_s:short<=1.0"``. Raises ConfigError on another form."""
+        m = _CONSTRAINT_RE.match(str(text))
+        if not m:
+            raise ConfigError(f"--constraint={text!r}: expected METRIC[:CLASS]<=BOUND or >=BOUND, "
+                              "e.g. 'ttft_p99_s:short<=1.0'")
+        try:
+            bound = float(m.group(4))
+        except ValueError:
+            raise ConfigError(f"--constraint={text!r}: bound {m.group(4)!r} is not a number") from None
+        ref = MetricRef.parse(m.group(1) + (f":{m.group(2)}" if m.group(2) else ""), "--constraint")
+        return cls(ref, m.group(3), bound)
+
+    def violation(self, value: float) -> float:
+        """``value - bound`` for ``<=``, ``bound - value`` for ``>=`` (feasible when <= 0; NaN -> +inf)."""
+        if not math.isfinite(value):
+            return math.inf
+        return value - self.bound if self.op == "<=" else self.bound - value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Everything that defines a study's objective (stored with the study as provenance).
+
+    Attributes:
+        policy: registered policy name.
+        objective: the metric to optimise (direction from :data:`MAXIMISED`).
+        constraints: bounds on other metrics.
+        windows_s: ``(start_s, end_s)`` per window, relative to the scenario's workload.
+        seeds: scenario seeds of every window.
+        tune_engine: add :data:`ENGINE_SPACE`.
+        sampler: "tpe", "gp" or "cmaes".
+        penalty: CMA-ES constraint penalty (objective units per 100 % violation).
+        pruner: "median" or "none".
+        sampler_seed: seed of the sampler (worker k uses ``sampler_seed + k``).
+    """
+
+    policy: str
+    objective: MetricRef
+    constraints: tuple[Constraint, ...] = ()
+    windows_s: tuple[tuple[float, float], ...] = ((0.0, 60.0),)
+    seeds: tuple[int, ...] = (0,)
+    tune_engine: bool = False
+    sampler: str = "tpe"
+    penalty: float = 10.0
+    pruner: str = "median"
+    sampler_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"--sampler={self.sampler!r}: allowed {', '.join(SAMPLERS)}")
+        if self.pruner not in ("median", "none"):
+            raise ConfigError(f"--pruner={self.pruner!r}: allowed median, none")
+        if not self.windows_s or not self.seeds:
+            raise ConfigError("tuning needs at least one window and one seed")
+        if not (self.penalty >= 0 and math.isfinite(self.penalty)):
+            raise ConfigError(f"--penalty={self.penalty!r} must be a finite number >= 0")
+        make_policy(self.policy)  # unknown name -> error listing the known ones
+        if not self.space():
+            raise ConfigError(f"policy {self.policy!r} declares no search space (PolicyParams.SEARCH_SPACE); "
+                              "add --tune-engine to tune the engine knobs")
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.objective.maximise else "minimize"
+
+    def space(self) -> dict[str, SearchDim]:
+        """Trial parameter name -> dimension (policy fields, then ``engine.<field>``)."""
+        pcls = type(make_policy(self.policy)).params_cls
+        out = dict(pcls.SEARCH_SPACE)
+        if self.tune_engine:
+            out.update({ENGINE_PREFIX + k: v for k, v in ENGINE_SPACE.items()})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "objective": str(self.objective), "direction": self.direction,
+                "constraints": [str(c) for c in self.constraints], "windows_s": [list(w) for w in self.windows_s],
+                "seeds": list(self.seeds), "tune_engine": self.tune_engine, "sampler": self.sampler,
+                "penalty": self.penalty, "pruner": self.pruner, "sampler_seed": self.sampler_seed}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TuneConfig":
+        return cls(policy=d["policy"], objective=MetricRef.parse(d["objective"]),
+                   constraints=tuple(Constraint.parse(c) for c in d["constraints"]),
+                   windows_s=tuple(tuple(w) for w in d["windows_s"]), seeds=tuple(d["seeds"]),
+                   tune_engine=d["tune_engine"], sampler=d["sampler"], penalty=d["penalty"],
+                   pruner=d["pruner"], sampler_seed=d["sampler_seed"])
+
+
+def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[tuple[float, float], ...]:
+    """``n_windows`` windows of ``window_s`` seconds spread evenly over the scenario's arrival span.
+
+    The span is the scenario's workload (seed ``scenario.seed``) from 0 to its last arrival.
+
+    Raises:
+        ConfigError: ``n_windows < 1``, ``window_s <= 0`` or a window longer than the span.
+    """
+    if isinstance(n_windows, bool) or not isinstance(n_windows, int) or n_windows < 1:
+        raise ConfigError(f"--windows={n_windows!r} must be an integer >= 1")
+    if not (isinstance(window_s, (int, float)) and window_s > 0 and math.isfinite(window_s)):
+        raise ConfigError(f"--window-s={window_s!r} must be a finite number > 0 (seconds)")
+    w = scenario.workload()
+    span_s = float(w.arrival_s[-1]) if len(w) else 0.0
+    if window_s > span_s:
+        raise ConfigError(f"--window-s={window_s}: longer than the scenario's arrival span ({span_s:.1f} s)")
+    if n_windows == 1:
+        return ((0.0, float(window_s)),)
+    stride = (span_s - window_s) / (n_windows - 1)
+    return tuple((round(k * stride, 6), round(k * stride + window_s, 6)) for k in range(n_windows))
+
+
+# ----------------------------------------------------------------------------- evaluation
+def split_params(params: Mapping[str, Any]) -> tuple[dict, dict]:
+    """Trial parameters -> ``(policy params, engine overrides)``."""
+    pol = {k: v for k, v in params.items() if not k.startswith(ENGINE_PREFIX)}
+    eng = {k[len(ENGINE_PREFIX):]: v for k, v in params.items() if k.startswith(ENGINE_PREFIX)}
+    return pol, eng
+
+
+def baseline_params(cfg: TuneConfig, scenario: Scenario) -> dict[str, Any]:
+    """The policy's published defaults for every tuned dimension (and the scenario's engine values)."""
+    params = make_policy(cfg.policy).params
+    spec = scenario.instance_spec()
+    out: dict[str, Any] = {}
+    for name in cfg.space():
+        if name.startswith(ENGINE_PREFIX):
+            field_name = name[len(ENGINE_PREFIX):]
+            v = getattr(spec, field_name)
+            if v is None:  # vLLM default resolved by the spec
+                v = {"max_num_batched_tokens": spec.token_budget, "max_num_seqs": spec.max_seqs}[field_name]
+            out[name] = v
+        else:
+            out[name] = getattr(params, name)
+    return out
+
+
+def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, policy: str,
+                 policy_params: Mapping[str, Any], engine: Mapping[str, Any] | None = None,
+                 workload_cache: dict | None = None) -> dict:
+    """Serve one window of ``scenario`` with one seed; returns the run's summary dict.
+
+    ``window`` is relative to the scenario's own ``window_s`` (if any). A policy with a
+    ``seed`` parameter gets ``seed`` unless ``policy_params`` sets it (as ``kvsched compare``).
+    """
+    from kvsched.envs.sim.cluster import Cluster
+    from kvsched.envs.sim.instance import InstanceOptions
+
+    sc = scenario_for(scenario, window, seed, engine)
+    key = (tuple(window), seed)
+    if workload_cache is not None and key in workload_cache:
+        workload = workload_cache[key]
+    else:
+        workload = sc.workload()
+        sc.check_slo_classes(workload)
+        if workload_cache is not None:
+            workload_cache[key] = workload
+    params = full_policy_params(policy, policy_params, seed)
+    spec = sc.instance_spec()
+    cluster = Cluster([spec] * sc.n_instances, lambda: make_policy(policy, dict(params)),
+                      metrics=sc.metrics_config(),
+                      options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths))
+    res = cluster.run(workload)
+    res.summary["workload_sha256"] = workload.content_sha256()
+    return res.summary
+
+
+def scenario_for(scenario: Scenario, window: tuple[float, float], seed: int,
+                 engine: Mapping[str, Any] | None = None) -> Scenario:
+    """The scenario of one run: its window nested in the scenario's own, its seed, engine overrides."""
+    base = scenario.window_s[0] if scenario.window_s else 0.0
+    over: dict[str, Any] = {"window_s": (base + window[0], base + window[1]), "seed": int(seed)}
+    if engine:
+        over["instance"] = {**scenario.instance, **dict(engine)}
+    return scenario.with_overrides(**over)
+
+
+def full_policy_params(policy: str, given: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Every field of the policy's parameter dataclass (``given`` over defaults; ``seed`` field = run seed)."""
+    pcls = type(make_policy(policy)).params_cls
+    d = dict(given)
+    if "seed" in {f.name for f in dataclasses.fields(pcls)} and "seed" not in d:
+        d["seed"] = int(seed)
+    return dataclasses.asdict(make_policy(policy, d).params)
+
+
+def metric_value(summary: Mapping[str, Any], ref: MetricRef) -> float:
+    """The value of ``ref`` in one run's summary (NaN when the class or metric is undefined)."""
+    c = summary["classes"].get(ref.cls)
+    if c is None:
+        return math.nan
+    return float(_metric_row(c)[ref.name])
+
+
+# ----------------------------------------------------------------------------- the objective
+class Objective:
+    """Optuna objective: evaluate one parameter set on every window and seed (see module doc)."""
+
+    def __init__(self, cfg: TuneConfig, scenario: Scenario,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.cfg, self.scenario, self.progress = cfg, scenario, progress
+        self.space = cfg.space()
+        self._cache: dict = {}
+
+    def suggest(self, trial) -> dict[str, Any]:
+        out = {}
+        for name, d in self.space.items():
+            if d.kind == "float":
+                out[name] = trial.suggest_float(name, d.low, d.high, log=d.log)
+            elif d.kind == "int":
+                out[name] = trial.suggest_int(name, int(d.low), int(d.high), step=d.step or 1, log=d.log)
+            else:
+                out[name] = trial.suggest_categorical(name, list(d.choices))
+        return out
+
+    def __call__(self, trial) -> float:
+        import optuna
+
+        params = self.suggest(trial)
+        pol, eng = split_params(params)
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        values: list[float] = []
+        cons: list[list[float]] = [[] for _ in cfg.constraints]
+        for k, window in enumerate(cfg.windows_s):
+            for seed in cfg.seeds:
+                s = run_scenario(self.scenario, window, seed, cfg.policy, pol, eng, self._cache)
+                values.append(metric_value(s, cfg.objective))
+                for j, c in enumerate(cfg.constraints):
+                    cons[j].append(metric_value(s, c.metric))
+            running = _nanmean(values)
+            if math.isfinite(running):
+                trial.report(running, k)
+            if cfg.pruner != "none" and trial.should_prune():
+                trial.set_user_attr("objective_values", values)
+                trial.set_user_attr("wall_s", time.perf_counter() - t0)
+                raise optuna.TrialPruned()
+        v = np.asarray(values, dtype=np.float64)
+        mean = _nanmean(values)
+        trial.set_user_attr("objective_values", values)
+        trial.set_user_attr("objective_mean", mean)
+        trial.set_user_attr("objective_std", float(np.nanstd(v)) if np.isfinite(v).any() else math.nan)
+        trial.set_user_attr("objective_min", float(np.nanmin(v)) if np.isfinite(v).any() else math.nan)
+        trial.set_user_attr("objective_max", float(np.nanmax(v)) if np.isfinite(v).any() else math.nan)
+        violations = []
+        for c, vals in zip(cfg.constraints, cons):
+            cm = _nanmean(vals)
+            trial.set_user_attr(f"constraint:{c}", cm)
+            violations.append(c.violation(cm))
+        # Optuna stores constraint values as finite floats; an undefined metric counts as violated
+        finite = [x if math.isfinite(x) else 1e12 for x in violations]
+        trial.set_user_attr("constraints", finite)
+        if _HAS_SET_CONSTRAINT and cfg.sampler != "cmaes":  # Optuna >= 5 (TPE, GP read them)
+            for c, x in zip(cfg.constraints, finite):
+                trial.set_constraint(str(c), x)
+        trial.set_user_attr("feasible", all(x <= 0 for x in violations))
+        trial.set_user_attr("wall_s", time.perf_counter() - t0)
+        if not math.isfinite(mean):
+            raise ValueError(f"objective {cfg.objective} undefined in every run (no request of that class?)")
+        if cfg.sampler == "cmaes" and cfg.constraints:
+            rel = sum(max(0.0, x) / max(abs(c.bound), 1e-9) if math.isfinite(x) else 1e3
+                      for c, x in zip(cfg.constraints, violations))
+            return mean - cfg.penalty * rel if cfg.objective.maximise else mean + cfg.penalty * rel
+        return mean
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+def _has_set_constraint() -> bool:
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+_HAS_SET_CONSTRAINT = _has_set_constraint()
+
+
+def _constraints_func(trial) -> Sequence[float]:
+    return trial.user_attrs.get("constraints", [1e12])
+
+
+# ----------------------------------------------------------------------------- storage / study
+def make_storage(url: str | None):
+    """``None`` -> in memory; ``journal:PATH`` / ``*.journal`` / ``*.log`` -> JournalStorage file;
+    anything with ``://`` -> RDBStorage (heartbeat 10 s, grace 30 s, a killed trial retried once).
+
+    Raises:
+        ConfigError: another form.
+    """
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    path = journal_path(url)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if "://" in url:
+        return _rdb_storage(url)
+    raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
+                      "(sqlite:///FILE, postgresql://USER@HOST:PORT/DB)")
+
+
+def _rdb_storage(url: str, attempts: int = 5):
+    """RDBStorage with heartbeats; retried because workers starting together on an empty
+    database race to create its tables (the loser gets an IntegrityError and, on retry, finds
+    them)."""
+    import optuna.storages as st
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna_experimental_warning())
+        if hasattr(st, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
+            cb = {"heartbeat_stale_trial_callback": st.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+        else:
+            cb = {"failed_trial_callback": st.RetryFailedTrialCallback(max_retry=1)}
+        for k in range(attempts):
+            try:
+                return st.RDBStorage(url, heartbeat_interval=10, grace_period=30,
+                                     engine_kwargs={"pool_pre_ping": True}, **cb)
+            except Exception as e:  # driver missing, server down, table-creation race
+                if k == attempts - 1 or "already exists" not in str(e):
+                    raise ConfigError(f"--storage {_redact(url)}: cannot open ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0]})") from None
+                time.sleep(0.2 * (k + 1))
+
+
+def optuna_experimental_warning():
+    import optuna
+
+    return optuna.exceptions.ExperimentalWarning
+
+
+def journal_path(url: str | None) -> str | None:
+    if url is None:
+        return None
+    if url.startswith("journal:"):
+        return url[len("journal:"):]
+    if "://" not in url and url.endswith((".journal", ".log")):
+        return url
+    return None
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+def make_sampler(cfg: TuneConfig, worker: int = 0, baseline: Mapping[str, Any] | None = None):
+    """The sampler of ``cfg`` (seeded ``sampler_seed + worker``); constraints where supported."""
+    import optuna
+
+    seed = cfg.sampler_seed + worker
+    # Optuna < 5 takes constraints through the sampler's constraints_func; >= 5 through
+    # Trial.set_constraint (the objective sets them), the sampler argument being deprecated
+    cf = _constraints_func if cfg.constraints and not _HAS_SET_CONSTRAINT else None
+    if cfg.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constraints_func=cf)
+    if cfg.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed, constraints_func=cf)
+    # CMA-ES: numeric dimensions only; categorical ones go to its independent (random) sampler
+    x0 = None
+    if baseline:
+        x0 = {k: v for k, v in baseline.items() if cfg.space()[k].kind != "categorical"}
+    return optuna.samplers.CmaEsSampler(seed=seed, x0=x0 or None, warn_independent_sampling=False,
+                                        independent_sampler=optuna.samplers.RandomSampler(seed=seed))
+
+
+def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None, worker: int = 0,
+               storage=None):
+    """Load or create study ``name``. With ``cfg``, a new study stores it (and an existing one
+    must match it: the objective of a resumed study cannot change).
+
+    Raises:
+        ConfigError: the stored configuration differs from ``cfg``, or no such study to load.
+    """
+    import optuna
+
+    storage = storage if storage is not None else make_storage(storage_url)
+    if cfg is None:
+        try:
+            return optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+            raise ConfigError(f"--study {name!r}: no such study in the storage; studies there: {names}") from None
+    study = optuna.create_study(study_name=name, storage=storage, direction=cfg.direction,
+                                sampler=make_sampler(cfg, worker), load_if_exists=True,
+                                pruner=_make_pruner(cfg))
+    stored = study.user_attrs.get("tune_config")
+    if stored is None:
+        study.set_user_attr("tune_config", cfg.to_dict())
+    else:
+        mine = {k: v for k, v in cfg.to_dict().items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
+        theirs = {k: v for k, v in stored.items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
+        if json.loads(json.dumps(mine)) != theirs:
+            diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
+            raise ConfigError(f"study {name!r} exists with another objective ({', '.join(diff)} differ: stored "
+                              f"{ {k: theirs.get(k) for k in diff} }); use another --study name")
+    return study
+
+
+def _make_pruner(cfg: TuneConfig):
+    import optuna
+
+    if cfg.pruner == "none":
+        return optuna.pruners.NopPruner()
+    # Optuna's defaults except warm-up: the first window already informs (kvsched choice)
+    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+
+
+def _worker(study_name: str, storage_url: str | None, cfg_dict: dict, scenario: Scenario, n_trials: int,
+            worker: int, storage=None) -> None:
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    cfg = TuneConfig.from_dict(cfg_dict)
+    study = open_study(study_name, storage_url, cfg, worker, storage=storage)
+    done = _count(study)
+    if done >= n_trials:
+        return
+    study.optimize(Objective(cfg, scenario), n_trials=n_trials - done,
+                   callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
+                   catch=(ValueError,))
+
+
+def _count(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` produced: the study and the report (see :func:`report`)."""
+
+    study: Any
+    report: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None = None,
+         n_trials: int = 20, workers: int = 1, holdout_seeds: int = 0, scenario_path: str | None = None,
+         out: Path | None = None) -> TuneResult:
+    """Run (or resume) the study until it holds ``n_trials`` finished trials; see module doc.
+
+    Raises:
+        ConfigError: bad arguments, a storage that cannot open, a study with another objective.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise ConfigError(f"--trials={n_trials!r} must be an integer >= 1")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers={workers!r} must be an integer >= 1")
+    if workers > 1 and storage_url is None:
+        if out is None:
+            raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")
+        storage_url = f"journal:{Path(out) / (study_name + '.journal')}"
+    t0 = time.perf_counter()
+    storage = make_storage(storage_url)
+    base = baseline_params(cfg, scenario)
+    outside = [k for k, v in base.items() if not cfg.space()[k].contains(v)]
+    if outside:  # Optuna would reject the enqueued values; say so instead of silently clipping
+        raise ConfigError(f"policy {cfg.policy!r}: published defaults {[(k, base[k]) for k in outside]} lie "
+                          "outside the declared search space; widen SEARCH_SPACE")
+    try:  # exactly one of several workers starting together creates the study (unique name) ...
+        created = optuna.create_study(study_name=study_name, storage=storage, direction=cfg.direction)
+    except optuna.exceptions.DuplicatedStudyError:
+        created = None
+    else:  # ... and enqueues the baseline at once, before any worker can ask for a trial
+        created.enqueue_trial(base, user_attrs={"baseline": True})
+    study = open_study(study_name, storage_url, cfg, storage=storage)
+    _store_provenance(study, scenario, cfg, scenario_path)
+    # a joining worker enqueues it only if it is missing (the creator died in between)
+    if created is None and not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(base, user_attrs={"baseline": True}, skip_if_exists=True)
+    if workers == 1:
+        _worker(study_name, storage_url, cfg.to_dict(), scenario, n_trials, 0, storage=storage)
+    else:
+        ctx = mp.get_context("spawn")  # no inherited locks or open database connections
+        procs = [ctx.Process(target=_worker, args=(study_name, storage_url, cfg.to_dict(), scenario, n_trials, k))
+                 for k in range(workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        bad = [p.exitcode for p in procs if p.exitcode != 0]
+        if bad:
+            raise ConfigError(f"{len(bad)} of {workers} tuning workers failed (exit codes {bad})")
+        study = open_study(study_name, storage_url, storage=make_storage(storage_url))
+    wall = time.perf_counter() - t0
+    rep = report(study, cfg)
+    rep["wall_s_this_run"] = wall
+    if holdout_seeds:
+        rep["holdout"] = holdout(scenario, cfg, rep, holdout_seeds)
+    return TuneResult(study=study, report=rep, wall_s=wall)
+
+
+def _store_provenance(study, scenario: Scenario, cfg: TuneConfig, scenario_path: str | None) -> None:
+    if "scenario" in study.user_attrs:
+        return
+    hashes = {}
+    for seed in cfg.seeds:
+        for w in cfg.windows_s:
+            hashes[f"{w[0]:g}-{w[1]:g}@{seed}"] = scenario_for(scenario, w, seed).workload().content_sha256()
+    study.set_user_attr("scenario", scenario.to_dict() | {"instance": dict(scenario.instance)})
+    study.set_user_attr("scenario_resolved_instance", scenario.to_dict()["instance"])
+    study.set_user_attr("scenario_sha256", scenario.sha256())
+    study.set_user_attr("scenario_path", scenario_path)
+    study.set_user_attr("workload_sha256", hashes)
+    study.set_user_attr("kvsched_version", kvsched.__version__)
+    study.set_user_attr("optuna_version", __import__("optuna").__version__)
+
+
+def scenario_of_study(study) -> Scenario:
+    """The scenario a study was tuned on (from its stored plain-data form)."""
+    d = dict(study.user_attrs["scenario"])
+    d["window_s"] = tuple(d["window_s"]) if d.get("window_s") else None
+    return Scenario(**d, source=f"study {study.study_name}")
+
+
+def finished_trials(study) -> list:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if math.isfinite(t.user_attrs.get("objective_mean", math.nan))]
+
+
+def best_trial(study, cfg: TuneConfig):
+    """Best feasible complete trial by raw mean objective (ties: earliest); ``None`` if none feasible."""
+    trials = [t for t in finished_trials(study) if t.user_attrs.get("feasible", True)]
+    if not trials:
+        return None
+    sign = -1.0 if cfg.objective.maximise else 1.0
+    return min(trials, key=lambda t: (sign * t.user_attrs["objective_mean"], t.number))
+
+
+def report(study, cfg: TuneConfig) -> dict:
+    """Baseline vs best (raw mean objective, spread, constraints), trial counts."""
+    from optuna.trial import TrialState
+
+    states = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
+
+    def row(t) -> dict | None:
+        if t is None:
+            return None
+        ua = t.user_attrs
+        return {"trial": t.number, "params": dict(t.params), "objective_mean": ua.get("objective_mean"),
+                "objective_std": ua.get("objective_std"), "objective_min": ua.get("objective_min"),
+                "objective_max": ua.get("objective_max"), "feasible": ua.get("feasible"),
+                "constraints": {str(c): ua.get(f"constraint:{c}") for c in cfg.constraints},
+                "wall_s": ua.get("wall_s")}
+
+    base = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("baseline")), None)
+    best = best_trial(study, cfg)
+    rep = {"study": study.study_name, "objective": str(cfg.objective), "direction": cfg.direction,
+           "constraints": [str(c) for c in cfg.constraints], "trials": states,
+           "baseline": row(base), "best": row(best)}
+    if base is not None and best is not None:
+        b, t = base.user_attrs["objective_mean"], best.user_attrs["objective_mean"]
+        rep["improvement"] = (t - b) if cfg.objective.maximise else (b - t)
+        rep["improvement_rel"] = rep["improvement"] / abs(b) if b else math.nan
+        rep["best_is_baseline"] = best.number == base.number
+    total_trial_wall = sum(t.user_attrs.get("wall_s", 0.0) for t in study.get_trials(deepcopy=False))
+    rep["trial_wall_s_total"] = total_trial_wall
+    return rep
+
+
+def holdout(scenario: Scenario, cfg: TuneConfig, rep: dict, n_seeds: int) -> dict:
+    """Baseline and best re-evaluated on ``n_seeds`` seeds after the study's (same windows)."""
+    if rep.get("best") is None or rep.get("baseline") is None:
+        return {}
+    seeds = [max(cfg.seeds) + 1 + k for k in range(n_seeds)]
+    out = {"seeds": seeds}
+    for key in ("baseline", "best"):
+        pol, eng = split_params(rep[key]["params"])
+        vals = [metric_value(run_scenario(scenario, w, s, cfg.policy, pol, eng), cfg.objective)
+                for w in cfg.windows_s for s in seeds]
+        out[key] = {"objective_mean": _nanmean(vals), "objective_std": float(np.nanstd(vals)), "values": vals}
+    return out
+
+
+def write_results(study, rep: dict, out: Path) -> list[Path]:
+    """``tune.json``, ``trials.csv``, ``history.png`` and ``importances.png`` in ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    p = out / "tune.json"
+    p.write_text(json.dumps(rep, indent=2, sort_keys=True, default=float) + "\n")
+    files.append(p)
+    p = out / "trials.csv"
+    study.trials_dataframe().to_csv(p, index=False)
+    files.append(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)  # PED-ANOVA direction notice (handled above)
+        ax = ovm.plot_optimization_history(study, target=lambda t: t.user_attrs.get("objective_mean", math.nan),
+                                           target_name=rep["objective"])
+        ax.figure.set_size_inches(8, 5)
+        ax.figure.tight_layout()
+        p = out / "history.png"
+        ax.figure.savefig(p, dpi=110)
+        plt.close(ax.figure)
+        files.append(p)
+        if len(finished_trials(study)) >= 2:
+            try:
+                # PED-ANOVA (Optuna's default, no scikit-learn) ranks importance for reaching *low*
+                # target values, so a maximised objective is negated
+                sign = -1.0 if rep["direction"] == "maximize" else 1.0
+                ax = ovm.plot_param_importances(
+                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                    target=lambda t: sign * t.user_attrs.get("objective_mean", math.nan),
+                    target_name=("-" if sign < 0 else "") + rep["objective"])
+            except (RuntimeError, ValueError) as e:  # e.g. every trial had the same value
+                rep.setdefault("notes", []).append(f"no importance plot: {e}")
+            else:
+                ax.figure.set_size_inches(8, 5)
+                ax.figure.tight_layout()
+                p = out / "importances.png"
+                ax.figure.savefig(p, dpi=110)
+                plt.close(ax.figure)
+                files.append(p)
+    return files

@@ -1,0 +1,136 @@
+"""Command-line front end of ``kvsched tune`` (:mod:`.tune`) and ``kvsched export`` (:mod:`.export`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvsched.envs.sim.errors import ConfigError
+
+
+def add_tune_arguments(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--policy", required=True, help="registered policy whose SEARCH_SPACE is tuned")
+    t.add_argument("--scenario", required=True, help="scenario YAML file (its `policy` is ignored)")
+    t.add_argument("--objective", default="goodput_rps:all",
+                   help="METRIC[:CLASS] to optimise, e.g. goodput_rps:all, slo_attainment:short, ttft_p99_s:short "
+                        "(goodput/SLO attainment maximised, latencies minimised; default goodput_rps:all)")
+    t.add_argument("--constraint", action="append", default=[],
+                   help="METRIC[:CLASS]<=BOUND or >=BOUND on the mean over runs, e.g. 'ttft_p99_s:short<=1.0' "
+                        "(repeatable)")
+    t.add_argument("--trials", type=int, default=20, help="finished trials the study should hold (default 20)")
+    t.add_argument("--sampler", choices=("tpe", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
+    t.add_argument("--study", help="study name (default <policy>-<scenario name>)")
+    t.add_argument("--storage", help="journal:PATH, PATH.journal, sqlite:///FILE or postgresql://... "
+                                     "(default: in memory)")
+    t.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    t.add_argument("--windows", type=int, default=3, help="trace windows per trial (default 3)")
+    t.add_argument("--window-s", type=float, default=60.0, help="length of each window, s (default 60)")
+    t.add_argument("--seeds", type=int, default=2, help="seeds per window: scenario seed, +1, ... (default 2)")
+    t.add_argument("--holdout-seeds", type=int, default=0,
+                   help="re-evaluate baseline and best on this many unseen seeds (default 0)")
+    t.add_argument("--tune-engine", action="store_true",
+                   help="also tune max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold")
+    t.add_argument("--pruner", choices=("median", "none"), default="median", help="pruner (default median)")
+    t.add_argument("--penalty", type=float, default=10.0,
+                   help="CMA-ES constraint penalty, objective units per 100%% violation (default 10)")
+    t.add_argument("--seed", type=int, default=0, help="sampler seed (worker k uses seed + k; default 0)")
+    t.add_argument("--out", type=Path, help="write tune.json, trials.csv, history.png, importances.png here "
+                                            "(default runs/tune/<study>)")
+
+
+def add_export_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("--study", required=True, help="study name")
+    e.add_argument("--storage", required=True, help="the study's storage (as for kvsched tune)")
+    e.add_argument("--target", required=True, choices=("vllm", "sglang", "llm-d", "kvsched"))
+    e.add_argument("--out", type=Path, required=True, help="file to write")
+    e.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
+
+
+def cmd_tune(a: argparse.Namespace, console: Console) -> int:
+    from .scenario import load_scenario
+    from .tune import Constraint, MetricRef, TuneConfig, even_windows, tune, write_results
+
+    sc = load_scenario(a.scenario)
+    if a.seeds < 1:
+        raise ConfigError(f"--seeds={a.seeds} must be >= 1")
+    cfg = TuneConfig(policy=a.policy, objective=MetricRef.parse(a.objective),
+                     constraints=tuple(Constraint.parse(c) for c in a.constraint),
+                     windows_s=even_windows(sc, a.windows, a.window_s),
+                     seeds=tuple(sc.seed + k for k in range(a.seeds)), tune_engine=a.tune_engine,
+                     sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
+    name = a.study or f"{a.policy}-{sc.name}"
+    out = a.out or Path("runs") / "tune" / name
+    err = Console(stderr=True)
+    err.print(f"tuning {a.policy} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
+              f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
+              f"{a.workers} worker(s)", highlight=False)
+    res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
+    rep = res.report
+    console.print(report_table(rep))
+    files = write_results(res.study, rep, out)
+    console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    if a.storage:
+        console.print(f"dashboard: optuna-dashboard {_dashboard_arg(a.storage)}  (pip install optuna-dashboard)",
+                      highlight=False)
+    return 0
+
+
+def _dashboard_arg(storage: str) -> str:
+    from .tune import _redact, journal_path
+
+    p = journal_path(storage)
+    return p if p is not None else _redact(storage)
+
+
+def _f(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
+
+
+def report_table(rep: dict) -> Table:
+    """Baseline vs best: objective mean ± std, constraints, parameters."""
+    t = Table(title=f"study {rep['study']}: {rep['objective']} ({rep['direction']}); trials "
+                    + ", ".join(f"{k} {v}" for k, v in rep["trials"].items() if v))
+    t.add_column("")
+    t.add_column("baseline (published defaults)")
+    t.add_column("best")
+    b, x = rep.get("baseline") or {}, rep.get("best") or {}
+    t.add_row("trial", str(b.get("trial", "-")), str(x.get("trial", "none feasible")))
+    t.add_row("objective mean ± std", f"{_f(b.get('objective_mean'))} ± {_f(b.get('objective_std'))}",
+              f"{_f(x.get('objective_mean'))} ± {_f(x.get('objective_std'))}")
+    for c in rep["constraints"]:
+        t.add_row(c, _f((b.get("constraints") or {}).get(c)), _f((x.get("constraints") or {}).get(c)))
+    for k in (b.get("params") or x.get("params") or {}):
+        t.add_row(k, str(_p((b.get("params") or {}).get(k))), str(_p((x.get("params") or {}).get(k))))
+    if "improvement" in rep:
+        verdict = ("no trial beat the baseline" if rep.get("best_is_baseline") else
+                   f"improvement {rep['improvement']:+.4g} ({100 * rep['improvement_rel']:+.2f} %), in-sample")
+        t.add_row("verdict", "", verdict)
+    h = rep.get("holdout")
+    if h:
+        t.add_row(f"held-out seeds {h['seeds']}", f"{_f(h['baseline']['objective_mean'])} ± "
+                  f"{_f(h['baseline']['objective_std'])}",
+                  f"{_f(h['best']['objective_mean'])} ± {_f(h['best']['objective_std'])}")
+    return t
+
+
+def _p(v):
+    return f"{v:.4g}" if isinstance(v, float) else v
+
+
+def cmd_export(a: argparse.Namespace, console: Console) -> int:
+    from .export import export_study
+
+    res = export_study(a.study, a.storage, a.target, a.out, trial=a.trial)
+    console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {res.provenance['trial']}",
+                  highlight=False)
+    if res.unexpressible:
+        console.print(f"{len(res.unexpressible)} parameter(s) {a.target} cannot express (also listed in the file):",
+                      highlight=False)
+        for name, value, why in res.unexpressible:
+            console.print(f"  {name} = {json.dumps(value, default=str)}: {why}", highlight=False)
+    return 0

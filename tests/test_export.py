@@ -1,0 +1,149 @@
+"""kvsched export: real engine flags, unexpressible parameters listed, provenance, kvsched round trip."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments import export as ex
+from kvsched.experiments.cli import main
+from kvsched.experiments.tools import extract_engine_args as xa
+from kvsched.experiments.tune import MetricRef, TuneConfig, tune
+
+from test_tune import small_scenario
+
+PROVENANCE_KEYS = {"kvsched_version", "study", "trial", "objective_mean", "scenario_sha256", "workload_sha256",
+                   "seeds", "windows_s"}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    d = tmp_path_factory.mktemp("study")
+    url = f"journal:{d / 's.journal'}"
+    cfg = TuneConfig(policy="lars", objective=MetricRef.parse("goodput_rps"), windows_s=((0.0, 12.0),),
+                     seeds=(0,), tune_engine=True, pruner="none")
+    tune(small_scenario(), cfg, "exp", url, n_trials=3)
+    return url
+
+
+def test_committed_engine_lists_are_real_releases():
+    v, s = ex.engine_args("vllm"), ex.engine_args("sglang")
+    assert v["version"] and s["version"] and len(v["flags"]) > 150 and len(s["flags"]) > 150
+    for flag in ("max-num-batched-tokens", "max-num-seqs", "long-prefill-token-threshold", "block-size",
+                 "enable-prefix-caching", "gpu-memory-utilization", "kv-cache-dtype", "scheduling-policy"):
+        assert flag in v["flags"]
+    assert v["choices"]["scheduling-policy"] == ["fcfs", "priority"]
+    for flag in ("chunked-prefill-size", "max-running-requests", "schedule-policy", "schedule-conservativeness",
+                 "enable-hierarchical-cache", "hicache-size", "config"):
+        assert flag in s["flags"]
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang", "llm-d", "kvsched"])
+def test_every_export_carries_provenance_and_lists_what_it_cannot_express(study, tmp_path, target):
+    out = tmp_path / f"x.{target}"
+    res = ex.export_study("exp", study, target, out)
+    text = out.read_text()
+    assert PROVENANCE_KEYS <= set(res.provenance)
+    assert res.provenance["trial"] in (0, 1, 2) and res.provenance["objective_mean"] is not None
+    assert "# provenance:" in text or target == "kvsched"
+    if target == "kvsched":
+        d = json.loads(text)
+        assert d["policy"] == "lars" and d["provenance"]["study"] == "exp" and d["not_expressible"] == []
+        return
+    cfg = yaml.safe_load(text)  # comments are YAML comments: the file stays loadable
+    assert cfg == res.config
+    if target in ("vllm", "sglang"):
+        assert set(cfg) <= set(ex.engine_args(target)["flags"])
+    names = [n for n, _, _ in res.unexpressible]
+    assert "policy" in names and "policy_params.kappa" in names  # LARS has no engine flag
+    for name in names:
+        assert f"#   {name} = " in text
+
+
+def test_vllm_values_follow_the_tuned_trial(study, tmp_path):
+    res = ex.export_study("exp", study, "vllm", tmp_path / "v.yaml", trial=1)
+    from kvsched.experiments.tune import open_study
+    t = [x for x in open_study("exp", study).trials if x.number == 1][0]
+    assert res.config["max-num-batched-tokens"] == t.params["engine.max_num_batched_tokens"]
+    assert res.config["max-num-seqs"] == t.params["engine.max_num_seqs"]
+    assert res.config["long-prefill-token-threshold"] == t.params["engine.long_prefill_token_threshold"]
+    assert res.config["scheduling-policy"] == "fcfs"
+
+
+def test_a_renamed_flag_fails(monkeypatch):
+    real = ex.engine_args
+
+    def renamed(engine):
+        d = real(engine)
+        d["flags"] = [f for f in d["flags"] if f != "max-num-seqs"] + ["max-num-sequences"]
+        return d
+
+    monkeypatch.setattr(ex, "engine_args", renamed)
+    with pytest.raises(ConfigError, match="max-num-seqs.*not a flag of vllm"):
+        ex.check_keys("vllm", {"max-num-seqs": 8})
+    with pytest.raises(ConfigError, match="choices"):
+        real_check = ex.check_keys
+        monkeypatch.setattr(ex, "engine_args", real)
+        real_check("vllm", {"scheduling-policy": "lars"})
+
+
+def test_kvsched_policy_file_round_trip_gives_identical_metrics(study, tmp_path):
+    pf = tmp_path / "p.json"
+    ex.export_study("exp", study, "kvsched", pf, trial=2)
+    from kvsched.experiments.tune import open_study
+    t = [x for x in open_study("exp", study).trials if x.number == 2][0]
+    scen = tmp_path / "s.yaml"
+    sc = small_scenario()
+    scen.write_text(yaml.safe_dump({"name": sc.name, "synthetic": sc.synthetic, "seed": 0}))
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["simulate", "--scenario", str(scen), "--window", "0", "12", "--policy-file", str(pf),
+                     "--json", "--no-progress"]) == 0
+    summary = json.loads(buf.getvalue())
+    assert summary["run"]["policy"] == "lars"
+    # exactly the value the trial measured on that window and seed (engine settings applied too)
+    assert summary["classes"]["all"]["goodput_rps"] == t.user_attrs["objective_values"][0]
+    with pytest.raises(SystemExit):
+        main(["simulate", "--policy-file"])
+    assert main(["simulate", "--scenario", str(scen), "--policy", "fcfs", "--policy-file", str(pf), "--json"]) == 2
+
+
+def test_bad_policy_file_is_refused(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"format": ex.POLICY_FILE_FORMAT, "policy": "lars", "policy_params": {"kapa": 1},
+                             "engine": {}}))
+    with pytest.raises(ConfigError, match="kapa"):
+        ex.load_policy_file(p)
+    p.write_text("{}")
+    with pytest.raises(ConfigError, match="format"):
+        ex.load_policy_file(p)
+
+
+def test_extraction_reads_engine_sources(tmp_path):
+    wheel = tmp_path / "vllm-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm/engine/arg_utils.py",
+                   "from typing import ClassVar\n@dataclass\nclass EngineArgs:\n    model: str = 'x'\n"
+                   "    max_num_seqs: int | None = None\n    _private: int = 0\n    registry: ClassVar[dict] = {}\n")
+        z.writestr("vllm/config/cache.py", "CacheDType = Literal['auto', 'fp8']\n")
+        z.writestr("vllm/config/scheduler.py", "SchedulerPolicy = Literal['fcfs', 'priority']\n")
+    info = xa.extract("vllm", "9.9.9", wheel)
+    assert info["flags"] == ["max-num-seqs", "model"]
+    assert info["choices"] == {"kv-cache-dtype": ["auto", "fp8"], "scheduling-policy": ["fcfs", "priority"]}
+    sg = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(sg, "w") as z:
+        z.writestr("sglang/srt/server_args.py", "class ServerArgs:\n    def f(self): pass\n"
+                   "def add_cli_args(parser):\n    parser.add_argument('--config', type=str)\n")
+        z.writestr("sglang/srt/arg_groups/fields/schedule.py",
+                   "class Schedule(msgspec.Struct):\n    max_running_requests: A[int, 'help'] = 1\n"
+                   "    tp_size: A[int, Arg(help='h', cli_name='--tensor-parallel-size', aliases=['--tp-size'])] = 1\n"
+                   "    hidden: A[int, Arg(help='h', no_cli=True)] = 0\n    plain: int = 0\n")
+    info = xa.extract("sglang", "9.9.9", sg)
+    assert info["flags"] == ["config", "max-running-requests", "tensor-parallel-size", "tp-size"]
