@@ -705,9 +705,29 @@ def report(study, cfg: TuneConfig) -> dict:
         rep["improvement"] = (t - b) if cfg.objective.maximise else (b - t)
         rep["improvement_rel"] = rep["improvement"] / abs(b) if b else math.nan
         rep["best_is_baseline"] = best.number == base.number
+        # paired over the same windows and seeds: improvement per run, its standard error
+        bv = np.asarray(base.user_attrs["objective_values"], dtype=np.float64)
+        tv = np.asarray(best.user_attrs["objective_values"], dtype=np.float64)
+        d = (tv - bv) if cfg.objective.maximise else (bv - tv)
+        d = d[np.isfinite(d)]
+        sem = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size >= 2 else math.nan
+        rep["paired_improvement_sem"] = sem
+        rep["verdict"] = _verdict(rep["improvement"], rep["improvement_rel"], sem, rep["best_is_baseline"])
     total_trial_wall = sum(t.user_attrs.get("wall_s", 0.0) for t in study.get_trials(deepcopy=False))
     rep["trial_wall_s_total"] = total_trial_wall
     return rep
+
+
+def _verdict(improvement: float, rel: float, sem: float, is_baseline: bool) -> str:
+    """Plain words: no gain, a gain below 1 % (negligible), within 2 paired standard errors, or a gain."""
+    if is_baseline or improvement <= 0:
+        return "no trial beat the baseline"
+    tail = f"{improvement:+.4g} ({100 * rel:+.2f} %)"
+    if abs(rel) < 0.01:
+        return f"negligible: {tail}, below 1 %"
+    if math.isfinite(sem) and improvement < 2 * sem:
+        return f"within noise: {tail}, < 2 paired standard errors ({sem:.3g})"
+    return f"improvement {tail}, in-sample (paired s.e. {sem:.3g})"
 
 
 def holdout(scenario: Scenario, cfg: TuneConfig, rep: dict, n_seeds: int) -> dict:
@@ -746,6 +766,19 @@ def write_results(study, rep: dict, out: Path) -> list[Path]:
         warnings.simplefilter("ignore", UserWarning)  # PED-ANOVA direction notice (handled above)
         ax = ovm.plot_optimization_history(study, target=lambda t: t.user_attrs.get("objective_mean", math.nan),
                                            target_name=rep["objective"])
+        # Optuna draws no best-so-far line for a custom target: the running best feasible mean
+        sign = 1.0 if rep["direction"] == "maximize" else -1.0
+        xs, best, cur = [], [], None
+        for t in sorted(finished_trials(study), key=lambda t: t.number):
+            v = t.user_attrs["objective_mean"]
+            if t.user_attrs.get("feasible", True) and (cur is None or sign * v > sign * cur):
+                cur = v
+            if cur is not None:
+                xs.append(t.number)
+                best.append(cur)
+        if xs:
+            ax.step(xs, best, where="post", color="tab:red", label="best feasible")
+            ax.legend(loc="best")
         ax.figure.set_size_inches(8, 5)
         ax.figure.tight_layout()
         p = out / "history.png"

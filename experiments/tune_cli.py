@@ -106,10 +106,10 @@ def report_table(rep: dict) -> Table:
         t.add_row(c, _f((b.get("constraints") or {}).get(c)), _f((x.get("constraints") or {}).get(c)))
     for k in (b.get("params") or x.get("params") or {}):
         t.add_row(k, str(_p((b.get("params") or {}).get(k))), str(_p((x.get("params") or {}).get(k))))
-    if "improvement" in rep:
-        verdict = ("no trial beat the baseline" if rep.get("best_is_baseline") else
-                   f"improvement {rep['improvement']:+.4g} ({100 * rep['improvement_rel']:+.2f} %), in-sample")
-        t.add_row("verdict", "", verdict)
+    if "verdict" in rep:
+        t.add_row("verdict", "", rep["verdict"])
+    elif rep.get("best") is None:
+        t.add_row("verdict", "", "no trial met the constraints")
     h = rep.get("holdout")
     if h:
         t.add_row(f"held-out seeds {h['seeds']}", f"{_f(h['baseline']['objective_mean'])} ± "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -151,6 +152,11 @@ def test_kill_and_restart_loses_no_finished_trial(tmp_path):
     after = _complete(f"journal:{journal}", "k")
     assert len(after) == target
     assert {k: after[k] for k in killed} == killed  # nothing lost, nothing re-run
+    rep = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert rep["trials"]["complete"] + rep["trials"]["pruned"] == target and rep["baseline"]["trial"] == 0
+    assert "baseline (published defaults)" in r.stdout and "best" in r.stdout
+    for f in ("history.png", "importances.png", "trials.csv"):
+        assert (tmp_path / "o" / f).stat().st_size > 1000
 
 
 def test_two_worker_processes_share_a_journal(tmp_path):
