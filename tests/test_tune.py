@@ -206,3 +206,14 @@ def test_two_tune_commands_join_one_postgresql_study(tmp_path):
     assert sum(bool(t.user_attrs.get("baseline")) for t in st.trials) == 1
     assert all(math.isfinite(t.value) for t in st.trials if t.state.name == "COMPLETE")
     assert all(Path(tmp_path / f"o{k}" / "tune.json").exists() for k in range(2))
+
+
+@pytest.mark.parametrize("sampler", ["gp", "cmaes"])
+def test_other_samplers_run_with_engine_knobs_and_constraints(sampler):
+    c = cfg(sampler=sampler, seeds=(0,), windows_s=(WINDOWS[0],), tune_engine=True,
+            constraints=(Constraint.parse("ttft_p99_s:short<=5"),))
+    st = tune(small_scenario(), c, sampler, None, n_trials=3).study
+    done = [t for t in st.trials if t.state.name == "COMPLETE"]
+    assert len(done) == 3
+    assert done[0].params["engine.max_num_batched_tokens"] == 8192  # the scenario's vLLM default, as baseline
+    assert len({t.params["engine.max_num_batched_tokens"] for t in done}) > 1  # the sampler varied it
