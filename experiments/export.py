@@ -27,7 +27,8 @@ they cannot model, partial-prefill limits a release no longer has) are returned 
 :attr:`ExportResult.unexpressible`, printed by the command and written as a commented list
 (and, in JSON, a ``not_expressible`` key); nothing is dropped silently. Every file carries
 provenance: kvsched version, study, storage, trial, objective value, scenario name/path/hash,
-workload hashes per window and seed, seeds and windows.
+workload hashes per window and seed, seeds and windows; for vllm and sglang also the
+objective of the engine's own scheduler with the exported settings (:func:`target_objective`).
 """
 
 from __future__ import annotations
@@ -135,17 +136,41 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
     return {"policy": cfg.policy, "params": params, "engine": engine, "spec": spec, "provenance": prov}
 
 
-def export_study(study_name: str, storage_url: str, target: str, out: Path, trial: int | None = None) -> ExportResult:
-    """Write the ``target`` configuration of a trial (default the best feasible) to ``out``."""
+def export_study(study_name: str, storage_url: str, target: str, out: Path, trial: int | None = None,
+                 simulate_target: bool = True) -> ExportResult:
+    """Write the ``target`` configuration of a trial (default the best feasible) to ``out``.
+
+    For vllm and sglang (``simulate_target``) the provenance also gets
+    :func:`target_objective`: what the exported file alone is expected to achieve.
+    """
     if target not in TARGETS:
         raise ConfigError(f"--target={target!r}: allowed {', '.join(TARGETS)}")
     tc = trial_config(study_name, storage_url, trial)
+    if target in ("vllm", "sglang") and simulate_target:
+        tc["provenance"].update(target_objective(study_name, storage_url, tc))
     fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(res.text)
     return res
+
+
+def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -> dict:
+    """The study's objective when only what an engine can express is kept: the engine's native
+    scheduler (fcfs, or priority for kvsched's priority policy) with the trial's engine settings,
+    simulated on the study's windows and seeds. Shows how much of the tuned gain the exported
+    file carries (all of it when the gain came from engine knobs; none of a heuristic's own).
+    """
+    from .tune import TuneConfig, _nanmean, metric_value, open_study, run_scenario, scenario_of_study
+
+    study = open_study(study_name, storage_url)
+    cfg = TuneConfig.from_dict(study.user_attrs["tune_config"])
+    sc = scenario_of_study(study)
+    native = "priority" if tc["policy"] == "priority" else "fcfs"
+    vals = [metric_value(run_scenario(sc, w, s, native, {}, tc["engine"]), cfg.objective)
+            for w in cfg.windows_s for s in cfg.seeds]
+    return {"target_policy_simulated": native, "target_objective_mean": _nanmean(vals)}
 
 
 # ----------------------------------------------------------------------------- shared pieces

@@ -126,8 +126,12 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
     from .export import export_study
 
     res = export_study(a.study, a.storage, a.target, a.out, trial=a.trial)
-    console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {res.provenance['trial']}",
-                  highlight=False)
+    pv = res.provenance
+    console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False)
+    if "target_objective_mean" in pv:
+        console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} (baseline {_f(pv['baseline_objective_mean'])}); "
+                      f"this file alone ({pv['target_policy_simulated']} + its engine settings), simulated on the "
+                      f"study's windows and seeds: {_f(pv['target_objective_mean'])}", highlight=False)
     if res.unexpressible:
         console.print(f"{len(res.unexpressible)} parameter(s) {a.target} cannot express (also listed in the file):",
                       highlight=False)

@@ -75,6 +75,14 @@ def test_vllm_values_follow_the_tuned_trial(study, tmp_path):
     assert res.config["max-num-seqs"] == t.params["engine.max_num_seqs"]
     assert res.config["long-prefill-token-threshold"] == t.params["engine.long_prefill_token_threshold"]
     assert res.config["scheduling-policy"] == "fcfs"
+    # what the file alone achieves: FCFS with the trial's engine settings, on the study's runs
+    from kvsched.experiments.tune import metric_value, run_scenario
+    from test_tune import small_scenario
+    pol, eng = {}, {k[len("engine."):]: v for k, v in t.params.items() if k.startswith("engine.")}
+    want = metric_value(run_scenario(small_scenario(), (0.0, 12.0), 0, "fcfs", pol, eng), MetricRef.parse("goodput_rps"))
+    assert res.provenance["target_policy_simulated"] == "fcfs"
+    assert res.provenance["target_objective_mean"] == want
+    assert "target_objective_mean" in (tmp_path / "v.yaml").read_text()
 
 
 def test_a_renamed_flag_fails(monkeypatch):
