@@ -28,7 +28,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--storage", help="journal:PATH, PATH.journal, sqlite:///FILE or postgresql://... "
                                      "(default: in memory)")
     t.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
-    t.add_argument("--windows", type=int, default=3, help="trace windows per trial (default 3)")
+    t.add_argument("--windows", type=int, default=3,
+                   help="windows per trial, spread evenly over the scenario's arrivals (default 3; unlike "
+                        "compare --windows they need not cover the whole workload)")
     t.add_argument("--window-s", type=float, default=60.0, help="length of each window, s (default 60)")
     t.add_argument("--seeds", type=int, default=2, help="seeds per window: scenario seed, +1, ... (default 2)")
     t.add_argument("--holdout-seeds", type=int, default=0,
@@ -103,7 +105,7 @@ def report_table(rep: dict) -> Table:
     t.add_row("objective mean ± std", f"{_f(b.get('objective_mean'))} ± {_f(b.get('objective_std'))}",
               f"{_f(x.get('objective_mean'))} ± {_f(x.get('objective_std'))}")
     for c in rep["constraints"]:
-        t.add_row(c, _f((b.get("constraints") or {}).get(c)), _f((x.get("constraints") or {}).get(c)))
+        t.add_row(f"{c} (mean value)", _f((b.get("constraints") or {}).get(c)), _f((x.get("constraints") or {}).get(c)))
     for k in (b.get("params") or x.get("params") or {}):
         t.add_row(k, str(_p((b.get("params") or {}).get(k))), str(_p((x.get("params") or {}).get(k))))
     if "verdict" in rep:

@@ -217,3 +217,18 @@ def test_other_samplers_run_with_engine_knobs_and_constraints(sampler):
     assert len(done) == 3
     assert done[0].params["engine.max_num_batched_tokens"] == 8192  # the scenario's vLLM default, as baseline
     assert len({t.params["engine.max_num_batched_tokens"] for t in done}) > 1  # the sampler varied it
+
+
+def test_windows_spread_over_the_arrivals():
+    from kvsched.experiments.tune import even_windows
+
+    sc = small_scenario()
+    span = float(sc.workload().arrival_s[-1])
+    ws = even_windows(sc, 3, 10.0)
+    assert len(ws) == 3 and ws[0] == (0.0, 10.0)
+    assert ws[-1][1] == pytest.approx(span, abs=1e-5) and ws[1][0] == pytest.approx((span - 10.0) / 2, abs=1e-5)
+    assert even_windows(sc, 1, 5.0) == ((0.0, 5.0),)
+    with pytest.raises(ConfigError, match="longer than"):
+        even_windows(sc, 2, span + 1.0)
+    with pytest.raises(ConfigError, match="--windows"):
+        even_windows(sc, 0, 5.0)
