@@ -1,7 +1,8 @@
 """Reference schedulers and routers from the literature.
 
 Importing this package registers the built-in policies; build one with
-:func:`kvsched.policies.base.make_policy`.
+:func:`kvsched.policies.base.make_policy`, a cluster router with
+:func:`kvsched.policies.routing.make_router`.
 """
 
 from . import ewsjf  # noqa: F401  (registers "ewsjf")
@@ -9,6 +10,7 @@ from . import fcfs  # noqa: F401  (registers "fcfs")
 from . import lars  # noqa: F401  (registers "lars")
 from . import nonpreemptive  # noqa: F401  (registers "nonpreemptive")
 from . import priority  # noqa: F401  (registers "priority")
+from . import routing  # noqa: F401  (registers the cluster routers: make_router)
 from . import sarathi  # noqa: F401  (registers "sarathi")
 from .base import PolicyParams, SchedulerPolicy, make_policy, policy_names
 

@@ -139,6 +139,7 @@ class Instance:
         self.busy = False
         self.schedule_pending = False
         self.pending_events: list[tuple[float, str, RequestState]] = []
+        self.shared_kv = None  # the cluster KV tier (kvsched.envs.sim.shared_kv), set by the cluster
         # plan of the step or stretch in flight
         self._plan: list[tuple[RequestState, int]] = []
         self._stretch_ends: np.ndarray | None = None
@@ -507,6 +508,8 @@ class Instance:
         if st.n_cacheable_segments and hbm.prefix_caching:
             max_seg = min(st.n_cacheable_segments, (total_tokens - 1) // st.seg_tokens)
             hit = hbm.cached_prefix_segments(st.hashes, max_seg)
+            if self.shared_kv is not None and self.shared_kv.try_fetch_admit(self, st, hit, max_seg, now):
+                return _ADMITTED  # the rest of the prefix comes from the cluster KV tier
         hit_tokens = hit * st.seg_tokens
         to_compute = total_tokens - hit_tokens
         st_computed = st.computed
@@ -749,7 +752,7 @@ class Instance:
                 st.computed += n
                 # register newly completed prefix segments in the prefix cache
                 if st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
-                    self._register_segments(st)
+                    self._register_segments(st, now)
                 if st.computed == st.prompt_tokens + st.generated:
                     st.generated += 1
                     if st.generated == 1:
@@ -776,7 +779,7 @@ class Instance:
         if self.options.check_invariants:
             self.check()
 
-    def _register_segments(self, st: RequestState) -> None:
+    def _register_segments(self, st: RequestState, now: float) -> None:
         seg_blocks = st.seg_tokens // self.bs
         while st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
             h = st.hashes[st.next_seg]
@@ -784,6 +787,8 @@ class Instance:
                 st.private_blocks -= seg_blocks
                 st.shared.append(h)
                 st.shared_blocks += seg_blocks
+                if self.shared_kv is not None:  # write-through to the cluster KV tier
+                    self.shared_kv.publish(self, h, seg_blocks, st.rid, now)
             st.next_seg += 1
 
     # ---------------------------------------------------------------------------- invariants

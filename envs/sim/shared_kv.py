@@ -1,0 +1,346 @@
+"""Cluster KV tier: an NVMe-backed KV pool shared by all instances over a network link.
+
+Mechanism (REFERENCE.md §9.2, NVIDIA CMX: cluster-level NVMe KV offload reached over the
+network; the same role as Mooncake Store or LMCache's remote backend):
+
+- **Contents.** Prefix segments (one trace hash block, ``hash_block_tokens`` tokens, the unit
+  of the instances' prefix caches; :mod:`kvsched.envs.sim.kv_cache`) keyed by their chained
+  prefix key, so a segment found in the pool is valid only after the same prefix.
+- **Write policy: write-through on prefill.** When an instance finishes computing a prompt
+  segment and registers it in its HBM prefix cache, it also publishes it to the pool: an
+  asynchronous copy out over the instance's network link, then into the pool's NVMe write
+  queue (SGLang HiCache's ``write_through`` policy and LMCache's store-after-prefill, REFERENCE
+  §5.4; the copy runs behind compute and never stalls a step). A segment becomes fetchable only
+  when its write has landed. Segments already in the pool (or on their way) are not written
+  again (content-addressed deduplication, as Mooncake Store and LMCache do).
+- **Capacity and eviction.** ``capacity_bytes`` holds ``floor(capacity_bytes / kv_bytes_per_block)``
+  KV blocks. A write that does not fit evicts least-recently-used segments (a fetch or a
+  repeated publish refreshes a segment); a segment larger than the whole pool is not written.
+  Invariant (:meth:`SharedKVPool.check`): ``free_blocks + used_blocks == capacity_blocks`` and
+  ``used_blocks`` equals the blocks of the stored segments.
+- **Fetch vs recompute.** When an instance admits a request whose prompt continues past what
+  its own HBM prefix cache holds, and the pool holds the next ``f`` segments, the instance
+  compares (``fetch_policy="cost"``) the predicted fetch time -- pool NVMe read, then the
+  network link into the instance, each ``latency + bytes / bandwidth`` and queued behind the
+  transfers already on them -- with the predicted recompute time of those ``f * seg`` tokens
+  after the ``p`` cached ones: their linear-layer and attention FLOPs at the GPU's effective
+  peak, ``(2 P_m n + A n (p + n/2)) / (F * mfu_max)`` plus the TP all-reduce of ``n`` tokens
+  (REFERENCE §5.3-5.4; the weights are read once per step whatever the batch, so they are not
+  charged to the recompute). The cheaper one wins. A fetch allocates the HBM blocks, the
+  request waits (admitted, not runnable) until the copy lands in HBM (GPUDirect RDMA: no PCIe
+  hop is charged), then prefills the rest; the fetched segments join the instance's prefix
+  cache at its next step. ``fetch_policy="always"`` fetches whatever is available,
+  ``"never"`` only fills the pool (ablation).
+- **Accounting.** Fetched tokens are *shared-tier hits*, counted apart from the instance's
+  own prefix-cache hits. Like those, they count only at a request's first admission and only
+  for segments another request wrote: a preempted request fetching its own work back is not a
+  hit. Counters: bytes and segments fetched and written, hit tokens, fetch and recompute
+  decisions, evictions.
+
+Links (defaults): network ``cmx-400g``, 50 GB/s and 10 µs per operation (400 Gb/s per node,
+the low end of REFERENCE §9.2's 400-800 Gb/s [mem]; the per-operation latency is an RDMA
+round trip [inferred]); pool NVMe read / write: the NVMe Gen4 presets (6 / 4 GB/s, 80 µs,
+REFERENCE §5.2) -- a pool of one drive; give inline :class:`LinkSpec` values for a striped pool.
+With these defaults a fetch costs about 24 µs per Llama-3.1-8B token against 19 µs plus the
+attention term to recompute it, so short prefixes are recomputed and prefixes beyond roughly
+17k tokens fetched (REFERENCE §5.4: "about break-even with recompute for short contexts and
+much better for long ones").
+
+Limits: one network link per instance whatever its TP degree; the pool's NVMe read and write
+queues are shared by the cluster; reads are charged when reserved (a segment evicted while a
+fetch of it is queued is still delivered); all instances must share the model, KV dtype and
+block size (KV is only reusable between identical models).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .errors import ConfigError, require
+from .kv_cache import LinkQueue
+from .request import RUNNING, RequestState
+from .specs import LINK_PRESETS, LinkSpec, get_link
+
+#: Instance event kind for a finished shared-tier fetch (handled by the cluster).
+FETCH_EVENT = "shared_fetch"
+FETCH_POLICIES: tuple[str, ...] = ("cost", "always", "never")
+CMX_400G = LinkSpec("cmx-400g", 50e9, 10e-6)
+"""400 Gb/s network link per node (REFERENCE §9.2, 400-800 Gb/s [mem]); 10 µs per operation [inferred]."""
+
+
+@dataclass(frozen=True)
+class SharedKVSpec:
+    """The cluster KV tier (see the module docstring).
+
+    Attributes:
+        capacity_bytes: KV bytes the pool holds (> 0; whole-model KV, all TP ranks).
+        network: link between each instance and the pool (one per instance, each direction).
+        pool_read, pool_write: the pool's NVMe read and write bandwidth (shared by the cluster).
+        fetch_policy: "cost" (fetch when predicted cheaper than recompute), "always" or "never".
+
+    Raises:
+        ConfigError: a non-positive or non-finite capacity, a link that is not a LinkSpec, an
+            unknown fetch policy.
+    """
+
+    capacity_bytes: float
+    network: LinkSpec = CMX_400G
+    pool_read: LinkSpec = LINK_PRESETS["nvme_gen4_read"]
+    pool_write: LinkSpec = LINK_PRESETS["nvme_gen4_write"]
+    fetch_policy: str = "cost"
+
+    def __post_init__(self) -> None:
+        c = self.capacity_bytes
+        require(not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) and c > 0,
+                "SharedKVSpec.capacity_bytes", c, "a finite number of bytes > 0")
+        for name in ("network", "pool_read", "pool_write"):
+            require(isinstance(getattr(self, name), LinkSpec), f"SharedKVSpec.{name}", getattr(self, name),
+                    "a LinkSpec (or, in a scenario, a link preset name or an inline mapping)")
+        require(self.fetch_policy in FETCH_POLICIES, "SharedKVSpec.fetch_policy", self.fetch_policy,
+                f"one of {', '.join(FETCH_POLICIES)}")
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], source: str = "shared_kv") -> "SharedKVSpec":
+        """Build from a mapping (scenario YAML): links as preset names or inline LinkSpec fields.
+
+        Raises:
+            ConfigError: not a mapping, unknown or missing keys, invalid values.
+        """
+        from .specs import _as_float, _preset_or_inline
+
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source} must be a mapping of SharedKVSpec fields, got {type(d).__name__}")
+        allowed = ("capacity_bytes", "network", "pool_read", "pool_write", "fetch_policy")
+        unknown = [k for k in d if k not in allowed]
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
+        if "capacity_bytes" not in d:
+            raise ConfigError(f"{source}: missing key 'capacity_bytes'")
+        kw: dict[str, Any] = {"capacity_bytes": _as_float(d["capacity_bytes"], f"{source}.capacity_bytes")}
+        for key in ("network", "pool_read", "pool_write"):
+            if key in d:
+                kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}.{key}")
+        if "fetch_policy" in d:
+            kw["fetch_policy"] = d["fetch_policy"]
+        try:
+            return SharedKVSpec(**kw)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+
+@dataclass(slots=True)
+class _Entry:
+    n_blocks: int
+    ready_s: float
+    creator_id: int
+
+
+class SharedKVPool:
+    """The shared pool of one cluster run (state, link queues, counters).
+
+    Args:
+        spec: the tier's configuration.
+        instances: the cluster's instances (same model, KV dtype, block size, prefix caching on).
+
+    Raises:
+        ConfigError: instances that cannot share KV, prefix caching off, or a pool smaller than
+            one KV block.
+    """
+
+    def __init__(self, spec: SharedKVSpec, instances: Sequence) -> None:
+        first = instances[0].spec
+        for inst in instances:
+            s = inst.spec
+            if (s.model, s.kv_dtype_bytes, s.block_size_tokens) != (first.model, first.kv_dtype_bytes,
+                                                                  first.block_size_tokens):
+                raise ConfigError(
+                    f"shared_kv: instance {inst.instance_id} ({s.model.name}, kv {s.kv_dtype_bytes} B, block "
+                    f"{s.block_size_tokens}) cannot share KV with instance 0 ({first.model.name}, kv "
+                    f"{first.kv_dtype_bytes} B, block {first.block_size_tokens}): every instance must serve the "
+                    "same model with the same KV dtype and block size")
+            if not s.enable_prefix_caching:
+                raise ConfigError(f"shared_kv needs enable_prefix_caching=True on every instance "
+                                  f"(instance {inst.instance_id} has it off)")
+        self.spec = spec
+        self.block_bytes = int(round(first.kv_bytes_per_block))
+        self.capacity_blocks = int(spec.capacity_bytes // self.block_bytes)
+        if self.capacity_blocks < 1:
+            raise ConfigError(f"shared_kv.capacity_bytes={spec.capacity_bytes!r} holds no KV block "
+                              f"({self.block_bytes} bytes each); expected >= {self.block_bytes}")
+        self.free_blocks = self.capacity_blocks
+        self.used_blocks = 0
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU first
+        n = len(instances)
+        self.net_in = [LinkQueue(f"shared_net_in_{i}") for i in range(n)]
+        self.net_out = [LinkQueue(f"shared_net_out_{i}") for i in range(n)]
+        self.pool_read = LinkQueue("shared_pool_read")
+        self.pool_write = LinkQueue("shared_pool_write")
+        # counters
+        self.fetches = 0
+        self.fetched_segments = 0
+        self.bytes_fetched = 0
+        self.hit_tokens = 0
+        self.self_hit_tokens = 0
+        self.recompute_chosen = 0
+        self.writes = 0
+        self.bytes_written = 0
+        self.evicted_segments = 0
+        self.skipped_writes = 0
+
+    # ------------------------------------------------------------------------------ queries
+    def cached_prefix_segments(self, keys: Sequence[int], limit: int, now_s: float = math.inf) -> int:
+        """Leading run of ``keys[:limit]`` stored in the pool and written by ``now_s``."""
+        n = 0
+        entries = self._entries
+        for k in keys[:limit]:
+            e = entries.get(k)
+            if e is None or e.ready_s > now_s:
+                break
+            n += 1
+        return n
+
+    def busy_until_s(self, instance_id: int) -> float:
+        """When the links a fetch into ``instance_id`` would use are free."""
+        a, b = self.net_in[instance_id].busy_until_s, self.pool_read.busy_until_s
+        return a if a > b else b
+
+    def check(self) -> None:
+        """Assert block conservation of the pool."""
+        held = sum(e.n_blocks for e in self._entries.values())
+        if self.free_blocks + self.used_blocks != self.capacity_blocks or held != self.used_blocks \
+                or min(self.free_blocks, self.used_blocks) < 0:
+            raise AssertionError(f"shared_kv: free {self.free_blocks} + used {self.used_blocks} != capacity "
+                                 f"{self.capacity_blocks} or stored segments hold {held}")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the run summary (bytes, segments, tokens; JSON-ready)."""
+        return {
+            "capacity_blocks": self.capacity_blocks, "used_blocks": self.used_blocks,
+            "fetches": self.fetches, "fetched_segments": self.fetched_segments,
+            "bytes_fetched": self.bytes_fetched, "hit_tokens": self.hit_tokens,
+            "self_hit_tokens": self.self_hit_tokens, "recompute_chosen": self.recompute_chosen,
+            "writes": self.writes, "bytes_written": self.bytes_written,
+            "evicted_segments": self.evicted_segments, "skipped_writes": self.skipped_writes,
+            "fetch_policy": self.spec.fetch_policy,
+        }
+
+    # ------------------------------------------------------------------------------ writes
+    def publish(self, inst, key: int, n_blocks: int, creator_id: int, now_s: float) -> None:
+        """Write-through of a segment ``inst`` just computed (no-op when already stored)."""
+        e = self._entries.get(key)
+        if e is not None:
+            self._entries.move_to_end(key)
+            return
+        if n_blocks > self.capacity_blocks:
+            self.skipped_writes += 1
+            return
+        while self.free_blocks < n_blocks:
+            _, old = self._entries.popitem(last=False)
+            self.free_blocks += old.n_blocks
+            self.used_blocks -= old.n_blocks
+            self.evicted_segments += 1
+        nbytes = n_blocks * self.block_bytes
+        spec = self.spec
+        _, out_end = self.net_out[inst.instance_id].reserve(now_s, float(spec.network.transfer_time_s(nbytes)), nbytes)
+        _, ready = self.pool_write.reserve(out_end, float(spec.pool_write.transfer_time_s(nbytes)), nbytes)
+        self._entries[key] = _Entry(n_blocks, ready, creator_id)
+        self.free_blocks -= n_blocks
+        self.used_blocks += n_blocks
+        self.writes += 1
+        self.bytes_written += nbytes
+
+    # ------------------------------------------------------------------------------ fetches
+    def fetch_time_s(self, instance_id: int, n_bytes: int, now_s: float) -> float:
+        """Predicted seconds from ``now_s`` until ``n_bytes`` from the pool land in the instance's HBM."""
+        spec = self.spec
+        start = max(now_s, self.pool_read.busy_until_s)
+        t1 = start + float(spec.pool_read.transfer_time_s(n_bytes))
+        t2 = max(t1, self.net_in[instance_id].busy_until_s) + float(spec.network.transfer_time_s(n_bytes))
+        return t2 - now_s
+
+    @staticmethod
+    def recompute_time_s(cost, cached_tokens: int, n_tokens: int) -> float:
+        """Predicted compute seconds of ``n_tokens`` prompt tokens after ``cached_tokens`` (see module doc)."""
+        spec = cost.spec
+        pairs = n_tokens * (cached_tokens + n_tokens / 2.0)
+        flops = 2.0 * cost.matmul_params_per_gpu * n_tokens + cost.attn_flops_per_pair_per_gpu * pairs
+        t = flops / (cost.peak_flops_per_s * spec.cost.mfu_max)
+        if spec.tp > 1:
+            m = spec.model
+            ring = 2.0 * (spec.tp - 1) / spec.tp
+            t += (2.0 * m.n_layers * ring * m.hidden_size * 2.0 * n_tokens
+                  / (spec.gpu.nvlink_bytes_per_s * spec.cost.allreduce_bw_efficiency))
+        return t
+
+    def try_fetch_admit(self, inst, st: RequestState, hit: int, max_seg: int, now_s: float) -> bool:
+        """Admit ``st`` on ``inst`` with the segments after its ``hit`` local ones fetched from the pool.
+
+        Called by :meth:`Instance._try_admit` after the local prefix lookup (``hit`` leading
+        segments in HBM, at most ``max_seg`` usable). Returns ``True`` when the request was
+        admitted with a fetch (it holds its blocks and waits for the copy), ``False`` when the
+        instance should admit it the usual way (nothing to fetch, recompute is cheaper, or no
+        room for the fetched blocks).
+        """
+        if hit >= max_seg or self.spec.fetch_policy == "never":
+            return False
+        f = self.cached_prefix_segments(st.hashes[hit:], max_seg - hit, now_s)
+        if f == 0:
+            return False
+        seg = st.seg_tokens
+        seg_blocks = seg // inst.bs
+        need = f * seg_blocks
+        nbytes = need * self.block_bytes
+        if self.spec.fetch_policy == "cost":
+            fetch_s = self.fetch_time_s(inst.instance_id, nbytes, now_s)
+            if fetch_s >= self.recompute_time_s(inst.cost, hit * seg, f * seg):
+                self.recompute_chosen += 1
+                return False
+        hbm = inst.hbm
+        hit_hashes = st.hashes[:hit]
+        evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
+        if need > hbm.available_blocks - evictable_hit:
+            return False
+        first_admission = st.admissions == 0
+        for h in hit_hashes:  # the local hits, counted as the instance counts them
+            creator = hbm.segments[h].creator_id
+            hbm.acquire_segment(h)
+            if first_admission and creator != st.rid:
+                st.prefix_hit_tokens += seg
+            else:
+                st.self_hit_tokens += seg
+        for h in st.hashes[hit:hit + f]:
+            e = self._entries[h]
+            self._entries.move_to_end(h)
+            if first_admission and e.creator_id != st.rid:
+                self.hit_tokens += seg
+            else:
+                self.self_hit_tokens += seg
+        ok = hbm.allocate(need)
+        assert ok, "shared_kv: fetch allocation failed after the availability check"
+        pool_t = float(self.spec.pool_read.transfer_time_s(nbytes))
+        _, t1 = self.pool_read.reserve(now_s, pool_t, nbytes)
+        _, ready = self.net_in[inst.instance_id].reserve(t1, float(self.spec.network.transfer_time_s(nbytes)), nbytes)
+        self.fetches += 1
+        self.fetched_segments += f
+        self.bytes_fetched += nbytes
+        covered = (hit + f) * seg
+        st.shared = list(hit_hashes)
+        st.shared_blocks = hit * seg_blocks
+        st.private_blocks = need
+        st.next_seg = hit  # the fetched segments join the prefix cache at the request's next step
+        st.computed = covered
+        st.tier = "hbm"
+        if st.lost_tokens:
+            st.recomputed_tokens += max(0, st.lost_tokens - covered)
+            st.lost_tokens = 0
+        if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
+            st.first_scheduled_s = now_s
+        st.admissions += 1
+        st.status = RUNNING
+        st.ready_s = ready
+        inst.running.append(st)
+        inst.pending_events.append((ready, FETCH_EVENT, st))
+        return True

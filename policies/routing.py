@@ -1,0 +1,445 @@
+"""Cluster routers: which instance an arriving request goes to, from a :class:`RouterTable`.
+
+The interface is one method: ``route(table) -> row`` (an index into the table's instance rows;
+:mod:`kvsched.envs.sim.routing` lists the columns). ``bind(n_instances, seed)`` is called once
+before the first request. A router sees the arriving request's prompt length, session id and
+prefix-block keys, never its output length, and the instances' state possibly ``delay_s`` old.
+
+Registered routers (``make_router(name, params)``; ``kvsched simulate --router NAME``):
+
+================== ==========================================================================
+``round-robin``    instances in turn (alias ``rr``)
+``least-loaded``   least ``(queue + running) / max_num_seqs + KV utilisation``
+``session-affinity`` a session stays on its instance while it lives; new sessions least-loaded
+``cache-affinity`` longest cached prefix, with SGLang's load guard (switches to least-loaded
+                   when the cluster is imbalanced or the match is short)
+``prefix``         pure prefix matching: longest cached prefix whatever the load
+``llm-d``          llm-d's weighted scorer: queue 2, KV-cache utilisation 2, prefix 3
+``dynamo``         NVIDIA Dynamo's KV-router cost: overlap weight x prefill blocks + decode blocks
+================== ==========================================================================
+
+Ties (several instances with the best score) are broken by rotation: the k-th tied decision
+takes the (k mod m)-th of the m tied rows, so an idle cluster is filled evenly and the choice
+stays deterministic. Parameters are frozen dataclasses validated at construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import numpy as np
+
+from kvsched.envs.sim.errors import ConfigError, UnknownPresetError, require
+from kvsched.envs.sim.routing import RouterTable
+
+
+def _real(owner: str, name: str, v: object, ok: Callable[[float], bool], allowed: str) -> None:
+    require(not isinstance(v, bool) and isinstance(v, (int, float)) and not math.isnan(v) and ok(float(v)),
+            f"{owner}.{name}", v, allowed)
+
+
+@dataclass(frozen=True)
+class RouterParams:
+    """Base of every router's frozen parameter dataclass (no common parameters)."""
+
+
+class Router:
+    """Base class: ``route(table)`` returns the row of the chosen instance."""
+
+    name = "base"
+    params_cls: type = RouterParams
+
+    def __init__(self, params: RouterParams | None = None) -> None:
+        self.params = params if params is not None else self.params_cls()
+        self.n_instances = 0
+        self._tie = 0
+
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        """Called once by the cluster before the first request."""
+        self.n_instances = int(n_instances)
+
+    def route(self, table: RouterTable) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _pick(self, best_mask: np.ndarray) -> int:
+        rows = np.flatnonzero(best_mask)
+        r = int(rows[self._tie % len(rows)])
+        self._tie += 1
+        return r
+
+    def _argmin(self, values: np.ndarray) -> int:
+        return self._pick(values <= values.min())
+
+    def _argmax(self, values: np.ndarray) -> int:
+        return self._pick(values >= values.max())
+
+
+_REGISTRY: dict[str, type] = {}
+_ALIASES = {"rr": "round-robin"}
+
+
+def register_router(name: str) -> Callable[[type], type]:
+    """Class decorator adding a router to the registry under ``name``."""
+
+    def deco(cls: type) -> type:
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
+    """Instantiate the registered router ``name`` (``params`` as its dataclass or a dict).
+
+    Raises:
+        UnknownPresetError: unknown name (the message lists the known ones).
+        ConfigError: unknown parameter names or invalid values.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"router={name!r} is not allowed: expected a router name ({', '.join(router_names())})")
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
+        raise UnknownPresetError(f"unknown router {name!r}; known: {', '.join(router_names())}")
+    cls = _REGISTRY[key]
+    if params is None or isinstance(params, dict):
+        given = dict(params or {})
+        allowed = {f.name for f in fields(cls.params_cls)}
+        unknown = sorted(set(given) - allowed)
+        if unknown:
+            raise ConfigError(f"router {name!r}: unknown parameters {unknown}; allowed: {sorted(allowed)}")
+        try:
+            params = cls.params_cls(**given)
+        except TypeError as e:
+            raise ConfigError(f"router {name!r}: {e}") from None
+    elif not isinstance(params, cls.params_cls):
+        raise ConfigError(f"router {name!r}: params must be a {cls.params_cls.__name__} or a dict, "
+                          f"got {type(params).__name__}")
+    return cls(params)
+
+
+def router_names() -> list[str]:
+    """Registered router names (aliases not included)."""
+    return sorted(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------ round-robin
+@register_router("round-robin")
+class RoundRobin(Router):
+    """Instances in turn, ignoring their state (vLLM production-stack ``roundrobin``; the
+    cluster's previous default)."""
+
+    def route(self, table: RouterTable) -> int:
+        i = self._tie % len(table)
+        self._tie += 1
+        return i
+
+
+# ----------------------------------------------------------------------------- least-loaded
+@dataclass(frozen=True)
+class LeastLoadedParams(RouterParams):
+    """Weights of the load terms (both >= 0, not both 0).
+
+    Attributes:
+        queue_weight: weight of ``(queue_len + running) / max_num_seqs`` (requests per batch slot).
+        kv_weight: weight of ``kv_utilization`` (fraction of HBM KV blocks in use).
+    """
+
+    queue_weight: float = 1.0
+    kv_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for n in ("queue_weight", "kv_weight"):
+            _real("LeastLoadedParams", n, getattr(self, n), lambda x: 0 <= x < math.inf, "a finite number >= 0")
+        require(self.queue_weight + self.kv_weight > 0, "LeastLoadedParams.queue_weight", self.queue_weight,
+                "a positive weight for at least one of queue_weight and kv_weight")
+
+
+def _load(table: RouterTable, queue_weight: float = 1.0, kv_weight: float = 1.0) -> np.ndarray:
+    return (queue_weight * (table.queue_len + table.running) / np.maximum(table.max_num_seqs, 1)
+            + kv_weight * table.kv_utilization)
+
+
+@register_router("least-loaded")
+class LeastLoaded(Router):
+    """Least ``queue_weight * (queue + running) / max_num_seqs + kv_weight * KV utilisation``.
+
+    The two load signals of llm-d's ``queue-scorer`` and ``kv-cache-utilization-scorer`` with
+    equal weights and no prefix term (REFERENCE.md §4.3); requests are counted per batch slot so
+    heterogeneous instances compare fairly (kvsched's normalisation).
+    """
+
+    params_cls = LeastLoadedParams
+
+    def route(self, table: RouterTable) -> int:
+        p = self.params
+        return self._argmin(_load(table, p.queue_weight, p.kv_weight))
+
+
+# ------------------------------------------------------------------------- session affinity
+@dataclass(frozen=True)
+class SessionAffinityParams(RouterParams):
+    """Attributes:
+        ttl_s: a session lives until ``ttl_s`` seconds pass without a request of it, 10800 s
+            (Kubernetes Service ``sessionAffinityConfig.clientIP.timeoutSeconds`` default).
+        derive_sessions: when the trace has no session ids (Mooncake, Azure: ``session_id`` -1),
+            derive them from prefix keys (see :class:`SessionAffinity`).
+        min_shared_blocks: prefix blocks a request must share with an earlier one to continue
+            its session (>= 1).
+    """
+
+    ttl_s: float = 10800.0
+    derive_sessions: bool = True
+    min_shared_blocks: int = 1
+
+    def __post_init__(self) -> None:
+        _real("SessionAffinityParams", "ttl_s", self.ttl_s, lambda x: x > 0, "a number of seconds > 0 (inf allowed)")
+        require(isinstance(self.derive_sessions, bool), "SessionAffinityParams.derive_sessions",
+                self.derive_sessions, "true or false")
+        require(not isinstance(self.min_shared_blocks, bool) and isinstance(self.min_shared_blocks, int)
+                and self.min_shared_blocks >= 1, "SessionAffinityParams.min_shared_blocks",
+                self.min_shared_blocks, "an integer >= 1")
+
+
+@register_router("session-affinity")
+class SessionAffinity(Router):
+    """Same session to the same instance while the session lives; new sessions least-loaded.
+
+    Sticky sessions as load balancers implement them (Kubernetes ``sessionAffinity``, vLLM
+    production-stack ``session`` routing by a session header); the session's earlier turns then
+    stay in that instance's prefix cache.
+
+    **Sessions.** The trace's ``session_id`` when it has one (synthetic workloads). Mooncake and
+    Azure traces carry none. For Mooncake they are derived online from the prefix keys a router
+    sees: a conversation's next prompt repeats the previous prompt (plus the answer and a new
+    question), so its chained prefix keys start with the previous prompt's full-block keys. A
+    request continues the session of the earlier request whose full-block key chain is the
+    longest prefix of its own (at least ``min_shared_blocks`` blocks), but only if that earlier
+    request is still the latest of its session: a second request extending the same turn (a
+    shared system prompt or a regenerated answer) starts a new session, so a common system
+    prompt does not merge unrelated users into one session. Prompts shorter than one prefix
+    block (and every Azure request, which has no prefix keys) get no session and are routed
+    least-loaded.
+    """
+
+    params_cls = SessionAffinityParams
+
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        super().bind(n_instances, seed)
+        self._where: dict[tuple[int, int], tuple[int, float]] = {}  # session -> (row, last request s)
+        self._key_session: dict[int, int] = {}                      # full-block prefix key -> derived session
+        self._tip: dict[int, int] = {}                              # derived session -> key of its latest request
+        self._next_derived = 0
+        self._fallback = LeastLoaded()
+        self.derived_sessions = 0
+        self.continued = 0
+
+    def _session(self, table: RouterTable) -> tuple[int, int] | None:
+        if table.session_id >= 0:
+            return (0, table.session_id)
+        p = self.params
+        nb = table.prefix_blocks
+        if not p.derive_sessions or nb == 0:
+            return None
+        keys = table.prefix_keys
+        sid = -1
+        for j in range(nb, p.min_shared_blocks - 1, -1):
+            s = self._key_session.get(keys[j - 1])
+            if s is not None:
+                if self._tip.get(s) == keys[j - 1]:
+                    sid = s
+                    self.continued += 1
+                break
+        if sid < 0:
+            sid = self._next_derived
+            self._next_derived += 1
+            self.derived_sessions += 1
+        own = keys[nb - 1]
+        self._key_session.setdefault(own, sid)
+        self._tip[sid] = own
+        return (1, sid)
+
+    def route(self, table: RouterTable) -> int:
+        key = self._session(table)
+        now = table.now_s
+        if key is not None:
+            hit = self._where.get(key)
+            if hit is not None and now - hit[1] <= self.params.ttl_s:
+                self._where[key] = (hit[0], now)
+                return hit[0]
+        row = self._fallback.route(table)
+        if key is not None:
+            self._where[key] = (row, now)
+        return row
+
+
+# --------------------------------------------------------------------------- cache affinity
+@dataclass(frozen=True)
+class CacheAffinityParams(RouterParams):
+    """SGLang Model Gateway ``cache_aware`` policy parameters (docs: concepts/routing/cache-aware).
+
+    Attributes:
+        cache_threshold: route to the longest-prefix instance only when the matched share of the
+            prompt is above this, in [0, 1); default 0.3 (SMG ``--cache-threshold``).
+        balance_abs_threshold: the cluster is imbalanced when ``max_load - min_load`` exceeds
+            this (load = queued + running requests); default 64 (SMG ``--balance-abs-threshold``).
+        balance_rel_threshold: ... and ``max_load > balance_rel_threshold * min_load``; default
+            1.5 (SMG ``--balance-rel-threshold``). When imbalanced, route least-loaded.
+    """
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: float = 64.0
+    balance_rel_threshold: float = 1.5
+
+    def __post_init__(self) -> None:
+        o = type(self).__name__
+        _real(o, "cache_threshold", self.cache_threshold, lambda x: 0 <= x < 1, "a number in [0, 1)")
+        _real(o, "balance_abs_threshold", self.balance_abs_threshold, lambda x: x >= 0, "a number >= 0 (inf: no guard)")
+        _real(o, "balance_rel_threshold", self.balance_rel_threshold, lambda x: x >= 1, "a number >= 1 (inf: no guard)")
+
+
+@register_router("cache-affinity")
+class CacheAffinity(Router):
+    """The instance holding the longest prefix of the request's block keys, with a load guard.
+
+    SGLang Model Gateway (sgl-router) ``cache_aware``: when the cluster is imbalanced (both
+    thresholds exceeded), least loaded; otherwise the longest cached prefix if its share of the
+    prompt exceeds ``cache_threshold`` (ties: the less loaded), else the least loaded instance.
+    Load is queued + running requests, as SMG counts active requests per worker. Prefix
+    matches come from the instances' HBM prefix caches (exact, as SMG's mirrored radix tree).
+    """
+
+    params_cls = CacheAffinityParams
+
+    def route(self, table: RouterTable) -> int:
+        p = self.params
+        load = (table.queue_len + table.running).astype(np.float64)
+        lo, hi = float(load.min()), float(load.max())
+        if hi - lo > p.balance_abs_threshold and hi > p.balance_rel_threshold * lo:
+            return self._argmin(load)
+        overlap = table.prefix_overlap_segments
+        best = int(overlap.max())
+        if best > 0 and best * table.prefix_block_tokens > p.cache_threshold * table.prompt_tokens:
+            cand = overlap == best
+            masked = np.where(cand, load, np.inf)
+            return self._pick(masked <= masked.min())
+        return self._argmin(load)
+
+
+@dataclass(frozen=True)
+class PrefixParams(CacheAffinityParams):
+    """Pure prefix matching: no match threshold, no load guard (see :class:`CacheAffinityParams`)."""
+
+    cache_threshold: float = 0.0
+    balance_abs_threshold: float = math.inf
+    balance_rel_threshold: float = math.inf
+
+
+@register_router("prefix")
+class PurePrefix(CacheAffinity):
+    """Longest cached prefix whatever the load (least loaded only when nothing matches): the
+    llm-d blog's "prefix-only" baseline (REFERENCE.md §4.3)."""
+
+    params_cls = PrefixParams
+
+
+# ----------------------------------------------------------------------------------- llm-d
+@dataclass(frozen=True)
+class LlmdParams(RouterParams):
+    """Scorer weights of llm-d's default ``EndpointPickerConfig`` (REFERENCE.md §4.3).
+
+    Attributes:
+        queue_weight: ``queue-scorer``, 2.
+        kv_cache_weight: ``kv-cache-utilization-scorer``, 2.
+        prefix_weight: ``prefix-cache-scorer``, 3.
+    """
+
+    queue_weight: float = 2.0
+    kv_cache_weight: float = 2.0
+    prefix_weight: float = 3.0
+
+    def __post_init__(self) -> None:
+        for n in ("queue_weight", "kv_cache_weight", "prefix_weight"):
+            _real("LlmdParams", n, getattr(self, n), lambda x: 0 <= x < math.inf, "a finite number >= 0")
+
+
+@register_router("llm-d")
+class LlmdScorer(Router):
+    """llm-d inference scheduler: filter, score, pick the maximum of ``sum_s weight_s * score_s``.
+
+    Scores in [0, 1] per instance (REFERENCE.md §4.3; normalisations [mem/inferred] there):
+    queue = ``1 - (q - q_min) / (q_max - q_min)`` over the instances with ``q`` the waiting
+    queue (1 when all are equal); kv-cache = ``1 - kv_utilization``; prefix = cached prefix
+    blocks / the request's blocks.
+    """
+
+    params_cls = LlmdParams
+
+    def route(self, table: RouterTable) -> int:
+        p = self.params
+        q = table.queue_len.astype(np.float64)
+        span = q.max() - q.min()
+        queue = 1.0 - (q - q.min()) / span if span > 0 else np.ones(len(q))
+        kv = 1.0 - table.kv_utilization
+        prefix = np.clip(table.prefix_overlap_blocks / np.maximum(table.request_blocks, 1), 0.0, 1.0)
+        score = p.queue_weight * queue + p.kv_cache_weight * kv + p.prefix_weight * prefix
+        return self._argmax(score)
+
+
+# ---------------------------------------------------------------------------------- dynamo
+@dataclass(frozen=True)
+class DynamoParams(RouterParams):
+    """NVIDIA Dynamo ``KvRouterConfig::default`` (REFERENCE.md §4.3).
+
+    Attributes:
+        overlap_score_weight: weight of the prefill blocks, 1.0 (``--kv-overlap-score-weight``).
+        router_temperature: 0.0 picks the minimum cost; > 0 samples ``softmax(-logit / T)`` over
+            costs divided by their maximum (``--router-temperature``).
+        seed: seed of the sampler when the temperature is > 0 (one seeded NumPy generator).
+    """
+
+    overlap_score_weight: float = 1.0
+    router_temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _real("DynamoParams", "overlap_score_weight", self.overlap_score_weight, lambda x: 0 <= x < math.inf,
+              "a finite number >= 0")
+        _real("DynamoParams", "router_temperature", self.router_temperature, lambda x: 0 <= x < math.inf,
+              "a finite number >= 0")
+        require(not isinstance(self.seed, bool) and isinstance(self.seed, int) and self.seed >= 0,
+                "DynamoParams.seed", self.seed, "an integer >= 0")
+
+
+@register_router("dynamo")
+class DynamoKV(Router):
+    """Dynamo KV router: ``logit_w = overlap_score_weight * potential_prefill_blocks_w + decode_blocks_w``.
+
+    ``potential_prefill_blocks_w = (pending_prefill_tokens_w + ISL - overlap_blocks_w * block_size) / block_size``
+    and ``decode_blocks_w`` = the KV blocks in use on worker ``w`` (``used_blocks_hbm``); lower is
+    better (REFERENCE.md §4.3, ai-dynamo/dynamo ``KvRouterConfig::default`` and the selector).
+    """
+
+    params_cls = DynamoParams
+
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        super().bind(n_instances, seed)
+        self._rng = np.random.default_rng(self.params.seed)
+
+    def logits(self, table: RouterTable) -> np.ndarray:
+        """Cost of each instance (blocks; lower is better)."""
+        bs = table.block_size_tokens.astype(np.float64)
+        prefill = (table.pending_prefill_tokens + table.prompt_tokens - table.prefix_overlap_blocks * bs) / bs
+        return self.params.overlap_score_weight * prefill + table.used_blocks_hbm
+
+    def route(self, table: RouterTable) -> int:
+        logit = self.logits(table)
+        t = self.params.router_temperature
+        if t == 0.0:
+            return self._argmin(logit)
+        top = logit.max()
+        z = -(logit / top if top > 0 else logit) / t
+        w = np.exp(z - z.max())
+        return int(self._rng.choice(len(w), p=w / w.sum()))
