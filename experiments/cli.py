@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=int, help="tensor-parallel degree (1, 2, 4, 8)")
     s.add_argument("--policy", help="scheduler policy (default fcfs)")
     s.add_argument("--instances", type=int, help="number of instances (default 1)")
+    s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
+                                    "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
+                                    "llm-d, dynamo")
+    s.add_argument("--router-params", metavar="JSON", help='router parameters, e.g. \'{"cache_threshold": 0.5}\'')
+    s.add_argument("--router-delay", type=float, metavar="S",
+                   help="routers see instance state refreshed every S simulated seconds (default 0: live)")
     s.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"),
                    help="serve only requests arriving in [START_S, END_S)")
     s.add_argument("--rate-scale", type=float, help="multiply the request rate (compress arrivals)")
@@ -75,8 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_arguments(b)
 
     c = sub.add_parser("compare", help="run several policies on the same workload and seeds; table, CSV and plots")
-    c.add_argument("--scenario", required=True, help="scenario YAML file (its `policy` is ignored)")
+    c.add_argument("--scenario", required=True,
+                   help="scenario YAML file (its `policy` is ignored, or its `router` with --routers)")
     c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
+    c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
+                                     "rr,least-loaded,cache-affinity), each with the scenario's policy")
+    c.add_argument("--instances", type=int, help="override the scenario's n_instances")
+    c.add_argument("--router-params", metavar="JSON",
+                   help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
     c.add_argument("--seeds", type=int, default=1,
                    help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
                         "a trace is the same for every seed) (default 1)")
@@ -117,6 +129,18 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     over["instance"] = inst
     if a.policy is not None and a.policy != sc.policy:
         over["policy_params"] = {}  # the scenario's parameters belong to its own policy
+    if a.router is not None and a.router != sc.router:
+        over["router"], over["router_params"] = a.router, {}  # the scenario's parameters belong to its router
+    if a.router_params is not None:
+        try:
+            rp = json.loads(a.router_params)
+        except json.JSONDecodeError as e:
+            raise KvschedError(f"--router-params: invalid JSON ({e.msg} at char {e.pos})") from None
+        if not isinstance(rp, dict):
+            raise KvschedError(f"--router-params={a.router_params!r}: must be a JSON object of the router's parameters")
+        over["router_params"] = rp
+    if a.router_delay is not None:
+        over["router_delay_s"] = a.router_delay
     for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
                      ("max_requests", a.max_requests), ("seed", a.seed)):
         if val is not None:
@@ -159,7 +183,9 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
         f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
         f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
-        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}",
+        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}"
+        + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
+           + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
         highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
@@ -168,10 +194,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
                       console=Console(stderr=True), transient=True) as prog:
             task = prog.add_task("sim", total=len(workload))
             result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                              progress=lambda n: prog.update(task, completed=n), policy_params=sc.policy_params)
+                              progress=lambda n: prog.update(task, completed=n), **_cluster_kwargs(sc))
     else:
         result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                          policy_params=sc.policy_params)
+                          **_cluster_kwargs(sc))
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary
@@ -188,6 +214,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         for j, header in enumerate(SUMMARY_ROW_HEADERS[1:], start=1):
             table.add_row(header, *[r[j] for r in rows])
         console.print(table)
+        _print_routing(summary, console)
         st = result.stats
         console.print(
             f"simulated {summary['duration_s'] or 0.0:.1f} s in {wall_s:.2f} s wall "
@@ -198,6 +225,28 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if a.out:
         _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
     return 0
+
+
+def _cluster_kwargs(sc: Scenario) -> dict:
+    """Policy, router and shared-tier arguments of :func:`simulate` from a scenario."""
+    return {"policy_params": sc.policy_params, "router": sc.router, "router_params": sc.router_params,
+            "router_delay_s": sc.router_delay_s, "shared_kv": sc.shared_kv_spec(), "seed": sc.seed}
+
+
+def _print_routing(summary: dict, console: Console) -> None:
+    """One line on routing (load share, prefix hits) and one on the shared KV tier, when present."""
+    r = summary.get("routing")
+    if r:
+        hit = summary["classes"]["all"]["prefix"]["hit_rate"]
+        share = ", ".join(f"{100 * x:.0f}" for x in r["load_share"])
+        console.print(f"router {r['router']}: prefix hit rate {100 * (hit or 0):.1f} %, load share % per instance "
+                      f"[{share}], imbalance (max/mean) {r['load_imbalance']:.2f}", highlight=False)
+    k = summary.get("shared_kv")
+    if k:
+        console.print(f"shared KV tier: {k['fetches']:,} fetches, {k['bytes_fetched'] / 1e9:,.1f} GB fetched, "
+                      f"{k['hit_tokens']:,} hit tokens, {k['recompute_chosen']:,} recomputed instead, "
+                      f"{k['bytes_written'] / 1e9:,.1f} GB written, {k['evicted_segments']:,} segments evicted",
+                      highlight=False)
 
 
 def _prepare_out(out: Path) -> None:
@@ -215,7 +264,7 @@ def _prepare_out(out: Path) -> None:
 
 def _run_identity(sc: Scenario, workload, spec) -> dict:
     """What was simulated (deterministic: no wall time), included in summary.json and --json."""
-    return {
+    ident = {
         "kvsched_version": kvsched.__version__,
         "scenario": sc.name,
         "scenario_sha256": sc.sha256(),
@@ -229,6 +278,9 @@ def _run_identity(sc: Scenario, workload, spec) -> dict:
         "policy": sc.policy,
         "seed": sc.seed,
     }
+    if sc.n_instances > 1:  # the router only acts with several instances
+        ident.update(router=sc.router, router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv is not None)
+    return ident
 
 
 def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console) -> None:
@@ -265,19 +317,38 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
 def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     from kvsched.policies.base import policy_names
 
-    from .compare import aggregate, parse_policies, parse_policy_params, rich_table, run_compare, write_outputs
+    from .compare import (aggregate, parse_policies, parse_policy_params, parse_router_params, parse_routers,
+                          rich_table, run_compare, write_outputs)
 
-    policies = parse_policies(a.policies if a.policies is not None else policy_names())
-    params = parse_policy_params(a.policy_params, policies)
+    routers = None
+    rparams: dict = {}
+    if a.routers is not None:
+        if a.policies is not None or a.policy_params is not None:
+            raise KvschedError("--routers compares routers under the scenario's policy; drop --policies / "
+                               "--policy-params (set `policy:` in the scenario)")
+        routers = parse_routers(a.routers)
+        rparams = parse_router_params(a.router_params, routers)
+        policies = None
+        params: dict = {}
+        names = routers
+    else:
+        if a.router_params is not None:
+            raise KvschedError("--router-params needs --routers")
+        policies = parse_policies(a.policies if a.policies is not None else policy_names())
+        params = parse_policy_params(a.policy_params, policies)
+        names = policies
     if a.out:
         _prepare_out(a.out)
     sc = load_scenario(a.scenario)
+    if a.instances is not None:
+        sc = sc.with_overrides(n_instances=a.instances)
     err = Console(stderr=True)
     show = not a.no_progress and sys.stderr.isatty()
-    n_runs = len(policies) * max(a.seeds, 1) * max(a.windows, 1)
+    n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)
     t0 = time.perf_counter()
     run = lambda progress=None: run_compare(sc, policies, a.seeds, params, progress=progress,  # noqa: E731
-                                            windows=a.windows, backend=a.backend, address=a.address)
+                                            windows=a.windows, backend=a.backend, address=a.address,
+                                            routers=routers, router_params=rparams)
     if show:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
@@ -287,13 +358,14 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         result = run()
     agg = aggregate(result.runs, result.policies)
     seeds = result.seeds
-    console.print(rich_table(agg, f"{sc.name}: {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]} "
+    what = (f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else "") + ", ".join(names)
+    console.print(rich_table(agg, f"{sc.name}: {what}; seeds {seeds[0]}..{seeds[-1]} "
                                   f"(mean{' ± std' if len(seeds) > 1 else ''})"))
     if sc.trace is not None and len(seeds) > 1:
         err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
                   "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
-    console.print(f"{n_runs} runs ({len(policies)} policies x {len(seeds)} seeds x {a.windows} windows, "
-                  f"backend {a.backend}) in {time.perf_counter() - t0:.1f} s wall", highlight=False)
+    console.print(f"{n_runs} runs ({len(names)} {'routers' if routers else 'policies'} x {len(seeds)} seeds x "
+                  f"{a.windows} windows, backend {a.backend}) in {time.perf_counter() - t0:.1f} s wall", highlight=False)
     if a.out:
         files = write_outputs(result, agg, sc, a.out)
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

@@ -1,4 +1,12 @@
-"""Compare scheduler policies on one scenario: the same workload and seeds for every policy.
+"""Compare scheduler policies -- or cluster routers -- on one scenario: the same workload and seeds for each.
+
+With ``routers`` (``kvsched compare --routers rr,cache-affinity``) the compared names are
+routers (:mod:`kvsched.policies.routing`), each run with the scenario's policy; the label column
+is then ``router`` instead of ``policy``. Cluster metrics are reported on the ``all`` row:
+``load_imbalance`` (max over mean of the requests routed per instance), ``load_share_max`` (the
+busiest instance's share of requests) and the shared KV tier's ``shared_kv_bytes_fetched`` /
+``shared_kv_hit_tokens``; ``prefix_hit_rate`` (prefix-cache hit tokens / prompt tokens of
+finished requests, reuse across requests only) is given per class.
 
 :func:`run_compare` serves the scenario's workload once per (policy, seed) and gathers, per
 length class ("all", "short", "long"; :mod:`kvsched.envs.sim.metrics`), TTFT / TPOT / E2E
@@ -47,7 +55,8 @@ LINK_COLUMNS: tuple[str, ...] = tuple(c for c in BYTE_COLUMNS)
 METRIC_COLUMNS: tuple[str, ...] = (
     "n", "finished", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
     "slo_attainment", "goodput_rps", "preemptions",
-) + LINK_COLUMNS + ("max_wait_s",)
+) + LINK_COLUMNS + ("max_wait_s", "prefix_hit_rate", "load_imbalance", "load_share_max", "shared_kv_bytes_fetched",
+                    "shared_kv_hit_tokens")
 
 
 @dataclass
@@ -57,11 +66,14 @@ class CompareResult:
     Attributes:
         runs: one row per (policy, seed, class): ``policy``, ``seed``, ``class`` and
             :data:`METRIC_COLUMNS` (NaN where a metric is undefined, e.g. no finished request).
-        records: ``(policy, seed, window) -> per-request records`` (``RECORD_COLUMNS``).
-        occupancy: ``(policy, seed, window) -> KV occupancy samples``.
-        policies, seeds: what was run, in order.
+        records: ``(name, seed, window) -> per-request records`` (``RECORD_COLUMNS``); ``name`` is
+            the policy, or the router when ``axis == "router"``.
+        occupancy: ``(name, seed, window) -> KV occupancy samples``.
+        policies, seeds: what was run, in order (``policies`` holds the router names when
+            ``axis == "router"``).
         windows: how many windows the workload was cut into.
         params: ``policy -> parameters given`` (before the per-seed ``seed`` injection).
+        axis: ``"policy"`` or ``"router"``: what the compared names are, and the label column.
     """
 
     runs: pd.DataFrame
@@ -71,6 +83,7 @@ class CompareResult:
     seeds: list[int] = field(default_factory=list)
     params: dict[str, dict] = field(default_factory=dict)
     windows: int = 1
+    axis: str = "policy"
 
 
 def parse_policies(text: str | Sequence[str]) -> list[str]:
@@ -152,19 +165,82 @@ def _metric_row(c: Mapping[str, Any]) -> dict[str, float]:
     for col in LINK_COLUMNS:
         row[col] = g("bytes_moved", col[len("bytes_"):])
     row["max_wait_s"] = g("starvation", "max_queueing_delay_s")
+    row["prefix_hit_rate"] = g("prefix", "hit_rate")
     return row
 
 
-def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
+def _cluster_row(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Cluster-level metrics of a run (the ``all`` row): load imbalance and share, shared-tier use."""
+    r = summary.get("routing") or {}
+    k = summary.get("shared_kv") or {}
+    share = r.get("load_share") or [1.0]
+    imb = r.get("load_imbalance")
+    return {"load_imbalance": 1.0 if not r else (math.nan if imb is None else float(imb)),
+            "load_share_max": float(max(share)),
+            "shared_kv_bytes_fetched": float(k["bytes_fetched"]) if k else math.nan,
+            "shared_kv_hit_tokens": float(k["hit_tokens"]) if k else math.nan}
+
+
+def parse_routers(text: str | Sequence[str]) -> list[str]:
+    """Router names from ``"rr,cache-affinity"`` (or a list), checked against the registry.
+
+    Raises:
+        UnknownPresetError: an unknown name (the message lists the known ones).
+        ConfigError: an empty list or a name given twice.
+    """
+    from kvsched.policies.routing import make_router
+
+    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"--routers={text!r}: give at least one router name, comma-separated")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--routers={text!r}: {dup} given twice")
+    for n in names:
+        make_router(n)
+    return names
+
+
+def parse_router_params(text: str | None, routers: Sequence[str]) -> dict[str, dict]:
+    """``{"router": {param: value}}`` from JSON text (``None`` -> no parameters).
+
+    Raises:
+        ConfigError: invalid JSON, not a mapping of mappings, a router not compared, or an
+            unknown parameter / invalid value.
+    """
+    from kvsched.policies.routing import make_router
+
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--router-params: invalid JSON ({e.msg} at char {e.pos}); expected e.g. "
+                          '\'{"cache-affinity": {"cache_threshold": 0.5}}\'') from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"--router-params={text!r}: must map router name -> {{parameter: value}}")
+    unknown = sorted(set(data) - set(routers))
+    if unknown:
+        raise ConfigError(f"--router-params names routers {unknown} that are not compared; compared: {list(routers)}")
+    for name, params in data.items():
+        make_router(name, dict(params))
+    return {k: dict(v) for k, v in data.items()}
+
+
+def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds: int = 1,
                 policy_params: Mapping[str, Mapping[str, Any]] | None = None,
                 fast_forward: bool = True,
                 progress: Callable[[int, int], None] | None = None,
-                windows: int = 1, backend: str = "local", address: str | None = None) -> CompareResult:
-    """Serve ``scenario`` with every policy, seed and window (``scenario.policy`` is ignored).
+                windows: int = 1, backend: str = "local", address: str | None = None,
+                routers: Sequence[str] | None = None,
+                router_params: Mapping[str, Mapping[str, Any]] | None = None) -> CompareResult:
+    """Serve ``scenario`` with every policy (or every router), seed and window.
 
     Args:
-        scenario: the scenario (workload, instance, metrics, base seed).
-        policies: registered policy names.
+        scenario: the scenario (workload, instance, metrics, base seed, router options).
+        policies: registered policy names (``scenario.policy`` is then ignored). With
+            ``routers``, leave it ``None``: the scenario's policy serves every run.
         seeds: number of seeds (>= 1): ``scenario.seed + k`` for ``k < seeds``.
         policy_params: ``policy -> {parameter: value}``.
         fast_forward: the simulator's fast-forward option (results are identical either way).
@@ -173,6 +249,8 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
             each served separately (:func:`kvsched.experiments.sweep.cell_workload`); >= 1.
         backend: ``"local"`` or ``"ray"`` (one Ray task per run; identical results).
         address: Ray cluster address (``backend="ray"`` only; ``None`` = a local Ray).
+        routers: compare these routers (``scenario.router`` is then ignored).
+        router_params: ``router -> {parameter: value}``.
 
     Returns:
         A :class:`CompareResult`; ``runs`` has a row per (policy, seed, window, class).
@@ -183,6 +261,7 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
             scenario, an unknown backend, or Ray missing for ``backend="ray"``.
     """
     from kvsched.policies.base import make_policy
+    from kvsched.policies.routing import make_router
 
     from .sweep import Cell, run_cells
 
@@ -190,6 +269,25 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
         raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
         raise ConfigError(f"windows={windows!r} must be an integer >= 1")
+    axis = "policy"
+    rgiven: dict[str, dict] = {}
+    names: list[str] = []
+    if routers is not None:
+        if policies is not None:
+            raise ConfigError("compare either policies or routers: give one of `policies` and `routers`")
+        axis = "router"
+        names = parse_routers(list(routers))
+        rgiven = {k: dict(v) for k, v in (router_params or {}).items()}
+        unknown = sorted(set(rgiven) - set(names))
+        if unknown:
+            raise ConfigError(f"router_params names routers {unknown} that are not compared; compared: {names}")
+        for name in names:
+            make_router(name, rgiven.get(name, {}))
+        policies = [scenario.policy]
+    elif policies is None:
+        raise ConfigError("give the policies (or the routers) to compare")
+    elif router_params:
+        raise ConfigError("router_params only apply when comparing routers")
     policies = parse_policies(list(policies))
     given = {k: dict(v) for k, v in (policy_params or {}).items()}
     unknown = sorted(set(given) - set(policies))
@@ -198,28 +296,35 @@ def run_compare(scenario: Scenario, policies: Sequence[str], seeds: int = 1,
     for name in policies:  # validate every parameter set before the first run
         make_policy(name, _params_for(name, given.get(name, {}), scenario.seed))
     seed_list = [scenario.seed + k for k in range(seeds)]
-    cells = []
+    labels = names if axis == "router" else policies
+    cells, cell_labels = [], []
     for seed in seed_list:
         sc = scenario.with_overrides(seed=seed)
         for k in range(windows):
-            for name in policies:
-                cells.append(Cell(sc, name, _params_for(name, given.get(name, {}), seed), window=k,
+            for label in labels:
+                csc, name = sc, label
+                if axis == "router":
+                    csc, name = sc.with_overrides(router=label, router_params=rgiven.get(label, {})), sc.policy
+                cells.append(Cell(csc, name, _params_for(name, given.get(name, {}), seed), window=k,
                                   windows=windows, fast_forward=fast_forward))
+                cell_labels.append(label)
     outs = run_cells(cells, backend=backend, address=address, progress=progress)
     rows: list[dict] = []
-    result = CompareResult(runs=pd.DataFrame(), policies=list(policies), seeds=seed_list, params=given,
-                           windows=windows)
-    for cell, res in zip(cells, outs):
-        key = (cell.policy, cell.seed, cell.window)
+    result = CompareResult(runs=pd.DataFrame(), policies=list(labels), seeds=seed_list,
+                           params=rgiven if axis == "router" else given, windows=windows, axis=axis)
+    for cell, label, res in zip(cells, cell_labels, outs):
+        key = (label, cell.seed, cell.window)
         result.records[key] = res.records
         result.occupancy[key] = res.occupancy
+        cluster_row = _cluster_row(res.summary)
         for cls in CLASS_ORDER:
             c = res.summary["classes"].get(cls)
             if c is None:
                 continue
-            rows.append({"policy": cell.policy, "seed": cell.seed, "window": cell.window, "class": cls,
-                         **_metric_row(c)})
-    result.runs = pd.DataFrame(rows, columns=["policy", "seed", "window", "class", *METRIC_COLUMNS])
+            row = {axis: label, "seed": cell.seed, "window": cell.window, "class": cls, **_metric_row(c)}
+            row.update(cluster_row if cls == "all" else dict.fromkeys(cluster_row, math.nan))
+            rows.append(row)
+    result.runs = pd.DataFrame(rows, columns=[axis, "seed", "window", "class", *METRIC_COLUMNS])
     return result
 
 
@@ -227,19 +332,22 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
     """Mean over runs (seeds x windows) per (policy, class), with ``<metric>_std`` (population),
     ``_min``, ``_max``.
 
+    The label column is ``policy``, or ``router`` for a router comparison (kept as named).
+
     Rows come in policy order (``policies``, default order of appearance), then class order
     ("all", "short", "long"). ``seeds`` counts the runs averaged (seeds x windows). NaN values
     (undefined metrics) are skipped; a metric undefined in every run stays NaN.
     """
+    key = "router" if "router" in runs.columns else "policy"
     if policies is None:
-        policies = list(dict.fromkeys(runs["policy"]))
+        policies = list(dict.fromkeys(runs[key]))
     out = []
     for p in policies:
         for cls in CLASS_ORDER:
-            sub = runs[(runs["policy"] == p) & (runs["class"] == cls)]
+            sub = runs[(runs[key] == p) & (runs["class"] == cls)]
             if sub.empty:
                 continue
-            row: dict[str, Any] = {"policy": p, "class": cls, "seeds": int(len(sub))}
+            row: dict[str, Any] = {key: p, "class": cls, "seeds": int(len(sub))}
             for m in METRIC_COLUMNS:
                 v = sub[m].to_numpy(dtype=np.float64)
                 v = v[np.isfinite(v)]
@@ -248,7 +356,7 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
                 row[f"{m}_min"] = float(v.min()) if v.size else math.nan
                 row[f"{m}_max"] = float(v.max()) if v.size else math.nan
             out.append(row)
-    cols = ["policy", "class", "seeds"] + [f"{m}{s}" for m in METRIC_COLUMNS for s in ("", "_std", "_min", "_max")]
+    cols = [key, "class", "seeds"] + [f"{m}{s}" for m in METRIC_COLUMNS for s in ("", "_std", "_min", "_max")]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -269,6 +377,7 @@ def rich_table(agg: pd.DataFrame, title: str):
     """
     from rich.table import Table
 
+    key = "router" if "router" in agg.columns else "policy"
     spread = bool((agg["seeds"] > 1).any()) if len(agg) else False
     links = [c for c in LINK_COLUMNS if (agg[c].fillna(0) > 0).any()]
     cols = [("TTFT p50 ms", "ttft_p50_s", 1e3, 0), ("TTFT p99 ms", "ttft_p99_s", 1e3, 0),
@@ -277,19 +386,23 @@ def rich_table(agg: pd.DataFrame, title: str):
             ("SLO %", "slo_attainment", 100.0, 1), ("goodput req/s", "goodput_rps", 1.0, 2),
             ("preempt", "preemptions", 1.0, 0)]
     cols += [(f"GB {c[len('bytes_'):].replace('_to_', '→')}", c, 1e-9, 2) for c in links]
-    cols += [("max wait s", "max_wait_s", 1.0, 2)]
+    cols += [("max wait s", "max_wait_s", 1.0, 2), ("prefix hit %", "prefix_hit_rate", 100.0, 1)]
+    if key == "router" or (agg["load_imbalance"].fillna(1.0) != 1.0).any():
+        cols += [("imbalance", "load_imbalance", 1.0, 2), ("max share %", "load_share_max", 100.0, 1)]
+    if agg["shared_kv_bytes_fetched"].notna().any():
+        cols += [("GB shared→hbm", "shared_kv_bytes_fetched", 1e-9, 1)]
     t = Table(title=title)
-    t.add_column("policy", no_wrap=True)
+    t.add_column(key, no_wrap=True)
     t.add_column("class", no_wrap=True)
     t.add_column("n", justify="right")
     for head, *_ in cols:
         t.add_column(head, justify="right")
     prev = None
     for _, r in agg.iterrows():
-        t.add_row(r["policy"] if r["policy"] != prev else "", r["class"], _fmt(r["n"], 0, 1.0, 0, False),
+        t.add_row(r[key] if r[key] != prev else "", r["class"], _fmt(r["n"], 0, 1.0, 0, False),
                   *[_fmt(r[c], r[f"{c}_std"], sc, d, spread) for _, c, sc, d in cols],
                   end_section=False)
-        prev = r["policy"]
+        prev = r[key]
     return t
 
 
@@ -380,6 +493,7 @@ def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    key = "router" if "router" in agg.columns else "policy"
     classes = [c for c in CLASS_ORDER if (agg["class"] == c).any()]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(classes) * max(len(policies), 1) / 2), 4))
     width = 0.8 / max(len(policies), 1)
@@ -387,7 +501,7 @@ def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
     for j, name in enumerate(policies):
         vals, lo, hi = [], [], []
         for cls in classes:
-            r = agg[(agg["policy"] == name) & (agg["class"] == cls)]
+            r = agg[(agg[key] == name) & (agg["class"] == cls)]
             v = float(r["slo_attainment"].iloc[0]) if len(r) else math.nan
             vals.append(100 * v)
             lo.append(100 * (v - float(r["slo_attainment_min"].iloc[0])) if len(r) else 0.0)
@@ -421,9 +535,12 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
     out.mkdir(parents=True, exist_ok=True)
     agg.to_csv(out / "compare.csv", index=False, float_format="%.17g")
     result.runs.to_csv(out / "compare_runs.csv", index=False, float_format="%.17g")
-    meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "policies": result.policies,
-            "policy_params": result.params, "seeds": result.seeds,
+    meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "seeds": result.seeds,
             "windows": result.windows}
+    if result.axis == "router":
+        meta.update(routers=result.policies, router_params=result.params, policy=scenario.policy)
+    else:
+        meta.update(policies=result.policies, policy_params=result.params)
     (out / "compare.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     plot_ttft_cdf(result, out / "ttft_cdf.png")
     plot_occupancy(result, out / "kv_occupancy.png")

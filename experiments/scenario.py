@@ -16,6 +16,10 @@ instance:                      # InstanceSpec fields; model/gpu as preset names 
 n_instances: 1
 policy: fcfs
 policy_params: {}              # the policy's parameters, e.g. {tier_aware_preemption: true}
+router: round-robin            # cluster router (kvsched.policies.routing), used when n_instances > 1
+router_params: {}              # the router's parameters, e.g. {cache_threshold: 0.5}
+router_delay_s: 0.0            # staleness of the state routers see (s)
+shared_kv: null                # cluster KV tier: {capacity_bytes: 2e12, network: {...}, fetch_policy: cost}
 oracle_lengths: false          # show true output lengths to the policy
 metrics:                       # MetricsConfig fields
   long_prompt_tokens: 8192
@@ -66,6 +70,10 @@ class Scenario:
     n_instances: int = 1
     policy: str = "fcfs"
     policy_params: dict = field(default_factory=dict)
+    router: str = "round-robin"
+    router_params: dict = field(default_factory=dict)
+    router_delay_s: float = 0.0
+    shared_kv: dict | None = None
     oracle_lengths: bool = False
     metrics: dict = field(default_factory=dict)
     seed: int = 0
@@ -93,6 +101,20 @@ class Scenario:
                               f"policy's parameters")
         from kvsched.policies.base import make_policy
         make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
+        if not isinstance(self.router, str):
+            raise ConfigError(f"{where}: router={self.router!r} must be a router name")
+        if not isinstance(self.router_params, dict):
+            raise ConfigError(f"{where}: router_params={self.router_params!r} must be a mapping of the "
+                              f"router's parameters")
+        from kvsched.envs.sim.routing import StateProvider
+        from kvsched.policies.routing import make_router
+        try:
+            make_router(self.router, self.router_params)  # raises listing known routers / parameters
+            StateProvider(self.router_delay_s)
+        except ConfigError as e:
+            raise type(e)(f"{where}: {e}") from None
+        if self.shared_kv is not None:
+            self.shared_kv_spec()
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
@@ -123,6 +145,14 @@ class Scenario:
     def instance_spec(self) -> InstanceSpec:
         """The :class:`InstanceSpec` this scenario serves on."""
         return instance_spec_from_dict(self.instance, source=f"{self.source}: instance")
+
+    def shared_kv_spec(self):
+        """The :class:`~kvsched.envs.sim.shared_kv.SharedKVSpec` of ``shared_kv``, or ``None``."""
+        from kvsched.envs.sim.shared_kv import SharedKVSpec
+
+        if self.shared_kv is None:
+            return None
+        return SharedKVSpec.from_dict(self.shared_kv, source=f"scenario {self.source}: shared_kv")
 
     def metrics_config(self) -> MetricsConfig:
         """The :class:`MetricsConfig` (defaults for fields the scenario leaves out)."""
@@ -188,6 +218,12 @@ class Scenario:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
+        # routing fields at their defaults are left out, so scenarios written before routing
+        # existed keep their hash
+        for key, default in (("router", "round-robin"), ("router_params", {}), ("router_delay_s", 0.0),
+                             ("shared_kv", None)):
+            if d[key] == default:
+                del d[key]
         return d
 
     def sha256(self) -> str:

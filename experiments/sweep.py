@@ -38,7 +38,8 @@ class Cell:
     """One simulation of a grid.
 
     Attributes:
-        scenario: the scenario (its ``policy`` field is ignored; ``seed`` is this cell's seed).
+        scenario: the scenario (its ``policy`` field is ignored; ``seed`` is this cell's seed; its
+            ``router``, ``router_params``, ``router_delay_s`` and ``shared_kv`` are used).
         policy: registered policy name.
         params: the policy's parameters (validated by the policy's dataclass).
         window: index of the window, ``0 <= window < windows``.
@@ -120,7 +121,9 @@ def run_cell(cell: Cell) -> CellResult:
     make_policy(cell.policy, params)  # validate before building the cluster
     options = InstanceOptions(fast_forward=cell.fast_forward, oracle_lengths=sc.oracle_lengths)
     cluster = Cluster([sc.instance_spec()] * sc.n_instances, lambda: make_policy(cell.policy, dict(params)),
-                      metrics=sc.metrics_config(), options=options)
+                      metrics=sc.metrics_config(), options=options, router=sc.router,
+                      router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                      shared_kv=sc.shared_kv_spec(), seed=sc.seed)
     res = cluster.run(workload)
     return CellResult(cell=cell, summary=res.summary, records=res.records, occupancy=res.occupancy)
 

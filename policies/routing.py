@@ -76,6 +76,63 @@ class Router:
         return self._pick(values >= values.max())
 
 
+class RoutedPrefixIndex:
+    """The router's own record of which prefix blocks it sent where (approximate prefix index).
+
+    Routers that cannot wait for KV events insert a request's prefix-block keys into the chosen
+    instance's index when they route it: SGLang's router inserts the prompt into the worker's
+    radix tree at selection, llm-d's approximate prefix scorer records routed blocks per pod, and
+    Dynamo without KV events keeps routed blocks for ``router_ttl_secs`` = 120 s (REFERENCE.md
+    §4.3). Entries expire ``ttl_s`` after they were last routed. Together with the exact
+    instance-side overlap this lets back-to-back requests with one prefix follow each other
+    before the first has computed it.
+    """
+
+    def __init__(self, n_instances: int, ttl_s: float) -> None:
+        self.ttl_s = float(ttl_s)
+        self._maps: list[dict[int, float]] = [{} for _ in range(n_instances)]
+
+    def overlap(self, keys, limit: int, now_s: float) -> np.ndarray:
+        """Leading run of ``keys[:limit]`` routed to each instance within the last ``ttl_s``."""
+        oldest = now_s - self.ttl_s
+        out = np.zeros(len(self._maps), dtype=np.int64)
+        for row, m in enumerate(self._maps):
+            n = 0
+            for k in keys[:limit]:
+                t = m.get(k)
+                if t is None or t < oldest:
+                    break
+                n += 1
+            out[row] = n
+        return out
+
+    def insert(self, row: int, keys, limit: int, now_s: float) -> None:
+        m = self._maps[row]
+        for k in keys[:limit]:
+            m[k] = now_s
+
+
+def _prefix_overlap(router: "Router", table: RouterTable) -> np.ndarray:
+    """Exact instance-side overlap, raised by the router's own routed-prefix index when it has one."""
+    exact = table.prefix_overlap_segments
+    idx = getattr(router, "_routed", None)
+    if idx is None or not table.prefix_blocks:
+        return exact
+    return np.maximum(exact, idx.overlap(table.prefix_keys, table.prefix_blocks, table.now_s))
+
+
+def _record_route(router: "Router", table: RouterTable, row: int) -> int:
+    idx = getattr(router, "_routed", None)
+    if idx is not None and table.prefix_blocks:
+        idx.insert(row, table.prefix_keys, table.prefix_blocks, table.now_s)
+    return row
+
+
+def _check_tracking(owner: str, track: object, ttl: object) -> None:
+    require(isinstance(track, bool), f"{owner}.track_routed_prefixes", track, "true or false")
+    _real(owner, "routed_prefix_ttl_s", ttl, lambda x: x > 0, "a number of seconds > 0")
+
+
 _REGISTRY: dict[str, type] = {}
 _ALIASES = {"rr": "round-robin"}
 
@@ -287,14 +344,21 @@ class CacheAffinityParams(RouterParams):
             this (load = queued + running requests); default 64 (SMG ``--balance-abs-threshold``).
         balance_rel_threshold: ... and ``max_load > balance_rel_threshold * min_load``; default
             1.5 (SMG ``--balance-rel-threshold``). When imbalanced, route least-loaded.
+        track_routed_prefixes: also count the prefixes this router itself sent to each instance
+            (:class:`RoutedPrefixIndex`; SGLang's router inserts at selection), default True.
+        routed_prefix_ttl_s: how long a routed prefix counts, 120 s (SMG ``--eviction-interval``
+            and Dynamo ``router_ttl_secs``).
     """
 
     cache_threshold: float = 0.3
     balance_abs_threshold: float = 64.0
     balance_rel_threshold: float = 1.5
+    track_routed_prefixes: bool = True
+    routed_prefix_ttl_s: float = 120.0
 
     def __post_init__(self) -> None:
         o = type(self).__name__
+        _check_tracking(o, self.track_routed_prefixes, self.routed_prefix_ttl_s)
         _real(o, "cache_threshold", self.cache_threshold, lambda x: 0 <= x < 1, "a number in [0, 1)")
         _real(o, "balance_abs_threshold", self.balance_abs_threshold, lambda x: x >= 0, "a number >= 0 (inf: no guard)")
         _real(o, "balance_rel_threshold", self.balance_rel_threshold, lambda x: x >= 1, "a number >= 1 (inf: no guard)")
@@ -313,13 +377,21 @@ class CacheAffinity(Router):
 
     params_cls = CacheAffinityParams
 
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        super().bind(n_instances, seed)
+        p = self.params
+        self._routed = RoutedPrefixIndex(n_instances, p.routed_prefix_ttl_s) if p.track_routed_prefixes else None
+
     def route(self, table: RouterTable) -> int:
+        return _record_route(self, table, self._choose(table))
+
+    def _choose(self, table: RouterTable) -> int:
         p = self.params
         load = (table.queue_len + table.running).astype(np.float64)
         lo, hi = float(load.min()), float(load.max())
         if hi - lo > p.balance_abs_threshold and hi > p.balance_rel_threshold * lo:
             return self._argmin(load)
-        overlap = table.prefix_overlap_segments
+        overlap = _prefix_overlap(self, table)
         best = int(overlap.max())
         if best > 0 and best * table.prefix_block_tokens > p.cache_threshold * table.prompt_tokens:
             cand = overlap == best
@@ -354,13 +426,18 @@ class LlmdParams(RouterParams):
         queue_weight: ``queue-scorer``, 2.
         kv_cache_weight: ``kv-cache-utilization-scorer``, 2.
         prefix_weight: ``prefix-cache-scorer``, 3.
+        track_routed_prefixes, routed_prefix_ttl_s: the prefix scorer's own record of routed
+            blocks (llm-d's approximate mode), as in :class:`CacheAffinityParams`; True, 120 s.
     """
 
     queue_weight: float = 2.0
     kv_cache_weight: float = 2.0
     prefix_weight: float = 3.0
+    track_routed_prefixes: bool = True
+    routed_prefix_ttl_s: float = 120.0
 
     def __post_init__(self) -> None:
+        _check_tracking("LlmdParams", self.track_routed_prefixes, self.routed_prefix_ttl_s)
         for n in ("queue_weight", "kv_cache_weight", "prefix_weight"):
             _real("LlmdParams", n, getattr(self, n), lambda x: 0 <= x < math.inf, "a finite number >= 0")
 
@@ -377,15 +454,21 @@ class LlmdScorer(Router):
 
     params_cls = LlmdParams
 
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        super().bind(n_instances, seed)
+        p = self.params
+        self._routed = RoutedPrefixIndex(n_instances, p.routed_prefix_ttl_s) if p.track_routed_prefixes else None
+
     def route(self, table: RouterTable) -> int:
         p = self.params
         q = table.queue_len.astype(np.float64)
         span = q.max() - q.min()
         queue = 1.0 - (q - q.min()) / span if span > 0 else np.ones(len(q))
         kv = 1.0 - table.kv_utilization
-        prefix = np.clip(table.prefix_overlap_blocks / np.maximum(table.request_blocks, 1), 0.0, 1.0)
+        matched = _prefix_overlap(self, table) * table.prefix_block_tokens // table.block_size_tokens
+        prefix = np.clip(matched / np.maximum(table.request_blocks, 1), 0.0, 1.0)
         score = p.queue_weight * queue + p.kv_cache_weight * kv + p.prefix_weight * prefix
-        return self._argmax(score)
+        return _record_route(self, table, self._argmax(score))
 
 
 # ---------------------------------------------------------------------------------- dynamo

@@ -131,11 +131,14 @@ class Cluster:
         if n:
             ev.push(float(arrivals[0]), ARRIVAL, None)
         done_reported = 0
+        check_pool = self.shared_kv is not None and instances[0].options.check_invariants
         while len(ev):
             t, kind, payload = ev.pop()
             if kind == STEP_END:
                 inst = payload
                 inst.complete_step(t)
+                if check_pool:
+                    self.shared_kv.check()
                 self._wake(inst, t)
             elif kind == ARRIVAL:
                 req = workload.request(next_idx if order is None else int(order[next_idx]))

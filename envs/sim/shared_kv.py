@@ -12,7 +12,10 @@ network; the same role as Mooncake Store or LMCache's remote backend):
   queue (SGLang HiCache's ``write_through`` policy and LMCache's store-after-prefill, REFERENCE
   §5.4; the copy runs behind compute and never stalls a step). A segment becomes fetchable only
   when its write has landed. Segments already in the pool (or on their way) are not written
-  again (content-addressed deduplication, as Mooncake Store and LMCache do).
+  again (content-addressed deduplication, as Mooncake Store and LMCache do). A write is
+  dropped when the pool's NVMe write queue is already more than ``max_write_backlog_s`` behind
+  (a bounded offload queue [inferred]: otherwise a cluster that computes new prefixes faster
+  than the pool's drives absorb them would publish ever later, unboundedly).
 - **Capacity and eviction.** ``capacity_bytes`` holds ``floor(capacity_bytes / kv_bytes_per_block)``
   KV blocks. A write that does not fit evicts least-recently-used segments (a fetch or a
   repeated publish refreshes a segment); a segment larger than the whole pool is not written.
@@ -20,13 +23,12 @@ network; the same role as Mooncake Store or LMCache's remote backend):
   ``used_blocks`` equals the blocks of the stored segments.
 - **Fetch vs recompute.** When an instance admits a request whose prompt continues past what
   its own HBM prefix cache holds, and the pool holds the next ``f`` segments, the instance
-  compares (``fetch_policy="cost"``) the predicted fetch time -- pool NVMe read, then the
-  network link into the instance, each ``latency + bytes / bandwidth`` and queued behind the
-  transfers already on them -- with the predicted recompute time of those ``f * seg`` tokens
-  after the ``p`` cached ones: their linear-layer and attention FLOPs at the GPU's effective
-  peak, ``(2 P_m n + A n (p + n/2)) / (F * mfu_max)`` plus the TP all-reduce of ``n`` tokens
-  (REFERENCE §5.3-5.4; the weights are read once per step whatever the batch, so they are not
-  charged to the recompute). The cheaper one wins. A fetch allocates the HBM blocks, the
+  compares (``fetch_policy="cost"``) the predicted time to the end of the request's prefill
+  both ways (REFERENCE §5.4): recompute = ``T̂_prefill(total, cached)``; fetch = the fetch time
+  -- pool NVMe read, then the network link into the instance, each ``latency + bytes /
+  bandwidth`` and queued behind the transfers already on them -- plus ``T̂_prefill(total,
+  cached + f * seg)``, with ``T̂_prefill`` the cost model's lone chunked prefill
+  (:meth:`CostModel.prefill_time_s`, roofline of §5.3). The cheaper one wins. A fetch allocates the HBM blocks, the
   request waits (admitted, not runnable) until the copy lands in HBM (GPUDirect RDMA: no PCIe
   hop is charged), then prefills the rest; the fetched segments join the instance's prefix
   cache at its next step. ``fetch_policy="always"`` fetches whatever is available,
@@ -41,10 +43,12 @@ Links (defaults): network ``cmx-400g``, 50 GB/s and 10 µs per operation (400 Gb
 the low end of REFERENCE §9.2's 400-800 Gb/s [mem]; the per-operation latency is an RDMA
 round trip [inferred]); pool NVMe read / write: the NVMe Gen4 presets (6 / 4 GB/s, 80 µs,
 REFERENCE §5.2) -- a pool of one drive; give inline :class:`LinkSpec` values for a striped pool.
-With these defaults a fetch costs about 24 µs per Llama-3.1-8B token against 19 µs plus the
-attention term to recompute it, so short prefixes are recomputed and prefixes beyond roughly
-17k tokens fetched (REFERENCE §5.4: "about break-even with recompute for short contexts and
-much better for long ones").
+With these defaults a fetch of Llama-3.1-8B KV costs about 24.6 µs per token plus 90 µs per
+operation; recomputing costs about 25 µs per token plus the attention term on the calibrated
+H100, and a short remainder still pays a step's weight read. So a 512- or 1,024-token prefix
+is recomputed (18 vs 20 ms, 32 vs 33 ms), from 1,536 tokens on it is fetched, and at 64k
+tokens the fetch path takes 1.6 s against 3.6 s (REFERENCE §5.4: "about break-even with
+recompute for short contexts and much better for long ones").
 
 Limits: one network link per instance whatever its TP degree; the pool's NVMe read and write
 queues are shared by the cluster; reads are charged when reserved (a segment evicted while a
@@ -80,6 +84,8 @@ class SharedKVSpec:
         network: link between each instance and the pool (one per instance, each direction).
         pool_read, pool_write: the pool's NVMe read and write bandwidth (shared by the cluster).
         fetch_policy: "cost" (fetch when predicted cheaper than recompute), "always" or "never".
+        max_write_backlog_s: drop a write when the pool's write queue is busy for longer than
+            this from now (s, >= 0; inf: never drop), default 10.0 [inferred].
 
     Raises:
         ConfigError: a non-positive or non-finite capacity, a link that is not a LinkSpec, an
@@ -91,6 +97,7 @@ class SharedKVSpec:
     pool_read: LinkSpec = LINK_PRESETS["nvme_gen4_read"]
     pool_write: LinkSpec = LINK_PRESETS["nvme_gen4_write"]
     fetch_policy: str = "cost"
+    max_write_backlog_s: float = 10.0
 
     def __post_init__(self) -> None:
         c = self.capacity_bytes
@@ -101,6 +108,9 @@ class SharedKVSpec:
                     "a LinkSpec (or, in a scenario, a link preset name or an inline mapping)")
         require(self.fetch_policy in FETCH_POLICIES, "SharedKVSpec.fetch_policy", self.fetch_policy,
                 f"one of {', '.join(FETCH_POLICIES)}")
+        b = self.max_write_backlog_s
+        require(not isinstance(b, bool) and isinstance(b, (int, float)) and not math.isnan(b) and b >= 0,
+                "SharedKVSpec.max_write_backlog_s", b, "a number of seconds >= 0 (inf: never drop a write)")
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], source: str = "shared_kv") -> "SharedKVSpec":
@@ -113,7 +123,7 @@ class SharedKVSpec:
 
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source} must be a mapping of SharedKVSpec fields, got {type(d).__name__}")
-        allowed = ("capacity_bytes", "network", "pool_read", "pool_write", "fetch_policy")
+        allowed = ("capacity_bytes", "network", "pool_read", "pool_write", "fetch_policy", "max_write_backlog_s")
         unknown = [k for k in d if k not in allowed]
         if unknown:
             raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
@@ -125,6 +135,8 @@ class SharedKVSpec:
                 kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}.{key}")
         if "fetch_policy" in d:
             kw["fetch_policy"] = d["fetch_policy"]
+        if "max_write_backlog_s" in d:
+            kw["max_write_backlog_s"] = _as_float(d["max_write_backlog_s"], f"{source}.max_write_backlog_s")
         try:
             return SharedKVSpec(**kw)
         except ConfigError as e:
@@ -188,7 +200,7 @@ class SharedKVPool:
         self.writes = 0
         self.bytes_written = 0
         self.evicted_segments = 0
-        self.skipped_writes = 0
+        self.skipped_writes = 0  # segments larger than the pool, or dropped behind a full write queue
 
     # ------------------------------------------------------------------------------ queries
     def cached_prefix_segments(self, keys: Sequence[int], limit: int, now_s: float = math.inf) -> int:
@@ -234,7 +246,7 @@ class SharedKVPool:
         if e is not None:
             self._entries.move_to_end(key)
             return
-        if n_blocks > self.capacity_blocks:
+        if n_blocks > self.capacity_blocks or self.pool_write.busy_until_s - now_s > self.spec.max_write_backlog_s:
             self.skipped_writes += 1
             return
         while self.free_blocks < n_blocks:
@@ -261,19 +273,19 @@ class SharedKVPool:
         t2 = max(t1, self.net_in[instance_id].busy_until_s) + float(spec.network.transfer_time_s(n_bytes))
         return t2 - now_s
 
-    @staticmethod
-    def recompute_time_s(cost, cached_tokens: int, n_tokens: int) -> float:
-        """Predicted compute seconds of ``n_tokens`` prompt tokens after ``cached_tokens`` (see module doc)."""
-        spec = cost.spec
-        pairs = n_tokens * (cached_tokens + n_tokens / 2.0)
-        flops = 2.0 * cost.matmul_params_per_gpu * n_tokens + cost.attn_flops_per_pair_per_gpu * pairs
-        t = flops / (cost.peak_flops_per_s * spec.cost.mfu_max)
-        if spec.tp > 1:
-            m = spec.model
-            ring = 2.0 * (spec.tp - 1) / spec.tp
-            t += (2.0 * m.n_layers * ring * m.hidden_size * 2.0 * n_tokens
-                  / (spec.gpu.nvlink_bytes_per_s * spec.cost.allreduce_bw_efficiency))
-        return t
+    def decide(self, cost, instance_id: int, total_tokens: int, cached_tokens: int, fetch_tokens: int,
+               now_s: float) -> tuple[float, float]:
+        """Predicted seconds to the end of the prefill: ``(recompute_s, fetch_s)`` (see module doc).
+
+        ``recompute_s = T̂_prefill(total, cached)``; ``fetch_s = fetch time + T̂_prefill(total,
+        cached + fetched)`` with :meth:`CostModel.prefill_time_s` (lone chunked prefill, REFERENCE
+        §1.2 / §5.3) and :meth:`fetch_time_s` (link queues included).
+        """
+        nbytes = fetch_tokens // cost.spec.block_size_tokens * self.block_bytes
+        recompute = float(cost.prefill_time_s(total_tokens, cached_tokens))
+        fetch = (self.fetch_time_s(instance_id, nbytes, now_s)
+                 + float(cost.prefill_time_s(total_tokens, cached_tokens + fetch_tokens)))
+        return recompute, fetch
 
     def try_fetch_admit(self, inst, st: RequestState, hit: int, max_seg: int, now_s: float) -> bool:
         """Admit ``st`` on ``inst`` with the segments after its ``hit`` local ones fetched from the pool.
@@ -294,8 +306,9 @@ class SharedKVPool:
         need = f * seg_blocks
         nbytes = need * self.block_bytes
         if self.spec.fetch_policy == "cost":
-            fetch_s = self.fetch_time_s(inst.instance_id, nbytes, now_s)
-            if fetch_s >= self.recompute_time_s(inst.cost, hit * seg, f * seg):
+            recompute_s, fetch_s = self.decide(inst.cost, inst.instance_id, st.prompt_tokens + st.generated,
+                                               hit * seg, f * seg, now_s)
+            if fetch_s >= recompute_s:
                 self.recompute_chosen += 1
                 return False
         hbm = inst.hbm
