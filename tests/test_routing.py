@@ -55,7 +55,8 @@ class Recording(Router):
 
     def route(self, table):
         row = {c: np.array(getattr(table, c)) for c in INSTANCE_COLUMNS}
-        row.update(overlap=table.prefix_overlap_segments.copy(), rid=table.request_id, snapshot_s=table.snapshot_s,
+        row.update(overlap=table.prefix_overlap_segments.copy(), overlap_blocks=table.prefix_overlap_blocks.copy(),
+                   rid=table.request_id, snapshot_s=table.snapshot_s,
                    now_s=table.now_s, prompt=table.prompt_tokens)
         self.seen.append(row)
         return self.inner.route(table)
@@ -466,3 +467,52 @@ def test_run_compare_routers_rows():
     assert allrow["load_imbalance"] >= 1.0 and math.isnan(allrow["shared_kv_bytes_fetched"])
     with pytest.raises(ConfigError, match="either policies or routers"):
         run_compare(sc, ["fcfs"], routers=["rr"])
+
+
+def test_heterogeneous_instances_in_the_table():
+    """An H100 with 16-token blocks beside an A100 with 32-token blocks: per-row capacities, batch
+    limits and prefix overlap in each instance's own blocks."""
+    seg = 512
+    h100 = make_spec(hbm_kv_blocks=4096, max_num_seqs=64)
+    a100 = InstanceSpec(MODEL, get_gpu("A100-80GB"), block_size_tokens=32, hbm_kv_blocks=1024, max_num_seqs=32,
+                        cost=NO_FRONT_END)
+    reqs = [Request(0, 0.0, 2 * seg + 10, 2, prefix_hashes=(1, 2, 3), hash_block_tokens=seg),
+            Request(1, 1.0, 2 * seg + 10, 2, prefix_hashes=(7, 8, 9), hash_block_tokens=seg),
+            Request(2, 2.0, 2 * seg + 10, 2, prefix_hashes=(1, 2, 4), hash_block_tokens=seg),
+            Request(3, 3.0, 2 * seg + 10, 2, prefix_hashes=(7, 8, 5), hash_block_tokens=seg)]
+    rec = Recording(make_router("rr"))
+    c = Cluster([h100, a100], lambda: make_policy("fcfs"), router=rec,
+                options=InstanceOptions(check_invariants=True))
+    res = c.run(Workload.from_requests(reqs))
+    assert res.records["instance_id"].tolist() == [0, 1, 0, 1]
+    s2, s3 = rec.seen[2], rec.seen[3]
+    assert s2["capacity_blocks_hbm"].tolist() == [4096, 1024] and s2["max_num_seqs"].tolist() == [64, 32]
+    assert s2["block_size_tokens"].tolist() == [16, 32]
+    assert s2["overlap"].tolist() == [2, 0] and s3["overlap"].tolist() == [0, 2]
+    assert s2["overlap_blocks"].tolist() == [2 * seg // 16, 0] and s3["overlap_blocks"].tolist() == [0, 2 * seg // 32]
+    assert res.records.loc[3, "prefix_hit_tokens"] == 2 * seg
+
+
+def test_cli_router_params_errors(capsys):
+    assert main(["simulate", "--trace", "azure-conv-2023", "--max-requests", "5", "--instances", "2",
+                 "--router", "cache-affinity", "--router-params", "{bad", "--no-progress"]) == 2
+    assert "--router-params: invalid JSON" in capsys.readouterr().err
+    assert main(["simulate", "--trace", "azure-conv-2023", "--max-requests", "5", "--instances", "2",
+                 "--router", "cache-affinity", "--router-params", '{"cache_threshold": 2}', "--no-progress"]) == 2
+    assert "cache_threshold=2" in " ".join(capsys.readouterr().err.split())
+
+
+def test_shared_tier_refetch_of_own_work_is_not_a_hit():
+    """B is preempted (recompute) while A grows and evicts B's cached segments; at re-admission B
+    fetches its own published segments back from the pool: a self-hit, not a shared-tier hit."""
+    seg = 32
+    reqs = [Request(0, 0.0, 10 * seg, 600, prefix_hashes=tuple(range(10)), hash_block_tokens=seg),
+            Request(1, 0.001, 10 * seg, 300, prefix_hashes=tuple(range(100, 110)), hash_block_tokens=seg)]
+    spec = make_spec(hbm_kv_blocks=60, max_num_batched_tokens=512)
+    res = cluster(1, spec=spec, shared_kv=SharedKVSpec(capacity_bytes=1e12, fetch_policy="always")).run(
+        Workload.from_requests(reqs))
+    r = res.records.set_index("request_id")
+    k = res.summary["shared_kv"]
+    assert r.loc[1, "preemptions"] >= 1 and k["fetches"] >= 1
+    assert k["hit_tokens"] == 0 and k["self_hit_tokens"] == k["fetched_segments"] * seg > 0
+    assert r.loc[1, "prefix_hit_tokens"] == 0
