@@ -461,7 +461,7 @@ def test_cli_simulate_router_and_compare_routers(tmp_path, capsys):
 def test_run_compare_routers_rows():
     sc = Scenario(trace=None, synthetic={"duration_s": 15, "rate_per_s": 3}, n_instances=2)
     res = run_compare(sc, routers=["rr", "least-loaded"])
-    assert list(res.runs.columns[:3]) == ["router", "seed", "class"] and res.axis == "router"
+    assert list(res.runs.columns[:4]) == ["router", "seed", "window", "class"] and res.axis == "router"
     agg = aggregate(res.runs, res.policies)
     allrow = agg[(agg["router"] == "rr") & (agg["class"] == "all")].iloc[0]
     assert allrow["load_imbalance"] >= 1.0 and math.isnan(allrow["shared_kv_bytes_fetched"])
