@@ -516,3 +516,18 @@ def test_shared_tier_refetch_of_own_work_is_not_a_hit():
     assert r.loc[1, "preemptions"] >= 1 and k["fetches"] >= 1
     assert k["hit_tokens"] == 0 and k["self_hit_tokens"] == k["fetched_segments"] * seg > 0
     assert r.loc[1, "prefix_hit_tokens"] == 0
+
+
+def test_table_sees_the_shared_tier():
+    seg = 512
+    reqs = [Request(0, 0.0, 4 * seg + 10, 2, prefix_hashes=(1, 2, 3, 4, 5), hash_block_tokens=seg),
+            Request(1, 30.0, 3 * seg + 10, 2, prefix_hashes=(1, 2, 9, 10), hash_block_tokens=seg)]
+    seen = []
+
+    class Spy(Router):
+        def route(self, table):
+            seen.append((table.shared_overlap_segments, table.prefix_overlap_segments.tolist()))
+            return 1
+
+    cluster(2, Spy(), shared_kv=SharedKVSpec(capacity_bytes=1e12)).run(Workload.from_requests(reqs))
+    assert seen == [(0, [0, 0]), (2, [0, 2])]

@@ -38,7 +38,8 @@ request, before any instance scheduler acts, and sends the request to instance
   ============================  =================================================================
 
   and two cluster-wide values: ``shared_overlap_segments`` (leading prefix blocks held by the
-  shared cluster KV tier, :mod:`kvsched.envs.sim.shared_kv`; 0 without one) and
+  shared cluster KV tier and written by now, :mod:`kvsched.envs.sim.shared_kv`; 0 without one; live
+  even with a delay) and
   ``snapshot_s`` (when the instance columns were measured; ``now_s - snapshot_s`` is their age).
 
 **Stale information** (issue #5): with ``delay_s > 0`` the instance columns -- including which
@@ -236,7 +237,7 @@ class RouterTable:
     def shared_overlap_segments(self) -> int:
         if self._shared is None or not self.prefix_blocks:
             return 0
-        return self._shared.cached_prefix_segments(self.prefix_keys, self.prefix_blocks)
+        return self._shared.cached_prefix_segments(self.prefix_keys, self.prefix_blocks, self.now_s)
 
     @property
     def request_blocks(self) -> np.ndarray:
