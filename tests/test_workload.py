@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from kvsched.envs.sim.errors import ConfigError, TraceFormatError
+from kvsched.envs.sim.request import Request, Workload
 from kvsched.envs.workload import synthetic as syn
 from kvsched.envs.workload import traces as tr
 
@@ -625,3 +626,37 @@ def test_mixed_traffic_config():
     assert w.prompt_tokens[w.slo_class == 1].min() >= 16384
     with pytest.raises(ConfigError, match="unknown field"):
         syn.mixed_traffic_config(rate=3)
+
+
+def test_request_rows_equal_validated_constructor(mooncake_conv):
+    """Workload.request skips per-row checks; every row must equal what Request() builds."""
+    w = mooncake_conv
+    for i in (0, 1, 77, len(w) - 1):
+        r = w.request(i)
+        lo, hi = int(w.hash_offsets[i]), int(w.hash_offsets[i + 1])
+        ref = Request(request_id=int(w.request_id[i]), arrival_s=float(w.arrival_s[i]),
+                      prompt_tokens=int(w.prompt_tokens[i]), output_tokens=int(w.output_tokens[i]),
+                      session_id=int(w.session_id[i]),
+                      prefix_hashes=tuple(int(h) for h in w.hashes[lo:hi]),
+                      hash_block_tokens=w.hash_block_tokens, slo_class=w.slo_class_names[int(w.slo_class[i])])
+        assert r == ref
+        assert all(type(h) is int for h in r.prefix_hashes) and type(r.request_id) is int
+        assert type(r.arrival_s) is float
+
+
+def test_workload_validates_columns_once():
+    """What Request checks per row, Workload checks per column at construction."""
+    n = 3
+    good = dict(name="t", request_id=np.arange(n), arrival_s=np.array([0.0, 1.0, 2.0]),
+                prompt_tokens=np.full(n, 5), output_tokens=np.full(n, 2), session_id=np.full(n, -1),
+                slo_class=np.zeros(n, np.int16), hash_offsets=np.zeros(n + 1, np.int64),
+                hashes=np.zeros(0, np.int64))
+    Workload(**good)
+    with pytest.raises(ConfigError, match="prompt_tokens has dtype float64"):
+        Workload(**{**good, "prompt_tokens": np.full(n, 5.5)})
+    with pytest.raises(ConfigError, match=r"request_id=-4 \(row 1\)"):
+        Workload(**{**good, "request_id": np.array([0, -4, 2])})
+    with pytest.raises(ConfigError, match="slo_class codes"):
+        Workload(**{**good, "slo_class": np.array([0, 1, 0], np.int16)})
+    with pytest.raises(ConfigError, match="hash_offsets"):
+        Workload(**{**good, "hash_offsets": np.array([0, 2, 1, 0])})

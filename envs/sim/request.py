@@ -75,6 +75,27 @@ class Request:
                 " > 0 when prefix_hashes are given"
             )
 
+    @classmethod
+    def _from_validated(cls, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                        session_id: int, prefix_hashes: tuple[int, ...], hash_block_tokens: int,
+                        slo_class: str) -> "Request":
+        """A request from fields already checked column-wise by :class:`Workload` (no re-check).
+
+        The simulator's per-arrival path: the same object as the constructor would build, without
+        :meth:`__post_init__` (whose per-field checks cost more than the rest of an arrival).
+        """
+        r = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(r, "request_id", request_id)
+        set_(r, "arrival_s", arrival_s)
+        set_(r, "prompt_tokens", prompt_tokens)
+        set_(r, "output_tokens", output_tokens)
+        set_(r, "session_id", session_id)
+        set_(r, "prefix_hashes", prefix_hashes)
+        set_(r, "hash_block_tokens", hash_block_tokens)
+        set_(r, "slo_class", slo_class)
+        return r
+
     @property
     def total_tokens(self) -> int:
         """Prompt plus output tokens: the KV context the request holds when it finishes."""
@@ -94,6 +115,15 @@ class Workload:
     ``name`` and ``source_sha256`` give provenance (the trace file's content hash, or a
     description of the generator and its seed). ``notes`` records what loading changed
     (e.g. "sorted 3 rows by arrival"), so nothing is done silently.
+
+    Every column is validated here, once, with what :class:`Request` checks per request
+    (integer columns, ``request_id >= 0``, lengths >= 1, finite non-negative arrivals, hashes
+    with a positive ``hash_block_tokens``), so :meth:`request` hands out rows without
+    re-checking them.
+
+    Raises:
+        ConfigError: a column of the wrong length or dtype, or a value out of range (the
+            message names the column and the first offending row).
     """
 
     name: str
@@ -125,6 +155,22 @@ class Workload:
             raise ConfigError("Workload arrival_s must be finite and >= 0")
         if len(self.hashes) and self.hash_block_tokens <= 0:
             raise ConfigError(f"hash_block_tokens={self.hash_block_tokens} must be > 0 when hashes are given")
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class",
+                     "hash_offsets", "hashes"):
+            kind = np.asarray(getattr(self, name)).dtype.kind
+            if kind not in "iu":
+                raise ConfigError(f"Workload column {name} has dtype {np.asarray(getattr(self, name)).dtype}; "
+                                  "expected an integer dtype")
+        if n and np.any(self.request_id < 0):
+            i = int(np.flatnonzero(self.request_id < 0)[0])
+            raise ConfigError(f"Workload request_id={int(self.request_id[i])} (row {i}) must be >= 0")
+        if n and (np.any(self.slo_class < 0) or np.any(self.slo_class >= len(self.slo_class_names))):
+            raise ConfigError(f"Workload slo_class codes must be in [0, {len(self.slo_class_names)}) "
+                              f"(slo_class_names={self.slo_class_names})")
+        off = self.hash_offsets
+        if off[0] != 0 or off[-1] != len(self.hashes) or np.any(np.diff(off) < 0):
+            raise ConfigError(f"Workload hash_offsets must start at 0, be non-decreasing and end at "
+                              f"len(hashes)={len(self.hashes)}")
 
     # ----------------------------------------------------------------------------------------
     @staticmethod
@@ -176,15 +222,15 @@ class Workload:
     def request(self, i: int) -> Request:
         """The ``i``-th request (in arrival order) as a :class:`Request`."""
         lo, hi = int(self.hash_offsets[i]), int(self.hash_offsets[i + 1])
-        return Request(
-            request_id=int(self.request_id[i]),
-            arrival_s=float(self.arrival_s[i]),
-            prompt_tokens=int(self.prompt_tokens[i]),
-            output_tokens=int(self.output_tokens[i]),
-            session_id=int(self.session_id[i]),
-            prefix_hashes=tuple(int(h) for h in self.hashes[lo:hi]),
-            hash_block_tokens=self.hash_block_tokens if hi > lo else 0,
-            slo_class=self.slo_class_names[int(self.slo_class[i])],
+        return Request._from_validated(  # the columns were validated in __post_init__
+            int(self.request_id[i]),
+            float(self.arrival_s[i]),
+            int(self.prompt_tokens[i]),
+            int(self.output_tokens[i]),
+            int(self.session_id[i]),
+            tuple(self.hashes[lo:hi].tolist()) if hi > lo else (),
+            self.hash_block_tokens if hi > lo else 0,
+            self.slo_class_names[int(self.slo_class[i])],
         )
 
     def __iter__(self) -> Iterator[Request]:
