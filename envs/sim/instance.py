@@ -409,6 +409,19 @@ class Instance:
         x = np.fromiter((st.computed for st, _ in plan), np.int64, count=n)  # KV tokens read in step 1
         remaining = np.fromiter((st.output_tokens - st.generated for st, _ in plan), np.int64, count=n)
         k_max = int(remaining.min())
+        k_cap = 0
+        s0 = int(x.sum())
+        if horizon_s < math.inf and k_max > 2:
+            # Evaluate no more steps than the horizon allows. Step k reads s0 + n*k KV tokens, so
+            # step times never decrease (the cost model is monotone in pairs and KV tokens) and
+            # more than (horizon - start) / dt_0 + 1 steps always pass the horizon; two spare
+            # steps cover float rounding. The truncation below then cuts at the same step as
+            # when all k_max steps are evaluated (results are identical).
+            dt0 = self.cost.step_time_fast(float(n), float(s0), float(s0))
+            if dt0 > 0.0:
+                k_cap = int((horizon_s - start) / dt0) + 3
+                if k_cap < k_max:
+                    k_max = k_cap
         # Blocks for steps 2..K: after step 1's allocation request i holds ceil((x_i+1)/bs);
         # after step k it needs ceil((x_i+k)/bs). Extra after j=k-1 more steps:
         # floor((j + s_i)/bs) with s_i = (x_i) mod bs, i.e. ((x_i + 1) - 1) mod bs.
@@ -423,7 +436,6 @@ class Instance:
             extra = n * (j // bs) + cnt_ge[j % bs]
             allowed = int(np.searchsorted(extra, self._stretch_block_limit(int(extra[-1])), side="right"))
             k_max = 1 + allowed
-        s0 = int(x.sum())
         ks = np.arange(k_max, dtype=np.int64)
         ctx = (s0 + n * ks).astype(np.float64)
         dts = self.cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
@@ -434,6 +446,8 @@ class Instance:
         if horizon_s < ends[-1]:
             k_max = int(np.searchsorted(ends, horizon_s, side="left")) + 1
             ends = ends[:k_max]
+        elif k_max == k_cap:
+            raise AssertionError("fast-forward horizon cap cut the stretch short")  # see above
         k = k_max
         # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
         new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
