@@ -37,6 +37,7 @@ block growth from each request's position inside its block.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
@@ -403,69 +404,101 @@ class Instance:
         self._step_start = start
         return start + dt
 
+    #: Steps of a stretch timed one by one in Python before switching to one NumPy call.
+    _SCALAR_STEPS = 48
+
     def _plan_stretch(self, start: float, horizon_s: float) -> float:
         plan = self._plan
         n = len(plan)
-        x = np.fromiter((st.computed for st, _ in plan), np.int64, count=n)  # KV tokens read in step 1
-        remaining = np.fromiter((st.output_tokens - st.generated for st, _ in plan), np.int64, count=n)
-        k_max = int(remaining.min())
-        k_cap = 0
-        s0 = int(x.sum())
-        if horizon_s < math.inf and k_max > 2:
-            # Evaluate no more steps than the horizon allows. Step k reads s0 + n*k KV tokens, so
-            # step times never decrease (the cost model is monotone in pairs and KV tokens) and
-            # more than (horizon - start) / dt_0 + 1 steps always pass the horizon; two spare
-            # steps cover float rounding. The truncation below then cuts at the same step as
-            # when all k_max steps are evaluated (results are identical).
-            dt0 = self.cost.step_time_fast(float(n), float(s0), float(s0))
-            if dt0 > 0.0:
-                k_cap = int((horizon_s - start) / dt0) + 3
-                if k_cap < k_max:
-                    k_max = k_cap
-        # Blocks for steps 2..K: after step 1's allocation request i holds ceil((x_i+1)/bs);
-        # after step k it needs ceil((x_i+k)/bs). Extra after j=k-1 more steps:
-        # floor((j + s_i)/bs) with s_i = (x_i) mod bs, i.e. ((x_i + 1) - 1) mod bs.
+        xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
+        k_rem = min([st.output_tokens - st.generated for st, _ in plan])
+        s0 = sum(xs)
+        # 1. step end times until the first request finishes or a step reaches the horizon
+        ends = self._stretch_end_times(start, horizon_s, n, s0, k_rem)
+        k = len(ends)
+        # 2. KV blocks of steps 2..k. After step 1's allocation request i holds
+        # ceil((x_i+1)/bs); after j more steps it needs floor((j + s_i)/bs) more, s_i = x_i mod bs.
+        # Summed: extra(j) = n*(j // bs) + #(s_i >= bs - j mod bs). The stretch stops before the
+        # step whose blocks the cache cannot give (or that would evict a blocked head's prefix).
+        # Same result as limiting first and cutting at the horizon after: extra is monotone.
         bs = self.bs
-        if k_max > 1:
-            s = x % bs
-            counts = np.bincount(s, minlength=bs)
-            suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0]])  # suffix[t] = #(s >= t)
-            cnt_ge = np.zeros(bs, dtype=np.int64)
-            cnt_ge[1:] = suffix[bs - np.arange(1, bs)]
-            j = np.arange(1, k_max, dtype=np.int64)
-            extra = n * (j // bs) + cnt_ge[j % bs]
-            allowed = int(np.searchsorted(extra, self._stretch_block_limit(int(extra[-1])), side="right"))
-            k_max = 1 + allowed
-        ks = np.arange(k_max, dtype=np.int64)
-        ctx = (s0 + n * ks).astype(np.float64)
-        dts = self.cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
-        acc = np.empty(k_max + 1, dtype=np.float64)
-        acc[0] = start
-        acc[1:] = dts
-        ends = np.cumsum(acc)[1:]
-        if horizon_s < ends[-1]:
-            k_max = int(np.searchsorted(ends, horizon_s, side="left")) + 1
-            ends = ends[:k_max]
-        elif k_max == k_cap:
-            raise AssertionError("fast-forward horizon cap cut the stretch short")  # see above
-        k = k_max
-        # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
-        new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
-        total_new = int(new_blocks.sum())
-        used0 = self.hbm.used_blocks
-        self._stretch_used = np.empty(k, dtype=np.int64)  # HBM blocks in use during each step
-        self._stretch_used[0] = used0
+        extra: list[int] = []
         if k > 1:
-            self._stretch_used[1:] = used0 + extra[:k - 1]
+            counts = [0] * bs
+            for c in xs:
+                counts[c % bs] += 1
+            cnt_ge = [0] * bs
+            acc_ge = 0
+            for t in range(1, bs):
+                acc_ge += counts[bs - t]
+                cnt_ge[t] = acc_ge
+            extra = [n * (j // bs) + cnt_ge[j % bs] for j in range(1, k)]
+            allowed = bisect_right(extra, self._stretch_block_limit(extra[-1]))
+            if allowed + 1 < k:
+                k = allowed + 1
+                del ends[k:]
+        # allocate the blocks of steps 2..k now (nothing else allocates during the stretch)
+        used0 = self.hbm.used_blocks
+        self._stretch_used = np.array([used0] + [used0 + e for e in extra[:k - 1]], dtype=np.int64)
+        total_new = extra[k - 2] if k > 1 else 0
         self._stretch_reserved = total_new
         if total_new:
             ok = self.hbm.allocate(total_new)
             assert ok, "stretch block reservation failed"
-            for (st, _), nb in zip(plan, new_blocks.tolist()):
-                st.private_blocks += nb
-        self._stretch_ends = ends
+            km1 = k - 1
+            for st, _ in plan:
+                c = st.computed
+                st.private_blocks += (c + km1) // bs - c // bs  # ceil((c+k)/bs) - ceil((c+1)/bs)
+        self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
-        return float(ends[-1])
+        return ends[-1]
+
+    def _stretch_end_times(self, start: float, horizon_s: float, n: int, s0: int, k_rem: int) -> list[float]:
+        """End times of up to ``k_rem`` decode steps of ``n`` requests reading ``s0`` KV tokens
+        in the first step (one more each per step), from ``start``, stopping at the first step
+        that ends at or after ``horizon_s``.
+
+        Sequential float additions (as stepping one by one); the first
+        :attr:`_SCALAR_STEPS` steps are timed with :meth:`CostModel.step_time_fast`, the rest
+        with one :meth:`CostModel.step_times_fast` call and a cumulative sum from the last end
+        (bitwise the same values).
+        """
+        fast = self.cost.step_time_fast
+        nf = float(n)
+        ends: list[float] = []
+        e = start
+        k = 0
+        lim = k_rem if k_rem < self._SCALAR_STEPS else self._SCALAR_STEPS
+        while k < lim:
+            ctx = s0 + n * k
+            e += fast(nf, (2 * ctx) / 2.0, float(ctx))
+            ends.append(e)
+            k += 1
+            if e >= horizon_s:
+                return ends
+        if k >= k_rem:
+            return ends
+        # a long stretch: the remaining steps in one vectorised call, capped by the horizon
+        # (step times never decrease: more than (horizon - e) / dt_k + 1 steps pass it)
+        k_end = k_rem
+        if horizon_s < math.inf:
+            ctx = s0 + n * k
+            dt = fast(nf, (2 * ctx) / 2.0, float(ctx))
+            if dt > 0.0:
+                k_end = min(k_rem, k + int((horizon_s - e) / dt) + 3)
+        ks = np.arange(k, k_end, dtype=np.int64)
+        ctxs = s0 + n * ks
+        dts = self.cost.step_times_fast(np.full(len(ks), nf), (2 * ctxs) / 2.0, ctxs.astype(np.float64))
+        acc = np.empty(len(ks) + 1, dtype=np.float64)
+        acc[0] = e
+        acc[1:] = dts
+        more = np.cumsum(acc)[1:]
+        if horizon_s <= more[-1]:
+            more = more[:int(np.searchsorted(more, horizon_s, side="left")) + 1]
+        elif k_end < k_rem:
+            raise AssertionError("fast-forward horizon cap cut the stretch short")
+        ends.extend(more.tolist())
+        return ends
 
     def _stretch_block_limit(self, wanted: int) -> int:
         """Blocks a stretch may allocate without changing the blocked waiting head's outcome.
