@@ -144,6 +144,45 @@ def test_accounting_conservation_and_fast_forward_equivalence(rows, hbm_blocks, 
     pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=request_lists,
+       hbm_blocks=hst.integers(110, 400),
+       budget=hst.sampled_from([8, 64, 2048]),
+       mode=hst.sampled_from(["recompute", "swap"]),
+       max_seqs=hst.sampled_from([2, 64]))
+def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budget, mode, max_seqs):
+    """Instance._schedule_decodes (all running requests decode: one batched KV allocation) gives
+    the same records, summary and occupancy as the request-by-request running loop, including
+    when KV runs out (it then declines and the loop preempts) and with prefix caching."""
+    from kvsched.envs.sim.instance import Instance
+
+    w = build_workload(rows)
+    spec = make_spec(hbm_kv_blocks=hbm_blocks, max_num_batched_tokens=budget,
+                     dram_kv_bytes=60 * BLOCK_BYTES if mode == "swap" else 0,
+                     preemption_mode=mode, max_num_seqs=max_seqs)
+    fast = run(w, spec, check=True)
+    calls = {"n": 0}
+    orig = Instance._schedule_decodes
+
+    def counting(self, *a):
+        calls["n"] += 1
+        return orig(self, *a)
+
+    try:
+        Instance._schedule_decodes = counting
+        run(w, spec, check=False)
+        Instance._schedule_decodes = lambda self, *a: False  # always the loop
+        slow = run(w, spec, check=True)
+    finally:
+        Instance._schedule_decodes = orig
+    if any(o >= 2 and p + o <= hbm_blocks * 16 for _, p, o, _ in rows):  # something decodes
+        assert calls["n"] > 0
+    pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+    assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
+    pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
+    assert fast.stats == slow.stats
+
+
 def test_recompute_preemption_counts_recomputed_tokens():
     # 3 requests whose decodes outgrow a small cache: the latest admitted is preempted
     spec = make_spec(hbm_kv_blocks=40, max_num_batched_tokens=2048, enable_prefix_caching=False)

@@ -218,13 +218,17 @@ class Instance:
         running = self.running
         waiting_blocked_static = True
 
+        n_decodes = 0  # > 0: the plan starts with one decode of each of these running requests
         if not self.policy.stall_free:
             # vLLM: running requests first, in admission order
-            for st in list(running):
-                if step.budget <= 0:
-                    break
-                if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
-                    self._schedule_running(st, step, now)
+            if running and self._schedule_decodes(running, step, now):
+                n_decodes = len(running)
+            else:
+                for st in list(running):
+                    if step.budget <= 0:
+                        break
+                    if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
+                        self._schedule_running(st, step, now)
             if not step.preempted:
                 self._resume_swapped(now)
                 if (not self.swapped or self.admit_while_swapped) and self.waiting and step.budget > 0 \
@@ -284,8 +288,9 @@ class Instance:
         self._plan = plan
         if (self.options.fast_forward and not step.preempted and not self.swapped
                 and len(plan) == len(running) and (not self.waiting or waiting_blocked_static)
-                and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
-                        for st, n in plan)):
+                and ((n_decodes and len(plan) == n_decodes)
+                     or all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
+                            for st, n in plan))):
             end = self._plan_stretch(start, horizon_s)
         else:
             end = self._plan_single(start)
@@ -374,6 +379,47 @@ class Instance:
                 return  # st preempted itself
         st.private_blocks += need
         self._count(st, n, leaves_partial, step)
+
+    def _schedule_decodes(self, running: list[RequestState], step: "_StepBuild", now: float) -> bool:
+        """Fast path of the running loop when every running request is a ready decode.
+
+        Gives each one token at once when the token budget covers them all and HBM has the new
+        blocks they need (one allocation of the sum: evicts the same LRU segments as one
+        allocation per request). Returns ``False`` without changing anything otherwise, and
+        :meth:`schedule` then runs the request-by-request loop (which may preempt). Same plan,
+        counters and blocks as that loop: a decode's chunk is 1 token, never partial.
+        """
+        n = len(running)
+        if n > step.budget:
+            return False
+        bs = self.bs
+        need_total = 0
+        ctx_total = 0
+        needs = []
+        for st in running:
+            c = st.computed
+            if (st.status != RUNNING or st.ready_s > now or st.generated <= 0
+                    or c != st.prompt_tokens + st.generated - 1):
+                return False
+            need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
+            if need < 0:
+                need = 0
+            needs.append(need)
+            need_total += need
+            ctx_total += c
+        if need_total and not self.hbm.allocate(need_total):
+            return False
+        if need_total:
+            for st, need in zip(running, needs):
+                if need:
+                    st.private_blocks += need
+        step.plan.extend([(st, 1) for st in running])
+        step.planned.update([st.rid for st in running])
+        step.budget -= n
+        step.n_tokens += n
+        step.attn2 += 2 * ctx_total
+        step.kv_tokens += ctx_total
+        return True
 
     def _resume_swapped(self, now: float) -> None:
         """Swap requests back in (oldest first) while HBM has room for their blocks."""
