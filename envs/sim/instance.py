@@ -817,12 +817,10 @@ class Instance:
             gaps = np.diff(ends)
             max_gap = float(gaps.max()) if k > 1 else -1.0
             first_end = float(ends[0])
-            first_gaps = np.empty(len(plan))
-            classes = np.empty(len(plan), dtype=np.int64)
-            for idx, (st, _) in enumerate(plan):
+            first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order
+            for st, _ in plan:
                 g = first_end - st.last_token_s
-                first_gaps[idx] = g
-                classes[idx] = st.length_class
+                first_gaps[st.length_class].append(g)
                 m = g if g > max_gap else max_gap
                 if not (st.max_itl_s >= m):
                     st.max_itl_s = m
@@ -831,14 +829,13 @@ class Instance:
                 st.last_token_s = now
                 if st.generated >= st.output_tokens:
                     finished.append(st)
-            rec.add_itl(first_gaps, classes, gaps)
+            rec.add_itl_by_class(first_gaps, gaps)
             rec.occupancy.stretch(self.instance_id, ends, self._stretch_used)
             self._stretch_ends = None
         else:
             self.steps += 1
             self.sum_batch += len(plan)
-            gap_vals = []
-            gap_classes = []
+            gap_vals: tuple[list[float], list[float]] = ([], [])  # per length class
             for st, n in plan:
                 if st.status != RUNNING:
                     continue
@@ -852,15 +849,14 @@ class Instance:
                         st.first_token_s = now
                     else:
                         g = now - st.last_token_s
-                        gap_vals.append(g)
-                        gap_classes.append(st.length_class)
+                        gap_vals[st.length_class].append(g)
                         if not (st.max_itl_s >= g):
                             st.max_itl_s = g
                     st.last_token_s = now
                     if st.generated >= st.output_tokens:
                         finished.append(st)
-            if gap_vals:
-                rec.add_itl(np.asarray(gap_vals), np.asarray(gap_classes, dtype=np.int64), None)
+            if gap_vals[0] or gap_vals[1]:
+                rec.add_itl_by_class(gap_vals, None)
         for st in finished:
             self.running.remove(st)
             self._release_hbm(st)

@@ -38,7 +38,7 @@ class Recorder:
         self._itl_by_index = [self._itl[name] for name in LENGTH_CLASSES]
         # ITL samples are buffered and binned in batches: one histogram call per ~64k samples
         self._buf_vals: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
-        self._buf_wts: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
+        self._buf_wts: list[list[int]] = [[] for _ in LENGTH_CLASSES]  # one weight per array
         self._buffered = 0
         self.rows: list[tuple] = []
         self.occupancy = OccupancyTracker(occupancy_interval_s)
@@ -76,18 +76,31 @@ class Recorder:
             shared_gaps: gaps every one of the ``n`` requests saw (a fast-forwarded stretch),
                 shape ``(k,)``; each is counted once per request.
         """
-        n_long = int(classes.sum())  # classes are 0 (short) or 1 (long)
-        n_short = len(classes) - n_long
-        for c, cnt in ((0, n_short), (1, n_long)):
+        first_gaps = np.asarray(first_gaps, dtype=np.float64)
+        classes = np.asarray(classes)
+        self.add_itl_by_class(tuple(first_gaps[classes == c].tolist() for c in range(len(LENGTH_CLASSES))),
+                              shared_gaps)
+
+    def add_itl_by_class(self, first_gaps: tuple[list[float], ...], shared_gaps: np.ndarray | None) -> None:
+        """:meth:`add_itl` with the per-request gaps already split by length class.
+
+        Args:
+            first_gaps: one list of gaps (s) per length class (index 0 short, 1 long).
+            shared_gaps: as in :meth:`add_itl`, counted once per request of every class.
+
+        Samples are buffered as (values, one integer weight) and binned ~64k at a time, with the
+        same concatenated arrays as before (the weights are expanded once per flush).
+        """
+        for c, vals in enumerate(first_gaps):
+            cnt = len(vals)
             if not cnt:
                 continue
-            vals = first_gaps if cnt == len(classes) else first_gaps[classes == c]
-            self._buf_vals[c].append(vals)
-            self._buf_wts[c].append(np.ones(len(vals), dtype=np.int64))
-            self._buffered += len(vals)
+            self._buf_vals[c].append(np.array(vals, dtype=np.float64))
+            self._buf_wts[c].append(1)
+            self._buffered += cnt
             if shared_gaps is not None and len(shared_gaps):
                 self._buf_vals[c].append(shared_gaps)
-                self._buf_wts[c].append(np.full(len(shared_gaps), cnt, dtype=np.int64))
+                self._buf_wts[c].append(cnt)
                 self._buffered += len(shared_gaps)
         if self._buffered >= 65536:
             self._flush_itl()
@@ -95,8 +108,10 @@ class Recorder:
     def _flush_itl(self) -> None:
         for c, hist in enumerate(self._itl_by_index):
             if self._buf_vals[c]:
-                hist.add(np.concatenate(self._buf_vals[c]), np.concatenate(self._buf_wts[c]))
-                self._buf_vals[c].clear()
+                vals = self._buf_vals[c]
+                w = np.repeat(np.array(self._buf_wts[c], dtype=np.int64), [len(v) for v in vals])
+                hist.add(np.concatenate(vals), w)
+                vals.clear()
                 self._buf_wts[c].clear()
         self._buffered = 0
 
