@@ -88,6 +88,9 @@ class OccupancyTracker:
         s = self._inst[inst_id]
         if k < 2:
             return
+        if k <= self._SCALAR_STEPS:
+            self._stretch_scalar(s, inst_id, ends.tolist(), hbm_used.tolist())
+            return
         t_int = ends[:-1]
         prev = np.empty(k - 1)
         prev[0] = s.prev_t
@@ -116,6 +119,39 @@ class OccupancyTracker:
             s.last_cell = int(cells[new[-1]])
         s.prev_t = float(t_int[-1])
         s.prev_used = (int(hbm_used[-1]), s.prev_used[1], s.prev_used[2])
+
+    #: Stretches up to this many steps are integrated with Python floats (fewer calls).
+    _SCALAR_STEPS = 64
+
+    def _stretch_scalar(self, s: _InstanceOccupancy, inst_id: int, ends: list[float], used: list[int]) -> None:
+        """:meth:`stretch` for a short stretch: the same float operations in the same order
+        (``x + u * dt`` per step end, as the cumulative sums do), one Python pass."""
+        prev_t = s.prev_t
+        i0, i1, i2 = s.integral
+        u1, u2 = s.prev_used[1], s.prev_used[2]
+        iv = self.interval_s
+        last_cell = s.last_cell
+        samples = self.samples
+        for j in range(len(ends) - 1):
+            t = ends[j]
+            dt = t - prev_t
+            i0 = i0 + float(used[j]) * dt
+            if u1:
+                i1 = i1 + u1 * dt
+            if u2:
+                i2 = i2 + u2 * dt
+            cell = int(t // iv)
+            if cell > last_cell:
+                last_cell = cell
+                samples.append((t, inst_id, used[j], u1, u2) + tuple(s.capacity))
+            prev_t = t
+        s.integral[0], s.integral[1], s.integral[2] = i0, i1, i2
+        top = max(used)
+        if top > s.peak[0]:
+            s.peak[0] = top
+        s.last_cell = last_cell
+        s.prev_t = prev_t
+        s.prev_used = (used[-1], u1, u2)
 
     def frame(self) -> pd.DataFrame:
         """Samples: time_s, instance_id, used_blocks_<tier>, capacity_blocks_<tier>."""
