@@ -193,6 +193,14 @@ class RoundRobin(Router):
         self._tie += 1
         return i
 
+    def arrivals_until(self, index: int, n_instances: int) -> int:
+        """Arrivals still to come before the one routed to instance ``index`` (0: the next).
+
+        The cluster uses it as that instance's fast-forward horizon (arrivals to the others
+        cannot change its batch).
+        """
+        return (index - self._tie) % n_instances
+
 
 # ----------------------------------------------------------------------------- least-loaded
 @dataclass(frozen=True)

@@ -261,3 +261,47 @@ def test_tiny_budget_with_several_partial_prefills_still_progresses():
     res = run(Workload.from_requests(reqs), spec)
     assert (res.records.status == "finished").all()
     assert res.stats["steps"] >= 3 * 20
+
+
+def test_round_robin_stretches_run_to_each_instance_own_next_arrival():
+    """With round-robin routing a stretch stops at the instance's own next arrival, not the
+    cluster's: same records, summary and occupancy as a router that does not say so, and as no
+    fast-forward, in fewer events."""
+    from kvsched.envs.sim.cluster import Cluster
+    from kvsched.policies.base import make_policy
+
+    rng = np.random.default_rng(3)
+    n = 90
+    arr = np.cumsum(rng.exponential(0.05, n))
+    w = Workload.from_requests([Request(i, float(a), int(rng.integers(50, 400)), int(rng.integers(20, 200)))
+                                for i, a in enumerate(arr)])
+    spec = make_spec()
+
+    class PlainRoundRobin:  # the same choices, without arrivals_until
+        name = "round-robin"  # (the summary names the router)
+
+        def bind(self, n_instances, seed):
+            self.next = 0
+
+        def route(self, table):
+            self.next += 1
+            return (self.next - 1) % len(table)
+
+    def plain_round_robin():
+        return PlainRoundRobin()
+
+    def run_cluster(router=None, ff=True):
+        c = Cluster([spec] * 3, lambda: make_policy("fcfs"), router=router,
+                    options=InstanceOptions(fast_forward=ff, check_invariants=True))
+        return c.run(w)
+
+    own = run_cluster()
+    shared = run_cluster(plain_round_robin())
+    slow = run_cluster(ff=False)
+    for other in (shared, slow):
+        pd.testing.assert_frame_equal(own.records, other.records, check_exact=True)
+        assert summary_to_json(own.summary) == summary_to_json(other.summary)
+        pd.testing.assert_frame_equal(own.occupancy, other.occupancy, check_exact=True)
+    assert own.stats["steps"] == shared.stats["steps"]
+    assert own.stats["events"] < 0.8 * shared.stats["events"]
+    assert own.stats["fast_forward_stretches"] < shared.stats["fast_forward_stretches"]

@@ -55,6 +55,11 @@ class Cluster:
         router: a router name (``kvsched.policies.routing.router_names()``) or a router object
             with ``bind(n_instances, seed)`` and ``route(table) -> row``; default round-robin.
             Not called with a single instance.
+            A router whose choice depends only on how many requests it has routed may expose
+            ``router.arrivals_until(index, n_instances)`` (arrivals still to come before the
+            one routed to ``index``): without a shared KV tier, a fast-forwarded stretch of that
+            instance then runs up to its own next arrival rather than the cluster's
+            (round-robin does; same results).
         options: simulation options shared by all instances.
         progress: optional callback ``progress(n_requests_done)`` called every 1,000 requests.
         router_params: parameters of a named router (dict of its parameter fields).
@@ -132,6 +137,8 @@ class Cluster:
             ev.push(float(arrivals[0]), ARRIVAL, None)
         done_reported = 0
         check_pool = self.shared_kv is not None and instances[0].options.check_invariants
+        ahead = (getattr(self.router, "arrivals_until", None)
+                 if len(instances) > 1 and self.shared_kv is None else None)
         while len(ev):
             t, kind, payload = ev.pop()
             if kind == STEP_END:
@@ -161,7 +168,12 @@ class Cluster:
                 inst = payload
                 inst.schedule_pending = False
                 if not inst.busy:
-                    horizon = float(arrivals[next_idx]) if next_idx < n else math.inf
+                    # the next arrival this instance can receive: with round-robin routing, the
+                    # one its turn comes at (others cannot change its batch); else the next one
+                    j = next_idx
+                    if ahead is not None and j < n:
+                        j += ahead(inst.instance_id, len(instances))
+                    horizon = float(arrivals[j]) if j < n else math.inf
                     end = inst.schedule(t, horizon)
                     if end is not None:
                         ev.push(end, STEP_END, inst)
