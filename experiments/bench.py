@@ -50,7 +50,8 @@ Cases (``kvsched bench --list``):
   :func:`vidur_instance_spec`); used by ``--peer vidur``.
 
 ``kvsched bench --peer vidur`` runs Microsoft Vidur 0.0.26 (``run.sh`` of the peer folder,
-default ``/work/shared/peers/vidur``, which installs Vidur into its own venv) and kvsched on the
+default ``../shared/peers/vidur`` next to the repository (:data:`DEFAULT_VIDUR_DIR`), which
+installs Vidur into its own venv) and kvsched on the
 same configuration and reports the wall-time ratio and both simulators' TTFT / TBT / E2E
 p50 / p99.
 
@@ -87,9 +88,10 @@ BLIS_REFERENCE_REQ_PER_S = BLIS_REFERENCE_REQUESTS / BLIS_REFERENCE_WALL_S
 #: Speed-up over BLIS that issue #8 asks for.
 GOAL_SPEEDUP = 10.0
 
-#: Default folder of the Vidur peer scripts (``run.sh``, ``summarize.py``); override with
+#: Default folder of the Vidur peer scripts (``run.sh``, ``summarize.py``): ``shared/peers/vidur``
+#: beside the repository checkout (``<repo>/../shared/peers/vidur``); override with
 #: ``--peer-dir`` or the ``KVSCHED_VIDUR_DIR`` environment variable.
-DEFAULT_VIDUR_DIR = "/work/shared/peers/vidur"
+DEFAULT_VIDUR_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "peers" / "vidur"
 #: Vidur release the peer scripts install (PyPI ``vidur``).
 VIDUR_VERSION = "0.0.26"
 
@@ -215,6 +217,7 @@ class Prepared:
     policy: str = "fcfs"
     metrics: Any = None
     oracle_lengths: bool = False
+    policy_params: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,7 @@ def _scenario_file(stem: str, window_s: tuple[float, float] | None = None) -> Ca
         if window_s is not None:
             sc = sc.with_overrides(window_s=window_s)
         return Prepared(sc.workload(), sc.instance_spec(), sc.n_instances, sc.policy, sc.metrics_config(),
-                        sc.oracle_lengths)
+                        sc.oracle_lengths, dict(sc.policy_params) or None)
     return build
 
 
@@ -346,7 +349,7 @@ def vidur_kv_blocks(max_tokens_per_request: int = 4096, block_size: int = 16) ->
 
 
 def vidur_instance_spec():
-    """kvsched's spec for Vidur's configuration (see ``/work/shared/peers/vidur/README.md``).
+    """kvsched's spec for Vidur's configuration (see ``README.md`` in :data:`DEFAULT_VIDUR_DIR`).
 
     Llama-2-70B on 2x A100-80GB (TP 2), 16-token blocks, Sarathi chunk 512 -> a token budget
     (``max_num_batched_tokens``) of 512 with chunked prefill, batch cap 128 -> ``max_num_seqs``
@@ -472,7 +475,7 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
             sys.stderr.flush()
 
     result = simulate(prep.workload, prep.spec, prep.policy, metrics, options, prep.n_instances,
-                      progress=progress if n >= 50_000 else None)
+                      progress=progress if n >= 50_000 else None, policy_params=prep.policy_params)
     sim_s, cpu_s = time.perf_counter() - t1, time.process_time() - c1
     if profiler is not None:
         profiler.stop()

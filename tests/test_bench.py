@@ -143,3 +143,13 @@ def test_peer_vidur_side_by_side(tmp_path):
     for sim in ("vidur", "kvsched"):
         for metric in ("ttft", "tpot", "e2e"):
             assert run[sim]["latency_s"][metric]["p50"] > 0
+
+
+def test_vidur_dir_is_beside_the_checkout_and_scenario_params_reach_simulate():
+    from pathlib import Path
+
+    repo = Path(bench.__file__).resolve().parent.parent
+    assert bench.DEFAULT_VIDUR_DIR == repo.parent / "shared" / "peers" / "vidur"
+    prep = bench._scenario_file("long-context-nvme-tiered", (0.0, 5.0))()
+    assert prep.policy_params == {"tier_aware_preemption": True, "prefetch": True}
+    assert bench._scenario_file("long-context-swap-dram", (0.0, 5.0))().policy_params is None
