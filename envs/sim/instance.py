@@ -218,7 +218,7 @@ class Instance:
         running = self.running
         waiting_blocked_static = True
 
-        n_decodes = 0  # > 0: the plan starts with one decode of each of these running requests
+        n_decodes = 0  # > 0: the plan starts with one decode of that many running requests
         if not self.policy.stall_free:
             # vLLM: running requests first, in admission order
             if running and self._schedule_decodes(running, step, now):
@@ -288,9 +288,8 @@ class Instance:
         self._plan = plan
         if (self.options.fast_forward and not step.preempted and not self.swapped
                 and len(plan) == len(running) and (not self.waiting or waiting_blocked_static)
-                and ((n_decodes and len(plan) == n_decodes)
-                     or all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
-                            for st, n in plan))):
+                and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
+                        for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             end = self._plan_stretch(start, horizon_s)
         else:
             end = self._plan_single(start)
@@ -395,24 +394,22 @@ class Instance:
         bs = self.bs
         need_total = 0
         ctx_total = 0
-        needs = []
+        needy = []  # (request, new blocks) of those that need any
         for st in running:
             c = st.computed
-            if (st.status != RUNNING or st.ready_s > now or st.generated <= 0
-                    or c != st.prompt_tokens + st.generated - 1):
+            g = st.generated
+            if st.status != RUNNING or st.ready_s > now or g <= 0 or c != st.prompt_tokens + g - 1:
                 return False
             need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
-            if need < 0:
-                need = 0
-            needs.append(need)
-            need_total += need
+            if need > 0:
+                needy.append((st, need))
+                need_total += need
             ctx_total += c
-        if need_total and not self.hbm.allocate(need_total):
-            return False
         if need_total:
-            for st, need in zip(running, needs):
-                if need:
-                    st.private_blocks += need
+            if not self.hbm.allocate(need_total):
+                return False
+            for st, need in needy:
+                st.private_blocks += need
         step.plan.extend([(st, 1) for st in running])
         step.planned.update([st.rid for st in running])
         step.budget -= n
