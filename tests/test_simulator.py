@@ -149,18 +149,20 @@ def test_accounting_conservation_and_fast_forward_equivalence(rows, hbm_blocks, 
        hbm_blocks=hst.integers(110, 400),
        budget=hst.sampled_from([8, 64, 2048]),
        mode=hst.sampled_from(["recompute", "swap"]),
-       max_seqs=hst.sampled_from([2, 64]))
-def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budget, mode, max_seqs):
+       max_seqs=hst.sampled_from([2, 64]),
+       policy=hst.sampled_from(["fcfs", "sarathi"]))
+def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budget, mode, max_seqs, policy):
     """Instance._schedule_decodes (all running requests decode: one batched KV allocation) gives
     the same records, summary and occupancy as the request-by-request running loop, including
-    when KV runs out (it then declines and the loop preempts) and with prefix caching."""
+    when KV runs out (it then declines and the loop preempts), with prefix caching, and in the
+    stall-free (Sarathi-Serve) composer."""
     from kvsched.envs.sim.instance import Instance
 
     w = build_workload(rows)
     spec = make_spec(hbm_kv_blocks=hbm_blocks, max_num_batched_tokens=budget,
                      dram_kv_bytes=60 * BLOCK_BYTES if mode == "swap" else 0,
                      preemption_mode=mode, max_num_seqs=max_seqs)
-    fast = run(w, spec, check=True)
+    fast = run(w, spec, check=True, policy=policy)
     calls = {"n": 0}
     orig = Instance._schedule_decodes
 
@@ -170,9 +172,9 @@ def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budge
 
     try:
         Instance._schedule_decodes = counting
-        run(w, spec, check=False)
+        run(w, spec, check=False, policy=policy)
         Instance._schedule_decodes = lambda self, *a: False  # always the loop
-        slow = run(w, spec, check=True)
+        slow = run(w, spec, check=True, policy=policy)
     finally:
         Instance._schedule_decodes = orig
     if any(o >= 2 and p + o <= hbm_blocks * 16 for _, p, o, _ in rows):  # something decodes

@@ -239,12 +239,15 @@ class Instance:
                     waiting_blocked_static = self.policy.order_is_static
         else:
             # Sarathi-Serve stall-free batching: decodes first, then prefills in policy order
-            for st in list(running):
-                if step.budget <= 0:
-                    break
-                if (st.status == RUNNING and st.ready_s <= now
-                        and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
-                    self._schedule_running(st, step, now)
+            if running and self._schedule_decodes(running, step, now):
+                n_decodes = len(running)
+            else:
+                for st in list(running):
+                    if step.budget <= 0:
+                        break
+                    if (st.status == RUNNING and st.ready_s <= now
+                            and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
+                        self._schedule_running(st, step, now)
             if not step.preempted:
                 self._resume_swapped(now)
             partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now
