@@ -19,6 +19,10 @@ Decisions (each has a vLLM-faithful default):
    a cap on one prefill's chunk given the batch planned so far (adaptive chunking), or ``None``.
 6. ``chunked_prefill``: ``False`` makes every prefill run whole in one step (non-preemptive).
 7. ``on_request_finished(now_s, ...)``: feedback when a request completes (for online tuning).
+8. ``choose_migrations(table, ...)`` (only with ``uses_pnm`` and a PNM tier in the spec): which
+   GPU-resident decodes to move to the processing-near-memory tier now (REFERENCE.md §3.2), and
+   ``migration_free_steps(...)``: how many identical decode steps ahead it would move nobody (so
+   fast-forwarded stretches stop where one-by-one stepping would migrate).
 
 ``order_is_static`` declares that the admission order cannot change while the batch is
 unchanged (no arrival, completion or transfer); the simulator only fast-forwards stretches
@@ -133,6 +137,7 @@ class SchedulerPolicy:
     order_is_static = True
     stall_free = False
     chunked_prefill: bool | None = None  # None: as the spec says
+    uses_pnm = False  # True: the instance asks choose_migrations every step (needs spec.pnm)
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         self.params = params if params is not None else self.params_cls()
@@ -168,10 +173,12 @@ class SchedulerPolicy:
 
         Args:
             table: running candidates (admission order).
-            costs_s: for each feasible mode ("recompute", "swap", "offload"), the seconds it
-                would cost each row: recompute = predicted re-prefill of its tokens; swap = copy
-                out and back over PCIe; offload = PCIe plus NVMe write and read (REFERENCE.md
-                §5.4). Modes whose tier cannot take a row's blocks are ``inf`` for that row.
+            costs_s: for each feasible mode ("recompute", "swap", "offload", "migrate"), the
+                seconds it would cost each row: recompute = predicted re-prefill of its tokens;
+                swap = copy out and back over PCIe; offload = PCIe plus NVMe write and read
+                (REFERENCE.md §5.4); migrate (only with a PNM tier) = the one-way copy to PNM over
+                its link, for decoding rows (REFERENCE.md §3.2). Modes whose tier cannot take a
+                row's blocks are ``inf`` for that row.
             default_mode: the spec's ``preemption_mode``.
 
         Returns:
@@ -203,6 +210,32 @@ class SchedulerPolicy:
                 and earlier chunks), in the cost model's terms (``CostModel.step_time_s``).
         """
         return None
+
+    def choose_migrations(self, table: FeatureTable, hbm_available_blocks: int, hbm_capacity_blocks: int,
+                          pnm_available_blocks: int) -> np.ndarray | None:
+        """Rows of ``table`` (GPU-resident decoding requests) to migrate to PNM now, in order.
+
+        Called at the start of every step when ``uses_pnm`` and the spec has a PNM tier. The
+        instance starts the copies in the given order while the PNM pool has room. Default: none.
+        """
+        return None
+
+    def migration_free_steps(self, ctx_tokens: np.ndarray, hbm_available_blocks: np.ndarray,
+                             pnm_available_blocks: int, hbm_capacity_blocks: int, block_size_tokens: int) -> int:
+        """How many of the next identical decode steps :meth:`choose_migrations` would move nobody.
+
+        Args:
+            ctx_tokens: KV tokens of the GPU-resident decodes at the start of the next step; they
+                grow by one per step.
+            hbm_available_blocks: free + evictable HBM blocks at the start of each next step,
+                shape ``(k,)`` (only the first ``k`` steps are asked about).
+            pnm_available_blocks: free PNM blocks now (it only shrinks during such steps).
+            hbm_capacity_blocks, block_size_tokens: the HBM pool's size and the block size.
+
+        Returns an int ``m`` in ``[0, k]``: a lower bound is always safe (the stretch is only
+        shorter). Default: ``k`` (a policy that never migrates).
+        """
+        return len(hbm_available_blocks)
 
     def on_request_finished(self, now_s: float, arrival_s: float, first_token_s: float,
                             prompt_tokens: int, generated_tokens: int) -> None:

@@ -37,7 +37,7 @@ def _record(**kw):
         slo_class="default", status="finished", reject_reason="", first_scheduled_s=NAN,
         first_token_s=NAN, finish_s=NAN, generated_tokens=0, preemptions=0,
         recomputed_tokens=0, prefix_hit_tokens=0, max_itl_s=NAN, bytes_hbm_to_dram=0,
-        bytes_dram_to_hbm=0, bytes_hbm_to_nvme=0, bytes_nvme_to_hbm=0,
+        bytes_dram_to_hbm=0, bytes_hbm_to_nvme=0, bytes_nvme_to_hbm=0, bytes_hbm_to_pnm=0,
     )
     base.update(kw)
     return base
@@ -116,7 +116,7 @@ def test_hand_computed_four_requests():
     assert a["prefix"]["prompt_tokens"] == 8542
     assert a["prefix"]["hit_rate"] == approx(4160 / 8542)
     assert a["bytes_moved"] == {"hbm_to_dram": 1000, "dram_to_hbm": 1000, "hbm_to_nvme": 7,
-                                "nvme_to_hbm": 5, "total": 2012}
+                                "nvme_to_hbm": 5, "hbm_to_pnm": 0, "total": 2012}
     assert a["max_itl_s"] == approx(0.5)
     assert a["starvation"]["max_queueing_delay_s"] == approx(0.5)
     assert a["starvation"]["starved"] == 0

@@ -304,7 +304,9 @@ def test_pcie_default_follows_gpu() -> None:
 
 def test_presets_rows() -> None:
     rows = presets_rows()
-    assert set(rows) == {"models", "gpus", "links"}
+    assert set(rows) == {"models", "gpus", "links", "pnm"}
+    pnm = {r["name"]: r for r in rows["pnm"]}
+    assert pnm["cxl-pnm-ocp2025-x10"]["mem_TB_per_s"] == 2.0 and pnm["cxl-pnm-ocp2025"]["capacity_TB"] == 4.0
     by_name = {r["name"]: r for r in rows["models"]}
     assert by_name["Llama-3.1-8B"]["kv_bytes_per_token_bf16"] == 131_072
     assert by_name["Llama-3.1-8B"]["weights_GB_bf16"] == pytest.approx(16.1)

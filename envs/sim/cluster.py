@@ -257,7 +257,8 @@ class Cluster:
             "mean_batch_size": (sum(i.sum_batch for i in self.instances)
                                 / max(1, sum(i.steps for i in self.instances))),
             "link_bytes": {name: sum(i.links[name].bytes_moved for i in self.instances)
-                           for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read")},
+                           for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read", "pnm_link")},
+            "pnm_migrations": sum(i.pnm_migrations for i in self.instances),
             "evicted_prefix_segments": sum(i.hbm.evicted_segments for i in self.instances),
             "routed_requests": [int(x) for x in self.routed_requests],
         }

@@ -19,6 +19,24 @@ cached contexts ``{ctx_k}`` is summarised by three numbers:
 - ``attn_pairs = Σ_j c_j·(p_j + c_j/2) + Σ_k ctx_k``
 - ``kv_tokens  = Σ_j (p_j + c_j) + Σ_k ctx_k``
 
+**PNM-resident decodes** (REFERENCE §3.2, hybrid execution; specs ``PNMSpec``): their linear layers
+stay in the GPU step (they count in ``n_tokens``) but their attention reads happen near memory, so
+their contexts are left out of ``attn_pairs`` and ``kv_tokens`` and summed in ``pnm_kv_tokens``:
+
+```
+t_pnm  = max( kvt_all·pnm_kv_tokens / (n_dev·BW_pnm·MBU_pnm), A_all·pnm_kv_tokens / (n_dev·F_pnm) )
+t_step = max( max(FLOPs/(F·MFU(n)), Bytes/(B·mbu)), t_pnm ) + step_overhead_s + t_comm(n)
+         + 2·t_rpc + n_pnm · (4·L·n_h·d_h·2 B / tp) / BW_link
+```
+
+(``kvt_all``, ``A_all``: whole-model KV bytes per token and attention FLOPs per pair; the KV is
+striped over the ``n_dev`` devices.) GPU work and PNM attention **overlap** (the ``max``), as the
+§3.2 formula has it: per layer the GPU runs the GPU-resident requests' attention and the FC/MLP
+while the PNM devices run the PNM-resident requests' attention (L3, arXiv 2504.17584, coordinates
+GPU and DIMM-PIM this way). What cannot overlap is **serial**: one RPC round trip (``2·t_rpc``) and
+the q/k/v/o activations of each PNM-resident decode token crossing the GPU<->PNM link (per TP rank,
+its heads only). The per-step (not per-layer) RPC count follows §3.2 as written [inferred].
+
 All step functions accept scalars or equal-length float64 NumPy arrays and are computed once,
 elementwise, with +, −, ×, ÷ and ``np.maximum`` only, so a scalar call is bitwise identical to
 the same element of an array call. Scalar inputs return NumPy float64 scalars.
@@ -78,6 +96,17 @@ class CostModel:
         self._eff_flops = self.peak_flops_per_s * c.mfu_max
         self._eff_bw = self.hbm_bytes_per_s * c.mbu
         self._overhead = float(c.step_overhead_s)
+        self._pnm = spec.pnm is not None
+        if spec.pnm is not None:
+            pnm = spec.pnm
+            self._pnm_kv_per_s = pnm.n_devices * pnm.mem_bytes_per_s * pnm.mbu
+            self._pnm_flops_per_s = pnm.n_devices * pnm.attn_flops_per_s
+            self._pnm_kv_bytes_per_token = spec.kv_bytes_per_token  # whole model: all TP ranks' KV
+            self._pnm_attn_flops_per_pair = m.attn_flops_per_pair
+            self._pnm_rpc_s = 2.0 * pnm.rpc_latency_s
+            # q, k, v and attention output per token per layer, bf16, this rank's heads
+            self._pnm_act_s_per_token = (4.0 * m.n_layers * m.n_heads * m.head_dim * ACTIVATION_BYTES / tp
+                                         / pnm.link.bytes_per_s)
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
             self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
@@ -151,6 +180,57 @@ class CostModel:
         memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         return ((compute if compute >= memory else memory) + self._overhead
                 + (self._comm_per_token * n_tokens + self._comm_fixed))
+
+    def pnm_step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float,
+                           pnm_kv_tokens: float, n_pnm: float) -> float:
+        """One step with PNM-resident decodes (module docstring formula), Python floats, unchecked.
+
+        Args:
+            n_tokens, attn_pairs, kv_tokens: as :meth:`step_time_s`, with the PNM-resident
+                decodes counted in ``n_tokens`` only.
+            pnm_kv_tokens: Σ context tokens of the PNM-resident decodes (their KV read near memory).
+            n_pnm: number of PNM-resident decodes in the step.
+
+        Returns seconds, bitwise equal to the same element of :meth:`pnm_step_times_fast`.
+        Source: REFERENCE §3.2 hybrid execution; requires ``spec.pnm``.
+        """
+        flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        gpu = compute if compute >= memory else memory
+        pnm_mem = self._pnm_kv_bytes_per_token * pnm_kv_tokens / self._pnm_kv_per_s
+        pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
+        pnm = pnm_cmp if pnm_cmp >= pnm_mem else pnm_mem
+        core = gpu if gpu >= pnm else pnm
+        return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+                + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
+
+    def pnm_step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
+                            pnm_kv_tokens: np.ndarray, n_pnm: np.ndarray) -> np.ndarray:
+        """:meth:`pnm_step_time_fast` over float64 arrays (``n_tokens > 0``), same operations in order."""
+        flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        gpu = np.maximum(compute, memory)
+        pnm_mem = self._pnm_kv_bytes_per_token * pnm_kv_tokens / self._pnm_kv_per_s
+        pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
+        core = np.maximum(gpu, np.maximum(pnm_cmp, pnm_mem))
+        return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+                + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
+
+    def pnm_attention_time_s(self, pnm_kv_tokens: Any) -> Any:
+        """Seconds the PNM devices spend on decode attention over ``pnm_kv_tokens`` context tokens.
+
+        ``max(kvt_all·ctx/(n_dev·BW·MBU), A_all·ctx/(n_dev·F))`` (REFERENCE §3.2); vectorised.
+
+        Raises:
+            ValueError: no PNM tier in the spec, or a negative input.
+        """
+        if not self._pnm:
+            raise ValueError("the instance spec has no PNM tier (InstanceSpec.pnm is None)")
+        ctx = _nonneg("pnm_kv_tokens", pnm_kv_tokens)
+        return np.maximum(self._pnm_kv_bytes_per_token * ctx / self._pnm_kv_per_s,
+                          self._pnm_attn_flops_per_pair * ctx / self._pnm_flops_per_s)[()]
 
     def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
         """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""

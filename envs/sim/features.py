@@ -19,7 +19,7 @@ import numpy as np
 
 from .request import RequestState
 
-TIER_CODES = {"hbm": 0, "dram": 1, "nvme": 2, "": -1}
+TIER_CODES = {"hbm": 0, "dram": 1, "nvme": 2, "pnm": 3, "": -1}
 
 
 class FeatureTable:
@@ -33,8 +33,8 @@ class FeatureTable:
     Columns (each ``np.ndarray`` of shape ``(len(states),)``): ``request_id`` (int64),
     ``arrival_s``, ``wait_s`` (now - arrival), ``prompt_tokens``, ``computed_tokens``,
     ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``,
-    ``running`` (bool)
-    (0 HBM, 1 DRAM, 2 NVMe), ``preemptions``, ``output_tokens`` (-1 unless oracle).
+    ``running`` (bool), ``tier`` (0 HBM, 1 DRAM, 2 NVMe, 3 PNM), ``pnm_blocks`` (KV blocks in the
+    PNM tier), ``preemptions``, ``output_tokens`` (-1 unless oracle).
     """
 
     def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False,
@@ -96,8 +96,12 @@ class FeatureTable:
 
     @cached_property
     def tier(self) -> np.ndarray:
-        return np.fromiter((TIER_CODES[s.lower_tier] if s.lower_tier else 0 for s in self._states),
-                           np.int8, count=len(self._states))
+        return np.fromiter((3 if s.on_pnm else TIER_CODES[s.lower_tier] if s.lower_tier else 0
+                            for s in self._states), np.int8, count=len(self._states))
+
+    @cached_property
+    def pnm_blocks(self) -> np.ndarray:
+        return self._col("pnm_blocks")
 
     @cached_property
     def preemptions(self) -> np.ndarray:

@@ -25,6 +25,16 @@ left with an unfinished prefill by one step, and at most ``max_long_partial_pref
 ``k = 1`` nothing is limited, so a running long prefill takes whatever budget the decodes
 leave, and short prompts wait behind it (the stall the threshold or ``k > 1`` removes).
 
+**PNM tier** (REFERENCE §3; only with ``spec.pnm``; every PNM line below is marked ``# PNM``).
+A PNM-resident request (``on_pnm``) keeps its KV in the PNM pool, grows it there, and its decode
+attention runs near memory (``CostModel.pnm_step_time_fast``). It gets there two ways: (a) the
+policy's ``choose_migrations`` (checked at the start of every step, over GPU-resident decodes)
+starts a background GPU->PNM copy over the PNM link; the request keeps its HBM blocks and does not
+decode until the copy lands (``TRANSFER_EVENT``), then frees them; (b) tier-aware preemption picks
+mode ``"migrate"``: its HBM blocks are freed at once and the step waits for the copy, as a V0
+swap-out does. A PNM-resident request that cannot grow in a full PNM pool is preempted by
+recompute.
+
 **Fast-forward.** When a step's batch is all decodes, nobody is loading, swapped or
 preempted, and the waiting queue cannot be admitted by a static-order policy, the next steps
 repeat the same batch until a request finishes, the KV cache cannot grow, or the next arrival
@@ -115,8 +125,10 @@ class Instance:
         self.hbm = BlockPool("hbm", spec.num_hbm_blocks, spec.enable_prefix_caching)
         self.dram = BlockPool("dram", spec.num_dram_blocks)
         self.nvme = BlockPool("nvme", spec.num_nvme_blocks)
-        self.pools = {"hbm": self.hbm, "dram": self.dram, "nvme": self.nvme}
-        self.links = {name: LinkQueue(name) for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read")}
+        self.pnm = BlockPool("pnm", spec.num_pnm_blocks)  # PNM: capacity 0 without spec.pnm
+        self.pools = {"hbm": self.hbm, "dram": self.dram, "nvme": self.nvme, "pnm": self.pnm}
+        self.links = {name: LinkQueue(name) for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read",
+                                                          "pnm_link")}
         self.block_bytes = int(round(spec.kv_bytes_per_block))
         self.long_threshold = self.effective_long_prefill_threshold(spec)
         policy.bind(PolicyContext(spec=spec, cost=self.cost, instance_id=instance_id))
@@ -133,7 +145,12 @@ class Instance:
                     f"without chunked prefill the token budget ({self.budget}) must cover max_model_len "
                     f"({spec.model_len_limit}), as vLLM requires; raise max_num_batched_tokens")
         recorder.occupancy.register(instance_id, (self.hbm.capacity_blocks, self.dram.capacity_blocks,
-                                                  self.nvme.capacity_blocks))
+                                                  self.nvme.capacity_blocks, self.pnm.capacity_blocks))
+        # PNM: the policy decides run-time migrations only if it says so and the spec has a PNM tier
+        self.pnm_policy = bool(getattr(policy, "uses_pnm", False)) and self.pnm.capacity_blocks > 0
+        self.pnm_migrations = 0
+        self._stretch_pnm_reserved = 0
+        self._stretch_pnm_used: np.ndarray | None = None
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.swapped: deque[RequestState] = deque()
@@ -217,6 +234,8 @@ class Instance:
         self._blocked_hit_hashes = ()
         running = self.running
         waiting_blocked_static = True
+        if self.pnm_policy:  # PNM: run-time migration check, every step (REFERENCE §3.2)
+            self._choose_migrations(now)
 
         n_decodes = 0  # > 0: the plan starts with one decode of that many running requests
         if not self.policy.stall_free:
@@ -297,7 +316,8 @@ class Instance:
         else:
             end = self._plan_single(start)
         self.busy = True
-        self.recorder.occupancy_change(self, now, self.hbm.used_blocks - self._stretch_reserved)
+        self.recorder.occupancy_change(self, now, self.hbm.used_blocks - self._stretch_reserved,
+                                       self.pnm.used_blocks - self._stretch_pnm_reserved)
         if self.options.check_invariants:
             self.check()
         return end
@@ -350,7 +370,9 @@ class Instance:
         step.budget -= n
         p = st.computed
         step.n_tokens += n
-        if n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
+        if st.on_pnm:
+            pass  # PNM: its attention runs near memory, not in the GPU step's attention terms
+        elif n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
             step.attn2 += 2 * p
             step.kv_tokens += p
         else:
@@ -369,6 +391,17 @@ class Instance:
             return
         leaves_partial = n < to_compute
         if self._partial_blocked(st, leaves_partial, step):
+            return
+        if st.on_pnm:  # PNM: its KV grows in the PNM pool; a full pool preempts it (recompute)
+            need = self._blocks_for(st.computed + n) - st.pnm_blocks
+            if need > 0 and not self.pnm.allocate(need):
+                # frees no HBM, so unlike an HBM preemption it does not stop this step's admissions
+                # (the request itself may be re-admitted at once)
+                self._preempt_pnm_resident(st)
+                return
+            if need > 0:
+                st.pnm_blocks += need
+            self._count(st, n, leaves_partial, step)
             return
         need = self._blocks_for(st.computed + n) - st.shared_blocks - st.private_blocks
         if need < 0:
@@ -392,7 +425,7 @@ class Instance:
         counters and blocks as that loop: a decode's chunk is 1 token, never partial.
         """
         n = len(running)
-        if n > step.budget:
+        if n > step.budget or self.pnm.capacity_blocks:  # PNM: the per-request loop knows PNM residents
             return False
         bs = self.bs
         need_total = 0
@@ -435,25 +468,53 @@ class Instance:
         n_tokens = 0
         attn2 = 0  # twice the attention work: integers stay exact
         kv = 0
+        n_pnm = 0
+        kv_pnm = 0
         for st, n in self._plan:
             p = st.computed
             n_tokens += n
-            if n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
+            if st.on_pnm:  # PNM: decode attention near memory
+                n_pnm += 1
+                kv_pnm += p
+            elif n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
                 attn2 += 2 * p
                 kv += p
             else:
                 attn2 += n * (2 * p + n)
                 kv += p + n
-        dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
+        if n_pnm:
+            dt = self.cost.pnm_step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(kv_pnm), float(n_pnm))
+        else:
+            dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
         self._stretch_ends = None
         self._stretch_reserved = 0
+        self._stretch_pnm_reserved = 0
         self._step_start = start
         return start + dt
 
     #: Steps of a stretch timed one by one in Python before switching to one NumPy call.
     _SCALAR_STEPS = 48
 
+    @staticmethod
+    def _extra_blocks(x: np.ndarray, j: np.ndarray, bs: int) -> np.ndarray:
+        """Blocks requests at KV positions ``x`` allocate over ``j`` more decode steps (after step 1).
+
+        After step 1's allocation request i holds ceil((x_i+1)/bs); after step k it needs
+        ceil((x_i+k)/bs). Extra after j=k-1 more steps: floor((j + s_i)/bs) with
+        s_i = x_i mod bs, summed over i.
+        """
+        s = x % bs
+        counts = np.bincount(s, minlength=bs)
+        suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0]])  # suffix[t] = #(s >= t)
+        cnt_ge = np.zeros(bs, dtype=np.int64)
+        cnt_ge[1:] = suffix[bs - np.arange(1, bs)]
+        return len(x) * (j // bs) + cnt_ge[j % bs]
+
     def _plan_stretch(self, start: float, horizon_s: float) -> float:
+        if self.pnm.capacity_blocks:  # PNM: the planner that knows PNM-resident decodes and migrations
+            return self._plan_stretch_pnm(start, horizon_s)
+        self._stretch_pnm_used = None
+        self._stretch_pnm_reserved = 0
         plan = self._plan
         n = len(plan)
         xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
@@ -498,6 +559,92 @@ class Instance:
         self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
         return ends[-1]
+
+    def _plan_stretch_pnm(self, start: float, horizon_s: float) -> float:
+        """:meth:`_plan_stretch` on an instance with a PNM tier (NumPy form; PNM-resident decodes
+        grow in the PNM pool, and the stretch stops before the policy's next migration)."""
+        plan = self._plan
+        n = len(plan)
+        x = np.fromiter((st.computed for st, _ in plan), np.int64, count=n)  # KV tokens read in step 1
+        remaining = np.fromiter((st.output_tokens - st.generated for st, _ in plan), np.int64, count=n)
+        k_max = int(remaining.min())
+        # PNM: PNM-resident decodes grow in the PNM pool and read their KV near memory
+        on_pnm = (np.fromiter((st.on_pnm for st, _ in plan), bool, count=n)
+                  if self.pnm.capacity_blocks else None)
+        has_pnm = on_pnm is not None and bool(on_pnm.any())
+        x_gpu = x[~on_pnm] if has_pnm else x
+        bs = self.bs
+        extra = extra_pnm = None
+        if k_max > 1:
+            j = np.arange(1, k_max, dtype=np.int64)
+            extra = self._extra_blocks(x_gpu, j, bs)
+            allowed = int(np.searchsorted(extra, self._stretch_block_limit(int(extra[-1])), side="right"))
+            if has_pnm:  # PNM: the PNM pool must hold the PNM-resident decodes' growth
+                extra_pnm = self._extra_blocks(x[on_pnm], j, bs)
+                allowed = min(allowed, int(np.searchsorted(extra_pnm, self.pnm.available_blocks, side="right")))
+            if self.pnm_policy and allowed > 0:
+                # PNM: stop before the first step at which the policy would start a migration
+                # (one-by-one stepping asks it at every step; byte-identical fast-forward)
+                hbm_avail = self.hbm.available_blocks - np.concatenate([[0], extra[:allowed - 1]])
+                free = int(self.policy.migration_free_steps(x_gpu + 1, hbm_avail, self.pnm.available_blocks,
+                                                            self.hbm.capacity_blocks, bs))
+                allowed = min(allowed, max(0, free))
+            k_max = 1 + allowed
+        ks = np.arange(k_max, dtype=np.int64)
+        if has_pnm:  # PNM: GPU part without the PNM-resident decodes' attention, plus PNM attention
+            s0 = int(x_gpu.sum())
+            n_gpu = len(x_gpu)
+            p0 = int(x[on_pnm].sum())
+            n_p = n - n_gpu
+            ctx = (s0 + n_gpu * ks).astype(np.float64)
+            dts = self.cost.pnm_step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n_gpu * ks)) / 2.0, ctx,
+                                                (p0 + n_p * ks).astype(np.float64), np.full(k_max, float(n_p)))
+        else:
+            s0 = int(x.sum())
+            ctx = (s0 + n * ks).astype(np.float64)
+            dts = self.cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
+        acc = np.empty(k_max + 1, dtype=np.float64)
+        acc[0] = start
+        acc[1:] = dts
+        ends = np.cumsum(acc)[1:]
+        if horizon_s < ends[-1]:
+            k_max = int(np.searchsorted(ends, horizon_s, side="left")) + 1
+            ends = ends[:k_max]
+        k = k_max
+        # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
+        new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
+        total_new = int(new_blocks[~on_pnm].sum()) if has_pnm else int(new_blocks.sum())
+        used0 = self.hbm.used_blocks
+        self._stretch_used = np.empty(k, dtype=np.int64)  # HBM blocks in use during each step
+        self._stretch_used[0] = used0
+        if k > 1:
+            self._stretch_used[1:] = used0 + extra[:k - 1]
+        self._stretch_reserved = total_new
+        if total_new:
+            ok = self.hbm.allocate(total_new)
+            assert ok, "stretch block reservation failed"
+        self._stretch_pnm_used = None
+        self._stretch_pnm_reserved = 0
+        if has_pnm:  # PNM: same for the PNM pool
+            pnm_new = int(new_blocks[on_pnm].sum())
+            pused0 = self.pnm.used_blocks
+            self._stretch_pnm_used = np.empty(k, dtype=np.int64)
+            self._stretch_pnm_used[0] = pused0
+            if k > 1:
+                self._stretch_pnm_used[1:] = pused0 + extra_pnm[:k - 1]
+            self._stretch_pnm_reserved = pnm_new
+            if pnm_new:
+                ok = self.pnm.allocate(pnm_new)
+                assert ok, "stretch PNM block reservation failed"
+        if total_new or has_pnm:
+            for (st, _), nb in zip(plan, new_blocks.tolist()):
+                if st.on_pnm:
+                    st.pnm_blocks += nb
+                else:
+                    st.private_blocks += nb
+        self._stretch_ends = ends
+        self._step_start = start
+        return float(ends[-1])
 
     def _stretch_end_times(self, start: float, horizon_s: float, n: int, s0: int, k_rem: int) -> list[float]:
         """End times of up to ``k_rem`` decode steps of ``n`` requests reading ``s0`` KV tokens
@@ -657,7 +804,9 @@ class Instance:
         being copied in are not chosen while others exist.
         """
         while True:
-            candidates = [r for r in self.running if r.ready_s <= now] or list(self.running)
+            # PNM: requests on PNM (or moving there) hold no HBM that preempting them would free
+            candidates = ([r for r in self.running if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating)]
+                          or [r for r in self.running if not (r.on_pnm or r.pnm_migrating)])
             table = FeatureTable(candidates, now, self.options.oracle_lengths)
             row, mode = self.policy.choose_preemption(table, self._preemption_costs(candidates),
                                                       self.spec.preemption_mode)
@@ -678,7 +827,10 @@ class Instance:
         """Seconds each preemption mode would cost each candidate (REFERENCE.md §5.4).
 
         recompute: predicted prefill of the tokens it holds; swap: PCIe out and back in;
-        offload: PCIe plus NVMe write and read. ``inf`` where the lower tier has no room.
+        offload: PCIe plus NVMe write and read; migrate (PNM tier only): the one-way copy over the
+        GPU<->PNM link of a decoding request, which is never reloaded (it decodes near memory,
+        REFERENCE §3.2). ``inf`` where the lower tier has no room (or, for migrate, for a request
+        still in prefill: only decode attention runs near memory).
         """
         blocks = np.fromiter((c.shared_blocks + c.private_blocks for c in candidates), np.int64,
                              count=len(candidates))
@@ -693,6 +845,13 @@ class Instance:
                   + blocks * self.cost.kv_bytes_per_token_per_gpu * self.bs
                   * (1.0 / self.spec.nvme_write.bytes_per_s + 1.0 / self.spec.nvme_read.bytes_per_s))
             costs["offload"] = np.where(blocks <= self.nvme.available_blocks, nv, np.inf)
+        if self.pnm.capacity_blocks:  # PNM: one-way copy over the PNM link; decodes only (§3.2)
+            decoding = np.fromiter((c.generated > 0 and c.computed == c.prompt_tokens + c.generated - 1
+                                    for c in candidates), bool, count=len(candidates))
+            need = -(-tokens // self.bs)
+            link = self.spec.pnm.link
+            mig = link.latency_s + need * self.cost.kv_bytes_per_token_per_gpu * self.bs / link.bytes_per_s
+            costs["migrate"] = np.where(decoding & (need >= 1) & (need <= self.pnm.available_blocks), mig, np.inf)
         return costs
 
     def _preempt(self, victim: RequestState, now: float, mode: str | None = None) -> None:
@@ -701,8 +860,14 @@ class Instance:
         ``mode`` defaults to the spec's ``preemption_mode``. Swap/offload copy its blocks
         device-to-host over PCIe before the step runs (vLLM V0 swaps out synchronously); when
         the target tier is full, swap falls back to NVMe, then to recompute. Source:
-        REFERENCE.md §4.1 and §5.4.
+        REFERENCE.md §4.1 and §5.4. Mode ``"migrate"`` moves it to the PNM tier instead (it stays
+        running; :meth:`_migrate_to_pnm`).
         """
+        if mode == "migrate":  # PNM
+            victim.preemptions += 1
+            self.preemptions += 1
+            self._migrate_to_pnm(victim, now, background=False)
+            return
         self.running.remove(victim)
         excess = victim.shared_blocks + victim.private_blocks - self._blocks_for(victim.computed)
         if excess > 0 and victim.private_blocks >= excess:  # blocks allocated for a step it loses
@@ -773,12 +938,94 @@ class Instance:
         self.pending_events.append((end, TRANSFER_EVENT, st))
 
     def complete_transfer(self, st: RequestState, now: float) -> None:
-        """A swap-in copy landed: free the request's lower-tier blocks."""
+        """A swap-in copy landed: free the request's lower-tier blocks. A background GPU->PNM
+        migration landed: the request now decodes on PNM; free its HBM blocks."""
+        if st.pnm_migrating:  # PNM
+            st.pnm_migrating = False
+            st.on_pnm = True
+            st.tier = "pnm"
+            self._release_hbm(st)
+            self.recorder.occupancy_change(self, now)
+            return
         if st.lower_blocks:
             self.pools[st.lower_tier].release_private(st.lower_blocks)
             st.lower_blocks = 0
             st.lower_tier = ""
             self.recorder.occupancy_change(self, now)
+
+    # ------------------------------------------------------------------------------------ PNM
+    def _choose_migrations(self, now: float) -> None:
+        """PNM: ask the policy which GPU-resident decodes to move to PNM now, and start the copies.
+
+        Candidates: running, ready (KV in HBM), decoding (prefill done), not on PNM. The policy
+        sees them as a FeatureTable plus the free HBM and PNM blocks (REFERENCE §3.2 triggers);
+        copies start in its order while the PNM pool has room.
+        """
+        cands = [st for st in self.running
+                 if st.status == RUNNING and st.ready_s <= now and not st.on_pnm and not st.pnm_migrating
+                 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1]
+        if not cands:
+            return
+        rows = self.policy.choose_migrations(FeatureTable(cands, now, self.options.oracle_lengths),
+                                             self.hbm.available_blocks, self.hbm.capacity_blocks,
+                                             self.pnm.available_blocks)
+        if rows is None:
+            return
+        for r in rows:
+            if not self._migrate_to_pnm(cands[int(r)], now, background=True):
+                break
+
+    def _migrate_to_pnm(self, st: RequestState, now: float, background: bool) -> bool:
+        """PNM: copy ``st``'s KV GPU->PNM over the PNM link (DMA, no CPU on the path, §3.2).
+
+        ``background`` (policy migration): ``st`` keeps its HBM blocks and does not decode until
+        the copy lands (``complete_transfer`` frees them). Otherwise (preemption mode
+        ``"migrate"``): its HBM blocks are freed now and the step waits for the copy, as a V0
+        swap-out. Time: ``link.latency_s + per-rank bytes / link.bytes_per_s``, queued FIFO on
+        the instance's PNM link. Returns ``False`` (nothing changed) when the PNM pool is full.
+        """
+        n_blocks = self._blocks_for(st.computed)
+        if n_blocks < 1 or not self.pnm.allocate(n_blocks):
+            return False
+        nbytes = n_blocks * self.block_bytes
+        t = self.cost.transfer_time_s(n_blocks, self.spec.pnm.link)
+        _, end = self.links["pnm_link"].reserve(now, t, nbytes)
+        st.bytes_hbm_to_pnm += nbytes
+        st.pnm_blocks = n_blocks
+        st.ready_s = end
+        self.pnm_migrations += 1
+        if background:
+            st.pnm_migrating = True
+            self.pending_events.append((end, TRANSFER_EVENT, st))
+        else:
+            self._release_hbm(st)
+            st.on_pnm = True
+            st.tier = "pnm"
+            if end > self._step_ready_s:
+                self._step_ready_s = end  # the step waits for the copy (its HBM blocks are reused)
+        return True
+
+    def _preempt_pnm_resident(self, st: RequestState) -> None:
+        """PNM: the PNM pool cannot hold ``st``'s next token: recompute preemption (back to waiting,
+        its KV dropped), as vLLM V1 preempts when its own pool is full (REFERENCE §4.1)."""
+        self.running.remove(st)
+        self._release_pnm(st)
+        st.preemptions += 1
+        self.preemptions += 1
+        st.lost_tokens = st.computed
+        st.computed = 0
+        st.next_seg = 0
+        st.status = WAITING
+        self.waiting.appendleft(st)
+
+    def _release_pnm(self, st: RequestState) -> None:
+        """PNM: free ``st``'s PNM blocks; it is GPU-resident again (if it runs again)."""
+        if st.pnm_blocks:
+            self.pnm.release_private(st.pnm_blocks)
+        st.pnm_blocks = 0
+        st.on_pnm = False
+        st.pnm_migrating = False
+        st.tier = "hbm"
 
     def _release_hbm(self, st: RequestState) -> None:
         for h in st.shared:
@@ -830,7 +1077,7 @@ class Instance:
                 if st.generated >= st.output_tokens:
                     finished.append(st)
             rec.add_itl_by_class(first_gaps, gaps)
-            rec.occupancy.stretch(self.instance_id, ends, self._stretch_used)
+            rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used)
             self._stretch_ends = None
         else:
             self.steps += 1
@@ -860,6 +1107,8 @@ class Instance:
         for st in finished:
             self.running.remove(st)
             self._release_hbm(st)
+            if st.pnm_blocks:  # PNM
+                self._release_pnm(st)
             st.status = FINISHED
             st.finish_s = now
             rec.record(st)
@@ -882,7 +1131,7 @@ class Instance:
 
     # ---------------------------------------------------------------------------- invariants
     def check(self) -> None:
-        """Verify block conservation per tier and that holdings add up (tests, debugging)."""
+        """Verify block conservation per tier (PNM included) and that holdings add up (tests, debugging)."""
         for pool in self.pools.values():
             pool.check()
         seg_used = sum(seg.n_blocks for seg in self.hbm.segments.values() if seg.refs > 0)
@@ -900,6 +1149,14 @@ class Instance:
         for t in ("dram", "nvme"):
             if lower[t] != self.pools[t].used_blocks:
                 raise AssertionError(f"{t} used {self.pools[t].used_blocks} != held {lower[t]}")
+        pnm_held = sum(s.pnm_blocks for s in self.running)  # PNM
+        if pnm_held != self.pnm.used_blocks or any(s.pnm_blocks for s in self.waiting) \
+                or any(s.pnm_blocks for s in self.swapped):
+            raise AssertionError(f"pnm used {self.pnm.used_blocks} != held by running {pnm_held}")
         for s in self.running:
+            if s.on_pnm:
+                if s.hbm_blocks or s.pnm_blocks < self._blocks_for(s.computed):
+                    raise AssertionError(f"{s} on PNM holds HBM blocks or too few PNM blocks")
+                continue
             if s.hbm_blocks < self._blocks_for(s.computed):
                 raise AssertionError(f"{s} holds fewer blocks than its KV tokens need")

@@ -564,6 +564,7 @@ BYTE_COLUMNS: tuple[str, ...] = (
     "bytes_dram_to_hbm",
     "bytes_hbm_to_nvme",
     "bytes_nvme_to_hbm",
+    "bytes_hbm_to_pnm",
 )
 
 #: Columns of the per-request records DataFrame, in order. Times are seconds from the start of
@@ -576,7 +577,7 @@ BYTE_COLUMNS: tuple[str, ...] = (
 #: the event did not happen; finish_s is NaN for rejected requests), generated_tokens (int),
 #: preemptions (int), recomputed_tokens (int), prefix_hit_tokens (int), max_itl_s (float, the
 #: largest gap between two of the request's tokens, NaN with < 2 tokens), and the four
-#: per-link byte counters in :data:`BYTE_COLUMNS`.
+#: per-link byte counters in :data:`BYTE_COLUMNS` (``bytes_hbm_to_pnm``: KV migrated GPU->PNM).
 RECORD_COLUMNS: tuple[str, ...] = (
     "request_id",
     "instance_id",

@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-TIERS: tuple[str, ...] = ("hbm", "dram", "nvme")
+TIERS: tuple[str, ...] = ("hbm", "dram", "nvme", "pnm")
+N_TIERS = len(TIERS)
 
 
 class _InstanceOccupancy:
     __slots__ = ("capacity", "prev_t", "prev_used", "first_t", "integral", "peak", "last_cell")
 
-    def __init__(self, capacity: tuple[int, int, int]) -> None:
+    def __init__(self, capacity: tuple[int, ...]) -> None:
         self.capacity = capacity
         self.prev_t = float("nan")
-        self.prev_used = (0, 0, 0)
+        self.prev_used = (0,) * N_TIERS
         self.first_t = float("nan")
-        self.integral = [0.0, 0.0, 0.0]
-        self.peak = [0, 0, 0]
+        self.integral = [0.0] * N_TIERS
+        self.peak = [0] * N_TIERS
         self.last_cell = -1
 
 
@@ -46,27 +47,27 @@ class OccupancyTracker:
         self._inst: dict[int, _InstanceOccupancy] = {}
         self.samples: list[tuple] = []
 
-    def register(self, inst_id: int, capacity: tuple[int, int, int]) -> None:
+    def register(self, inst_id: int, capacity: tuple[int, ...]) -> None:
         """Declare an instance and its capacity per tier (counted even if it never runs)."""
         self._state(inst_id, capacity)
 
-    def _state(self, inst_id: int, capacity: tuple[int, int, int]) -> _InstanceOccupancy:
+    def _state(self, inst_id: int, capacity: tuple[int, ...]) -> _InstanceOccupancy:
         s = self._inst.get(inst_id)
         if s is None:
             s = self._inst[inst_id] = _InstanceOccupancy(capacity)
         return s
 
-    def change(self, inst_id: int, t: float, used: tuple[int, int, int],
-               capacity: tuple[int, int, int]) -> None:
+    def change(self, inst_id: int, t: float, used: tuple[int, ...],
+               capacity: tuple[int, ...]) -> None:
         """Occupancy of ``inst_id`` is ``used`` (blocks per tier) from time ``t`` (s) on."""
         s = self._state(inst_id, capacity)
         if s.prev_t == s.prev_t:  # not NaN: integrate the previous value over [prev_t, t)
             dt = t - s.prev_t
-            for i in range(3):
+            for i in range(N_TIERS):
                 s.integral[i] = s.integral[i] + s.prev_used[i] * dt
         else:
             s.first_t = t
-        for i in range(3):
+        for i in range(N_TIERS):
             if used[i] > s.peak[i]:
                 s.peak[i] = used[i]
         s.prev_t = t
@@ -76,19 +77,21 @@ class OccupancyTracker:
             s.last_cell = cell
             self.samples.append((t, inst_id) + tuple(used) + tuple(capacity))
 
-    def stretch(self, inst_id: int, ends: np.ndarray, hbm_used: np.ndarray) -> None:
+    def stretch(self, inst_id: int, ends: np.ndarray, hbm_used: np.ndarray,
+                pnm_used: np.ndarray | None = None) -> None:
         """A fast-forwarded stretch: step ``k`` held ``hbm_used[k]`` HBM blocks until ``ends[k]``.
 
         Equivalent to, for each interior step end ``ends[k]`` (k < K-1): ``change`` with the
         value before the next allocation (``hbm_used[k]``) then with ``hbm_used[k+1]``. The last
         step's end is reported by the caller with ``change`` (after its frees). DRAM and NVMe
-        stay constant inside a stretch.
+        stay constant inside a stretch; PNM too unless ``pnm_used`` (same form as ``hbm_used``)
+        is given (PNM-resident decodes grow there).
         """
         k = len(ends)
         s = self._inst[inst_id]
         if k < 2:
             return
-        if k <= self._SCALAR_STEPS:
+        if k <= self._SCALAR_STEPS and pnm_used is None:
             self._stretch_scalar(s, inst_id, ends.tolist(), hbm_used.tolist())
             return
         t_int = ends[:-1]
@@ -101,7 +104,14 @@ class OccupancyTracker:
         acc[0] = s.integral[0]
         acc[1:] = held * dt
         s.integral[0] = float(np.cumsum(acc)[-1])
-        for i in (1, 2):
+        if pnm_used is not None:
+            acc[0] = s.integral[3]
+            acc[1:] = pnm_used[:-1].astype(np.float64) * dt
+            s.integral[3] = float(np.cumsum(acc)[-1])
+            top_p = int(pnm_used.max())
+            if top_p > s.peak[3]:
+                s.peak[3] = top_p
+        for i in ((1, 2) if pnm_used is not None else (1, 2, 3)):
             if s.prev_used[i]:
                 acc[0] = s.integral[i]
                 acc[1:] = s.prev_used[i] * dt
@@ -113,12 +123,13 @@ class OccupancyTracker:
         cells = np.floor_divide(t_int, self.interval_s).astype(np.int64)
         new = np.flatnonzero(cells > np.maximum.accumulate(np.concatenate([[s.last_cell], cells[:-1]])))
         for j in new.tolist():
-            self.samples.append((float(t_int[j]), inst_id, int(hbm_used[j]), s.prev_used[1], s.prev_used[2])
-                                + tuple(s.capacity))
+            self.samples.append((float(t_int[j]), inst_id, int(hbm_used[j]), s.prev_used[1], s.prev_used[2],
+                                 s.prev_used[3] if pnm_used is None else int(pnm_used[j])) + tuple(s.capacity))
         if len(new):
             s.last_cell = int(cells[new[-1]])
         s.prev_t = float(t_int[-1])
-        s.prev_used = (int(hbm_used[-1]), s.prev_used[1], s.prev_used[2])
+        s.prev_used = (int(hbm_used[-1]), s.prev_used[1], s.prev_used[2],
+                       s.prev_used[3] if pnm_used is None else int(pnm_used[-1]))
 
     #: Stretches up to this many steps are integrated with Python floats (fewer calls).
     _SCALAR_STEPS = 64
@@ -127,8 +138,8 @@ class OccupancyTracker:
         """:meth:`stretch` for a short stretch: the same float operations in the same order
         (``x + u * dt`` per step end, as the cumulative sums do), one Python pass."""
         prev_t = s.prev_t
-        i0, i1, i2 = s.integral
-        u1, u2 = s.prev_used[1], s.prev_used[2]
+        i0, i1, i2, i3 = s.integral
+        u1, u2, u3 = s.prev_used[1], s.prev_used[2], s.prev_used[3]
         iv = self.interval_s
         last_cell = s.last_cell
         samples = self.samples
@@ -140,18 +151,20 @@ class OccupancyTracker:
                 i1 = i1 + u1 * dt
             if u2:
                 i2 = i2 + u2 * dt
+            if u3:  # PNM: constant inside a stretch without PNM-resident decodes
+                i3 = i3 + u3 * dt
             cell = int(t // iv)
             if cell > last_cell:
                 last_cell = cell
-                samples.append((t, inst_id, used[j], u1, u2) + tuple(s.capacity))
+                samples.append((t, inst_id, used[j], u1, u2, u3) + tuple(s.capacity))
             prev_t = t
-        s.integral[0], s.integral[1], s.integral[2] = i0, i1, i2
+        s.integral[0], s.integral[1], s.integral[2], s.integral[3] = i0, i1, i2, i3
         top = max(used)
         if top > s.peak[0]:
             s.peak[0] = top
         s.last_cell = last_cell
         s.prev_t = prev_t
-        s.prev_used = (used[-1], u1, u2)
+        s.prev_used = (used[-1], u1, u2, u3)
 
     def frame(self) -> pd.DataFrame:
         """Samples: time_s, instance_id, used_blocks_<tier>, capacity_blocks_<tier>."""

@@ -64,7 +64,7 @@ class Recorder:
             st.reject_reason, st.first_scheduled_s, first + d, st.finish_s + d, st.generated,
             st.preemptions, st.recomputed_tokens, st.prefix_hit_tokens, st.max_itl_s,
             st.bytes_hbm_to_dram, st.bytes_dram_to_hbm, st.bytes_hbm_to_nvme,
-            st.bytes_nvme_to_hbm,
+            st.bytes_nvme_to_hbm, st.bytes_hbm_to_pnm,
         ))
 
     def add_itl(self, first_gaps: np.ndarray, classes: np.ndarray, shared_gaps: np.ndarray | None) -> None:
@@ -121,12 +121,15 @@ class Recorder:
         self._flush_itl()
         return self._itl
 
-    def occupancy_change(self, inst, t: float, hbm_used: int | None = None) -> None:
-        """Blocks in use per tier of ``inst`` from time ``t`` (s) on (``hbm_used`` overrides HBM)."""
+    def occupancy_change(self, inst, t: float, hbm_used: int | None = None, pnm_used: int | None = None) -> None:
+        """Blocks in use per tier of ``inst`` from time ``t`` (s) on (``hbm_used`` / ``pnm_used``
+        override HBM / PNM: blocks reserved ahead for a fast-forwarded stretch are not in use yet)."""
         self.occupancy.change(
             inst.instance_id, t,
-            (inst.hbm.used_blocks if hbm_used is None else hbm_used, inst.dram.used_blocks, inst.nvme.used_blocks),
-            (inst.hbm.capacity_blocks, inst.dram.capacity_blocks, inst.nvme.capacity_blocks))
+            (inst.hbm.used_blocks if hbm_used is None else hbm_used, inst.dram.used_blocks, inst.nvme.used_blocks,
+             inst.pnm.used_blocks if pnm_used is None else pnm_used),
+            (inst.hbm.capacity_blocks, inst.dram.capacity_blocks, inst.nvme.capacity_blocks,
+             inst.pnm.capacity_blocks))
 
     def records_frame(self) -> pd.DataFrame:
         """Per-request records sorted by request id (columns :data:`RECORD_COLUMNS`)."""

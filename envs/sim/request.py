@@ -318,7 +318,9 @@ class RequestState:
 
     KV holdings: ``shared`` lists the prefix-cache segments (hashes) it references in HBM,
     ``private_blocks`` counts its other blocks in ``tier``; ``lower_blocks`` are blocks it
-    holds in ``lower_tier`` (DRAM or NVMe) while swapped out or being swapped back in.
+    holds in ``lower_tier`` (DRAM or NVMe) while swapped out or being swapped back in;
+    ``pnm_blocks`` are blocks it holds in the PNM tier (``on_pnm``: its KV lives there and its
+    decode attention runs there; ``pnm_migrating``: a GPU->PNM copy is in flight).
     """
 
     __slots__ = (
@@ -329,6 +331,7 @@ class RequestState:
         "finish_s", "preemptions", "recomputed_tokens", "lost_tokens", "prefix_hit_tokens",
         "self_hit_tokens", "max_itl_s", "bytes_hbm_to_dram", "bytes_dram_to_hbm",
         "bytes_hbm_to_nvme", "bytes_nvme_to_hbm", "reject_reason", "admissions",
+        "pnm_blocks", "on_pnm", "pnm_migrating", "bytes_hbm_to_pnm",
     )
 
     def __init__(self, req: Request, block_size_tokens: int, length_class: int) -> None:
@@ -377,6 +380,12 @@ class RequestState:
         self.bytes_nvme_to_hbm = 0
         self.reject_reason = ""
         self.admissions = 0
+        # PNM tier (REFERENCE §3): blocks held there, whether its decode attention runs there,
+        # whether a background GPU->PNM copy is in flight (HBM blocks still held until it lands)
+        self.pnm_blocks = 0
+        self.on_pnm = False
+        self.pnm_migrating = False
+        self.bytes_hbm_to_pnm = 0
 
     @property
     def hbm_blocks(self) -> int:

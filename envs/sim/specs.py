@@ -366,6 +366,93 @@ LINK_PRESETS: dict[str, LinkSpec] = {
 
 
 # --------------------------------------------------------------------------------------------
+# PNMSpec
+
+
+@dataclass(frozen=True)
+class PNMSpec:
+    """A processing-near-memory (PNM) KV tier: memory with its own attention compute.
+
+    Long-context requests' KV can live here; their decode attention then runs near memory
+    while the GPU keeps the linear (FC/MLP) layers (hybrid execution, REFERENCE §3.2,
+    after CXL-PNM arXiv 2511.00321 and L3 arXiv 2504.17584). KV moves GPU->PNM over ``link``
+    by DMA, without the host CPU on the path (REFERENCE §3.2 ``"dma"`` interconnect).
+
+    Attributes:
+        name: preset / display name.
+        n_devices: PNM devices (cards) attached to the instance, >= 1. A request's KV is striped
+            over all of them (kvsched's choice **[inferred]**: it makes the §3.2 term
+            ``max over devices of kv_bytes_on_dev / (BW·MBU)`` equal ``kv_bytes / (n·BW·MBU)``).
+        capacity_bytes: KV capacity per device, bytes (> 0).
+        mem_bytes_per_s: memory bandwidth per device, bytes/s (> 0), the attention read rate.
+        attn_flops_per_s: attention compute per device (vector/matrix engines), FLOP/s (> 0).
+        mbu: achieved share of ``mem_bytes_per_s`` in decode attention, in (0, 1]; 0.7
+            (REFERENCE §3.2 ``MBU_pnm = 0.7`` **[inferred]**).
+        link: GPU<->PNM link of each TP rank (``t = latency + bytes/bandwidth``), used for KV
+            migration and for the per-step q/k/v/o activation traffic.
+        rpc_latency_s: one request/response doorbell between GPU and PNM, s (>= 0); a step with
+            PNM-resident decodes pays ``2·rpc_latency_s`` (REFERENCE §3.2 ``t_rpc`` = 5-20 µs,
+            **[inferred]**).
+
+    Raises:
+        ConfigError: a non-positive capacity, bandwidth or FLOP rate, ``mbu`` outside (0, 1], a
+            negative latency, ``n_devices`` < 1 or a ``link`` that is not a LinkSpec.
+    """
+
+    name: str
+    capacity_bytes: float
+    mem_bytes_per_s: float
+    attn_flops_per_s: float
+    link: LinkSpec
+    n_devices: int = 1
+    mbu: float = 0.7
+    rpc_latency_s: float = 10e-6
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _string("PNMSpec", "name", self.name)
+        require(bool(self.name), "PNMSpec.name", self.name, "a non-empty string")
+        owner = f"PNMSpec({self.name!r})"
+        for name in ("capacity_bytes", "mem_bytes_per_s", "attn_flops_per_s"):
+            _positive(owner, name, getattr(self, name))
+        _int_at_least(owner, "n_devices", self.n_devices, 1)
+        _real(owner, "mbu", self.mbu, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        _non_negative(owner, "rpc_latency_s", self.rpc_latency_s)
+        require(isinstance(self.link, LinkSpec), f"{owner}.link", self.link, "a LinkSpec")
+        _string(owner, "source", self.source)
+
+    @property
+    def total_capacity_bytes(self) -> float:
+        """KV capacity of all devices, bytes: ``n_devices · capacity_bytes``."""
+        return self.n_devices * self.capacity_bytes
+
+
+CXL_LINK = LinkSpec("cxl-x16-pcie5", 50e9, 10e-6)
+"""GPU<->PNM link: a CXL 2.0/3.x x16 port on a PCIe 5 PHY, ~64 GB/s per direction nominal
+(REFERENCE §3.1 [mem]); 50 GB/s achievable as for PCIe 5 pinned copies (§5.2), 10 µs per
+operation (the §5.2 RPC / cudaMemcpy floor)."""
+
+PNM_PRESETS: dict[str, PNMSpec] = {
+    p.name: p
+    for p in (
+        PNMSpec("cxl-pnm-ocp2025", 4e12, 200e9, 2e12, CXL_LINK, 1, 0.7, 10e-6,
+                "REFERENCE §3.1: Samsung CXL-PNM card shown at OCP 2025: 200 GB/s memory bandwidth, "
+                "4 TB per card [src: Samsung MAG post]; attention FLOP/s not published -> 2 TFLOP/s "
+                "[inferred], enough to keep GQA decode attention (~4 FLOP/byte for Llama-3) "
+                "memory-bound; link CXL x16 PCIe 5 ~50 GB/s; mbu 0.7 and t_rpc 10 µs §3.2 [inferred]"),
+        PNMSpec("cxl-pnm-ocp2025-x10", 4e12, 200e9, 2e12, CXL_LINK, 10, 0.7, 10e-6,
+                "REFERENCE §3.1: the OCP 2025 system, 10 cards -> 2 TB/s and 40 TB [src: Samsung MAG "
+                "post]; per-card numbers as cxl-pnm-ocp2025 ([inferred] FLOP/s, mbu, t_rpc)"),
+        PNMSpec("cxl-pnm-2023", 512e9, 1.1e12, 8e12, CXL_LINK, 1, 0.7, 10e-6,
+                "REFERENCE §3.1: Samsung CXL-PNM prototype 2023, 512 GB LPDDR5X, ~1.1 TB/s internal "
+                "[mem, unconfirmed]; FLOP/s 8 TFLOP/s [inferred, memory-bound at GQA ratios]; link, "
+                "mbu, t_rpc as cxl-pnm-ocp2025"),
+    )
+}
+"""PNM device presets (REFERENCE §3.1; every number's status in its ``source``)."""
+
+
+# --------------------------------------------------------------------------------------------
 # CostParams
 
 
@@ -521,6 +608,8 @@ class InstanceSpec:
         enable_chunked_prefill, enable_prefix_caching: True, True (vLLM V1 defaults, §4.1).
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
+        pnm: an optional processing-near-memory KV tier (:class:`PNMSpec`), None (default) =
+            absent. Its blocks are sized like the other tiers (whole-instance KV bytes per block).
         cost: efficiency parameters of the cost model. None (default) means
             :func:`default_cost_params` of the GPU (the calibration file where one exists, else
             the literature defaults); after construction the field always holds a CostParams.
@@ -556,6 +645,7 @@ class InstanceSpec:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     cost: CostParams | None = None
+    pnm: PNMSpec | None = None
 
     # derived in __post_init__ (not init arguments, not compared)
     _pcie_auto: bool = field(init=False, repr=False, compare=False)
@@ -569,6 +659,7 @@ class InstanceSpec:
     _num_hbm_blocks: int = field(init=False, repr=False, compare=False)
     _num_dram_blocks: int = field(init=False, repr=False, compare=False)
     _num_nvme_blocks: int = field(init=False, repr=False, compare=False)
+    _num_pnm_blocks: int = field(init=False, repr=False, compare=False)
     _token_budget: int = field(init=False, repr=False, compare=False)
     _max_seqs: int = field(init=False, repr=False, compare=False)
     _model_len_limit: int = field(init=False, repr=False, compare=False)
@@ -622,6 +713,8 @@ class InstanceSpec:
                 self.preemption_mode, "'swap' only with a DRAM tier: set dram_kv_bytes > 0")
         require(self.preemption_mode != "offload" or self.nvme_kv_bytes > 0, f"{o}.preemption_mode",
                 self.preemption_mode, "'offload' only with an NVMe tier: set nvme_kv_bytes > 0")
+        require(self.pnm is None or isinstance(self.pnm, PNMSpec), f"{o}.pnm", self.pnm,
+                "a PNMSpec or None (no PNM tier)")
         require(self.cost is None or isinstance(self.cost, CostParams), f"{o}.cost", self.cost,
                 "a CostParams or None (the GPU's default)")
         set_("_cost_auto", self.cost is None)
@@ -653,6 +746,11 @@ class InstanceSpec:
         set_("_num_hbm_blocks", self._derive_hbm_blocks())
         set_("_num_dram_blocks", int(math.floor(self.dram_kv_bytes / kv_block)))
         set_("_num_nvme_blocks", int(math.floor(self.nvme_kv_bytes / kv_block)))
+        set_("_num_pnm_blocks", 0 if self.pnm is None
+             else int(math.floor(self.pnm.total_capacity_bytes / kv_block)))
+        if self.pnm is not None:
+            require(self._num_pnm_blocks >= 1, f"{o}.pnm.capacity_bytes", self.pnm.capacity_bytes,
+                    f"at least one KV block ({kv_block:.0f} bytes over {self.pnm.n_devices} device(s))")
 
         capacity_tokens = self._num_hbm_blocks * self.block_size_tokens
         if self.max_model_len is not None:
@@ -770,6 +868,11 @@ class InstanceSpec:
         return self._num_nvme_blocks
 
     @property
+    def num_pnm_blocks(self) -> int:
+        """Blocks the PNM tier holds: floor(pnm.total_capacity_bytes / kv_bytes_per_block), 0 without PNM."""
+        return self._num_pnm_blocks
+
+    @property
     def token_budget(self) -> int:
         """Tokens per step (vLLM ``max_num_batched_tokens``).
 
@@ -885,6 +988,8 @@ def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
         value = getattr(spec, name)
         if name == "pcie" and spec._pcie_auto:
             out[name] = None
+        elif name == "pnm" and value is not None:
+            out[name] = {**_spec_dict(value), "link": _spec_dict(value.link)}
         elif dataclasses.is_dataclass(value):
             out[name] = _spec_dict(value)
         else:
@@ -951,6 +1056,60 @@ def _preset_or_inline(value: Any, getter: Callable[[str], Any], cls: type, where
     return _build(cls, value, where)
 
 
+def get_pnm(name: str) -> PNMSpec:
+    """The PNM device preset ``name`` (case-insensitive).
+
+    Raises:
+        UnknownPresetError: unknown name; the message lists the known names.
+    """
+    return _lookup("PNM device", name, PNM_PRESETS, {})
+
+
+def _pnm_from(value: Any, where: str) -> PNMSpec:
+    """A PNM tier from a preset name, or an inline mapping of :class:`PNMSpec` fields.
+
+    An inline mapping may name a ``preset`` and override some of its fields (e.g.
+    ``{preset: cxl-pnm-ocp2025, n_devices: 2}``); ``link`` is a link preset name or an inline
+    LinkSpec mapping (default: the preset's link, else :data:`CXL_LINK`).
+    """
+    if isinstance(value, str):
+        try:
+            return get_pnm(value)
+        except UnknownPresetError as e:
+            raise UnknownPresetError(f"{where}: {e}") from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a PNM preset name or a mapping, got {type(value).__name__}")
+    d = dict(value)
+    base: dict[str, Any] = {}
+    if "preset" in d:
+        try:
+            base = _spec_dict(get_pnm(d.pop("preset")))
+        except UnknownPresetError as e:
+            raise UnknownPresetError(f"{where}: {e}") from None
+    link = d.pop("link", base.pop("link", CXL_LINK))
+    if not isinstance(link, LinkSpec):
+        link = _preset_or_inline(link, get_link, LinkSpec, f"{where}.link")
+    merged = {**base, **d}
+    merged.pop("link", None)
+    allowed = {f.name for f in dataclasses.fields(PNMSpec)} - {"link"}
+    unknown = [k for k in merged if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed keys: preset, link, "
+                          f"{', '.join(sorted(allowed))}")
+    for k in ("capacity_bytes", "mem_bytes_per_s", "attn_flops_per_s", "mbu", "rpc_latency_s"):
+        if k in merged:
+            merged[k] = _as_float(merged[k], f"{where}.{k}")
+    if "n_devices" in merged and not _is_int(merged["n_devices"]):
+        raise ConfigError(f"{where}.n_devices={merged['n_devices']!r} is not allowed: expected an integer")
+    missing = [k for k in ("name", "capacity_bytes", "mem_bytes_per_s", "attn_flops_per_s") if k not in merged]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} (or give a preset)")
+    try:
+        return PNMSpec(link=link, **merged)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> InstanceSpec:
     """Build an :class:`InstanceSpec` from a dict (e.g. parsed YAML).
 
@@ -979,6 +1138,8 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
     for key in ("pcie", "nvme_read", "nvme_write"):
         if key in d and not (key == "pcie" and d[key] is None):
             kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}: {key}")
+    if "pnm" in d and d["pnm"] is not None:
+        kw["pnm"] = _pnm_from(d["pnm"], f"{source}: pnm")
     if "cost" in d and d["cost"] is not None:
         # omitted cost keys take the GPU's default (calibrated where a calibration file exists)
         given = d["cost"]
@@ -1047,7 +1208,7 @@ def save_instance_spec(spec: InstanceSpec, path: str | Path) -> None:
 
 
 def presets_rows() -> dict[str, list[dict[str, Any]]]:
-    """Rows for a presets table: ``{"models": [...], "gpus": [...], "links": [...]}``.
+    """Rows for a presets table: ``{"models": [...], "gpus": [...], "links": [...], "pnm": [...]}``.
 
     Model rows carry KV bytes/token at bf16 (REFERENCE §5.1 column) and bf16 weights in GB.
     """
@@ -1082,4 +1243,11 @@ def presets_rows() -> dict[str, list[dict[str, Any]]]:
         {"name": lk.name, "GB_per_s": round(lk.bytes_per_s / 1e9, 2), "latency_us": round(lk.latency_s * 1e6, 1)}
         for lk in LINK_PRESETS.values()
     ]
-    return {"models": models, "gpus": gpus, "links": links}
+    pnm = [
+        {"name": p.name, "devices": p.n_devices, "capacity_TB": round(p.total_capacity_bytes / 1e12, 2),
+         "mem_TB_per_s": round(p.n_devices * p.mem_bytes_per_s / 1e12, 3),
+         "attn_TFLOPS": round(p.n_devices * p.attn_flops_per_s / 1e12, 1),
+         "link_GB_per_s": round(p.link.bytes_per_s / 1e9, 1)}
+        for p in PNM_PRESETS.values()
+    ]
+    return {"models": models, "gpus": gpus, "links": links, "pnm": pnm}
