@@ -111,7 +111,9 @@ class PNMMigration(SchedulerPolicy):
         p = self.params
         bs = self.ctx.spec.block_size_tokens
         ctx = table.computed_tokens
-        need = -(-ctx // bs)
+        # room for the KV and the next token: a request that could not grow on PNM would be
+        # preempted there before emitting a token, and could come back forever (livelock)
+        need = -(-(ctx + 1) // bs)
         by_ctx = np.argsort(-ctx, kind="stable")
         triggered = self._predicted_total(table) >= p.length_threshold_tokens
         chosen = [int(r) for r in by_ctx if triggered[r]]
@@ -151,7 +153,7 @@ class PNMMigration(SchedulerPolicy):
         """
         p = self.params
         k = len(hbm_available_blocks)
-        need = -(-ctx_tokens // block_size_tokens)
+        need = -(-(ctx_tokens + 1) // block_size_tokens)  # as choose_migrations: KV plus the next token
         # the PNM pool only fills and the candidates only grow: what fails now fails later
         fits = (need <= pnm_available_blocks) & self._within_attention_budget(
             (self.ctx.spec.num_pnm_blocks - pnm_available_blocks + need) * block_size_tokens)

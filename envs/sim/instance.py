@@ -849,9 +849,10 @@ class Instance:
             decoding = np.fromiter((c.generated > 0 and c.computed == c.prompt_tokens + c.generated - 1
                                     for c in candidates), bool, count=len(candidates))
             need = -(-tokens // self.bs)
+            room = -(-(tokens + 1) // self.bs)  # as _migrate_to_pnm: its next token must fit too
             link = self.spec.pnm.link
             mig = link.latency_s + need * self.cost.kv_bytes_per_token_per_gpu * self.bs / link.bytes_per_s
-            costs["migrate"] = np.where(decoding & (need >= 1) & (need <= self.pnm.available_blocks), mig, np.inf)
+            costs["migrate"] = np.where(decoding & (need >= 1) & (room <= self.pnm.available_blocks), mig, np.inf)
         return costs
 
     def _preempt(self, victim: RequestState, now: float, mode: str | None = None) -> None:
@@ -985,7 +986,9 @@ class Instance:
         the instance's PNM link. Returns ``False`` (nothing changed) when the PNM pool is full.
         """
         n_blocks = self._blocks_for(st.computed)
-        if n_blocks < 1 or not self.pnm.allocate(n_blocks):
+        # the pool must also hold its next token, else it is preempted there before emitting one
+        if n_blocks < 1 or self.pnm.available_blocks < self._blocks_for(st.computed + 1) \
+                or not self.pnm.allocate(n_blocks):
             return False
         nbytes = n_blocks * self.block_bytes
         t = self.cost.transfer_time_s(n_blocks, self.spec.pnm.link)
