@@ -166,9 +166,7 @@ def run(w, sp, policy, params, ff=True, check=True):
                    options=InstanceOptions(fast_forward=ff, check_invariants=check)).run(w)
 
 
-# derandomized: a rare randomly drawn example ran for minutes (in choose_migrations, many steps;
-# not reproduced in isolation, see the branch report) -- the fixed examples keep the suite bounded
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=hst.lists(hst.tuples(hst.floats(0, 2.0, allow_nan=False), hst.integers(1, 600),
                                  hst.integers(1, 90), hst.integers(0, 2)), min_size=1, max_size=14),
        hbm=hst.integers(40, 160), pnm_blocks=hst.integers(1, 80), threshold=hst.integers(16, 500),
@@ -180,7 +178,8 @@ def test_pnm_block_conservation_and_fast_forward_identity(rows, hbm, pnm_blocks,
     preempted), low thresholds and watermarks, with and without tier-aware preemption (whose
     "migrate" mode then competes with recompute and swap): every block of every tier (PNM
     included) is accounted for at every step (check_invariants), every request finishes or is
-    rejected, and fast-forward gives byte-identical records, summary and occupancy."""
+    rejected (no livelock: this test found a request that re-migrated forever at its last prefill
+    token), and fast-forward gives byte-identical records, summary and occupancy."""
     reqs = []
     for i, (a, p, o, g) in enumerate(rows):
         hashes = tuple(100 * g + k for k in range(p // 32)) if g else ()
