@@ -34,6 +34,7 @@ objective of the engine's own scheduler with the exported settings (:func:`targe
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -99,9 +100,12 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
     """
     from optuna.trial import TrialState
 
-    from .tune import (TuneConfig, _redact, best_trial, full_policy_params, open_study, scenario_for,
+    from .tune import (TuneConfig, _redact, best_trial, full_policy_params, journal_path, open_study, scenario_for,
                        scenario_of_study, split_params)
 
+    jp = journal_path(storage_url)
+    if jp is not None and not Path(jp).is_file():  # opening it would create an empty journal
+        raise ConfigError(f"--storage {storage_url}: no such journal file {jp!r}")
     study = open_study(study_name, storage_url)
     if "tune_config" not in study.user_attrs:
         raise ConfigError(f"study {study_name!r} was not created by kvsched tune (no tune_config)")
@@ -287,9 +291,15 @@ def export_sglang(policy: str, params: Mapping[str, Any], engine: Mapping[str, A
         unexp.append(("kv_dtype", spec.kv_dtype, "kvsched exports only auto and fp8 (fp8_e4m3) to SGLang"))
     else:
         cfg["kv-cache-dtype"] = kv
-    if spec.dram_kv_bytes > 0:
+    hicache_gb = spec.dram_kv_bytes / GB / spec.tp  # SGLang: host pool per rank, whole GB (int flag)
+    hicache_rounded = False
+    if spec.dram_kv_bytes > 0 and math.floor(hicache_gb) >= 1:
         cfg["enable-hierarchical-cache"] = True
-        cfg["hicache-size"] = round(spec.dram_kv_bytes / GB / spec.tp, 3)
+        cfg["hicache-size"] = int(math.floor(hicache_gb))
+        hicache_rounded = cfg["hicache-size"] != hicache_gb
+    elif spec.dram_kv_bytes > 0:
+        unexp.append(("dram_kv_bytes", spec.dram_kv_bytes, f"{hicache_gb:.3g} GB per rank: SGLang's hicache-size "
+                                                           "takes whole GB (>= 1; 0 means 'use hicache-ratio')"))
     unexp += _spec_unexpressible("sglang", spec, partial_flags=False)
     check_keys("sglang", cfg)
     notes = [f"serve with: python -m sglang.launch_server --model-path <HF id of {spec.model.name}> --config THIS_FILE "
@@ -298,8 +308,10 @@ def export_sglang(policy: str, params: Mapping[str, Any], engine: Mapping[str, A
              "token budget (SGLang does not count decodes in it); mem-fraction-static covers weights + KV pool, "
              "vLLM's gpu-memory-utilization everything: approximate",
              "schedule-conservativeness has no kvsched counterpart and is left at SGLang's default"]
-    if spec.dram_kv_bytes > 0:
+    if "hicache-size" in cfg:
         notes.append("hicache-size (GB per rank) is a host prefix cache, not vLLM-V0-style swap space")
+    if hicache_rounded:
+        notes.append(f"hicache-size rounded down from {hicache_gb:.6g} GB per rank (SGLang takes whole GB)")
     text = _header(f"SGLang server arguments exported by kvsched from study {prov['study']}", prov, unexp, notes)
     return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
 

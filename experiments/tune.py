@@ -76,6 +76,7 @@ import numpy as np
 
 import kvsched
 from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.metrics import LENGTH_CLASSES
 from kvsched.policies.base import SearchDim, make_policy
 
 from .compare import METRIC_COLUMNS, _metric_row
@@ -94,13 +95,16 @@ ENGINE_PREFIX = "engine."
 #: Metrics where larger is better; every other metric is minimised.
 MAXIMISED = frozenset({"goodput_rps", "slo_attainment", "finished"})
 SAMPLERS = ("tpe", "gp", "cmaes")
+#: Classes a run's summary reports metrics for ("all" and the length classes).
+METRIC_CLASSES: tuple[str, ...] = ("all",) + LENGTH_CLASSES
 _CONSTRAINT_RE = re.compile(r"^\s*([a-z0-9_]+)(?::([A-Za-z0-9_-]+))?\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 
 
 # ----------------------------------------------------------------------------- specifications
 @dataclass(frozen=True)
 class MetricRef:
-    """A metric of one class: ``name`` in METRIC_COLUMNS, ``cls`` "all", "short", "long" or an SLO class."""
+    """A metric of one class: ``name`` in METRIC_COLUMNS, ``cls`` one of :data:`METRIC_CLASSES`
+    (the classes of a run's summary, :func:`kvsched.envs.sim.metrics.summarize`)."""
 
     name: str
     cls: str = "all"
@@ -112,7 +116,10 @@ class MetricRef:
         if name not in METRIC_COLUMNS:
             raise ConfigError(f"{what}={text!r}: unknown metric {name!r}; allowed: {', '.join(METRIC_COLUMNS)} "
                               f"(optionally ':CLASS', e.g. ttft_p99_s:short)")
-        return cls(name, c or "all")
+        c = c or "all"
+        if c not in METRIC_CLASSES:
+            raise ConfigError(f"{what}={text!r}: unknown class {c!r}; allowed: {', '.join(METRIC_CLASSES)}")
+        return cls(name, c)
 
     @property
     def maximise(self) -> bool:
@@ -437,9 +444,35 @@ def make_storage(url: str | None):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     if "://" in url:
-        return _rdb_storage(url)
+        return _rdb_storage(rdb_url(url))
     raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
                       "(sqlite:///FILE, postgresql://USER@HOST:PORT/DB)")
+
+
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
+
+
+def rdb_url(url: str) -> str:
+    """Check an RDB URL's scheme and pick the PostgreSQL driver that is installed.
+
+    SQLAlchemy >= 2.1 maps a bare ``postgresql://`` to psycopg 3, while the ``postgres`` extra
+    installs psycopg2; when only psycopg2 is importable, ``postgresql://`` becomes
+    ``postgresql+psycopg2://`` (an explicit ``+driver`` is kept).
+
+    Raises:
+        ConfigError: a scheme other than sqlite, postgresql or mysql (with an optional ``+driver``).
+    """
+    import importlib.util
+
+    scheme, _, rest = url.partition("://")
+    dialect = scheme.split("+", 1)[0]
+    if dialect not in RDB_SCHEMES:
+        raise ConfigError(f"--storage={_redact(url)!r}: unknown database {dialect!r}; give journal:PATH, a PATH "
+                          f"ending in .journal or .log, or an RDB URL ({', '.join(s + '://...' for s in RDB_SCHEMES)})")
+    if scheme == "postgresql" and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql+psycopg2://{rest}"
+    return url
 
 
 def _rdb_storage(url: str, attempts: int = 5):
@@ -595,6 +628,8 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
         raise ConfigError(f"--trials={n_trials!r} must be an integer >= 1")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers={workers!r} must be an integer >= 1")
+    if isinstance(holdout_seeds, bool) or not isinstance(holdout_seeds, int) or holdout_seeds < 0:
+        raise ConfigError(f"--holdout-seeds={holdout_seeds!r} must be an integer >= 0")
     if workers > 1 and storage_url is None:
         if out is None:
             raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")

@@ -130,6 +130,9 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
     res = export_study(a.study, a.storage, a.target, a.out, trial=a.trial)
     pv = res.provenance
     console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False)
+    if pv.get("feasible") is False:
+        Console(stderr=True).print(f"warning: trial {pv['trial']} violates the study's constraints "
+                                   f"{pv['constraints']} (feasible: false in the file)", highlight=False)
     if "target_objective_mean" in pv:
         console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} (baseline {_f(pv['baseline_objective_mean'])}); "
                       f"this file alone ({pv['target_policy_simulated']} + its engine settings), simulated on the "

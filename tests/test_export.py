@@ -155,3 +155,36 @@ def test_extraction_reads_engine_sources(tmp_path):
                    "    hidden: A[int, Arg(help='h', no_cli=True)] = 0\n    plain: int = 0\n")
     info = xa.extract("sglang", "9.9.9", sg)
     assert info["flags"] == ["config", "max-running-requests", "tensor-parallel-size", "tp-size"]
+
+
+def test_export_refuses_a_missing_journal_without_creating_it(tmp_path):
+    missing = tmp_path / "nope.journal"
+    with pytest.raises(ConfigError, match="no such journal file"):
+        ex.export_study("exp", f"journal:{missing}", "vllm", tmp_path / "v.yaml")
+    assert not missing.exists()
+
+
+def test_engine_values_have_the_engines_types_and_units(study, tmp_path):
+    res = ex.export_study("exp", study, "vllm", tmp_path / "v.yaml", simulate_target=False)
+    c = res.config
+    for k in ("tensor-parallel-size", "max-num-batched-tokens", "max-num-seqs", "max-model-len", "block-size",
+              "long-prefill-token-threshold"):
+        assert type(c[k]) is int, (k, c[k])
+    assert type(c["gpu-memory-utilization"]) is float and 0 < c["gpu-memory-utilization"] <= 1  # a fraction
+    assert type(c["enable-prefix-caching"]) is bool
+
+
+def test_sglang_hicache_size_is_whole_gb_per_rank_and_said_so():
+    from kvsched.experiments.tune import scenario_for
+
+    sc = small_scenario()
+    spec = scenario_for(sc, (0.0, 12.0), 0, {"dram_kv_bytes": 25e9, "tp": 2}).instance_spec()
+    res = ex.export_sglang("fcfs", {}, {}, spec, {"study": "x"})
+    assert res.config["hicache-size"] == 12 and type(res.config["hicache-size"]) is int  # SGLang: int GB per rank
+    assert res.config["enable-hierarchical-cache"] is True
+    assert "rounded down from 12.5 GB" in res.text
+    tiny = scenario_for(sc, (0.0, 12.0), 0, {"dram_kv_bytes": 0.5e9}).instance_spec()
+    res = ex.export_sglang("fcfs", {}, {}, tiny, {"study": "x"})
+    assert "hicache-size" not in res.config and "enable-hierarchical-cache" not in res.config
+    assert [n for n, _, _ in res.unexpressible] == ["dram_kv_bytes"]  # listed, not dropped
+    assert "#   dram_kv_bytes = 500000000.0" in res.text

@@ -62,6 +62,45 @@ def test_bad_specs_name_the_allowed_values():
         cfg(policy="fcfs")
     with pytest.raises(ConfigError, match="storage"):
         make_storage("ftp-server")
+    # a class no summary reports would make every trial NaN (objective) or infeasible (constraint)
+    with pytest.raises(ConfigError, match="unknown class 'shrt'; allowed: all, short, long"):
+        MetricRef.parse("ttft_p99_s:shrt")
+    with pytest.raises(ConfigError, match="--constraint.*unknown class 'nope'"):
+        Constraint.parse("ttft_p99_s:nope<=1")
+    with pytest.raises(ConfigError, match="unknown database 'ftp'.*postgresql://"):
+        make_storage("ftp://host/db")
+    for kw, bad, flag in (("n_trials", 0, "--trials=0"), ("n_trials", -3, "--trials=-3"),
+                          ("workers", 0, "--workers=0"), ("holdout_seeds", -1, "--holdout-seeds=-1")):
+        with pytest.raises(ConfigError, match=f"{flag} must be an integer"):
+            tune(small_scenario(), cfg(), "bad", None, **{kw: bad})
+
+
+def test_a_bare_postgresql_url_uses_the_installed_driver():
+    import importlib.util
+
+    from kvsched.experiments.tune import rdb_url
+
+    assert rdb_url("postgresql+psycopg2://u@h:1/db") == "postgresql+psycopg2://u@h:1/db"  # explicit: kept
+    assert rdb_url("sqlite:///x.db") == "sqlite:///x.db"
+    bare = rdb_url("postgresql://u@h:1/db")
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        assert bare == "postgresql+psycopg2://u@h:1/db"  # SQLAlchemy 2.1 would pick the absent psycopg 3
+    else:
+        assert bare == "postgresql://u@h:1/db"
+    import sqlalchemy
+
+    sqlalchemy.engine.make_url(bare).get_dialect().import_dbapi()  # the chosen driver imports
+
+
+def test_one_process_with_the_same_seed_repeats_the_study():
+    c = cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none")
+    a, b = (tune(small_scenario(), c, "det", None, n_trials=4).study for _ in range(2))
+    assert [t.params for t in a.trials] == [t.params for t in b.trials]
+    assert [t.value for t in a.trials] == [t.value for t in b.trials]
+    assert len({str(t.params) for t in a.trials}) == 4  # the sampler did vary them
+    other = tune(small_scenario(), cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none", sampler_seed=1),
+                 "det", None, n_trials=4).study
+    assert [t.params for t in other.trials][1:] != [t.params for t in a.trials][1:]
 
 
 def test_trial_value_is_the_mean_of_its_runs_and_baseline_is_trial_zero():
