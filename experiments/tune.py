@@ -233,7 +233,11 @@ class TuneConfig:
 def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[tuple[float, float], ...]:
     """``n_windows`` windows of ``window_s`` seconds spread evenly over the scenario's arrival span.
 
-    The span is the scenario's workload (seed ``scenario.seed``) from 0 to its last arrival.
+    The span is the scenario's workload (seed ``scenario.seed``, inside its own ``window_s``)
+    from 0 to its last arrival, in the workload's own seconds: windows are applied the way
+    ``kvsched simulate --window`` applies them, before ``rate_scale`` and ``max_requests``
+    (so with ``rate_scale: 2`` a 60 s window holds 60 trace seconds served in 30 s, and
+    ``max_requests`` caps each window).
 
     Raises:
         ConfigError: ``n_windows < 1``, ``window_s <= 0`` or a window longer than the span.
@@ -242,7 +246,9 @@ def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[t
         raise ConfigError(f"--windows={n_windows!r} must be an integer >= 1")
     if not (isinstance(window_s, (int, float)) and window_s > 0 and math.isfinite(window_s)):
         raise ConfigError(f"--window-s={window_s!r} must be a finite number > 0 (seconds)")
-    w = scenario.workload()
+    # the span in the time windows are cut in (run_scenario: the scenario's window_s, applied
+    # before rate scaling and the request cap)
+    w = scenario.with_overrides(rate_scale=1.0, max_requests=None).workload()
     span_s = float(w.arrival_s[-1]) if len(w) else 0.0
     if window_s > span_s:
         raise ConfigError(f"--window-s={window_s}: longer than the scenario's arrival span ({span_s:.1f} s)")

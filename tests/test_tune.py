@@ -271,3 +271,7 @@ def test_windows_spread_over_the_arrivals():
         even_windows(sc, 2, span + 1.0)
     with pytest.raises(ConfigError, match="--windows"):
         even_windows(sc, 0, 5.0)
+    # windows are cut before rate scaling and the request cap (as simulate --window): the span is
+    # the unscaled one, so the last window still ends at the last arrival
+    scaled = sc.with_overrides(rate_scale=2.0, max_requests=20)
+    assert even_windows(scaled, 3, 10.0) == ws
