@@ -202,7 +202,8 @@ def _spec_unexpressible(engine: str, spec, partial_flags: bool) -> list:
             out.append(("max_num_partial_prefills", [spec.max_num_partial_prefills, spec.max_long_partial_prefills],
                         f"no partial-prefill limit flags in {engine} {engine_args(engine)['version']}"))
     if spec.preemption_mode != "recompute":
-        out.append(("preemption_mode", spec.preemption_mode, f"{engine} preempts by recompute only (V1)"))
+        v1 = " (V1)" if engine == "vllm" else ""
+        out.append(("preemption_mode", spec.preemption_mode, f"{engine} preempts by recompute only{v1}"))
     if spec.nvme_kv_bytes > 0:
         out.append(("nvme_kv_bytes", spec.nvme_kv_bytes, "NVMe KV tier: configure LMCache/HiCache storage by hand"))
     return out
