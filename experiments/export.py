@@ -12,10 +12,10 @@ Targets (REFERENCE §7 "Mapping tuned heuristic parameters to production configs
   ``experiments/engine_args/sglang.json``. The mapping is approximate where the engines
   differ (commented in the file).
 * ``llm-d``: an ``EndpointPickerConfig`` (llm-d inference scheduler / Gateway API inference
-  extension) with scorer weights. kvsched's only router is round-robin and no policy tunes
-  router weights yet, so the file configures ``random-picker`` (the closest stateless
-  spread; it is not round-robin, which is said in the file) and lists every tuned
-  parameter as not expressible there.
+  extension) with scorer weights. ``kvsched tune`` tunes engine-side policies only, not the
+  scenario's router (kvsched.policies.routing), so the file configures ``random-picker``
+  (a stateless spread, which the file says) and lists every tuned parameter as not
+  expressible there.
 * ``kvsched``: JSON with the policy name, every field of its parameter dataclass and the
   engine settings the trial changed; ``kvsched simulate --policy-file FILE`` loads it back
   (same scenario and seed -> identical metrics).
@@ -334,8 +334,8 @@ def export_llmd(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     else:
         plugins = [{"type": "single-profile-handler"}, {"type": "random-picker"}]
         refs = [{"pluginRef": "random-picker"}]
-        notes = ["the study tuned no router weights (kvsched routes round-robin); random-picker is the closest "
-                 "stateless llm-d spread, not round-robin"]
+        notes = ["the study tuned no router weights (kvsched tune tunes engine-side policies, not the scenario's "
+                 "router); random-picker is a stateless llm-d spread, not the scenario's router"]
     cfg = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
            "plugins": plugins, "schedulingProfiles": [{"name": "default", "plugins": refs}]}
     text = _header(f"llm-d EndpointPickerConfig exported by kvsched from study {prov['study']}", prov, unexp, notes)

@@ -305,9 +305,13 @@ def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, pol
             workload_cache[key] = workload
     params = full_policy_params(policy, policy_params, seed)
     spec = sc.instance_spec()
+    # the cluster `kvsched simulate` builds for this scenario: router, its state delay, shared
+    # KV tier and seed included (a --policy-file round trip must see the same cluster)
     cluster = Cluster([spec] * sc.n_instances, lambda: make_policy(policy, dict(params)),
                       metrics=sc.metrics_config(),
-                      options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths))
+                      options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths),
+                      router=sc.router, router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                      shared_kv=sc.shared_kv_spec(), seed=sc.seed)
     res = cluster.run(workload)
     res.summary["workload_sha256"] = workload.content_sha256()
     return res.summary
