@@ -163,6 +163,8 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_kill_and_restart_loses_no_finished_trial(tmp_path):
+    # ~7-15 s; ~30 s more when the SIGKILL lands inside a journal append (about 1 in 4): the
+    # restart then waits out Optuna's 30 s lock grace period, which is what a user sees too
     scen = tmp_path / "s.yaml"
     scen.write_text("name: tiny\nsynthetic: {rate_per_s: 4.0, duration_s: 30, long_fraction: 0.03, "
                     "long_min_tokens: 16384, long_max_tokens: 40000}\npolicy: lars\nseed: 0\n")
