@@ -219,7 +219,9 @@ def _postgres_ok() -> str | None:
     try:
         import sqlalchemy
 
-        with sqlalchemy.create_engine(POSTGRES_URL).connect() as c:
+        from kvsched.experiments.tune import rdb_url
+
+        with sqlalchemy.create_engine(rdb_url(POSTGRES_URL)).connect() as c:  # the driver tune picks
             c.execute(sqlalchemy.text("select 1"))
     except Exception as e:  # driver missing or server down
         return f"PostgreSQL at KVSCHED_TEST_POSTGRES_URL not reachable: {type(e).__name__}: {e}"
