@@ -8,6 +8,10 @@ the same window again). Episodes run to completion (no horizon), so every reques
 - a learned agent (``path.zip``) acts in ``kvsched/Scheduling-v0`` with the environment
   arguments it was trained with (``<stem>.json`` beside the checkpoint, or ``train.json`` in
   its folder or the folder above), deterministically, with its action masks;
+- with ``--stochastic`` the learned agent is also run with sampled actions (torch seeded per
+  episode), reported as ``<name> (stochastic)``;
+- ``random`` is the uniform random agent over the masked actions (seeded per episode), the
+  floor a learned agent must beat;
 - a heuristic (a policy name) runs directly in the simulator on the same requests (identical
   to acting through the environment with itself as reference; tested).
 
@@ -57,8 +61,11 @@ def _summary_rows(agent: str, window: int, seed: int, summary: dict) -> list[dic
 
 
 def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str | None,
-                window_s: float | None = None) -> tuple[list[dict], np.ndarray]:
-    """Episodes of a learned agent; returns summary rows and all requests' TTFT (s)."""
+                window_s: float | None = None, stochastic: bool = False) -> tuple[list[dict], np.ndarray]:
+    """Episodes of a learned agent (argmax actions, or sampled with ``stochastic``, torch seeded
+    per episode); returns summary rows and all requests' TTFT (s)."""
+    import torch
+
     from kvsched.envs.scheduling_env import SchedulingEnv
 
     meta = _sidecar(ckpt)
@@ -74,17 +81,48 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
     model = _load_model(ckpt, meta["algo"])
     masked = meta["algo"] == "maskable_ppo"
     rows, ttfts = [], []
+    name = ckpt.name + (" (stochastic)" if stochastic else "")
     for wseed, widx, seed in episodes:
         obs, info = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
+        torch.manual_seed(seed * 100_003 + widx)
         done = False
         while not done:
             if masked:
-                action, _ = model.predict(obs, deterministic=True, action_masks=env.action_masks())
+                action, _ = model.predict(obs, deterministic=not stochastic, action_masks=env.action_masks())
             else:
-                action, _ = model.predict(obs, deterministic=True)
+                action, _ = model.predict(obs, deterministic=not stochastic)
             obs, _, term, trunc, info = env.step(action)
             done = term or trunc
-        rows += _summary_rows(ckpt.name, widx, seed, info["summary"])
+        rows += _summary_rows(name, widx, seed, info["summary"])
+        rec = env.cluster.recorder.records_frame()
+        ttfts.append((rec["first_token_s"] - rec["arrival_s"]).to_numpy())
+    return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
+
+
+def run_random(episodes, scenario: str | None, window_s: float, env_kwargs: dict) -> tuple[list[dict], np.ndarray]:
+    """Episodes of the uniform random agent over the masked actions of ``Scheduling-v0`` (on
+    top of the reference policy), seeded per episode: the floor a learned agent must beat."""
+    from kvsched.envs.scheduling_env import SchedulingEnv
+
+    kw = dict(env_kwargs)
+    if scenario is not None:
+        kw["scenario"] = scenario
+    kw.update(window_s=window_s, split="heldout", horizon_s=math.inf)
+    kw.pop("action_mode", None)
+    env = SchedulingEnv(**kw)
+    rows, ttfts = [], []
+    for wseed, widx, seed in episodes:
+        obs, info = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
+        rng = np.random.default_rng(seed * 100_003 + widx)
+        done = False
+        while not done:
+            m, a, i = info["action_mask"], [], 0
+            for n in env.action_space.nvec:
+                a.append(rng.choice(np.flatnonzero(m[i:i + n])))
+                i += n
+            obs, _, term, trunc, info = env.step(np.array(a))
+            done = term or trunc
+        rows += _summary_rows("random", widx, seed, info["summary"])
         rec = env.cluster.recorder.records_frame()
         ttfts.append((rec["first_token_s"] - rec["arrival_s"]).to_numpy())
     return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
@@ -165,7 +203,7 @@ def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[st
 
 
 def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, out: str | Path,
-             window_s: float | None = None) -> pd.DataFrame:
+             window_s: float | None = None, stochastic: bool = False) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
 
     Raises:
@@ -203,6 +241,15 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
         if a.endswith(".zip"):
             r, t = run_learned(Path(a), episodes, scen, window_s)
             name = Path(a).name
+            if stochastic:
+                r2, t2 = run_learned(Path(a), episodes, scen, window_s, stochastic=True)
+                rows += r2
+                ttft[name + " (stochastic)"] = t2
+        elif a == "random":
+            r, t = run_random(episodes, scen, window_s, {k: v for k, v in trained.items()
+                                                         if k in ("max_requests", "heldout_fraction", "k",
+                                                                  "reference_policy")})
+            name = a
         elif a in known:
             r, t = run_heuristic(a, source, episodes)
             name = a

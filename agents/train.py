@@ -137,7 +137,10 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     hp = default_hyperparameters(algo, n_envs)
     hp.update(hyperparameters or {})
     if resume is not None:
-        model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu")
+        hp = dict(hyperparameters or {})  # the rest comes from the checkpoint
+        # hyper-parameters given now override the saved ones (e.g. n_steps for another n_envs)
+        model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu",
+                         **(hyperparameters or {}))
         reset = False
     else:
         model = cls("MlpPolicy", venv, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose, device="cpu",

@@ -136,9 +136,9 @@ class KnobEnv(gym.Env):
         self._over = False
         self._t = 0.0
         self._arrived0 = 0
-        return self._observe({"slo_met": 0.0, "slo_missed": 0.0}, 0), self._info({})
+        return self._observe(0, 0, 0), self._info({})
 
-    def _observe(self, comps: dict, arrived: int) -> np.ndarray:
+    def _observe(self, met: int, missed: int, arrived: int) -> np.ndarray:
         insts = self.cluster.instances
         rows = []
         for inst in insts:
@@ -149,8 +149,6 @@ class KnobEnv(gym.Env):
             nw, ns = len(inst.waiting), len(inst.swapped)
             rows.append((inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
                          len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))
-        met = comps["slo_met"] / self.reward_config.met if self.reward_config.met else 0.0
-        missed = -comps["slo_missed"] / self.reward_config.missed if self.reward_config.missed else 0.0
         done = met + missed
         tail = (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0, missed / (missed + 1.0))
         obs = np.concatenate((np.mean(np.asarray(rows), axis=0), tail, self._current()))
@@ -176,17 +174,20 @@ class KnobEnv(gym.Env):
         self.decisions += 1
         self._t += self.interval_s
         point = self.cluster.run_until_decision(self._t)
+        met0, missed0 = self.slo_reward.met, self.slo_reward.missed
         comps = self.slo_reward.collect(self.cluster.recorder.rows)
         arrived = self.cluster.arrived - self._arrived0
         self._arrived0 = self.cluster.arrived
         terminated = point is None
         truncated = not terminated and self._t >= self.horizon_s
         extra = {"knobs": values}
-        obs = self._observe(dict(comps), arrived)
+        obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived)
+        states = [st for inst in self.cluster.instances for st in
+                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
         if truncated:
-            states = [st for inst in self.cluster.instances for st in
-                      list(inst.waiting) + list(inst.running) + list(inst.swapped)]
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self._t)
+        elif not terminated and self.reward_config.early_miss:
+            comps["slo_missed"] += self.slo_reward.certain_misses(states, self._t)
         if terminated or truncated:
             self._over = True
             if terminated:

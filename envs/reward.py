@@ -4,10 +4,13 @@ A request *meets its SLO* exactly as :func:`kvsched.envs.sim.metrics.summarize` 
 finished, TTFT <= its class's ``ttft_s``, TPOT <= ``tpot_s`` (when it generated more than one
 token) and E2E <= ``e2e_s`` (when set); its class is the record's ``slo_class`` when the
 metrics configuration names it, else its length class. SLO attainment = met / arrived, so the
-episode's reward sum is ``w_met * met - w_missed * missed`` where every request counts once,
-when its record is written (finish or rejection), plus, when an episode is truncated at its
-horizon, ``-w_missed`` for each request that already waited past its TTFT SLO without a first
-token (it cannot meet its SLO any more).
+episode's reward sum is ``w_met * met - w_missed * missed`` where every request counts once:
+``+w_met`` when its record is written (finish), ``-w_missed`` at the first decision at which
+its miss is certain -- it waited past its TTFT SLO without a first token (``early_miss``,
+default) -- or else when its record is written (finish or rejection). Charging a certain miss
+when it becomes certain, not when the request finishes seconds later, shortens the credit
+assignment without changing the episode's sum. When an episode is truncated at its horizon,
+the requests already past their TTFT SLO are charged too.
 
 Components are reported in ``info["reward_components"]``.
 """
@@ -32,16 +35,20 @@ class RewardConfig:
     Attributes:
         met: reward for a request that meets its SLO (>= 0).
         missed: penalty for one that misses it or is rejected (>= 0; the reward is ``-missed``).
+        early_miss: charge ``missed`` as soon as a request waited past its TTFT SLO without a
+            first token (else at its record).
     """
 
     met: float = 1.0
     missed: float = 1.0
+    early_miss: bool = True
 
     def __post_init__(self) -> None:
         for name in ("met", "missed"):
             v = getattr(self, name)
             require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
                     f"RewardConfig.{name}", v, "a finite number >= 0")
+        require(isinstance(self.early_miss, bool), "RewardConfig.early_miss", self.early_miss, "True or False")
 
 
 class SLOReward:
@@ -58,6 +65,7 @@ class SLOReward:
         self._seen = 0
         self.met = 0
         self.missed = 0
+        self.charged: set[int] = set()  # request ids already charged as certain misses
 
     def judged_slo(self, slo_class: str, prompt_tokens: int):
         """The :class:`SLO` a request is judged by (its SLO class if configured, else length class)."""
@@ -81,24 +89,32 @@ class SLOReward:
 
     def collect(self, rows: list) -> dict[str, float]:
         """Reward components of the records written since the last call."""
-        met = missed = 0
+        met = missed = charged = 0
+        rid = _I["request_id"]
         for row in rows[self._seen:]:
             if self.is_met(row):
                 met += 1
             else:
                 missed += 1
+                if row[rid] not in self.charged:
+                    charged += 1
         self._seen = len(rows)
         self.met += met
         self.missed += missed
-        return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * missed}
+        return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
 
-    def truncation_penalty(self, states, now_s: float) -> float:
-        """``-missed`` for each unfinished request past its TTFT SLO without a first token."""
+    def certain_misses(self, states, now_s: float) -> float:
+        """``-missed`` for each request of ``states`` not yet charged that waited past its TTFT
+        SLO without a first token (its miss is certain); marks them charged."""
         n = 0
         for st in states:
-            if st.generated == 0 and now_s - st.arrival_s > self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s:
+            if st.generated == 0 and st.rid not in self.charged and \
+                    now_s - st.arrival_s > self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s:
+                self.charged.add(st.rid)
                 n += 1
         return -self.config.missed * n
+
+    truncation_penalty = certain_misses
 
 
 def ttft_slo_column(reward: SLOReward, table) -> np.ndarray:

@@ -155,10 +155,12 @@ class RoutingEnv(gym.Env):
         terminated = self._point is None
         truncated = self._point is not None and self._point.kind == "time"
         extra = {}
+        states = [st for inst in self.cluster.instances for st in
+                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
         if truncated:
-            states = [st for inst in self.cluster.instances for st in
-                      list(inst.waiting) + list(inst.running) + list(inst.swapped)]
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self.cluster.now_s)
+        elif not terminated and self.reward_config.early_miss:
+            comps["slo_missed"] += self.slo_reward.certain_misses(states, self.cluster.now_s)
         if terminated or truncated:
             self._over = True
             if terminated:

@@ -53,9 +53,11 @@ class SchedulingEnv(gym.Env):
     chunk choice) and the preemption modes whose tier exists. A masked action is not an error:
     its part falls back to the reference's decision and ``info["invalid_action"]`` is True.
 
-    **Reward** per step: SLO attainment of the requests whose records were written during the
-    step (``+met`` each meeting its SLO, ``-missed`` each missing it or rejected;
-    :mod:`kvsched.envs.reward`); components in ``info["reward_components"]``.
+    **Reward** per step: SLO attainment (:mod:`kvsched.envs.reward`): ``+met`` for each request
+    finishing within its SLO during the step, ``-missed`` for each whose miss became certain
+    during the step (waited past its TTFT SLO without a first token) or that finished missing
+    it or was rejected (each request is charged once; the episode sums to
+    ``met * n_met - missed * n_missed``); components in ``info["reward_components"]``.
 
     **Episodes**: one window of the scenario (``reset(options={"workload_seed", "window_index"})``
     picks one, otherwise drawn with the env's seeded generator from the ``split``).
@@ -212,11 +214,11 @@ class SchedulingEnv(gym.Env):
         comps = self.slo_reward.collect(self.cluster.recorder.rows)
         terminated = point is None
         truncated = point is not None and point.kind == "time"
+        if self.reward_config.early_miss and not terminated and not truncated:
+            comps["slo_missed"] += self.slo_reward.certain_misses(self._unfinished(), self.cluster.now_s)
         extra = {"invalid_action": invalid}
         if truncated:
-            states = [st for inst in self.cluster.instances for st in
-                      list(inst.waiting) + list(inst.running) + list(inst.swapped)]
-            comps["truncation"] = self.slo_reward.truncation_penalty(states, self.cluster.now_s)
+            comps["truncation"] = self.slo_reward.truncation_penalty(self._unfinished(), self.cluster.now_s)
         if terminated or truncated:
             self._over = True
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
@@ -227,6 +229,10 @@ class SchedulingEnv(gym.Env):
             obs = self._observe(point.time_s)
         extra["reward_components"] = comps
         return obs, float(sum(comps.values())), terminated, truncated, self._info(extra)
+
+    def _unfinished(self) -> list:
+        return [st for inst in self.cluster.instances for st in
+                list(inst.waiting) + list(inst.running) + list(inst.swapped)]
 
     # ---------------------------------------------------------------------- reference agents
     def heuristic_action(self, policy: str | None = None) -> np.ndarray:

@@ -38,12 +38,14 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
-                   help="comma-separated: checkpoint .zip files and/or policy names, e.g. ckpt.zip,lars,fcfs")
+                   help="comma-separated: checkpoint .zip files, policy names and/or 'random', e.g. ckpt.zip,lars,fcfs")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
     e.add_argument("--windows", type=int, default=4, help="held-out windows (default 4)")
     e.add_argument("--seeds", type=int, default=3, help="seeds per window (default 3)")
     e.add_argument("--window-s", type=float, help="window length (s; default: the checkpoint's)")
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
+    e.add_argument("--stochastic", action="store_true",
+                   help="also run learned agents with sampled (not argmax) actions")
 
 
 def _json_arg(text: str, flag: str) -> dict:
@@ -74,7 +76,8 @@ def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate
 
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    table = evaluate(agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s)
+    table = evaluate(agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
+                     stochastic=args.stochastic)
     t = Table(title=f"held-out evaluation ({args.windows} windows x {args.seeds} seeds; mean ± 95% CI)")
     for c in ("agent", "class", "episodes", "SLO attainment", "goodput req/s", "TTFT p99 s"):
         t.add_column(c)

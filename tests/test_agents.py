@@ -41,8 +41,9 @@ def test_maskable_ppo_smoke_checkpoints_eval_and_resume(trained):
     out2 = out / "resumed"
     meta2 = train("kvsched/Scheduling-v0", "maskable_ppo", 32, out2, window_s=10.0, env_kwargs=SMALL,
                   checkpoint_every=32, eval_every=32, eval_episodes=1, progress_bar=False,
-                  resume=out / "final.zip")
+                  resume=out / "final.zip", n_envs=2, hyperparameters={"n_steps": 16})
     assert meta2["total_timesteps"] == 96 and meta2["resumed_from"].endswith("final.zip")
+    assert meta2["hyperparameters"] == {"n_steps": 16}
 
 
 @pytest.mark.parametrize("env_id,algo,hp", [
@@ -78,11 +79,16 @@ def test_confidence_table_is_a_student_t_interval():
 
 def test_evaluate_learned_and_heuristics_same_episodes(trained, tmp_path):
     out, _ = trained
-    table = evaluate([str(out / "final.zip"), "fcfs", "lars"], None, windows=1, seeds=2, out=tmp_path)
-    assert set(table["agent"]) == {"final.zip", "fcfs", "lars"}
+    table = evaluate([str(out / "final.zip"), "fcfs", "lars", "random"], None, windows=1, seeds=2, out=tmp_path,
+                     stochastic=True)
+    assert set(table["agent"]) == {"final.zip", "final.zip (stochastic)", "fcfs", "lars", "random"}
     eps = pd.read_csv(tmp_path / "episodes.csv")
     allc = eps[eps["class"] == "all"]
     assert (allc.groupby("agent")["requests"].apply(list).apply(lambda x: x == [25, 25])).all()
+    # a second run gives the same table (seeded random and stochastic agents)
+    again = evaluate([str(out / "final.zip"), "random"], None, windows=1, seeds=2, out=tmp_path / "b", stochastic=True)
+    first = table.set_index(["agent", "class"]).loc[again.set_index(["agent", "class"]).index]
+    assert np.allclose(first["slo_attainment"].to_numpy(), again.set_index(["agent", "class"])["slo_attainment"])
     for f in ("table.csv", "table.md", "ttft_cdf.png", "learning_curve.png"):
         assert (tmp_path / f).is_file()
     row = table[(table["agent"] == "fcfs") & (table["class"] == "all")].iloc[0]

@@ -124,7 +124,7 @@ def test_route_to_places_requests():
 
 
 # ----------------------------------------------------------------------- heuristic identity
-@pytest.mark.parametrize("policy", ["fcfs", "lars", "sarathi", "priority"])
+@pytest.mark.parametrize("policy", ["fcfs", "lars", "sarathi", "priority", "ewsjf", "nonpreemptive"])
 def test_heuristic_through_env_equals_direct_run(policy):
     env = SchedulingEnv(window_s=30.0, reference_policy=policy, horizon_s=math.inf)
     _, _, info = _play(env, seed=4)
@@ -170,14 +170,20 @@ def test_agent_decisions_change_the_schedule():
         pytest.fail("no decision with two candidates")
 
 
-def test_reward_counts_match_summary():
-    env = SchedulingEnv(window_s=30.0, horizon_s=math.inf)
-    _, rewards, info = _play(env, seed=2)
+@pytest.mark.parametrize("early", [True, False])
+def test_reward_counts_match_summary(early):
+    """The episode's reward sums to met - missed as the summary counts them, whether certain
+    misses are charged early (default) or at their records."""
+    from kvsched.envs.reward import RewardConfig
+
+    env = SchedulingEnv(window_s=60.0, split="heldout", horizon_s=math.inf, reward=RewardConfig(early_miss=early))
+    _, rewards, info = _play(env, options={"workload_seed": (1 << 20) + 2, "window_index": 8})
     s = info["summary"]["classes"]["all"]
-    met = s["slo"]["met"]
-    assert env.slo_reward.met == met
-    assert env.slo_reward.met + env.slo_reward.missed == s["counts"]["arrived"]
-    assert sum(rewards) == pytest.approx(met - (s["counts"]["arrived"] - met))
+    met, arrived = s["slo"]["met"], s["counts"]["arrived"]
+    assert env.slo_reward.met == met and arrived - met > 0  # the window has misses
+    assert env.slo_reward.met + env.slo_reward.missed == arrived
+    assert sum(rewards) == pytest.approx(met - (arrived - met))
+    assert (len(env.slo_reward.charged) > 0) == early
 
 
 # ------------------------------------------------------------------------------- masks/actions
