@@ -105,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
                                      "start a local Ray)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    from . import rl_cli
+    rl_cli.add_train_arguments(sub.add_parser(
+        "train", help="train an RL agent (SB3 / sb3-contrib) on a kvsched environment (needs the rl extra)"))
+    rl_cli.add_evaluate_arguments(sub.add_parser(
+        "evaluate", help="learned vs heuristic agents on held-out windows: table with 95% CIs, plots"))
     sub.add_parser("presets", help="list model, GPU and link presets")
     sub.add_parser("traces", help="list bundled traces")
 
@@ -419,6 +424,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             from .tune_cli import cmd_export
             return cmd_export(args, console)
+        if args.command == "train":
+            from .rl_cli import cmd_train
+            return cmd_train(args, console)
+        if args.command == "evaluate":
+            from .rl_cli import cmd_evaluate
+            return cmd_evaluate(args, console)
         if args.command == "presets":
             return cmd_presets(console)
         if args.command == "traces":

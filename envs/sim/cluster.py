@@ -28,6 +28,44 @@ from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
 from .specs import InstanceSpec
 
 
+@dataclass(frozen=True)
+class DecisionWatch:
+    """Which decision points :meth:`Cluster.run_until_decision` stops at.
+
+    Attributes:
+        route: stop at every arrival, before the router places the request (``"route"``).
+            The caller then routes (``apply(route_to=...)``), so round-robin look-ahead of
+            fast-forwarded stretches is off.
+        schedule_instance: index of the instance whose scheduler decisions are watched
+            (``"schedule"``), or ``None``.
+        schedule_filter: ``filter(instance, now_s) -> bool``: stop only at the watched
+            instance's scheduling points where it returns ``True`` (``None``: every one where
+            the instance is idle). Must not change the instance.
+    """
+
+    route: bool = False
+    schedule_instance: int | None = None
+    schedule_filter: Callable[[Instance, float], bool] | None = None
+
+
+@dataclass(frozen=True)
+class DecisionPoint:
+    """Where the event loop stopped.
+
+    Attributes:
+        kind: ``"route"`` (an arrival to place), ``"schedule"`` (an idle instance about to plan
+            its next step) or ``"time"`` (the ``until_s`` of the call was reached).
+        time_s: simulated time (s).
+        instance_id: the instance about to schedule (``"schedule"``), else ``None``.
+        request: the arriving request's state (``"route"``), else ``None``.
+    """
+
+    kind: str
+    time_s: float
+    instance_id: int | None
+    request: RequestState | None
+
+
 @dataclass
 class SimulationResult:
     """What one run produced.
@@ -112,6 +150,10 @@ class Cluster:
         self.routed_prompt_tokens = np.zeros(len(self.instances), dtype=np.int64)
         self.progress = progress
         self.events = EventQueue()
+        self._workload: Workload | None = None
+        self._pending: tuple | None = None
+        self._now_s = 0.0
+        self.watch: DecisionWatch | None = None
 
     def run(self, workload: Workload) -> SimulationResult:
         """Serve every request of ``workload``; returns records, summary and counters.
@@ -120,27 +162,171 @@ class Cluster:
         after its ``arrival_s`` (the API front end: HTTP, tokenisation, hand-off to the engine;
         one front end for the cluster); its record keeps the client's ``arrival_s``, so TTFT and
         E2E include that delay.
+
+        The same event loop as :meth:`start` + :meth:`run_until_decision` / :meth:`apply`
+        with no decision points watched: identical events in identical order.
         """
-        ev = self.events
+        self.start(workload)
+        self._loop()
+        return self.result()
+
+    # ------------------------------------------------------------------ resumable event loop
+    def start(self, workload: Workload, watch: DecisionWatch | None = None) -> None:
+        """Prepare to serve ``workload`` step by step (see :meth:`run_until_decision`).
+
+        Args:
+            workload: the requests.
+            watch: which decision points :meth:`run_until_decision` stops at (``None``: none,
+                the loop runs to the end).
+
+        Raises:
+            RuntimeError: when this cluster was already started (a cluster serves one workload).
+        """
+        if self._workload is not None:
+            raise RuntimeError("this Cluster already served a workload; build a new one per run")
+        self._workload = workload
+        self.watch = watch
         n = len(workload)
         instances = self.instances
-        rec = self.recorder
-        block_size = {inst.instance_id: inst.bs for inst in instances}
         # when the engine sees each request (after the API front end), and in which order
         arrivals = workload.arrival_s + self.front_end.server_delay_s(workload.prompt_tokens)
         order = None
         if n > 1 and np.any(np.diff(arrivals) < 0):  # per-token delays can reorder arrivals
             order = np.argsort(arrivals, kind="stable")
             arrivals = arrivals[order]
-        next_idx = 0
+        self._arrivals = arrivals
+        self._order = order
+        self._n = n
+        self._next_idx = 0
+        self._done_reported = 0
+        self._check_pool = self.shared_kv is not None and instances[0].options.check_invariants
+        # round-robin look-ahead only when the router (not a caller) places every arrival
+        self._ahead = (getattr(self.router, "arrivals_until", None)
+                       if len(instances) > 1 and self.shared_kv is None and not (watch is not None and watch.route)
+                       else None)
         if n:
-            ev.push(float(arrivals[0]), ARRIVAL, None)
-        done_reported = 0
-        check_pool = self.shared_kv is not None and instances[0].options.check_invariants
-        ahead = (getattr(self.router, "arrivals_until", None)
-                 if len(instances) > 1 and self.shared_kv is None else None)
+            self.events.push(float(arrivals[0]), ARRIVAL, None)
+
+    @property
+    def now_s(self) -> float:
+        """Simulated time of the last event taken from the queue (s); 0 before the first."""
+        return self._now_s
+
+    @property
+    def arrived(self) -> int:
+        """Requests the engine has seen so far (arrivals processed)."""
+        return self._next_idx
+
+    @property
+    def done(self) -> bool:
+        """True when every event has been processed (the workload is served)."""
+        return self._workload is not None and self._pending is None and not len(self.events)
+
+    def run_until_decision(self, until_s: float = math.inf) -> DecisionPoint | None:
+        """Advance the event loop to the next watched decision point.
+
+        Args:
+            until_s: also stop (kind ``"time"``) before the first event later than this
+                simulated time (s), without taking it from the queue.
+
+        Returns:
+            The decision point, or ``None`` when the workload is served. At a ``"route"`` or
+            ``"schedule"`` point the loop is suspended *before* the event's effect: call
+            :meth:`apply` to carry it out (the caller first sets whatever its policy should
+            decide there). At a ``"time"`` point nothing is suspended.
+
+        Raises:
+            RuntimeError: before :meth:`start`, or while a decision is pending.
+        """
+        if self._workload is None:
+            raise RuntimeError("call Cluster.start(workload) first")
+        if self._pending is not None:
+            raise RuntimeError("a decision is pending: call Cluster.apply() first")
+        return self._loop(until_s)
+
+    def apply(self, route_to: int | None = None) -> None:
+        """Carry out the pending decision point's event.
+
+        Args:
+            route_to: at a ``"route"`` point, the instance index that gets the request
+                (``None``: ask the cluster's router, as :meth:`run` does). Must be ``None`` at a
+                ``"schedule"`` point: the instance's policy decides inside its step.
+
+        Raises:
+            RuntimeError: when no decision is pending.
+            ValueError: ``route_to`` out of range, or given at a ``"schedule"`` point.
+        """
+        if self._pending is None:
+            raise RuntimeError("no decision is pending")
+        t, kind, payload = self._pending
+        if kind == ARRIVAL:
+            n_inst = len(self.instances)
+            if route_to is not None and (isinstance(route_to, bool) or not isinstance(route_to, (int, np.integer))
+                                         or not 0 <= route_to < n_inst):
+                raise ValueError(f"route_to={route_to!r} must be an instance index in [0, {n_inst})")
+            self._pending = None
+            if route_to is None:
+                idx = self._route(payload, t)
+            else:
+                idx = int(route_to)
+                self.routed_requests[idx] += 1
+                self.routed_prompt_tokens[idx] += payload.prompt_tokens
+            self._place(payload, idx, t)
+        else:
+            if route_to is not None:
+                raise ValueError(f"route_to={route_to!r} is only allowed at a 'route' decision point")
+            self._pending = None
+            self._schedule(payload, t)
+
+    def _place(self, st: RequestState, idx: int, t: float) -> None:
+        inst = self.instances[idx]
+        if inst.bs != self.instances[0].bs:  # heterogeneous block sizes: segments in its blocks
+            st = RequestState(st.req, inst.bs, st.length_class)
+        if inst.add_request(st, t):
+            self._wake(inst, t)
+
+    def _schedule(self, inst: Instance, t: float) -> None:
+        if inst.busy:
+            return
+        ev = self.events
+        n = self._n
+        # the next arrival this instance can receive: with round-robin routing, the one its
+        # turn comes at (others cannot change its batch); else the next one
+        j = self._next_idx
+        if self._ahead is not None and j < n:
+            j += self._ahead(inst.instance_id, len(self.instances))
+        horizon = float(self._arrivals[j]) if j < n else math.inf
+        end = inst.schedule(t, horizon)
+        if end is not None:
+            ev.push(end, STEP_END, inst)
+        if inst.pending_events:
+            for when, what, st in inst.pending_events:
+                if what == TRANSFER_EVENT:
+                    ev.push(when, TRANSFER_DONE, (inst, st))
+                elif what == FETCH_EVENT:
+                    ev.push(when, TRANSFER_DONE, (inst, None))
+            inst.pending_events.clear()
+
+    def _loop(self, until_s: float = math.inf) -> DecisionPoint | None:
+        """The event loop; returns at a watched decision point, at ``until_s`` or at the end."""
+        ev = self.events
+        workload = self._workload
+        n = self._n
+        instances = self.instances
+        rec = self.recorder
+        arrivals = self._arrivals
+        order = self._order
+        any_inst = instances[0]
+        check_pool = self._check_pool
+        watch = self.watch
+        route_watched = watch is not None and watch.route
+        sched_inst = None if watch is None or watch.schedule_instance is None else instances[watch.schedule_instance]
+        sched_filter = None if watch is None else watch.schedule_filter
         while len(ev):
+            if until_s < math.inf and ev.peek_time() > until_s:
+                return DecisionPoint("time", until_s, None, None)
             t, kind, payload = ev.pop()
+            self._now_s = t
             if kind == STEP_END:
                 inst = payload
                 inst.complete_step(t)
@@ -148,17 +334,17 @@ class Cluster:
                     self.shared_kv.check()
                 self._wake(inst, t)
             elif kind == ARRIVAL:
+                next_idx = self._next_idx
                 req = workload.request(next_idx if order is None else int(order[next_idx]))
                 next_idx += 1
+                self._next_idx = next_idx
                 if next_idx < n:
                     ev.push(float(arrivals[next_idx]), ARRIVAL, None)
-                any_inst = instances[0]
-                st = RequestState(req, block_size[any_inst.instance_id], rec.length_class(req.prompt_tokens))
-                inst = instances[self._route(st, t)]
-                if inst.bs != any_inst.bs:  # heterogeneous block sizes: segments in its blocks
-                    st = RequestState(req, inst.bs, st.length_class)
-                if inst.add_request(st, t):
-                    self._wake(inst, t)
+                st = RequestState(req, any_inst.bs, rec.length_class(req.prompt_tokens))
+                if route_watched:
+                    self._pending = (t, ARRIVAL, st)
+                    return DecisionPoint("route", t, None, st)
+                self._place(st, self._route(st, t), t)
             elif kind == TRANSFER_DONE:
                 inst, st = payload
                 if st is not None:  # None: a shared-tier fetch landed (nothing to free)
@@ -167,29 +353,16 @@ class Cluster:
             else:  # SCHEDULE
                 inst = payload
                 inst.schedule_pending = False
-                if not inst.busy:
-                    # the next arrival this instance can receive: with round-robin routing, the
-                    # one its turn comes at (others cannot change its batch); else the next one
-                    j = next_idx
-                    if ahead is not None and j < n:
-                        j += ahead(inst.instance_id, len(instances))
-                    horizon = float(arrivals[j]) if j < n else math.inf
-                    end = inst.schedule(t, horizon)
-                    if end is not None:
-                        ev.push(end, STEP_END, inst)
-                    if inst.pending_events:
-                        for when, what, st in inst.pending_events:
-                            if what == TRANSFER_EVENT:
-                                ev.push(when, TRANSFER_DONE, (inst, st))
-                            elif what == FETCH_EVENT:
-                                ev.push(when, TRANSFER_DONE, (inst, None))
-                        inst.pending_events.clear()
-            if self.progress is not None and len(rec.rows) - done_reported >= 1000:
-                done_reported = len(rec.rows)
-                self.progress(done_reported)
+                if inst is sched_inst and not inst.busy and (sched_filter is None or sched_filter(inst, t)):
+                    self._pending = (t, SCHEDULE, inst)
+                    return DecisionPoint("schedule", t, inst.instance_id, None)
+                self._schedule(inst, t)
+            if self.progress is not None and len(rec.rows) - self._done_reported >= 1000:
+                self._done_reported = len(rec.rows)
+                self.progress(self._done_reported)
         if self.progress is not None:
             self.progress(len(rec.rows))
-        return self._result(workload)
+        return None
 
     def _route(self, st: RequestState, t: float) -> int:
         """Index of the instance an arriving request goes to (the router's choice, checked)."""
@@ -232,7 +405,14 @@ class Cluster:
             inst.schedule_pending = True
             self.events.push(t, SCHEDULE, inst)
 
-    def _result(self, workload: Workload) -> SimulationResult:
+    def result(self) -> SimulationResult:
+        """Records, summary and counters of the served workload (after the loop ended).
+
+        Raises:
+            RuntimeError: when requests neither finished nor were rejected (a stuck run or a
+                loop that has not reached its end).
+        """
+        workload = self._workload
         rec = self.recorder
         records = rec.records_frame()
         if len(records) != len(workload):

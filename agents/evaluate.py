@@ -1,0 +1,276 @@
+"""``kvsched evaluate``: learned and heuristic agents on the same held-out windows and seeds.
+
+Every agent serves the same episodes: held-out window ``w`` (the first ``--windows`` held-out
+windows of the scenario, :mod:`kvsched.envs.episodes`) x seed ``s`` (``--seeds``; for a
+synthetic scenario the workload generated with seed ``HELDOUT_SEED_BASE + s``, for a trace
+the same window again). Episodes run to completion (no horizon), so every request is judged.
+
+- a learned agent (``path.zip``) acts in ``kvsched/Scheduling-v0`` with the environment
+  arguments it was trained with (``<stem>.json`` beside the checkpoint, or ``train.json`` in
+  its folder or the folder above), deterministically, with its action masks;
+- with ``--stochastic`` the learned agent is also run with sampled actions (torch seeded per
+  episode), reported as ``<name> (stochastic)``;
+- ``random`` is the uniform random agent over the masked actions (seeded per episode), the
+  floor a learned agent must beat;
+- a heuristic (a policy name) runs directly in the simulator on the same requests (identical
+  to acting through the environment with itself as reference; tested).
+
+Output (``--out``): ``episodes.csv`` (one row per agent x window x seed x class),
+``table.csv`` and ``table.md`` (mean and 95% confidence interval per agent and class:
+Student-t interval over episodes, ``scipy.stats.t``), ``ttft_cdf.png`` (per-agent CDF of
+TTFT over all requests), ``learning_curve.png`` (from the checkpoint's ``evaluations.npz``
+when found).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsched.envs.sim.errors import ConfigError
+
+METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
+
+
+def _sidecar(ckpt: Path) -> dict:
+    for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
+        if p.is_file():
+            return json.loads(p.read_text())
+    raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
+                      "beside it (written by `kvsched train`)")
+
+
+def _load_model(ckpt: Path, algo: str):
+    from kvsched.agents.train import _algo_class
+
+    return _algo_class(algo).load(str(ckpt), device="cpu")
+
+
+def _summary_rows(agent: str, window: int, seed: int, summary: dict) -> list[dict]:
+    rows = []
+    for cls, c in summary["classes"].items():
+        rows.append({"agent": agent, "window": window, "seed": seed, "class": cls,
+                     "requests": c["counts"]["arrived"], "slo_attainment": c["slo"]["attainment"],
+                     "goodput_rps": c["goodput_rps"], "ttft_p99_s": c["ttft_s"].get("p99")})
+    return rows
+
+
+def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str | None,
+                window_s: float | None = None, stochastic: bool = False) -> tuple[list[dict], np.ndarray]:
+    """Episodes of a learned agent (argmax actions, or sampled with ``stochastic``, torch seeded
+    per episode); returns summary rows and all requests' TTFT (s)."""
+    import torch
+
+    from kvsched.envs.scheduling_env import SchedulingEnv
+
+    meta = _sidecar(ckpt)
+    if meta.get("env_id") != "kvsched/Scheduling-v0":
+        raise ConfigError(f"{ckpt}: evaluate runs Scheduling-v0 agents; it was trained on {meta.get('env_id')}")
+    kw = dict(meta["env_kwargs"])
+    if scenario is not None:
+        kw["scenario"] = scenario
+    if window_s is not None:
+        kw["window_s"] = window_s
+    kw.update(split="heldout", horizon_s=math.inf)
+    env = SchedulingEnv(**kw)
+    model = _load_model(ckpt, meta["algo"])
+    masked = meta["algo"] == "maskable_ppo"
+    rows, ttfts = [], []
+    name = ckpt.name + (" (stochastic)" if stochastic else "")
+    for wseed, widx, seed in episodes:
+        obs, info = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
+        torch.manual_seed(seed * 100_003 + widx)
+        done = False
+        while not done:
+            if masked:
+                action, _ = model.predict(obs, deterministic=not stochastic, action_masks=env.action_masks())
+            else:
+                action, _ = model.predict(obs, deterministic=not stochastic)
+            obs, _, term, trunc, info = env.step(action)
+            done = term or trunc
+        rows += _summary_rows(name, widx, seed, info["summary"])
+        rec = env.cluster.recorder.records_frame()
+        ttfts.append((rec["first_token_s"] - rec["arrival_s"]).to_numpy())
+    return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
+
+
+def run_random(episodes, scenario: str | None, window_s: float, env_kwargs: dict) -> tuple[list[dict], np.ndarray]:
+    """Episodes of the uniform random agent over the masked actions of ``Scheduling-v0`` (on
+    top of the reference policy), seeded per episode: the floor a learned agent must beat."""
+    from kvsched.envs.scheduling_env import SchedulingEnv
+
+    kw = dict(env_kwargs)
+    if scenario is not None:
+        kw["scenario"] = scenario
+    kw.update(window_s=window_s, split="heldout", horizon_s=math.inf)
+    kw.pop("action_mode", None)
+    env = SchedulingEnv(**kw)
+    rows, ttfts = [], []
+    for wseed, widx, seed in episodes:
+        obs, info = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
+        rng = np.random.default_rng(seed * 100_003 + widx)
+        done = False
+        while not done:
+            m, a, i = info["action_mask"], [], 0
+            for n in env.action_space.nvec:
+                a.append(rng.choice(np.flatnonzero(m[i:i + n])))
+                i += n
+            obs, _, term, trunc, info = env.step(np.array(a))
+            done = term or trunc
+        rows += _summary_rows("random", widx, seed, info["summary"])
+        rec = env.cluster.recorder.records_frame()
+        ttfts.append((rec["first_token_s"] - rec["arrival_s"]).to_numpy())
+    return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
+
+
+def run_heuristic(policy: str, source, episodes) -> tuple[list[dict], np.ndarray]:
+    """Episodes of a heuristic run directly in the simulator."""
+    from kvsched.envs.common import build_cluster, reference
+
+    rows, ttfts = [], []
+    for wseed, widx, seed in episodes:
+        w = source.workload(wseed, widx)
+        cluster = build_cluster(source, lambda i: reference(policy, None, source))
+        res = cluster.run(w)
+        rows += _summary_rows(policy, widx, seed, res.summary)
+        ttfts.append((res.records["first_token_s"] - res.records["arrival_s"]).to_numpy())
+    return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
+
+
+def confidence_table(df: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Mean, half-width and bounds of a Student-t ``level`` interval per agent, class, metric."""
+    from scipy import stats
+
+    out = []
+    for (agent, cls), g in df.groupby(["agent", "class"], sort=False):
+        row: dict[str, Any] = {"agent": agent, "class": cls, "episodes": len(g)}
+        for m in METRICS:
+            x = g[m].dropna().to_numpy(dtype=float)
+            mean = float(x.mean()) if len(x) else math.nan
+            if len(x) > 1:
+                half = float(stats.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+            else:
+                half = math.nan
+            row[m] = mean
+            row[f"{m}_ci95"] = half
+            row[f"{m}_lo"] = mean - half
+            row[f"{m}_hi"] = mean + half
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, x in ttft.items():
+        x = np.sort(x[np.isfinite(x)])
+        if len(x):
+            ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("CDF")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "ttft_cdf.png", dpi=120)
+    plt.close(fig)
+    made.append("ttft_cdf.png")
+    for ck in ckpts:
+        for npz in (ck.parent / "eval" / "evaluations.npz", ck.parent.parent / "eval" / "evaluations.npz",
+                    ck.with_suffix(".evaluations.npz")):
+            if npz.is_file():
+                d = np.load(npz)
+                fig, ax = plt.subplots(figsize=(6, 4))
+                r = d["results"]
+                ax.errorbar(d["timesteps"], r.mean(axis=1), yerr=r.std(axis=1), marker="o")
+                ax.set_xlabel("environment steps")
+                ax.set_ylabel("held-out episode return")
+                ax.set_title(ck.name)
+                fig.tight_layout()
+                fig.savefig(out / "learning_curve.png", dpi=120)
+                plt.close(fig)
+                made.append("learning_curve.png")
+                break
+    return made
+
+
+def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, out: str | Path,
+             window_s: float | None = None, stochastic: bool = False) -> pd.DataFrame:
+    """Run every agent on the same held-out episodes; write the table and plots to ``out``.
+
+    Raises:
+        ConfigError: no agents, counts < 1, more windows than held out, missing metadata.
+    """
+    from kvsched.envs.common import episode_config
+    from kvsched.envs.episodes import HELDOUT_SEED_BASE, EpisodeSource
+    from kvsched.policies.base import policy_names
+
+    if not agents:
+        raise ConfigError("--agents must name at least one agent (checkpoint.zip or policy name)")
+    for name, v in (("windows", windows), ("seeds", seeds)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
+    ckpts = [Path(a) for a in agents if a.endswith(".zip")]
+    for c in ckpts:
+        if not c.is_file():
+            raise ConfigError(f"checkpoint {str(c)!r} does not exist")
+    trained = _sidecar(ckpts[0])["env_kwargs"] if ckpts else {}
+    if window_s is None:
+        window_s = float(trained.get("window_s", 60.0))
+    scen = scenario if scenario is not None else trained.get("scenario")
+    source = EpisodeSource(episode_config(scen, window_s, "heldout", trained.get("heldout_fraction", 0.25),
+                                          trained.get("max_requests")))
+    if windows > len(source.heldout_windows):
+        raise ConfigError(f"--windows={windows} is more than the {len(source.heldout_windows)} held-out windows of "
+                          f"{window_s:g} s in {source.config.scenario}")
+    episodes = [(HELDOUT_SEED_BASE + s if source.synthetic else source.scenario.seed, w, s)
+                for w in source.heldout_windows[:windows] for s in range(seeds)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, ttft = [], {}
+    known = set(policy_names())
+    for a in agents:
+        if a.endswith(".zip"):
+            r, t = run_learned(Path(a), episodes, scen, window_s)
+            name = Path(a).name
+            if stochastic:
+                r2, t2 = run_learned(Path(a), episodes, scen, window_s, stochastic=True)
+                rows += r2
+                ttft[name + " (stochastic)"] = t2
+        elif a == "random":
+            r, t = run_random(episodes, scen, window_s, {k: v for k, v in trained.items()
+                                                         if k in ("max_requests", "heldout_fraction", "k",
+                                                                  "reference_policy")})
+            name = a
+        elif a in known:
+            r, t = run_heuristic(a, source, episodes)
+            name = a
+        else:
+            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip) nor a policy; known: {sorted(known)}")
+        rows += r
+        ttft[name] = t
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "episodes.csv", index=False)
+    table = confidence_table(df)
+    table.to_csv(out / "table.csv", index=False)
+    (out / "table.md").write_text(format_markdown(table))
+    _plots(out, ttft, ckpts)
+    return table
+
+
+def format_markdown(table: pd.DataFrame) -> str:
+    """The table as Markdown: mean ± 95% CI half-width per metric."""
+    lines = ["| agent | class | episodes | SLO attainment | goodput (req/s) | TTFT p99 (s) |",
+             "|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        cells = [f"{r[m]:.4f} ± {r[m + '_ci95']:.4f}" for m in METRICS]
+        lines.append(f"| {r['agent']} | {r['class']} | {r['episodes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,183 @@
+"""``kvsched train``: train an SB3 / sb3-contrib agent on a kvsched environment.
+
+Writes into ``--out``:
+
+- ``checkpoints/<algo>_<steps>_steps.zip`` every ``--checkpoint-every`` steps (SB3
+  ``CheckpointCallback``), ``final.zip`` at the end;
+- ``tb/`` TensorBoard logs (``tensorboard --logdir OUT/tb``);
+- ``eval/evaluations.npz`` and ``eval/best_model.zip``: mean return on held-out windows every
+  ``--eval-every`` steps (SB3 ``EvalCallback``; ``MaskableEvalCallback`` for MaskablePPO);
+- ``train.json``: the command, environment arguments, steps, wall time and env steps/s.
+
+Algorithms and the action spaces they need: ``ppo`` and ``maskable_ppo`` (Discrete or
+MultiDiscrete; MaskablePPO uses ``action_masks()``), ``dqn`` (Discrete: on Scheduling-v0 the
+``action_mode="slot"`` variant is used), ``sac`` (Box: Knobs-v0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvsched.envs.sim.errors import ConfigError
+
+ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
+
+
+def _cpu_budget_callback():
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class _CpuBudget(BaseCallback):
+        """Stop training once this process has used ``max_cpu_s`` seconds of CPU (user + system,
+        ``time.process_time``; counts the training process, not SubprocVecEnv workers)."""
+
+        def __init__(self, max_cpu_s: float) -> None:
+            super().__init__()
+            self.max_cpu_s = float(max_cpu_s)
+            self.start = time.process_time()
+
+        def _on_step(self) -> bool:
+            return time.process_time() - self.start < self.max_cpu_s
+
+    return _CpuBudget
+
+
+def CpuBudget(max_cpu_s: float):
+    """A callback stopping training after ``max_cpu_s`` CPU seconds of this process."""
+    if isinstance(max_cpu_s, bool) or not isinstance(max_cpu_s, (int, float)) or not max_cpu_s > 0:
+        raise ConfigError(f"--max-cpu-s={max_cpu_s!r} is not allowed: expected a number of seconds > 0")
+    return _cpu_budget_callback()(max_cpu_s)
+
+
+def _algo_class(name: str):
+    if name == "ppo":
+        from stable_baselines3 import PPO
+        return PPO
+    if name == "maskable_ppo":
+        from sb3_contrib import MaskablePPO
+        return MaskablePPO
+    if name == "dqn":
+        from stable_baselines3 import DQN
+        return DQN
+    if name == "sac":
+        from stable_baselines3 import SAC
+        return SAC
+    raise ConfigError(f"--algo {name!r} is not allowed: expected one of {ALGOS}")
+
+
+def env_kwargs_for(env_id: str, algo: str, scenario: str | None, window_s: float | None,
+                   extra: dict[str, Any] | None) -> dict[str, Any]:
+    """Environment keyword arguments for ``algo`` (DQN on Scheduling-v0: slot-only actions).
+
+    Raises:
+        ConfigError: an algorithm that cannot act in that environment's action space.
+    """
+    kw: dict[str, Any] = dict(extra or {})
+    if scenario is not None:
+        kw["scenario"] = str(scenario)
+    if window_s is not None:
+        kw["window_s"] = float(window_s)
+    if algo == "dqn" and env_id == "kvsched/Scheduling-v0":
+        if kw.get("action_mode", "slot") != "slot":
+            raise ConfigError("--algo dqn needs a Discrete action space: use action_mode='slot' on Scheduling-v0")
+        kw["action_mode"] = "slot"
+    if algo == "sac" and env_id != "kvsched/Knobs-v0":
+        raise ConfigError(f"--algo sac needs a Box action space; {env_id} has a discrete one (use kvsched/Knobs-v0)")
+    if algo in ("ppo", "maskable_ppo", "dqn") and env_id == "kvsched/Knobs-v0" and algo == "dqn":
+        raise ConfigError("--algo dqn needs a Discrete action space; kvsched/Knobs-v0 has a Box one")
+    if algo == "maskable_ppo" and env_id == "kvsched/Knobs-v0":
+        raise ConfigError("--algo maskable_ppo needs a discrete action space; use ppo or sac on kvsched/Knobs-v0")
+    return kw
+
+
+def default_hyperparameters(algo: str, n_envs: int) -> dict[str, Any]:
+    """Hyper-parameters used unless overridden (small rollouts: an env step is a simulated
+    scheduler decision, ~1-10 ms of CPU)."""
+    if algo in ("ppo", "maskable_ppo"):
+        return {"n_steps": max(64, 1024 // n_envs), "batch_size": 256, "n_epochs": 5, "learning_rate": 3e-4,
+                "gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.01}
+    if algo == "dqn":
+        return {"learning_starts": 1000, "buffer_size": 100_000, "train_freq": 4, "target_update_interval": 2000}
+    return {"learning_starts": 200, "buffer_size": 100_000}
+
+
+def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str | None = None,
+          window_s: float | None = None, env_kwargs: dict | None = None, seed: int = 0, n_envs: int = 1,
+          subprocess: bool = False, checkpoint_every: int = 10_000, eval_every: int = 10_000,
+          eval_episodes: int = 4, resume: str | Path | None = None, threads: int = 1, progress_bar: bool = True,
+          hyperparameters: dict | None = None, verbose: int = 0,
+          max_cpu_s: float | None = None) -> dict[str, Any]:
+    """Train and save; returns the ``train.json`` content (see the module docstring).
+
+    Raises:
+        ConfigError: unknown algorithm, incompatible action space, bad counts.
+    """
+    import torch
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+
+    from kvsched.agents.factory import make_vec_env
+
+    if algo not in ALGOS:
+        raise ConfigError(f"--algo {algo!r} is not allowed: expected one of {ALGOS}")
+    for name, v in (("timesteps", timesteps), ("n_envs", n_envs), ("checkpoint_every", checkpoint_every),
+                    ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
+    torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    kw = env_kwargs_for(env_id, algo, scenario, window_s, env_kwargs)
+    venv = make_vec_env(env_id, {**kw, "split": "train"}, n_envs=n_envs, seed=seed, subprocess=subprocess)
+    eval_env = make_vec_env(env_id, {**kw, "split": "heldout"}, n_envs=1, seed=seed + 10_000)
+    cls = _algo_class(algo)
+    hp = default_hyperparameters(algo, n_envs)
+    hp.update(hyperparameters or {})
+    if resume is not None:
+        hp = dict(hyperparameters or {})  # the rest comes from the checkpoint
+        # hyper-parameters given now override the saved ones (e.g. n_steps for another n_envs)
+        model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu",
+                         **(hyperparameters or {}))
+        reset = False
+    else:
+        model = cls("MlpPolicy", venv, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose, device="cpu",
+                    **hp)
+        reset = True
+    if algo == "maskable_ppo":
+        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as EvalCB
+    else:
+        from stable_baselines3.common.callbacks import EvalCallback as EvalCB
+    cbs = []
+    if max_cpu_s is not None:
+        cbs.append(CpuBudget(max_cpu_s))
+    callbacks = CallbackList(cbs + [
+        CheckpointCallback(save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"),
+                           name_prefix=algo),
+        EvalCB(eval_env, n_eval_episodes=eval_episodes, eval_freq=max(1, eval_every // n_envs),
+               log_path=str(out / "eval"), best_model_save_path=str(out / "eval"), deterministic=True),
+    ])
+    start_steps = model.num_timesteps
+    t0 = time.time()
+    c0 = time.process_time()
+    model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
+                reset_num_timesteps=reset, tb_log_name=algo)
+    wall = time.time() - t0
+    cpu = time.process_time() - c0
+    model.save(str(out / "final.zip"))
+    steps = model.num_timesteps - start_steps
+    meta = {
+        "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
+        "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
+        "hyperparameters": hp, "resumed_from": None if resume is None else str(resume),
+        "timesteps": steps, "total_timesteps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
+        "env_steps_per_s": steps / wall if wall > 0 else None, "torch_threads": threads,
+        "pid": os.getpid(), "max_cpu_s": max_cpu_s,
+        "stopped_by_cpu_budget": bool(max_cpu_s is not None and cpu >= max_cpu_s),
+    }
+    (out / "train.json").write_text(json.dumps(meta, indent=2, default=str))
+    venv.close()
+    eval_env.close()
+    return meta

@@ -1,0 +1,49 @@
+"""Shared pieces of the Gymnasium adapters: the bundled default scenario, building a cluster
+for an episode, the reference policy."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kvsched.envs.episodes import EpisodeConfig, EpisodeSource
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.policies.base import make_policy
+
+DEFAULT_SCENARIO = "experiments/scenarios/mixed-long-short.yaml"
+
+
+def default_scenario_path() -> str:
+    """The bundled mixed long/short scenario (installed with the package)."""
+    from importlib.resources import files
+
+    return str(files("kvsched.experiments") / "scenarios" / "mixed-long-short.yaml")
+
+
+def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_instances: int | None = None,
+                  seed: int | None = None) -> Cluster:
+    """A cluster for one episode of ``source``'s scenario (its router, router parameters and
+    delay, shared KV tier); ``policy_for(i)`` builds instance i's policy."""
+    sc = source.scenario
+    n = sc.n_instances if n_instances is None else n_instances
+    spec = sc.instance_spec()
+    counter = iter(range(n))
+    return Cluster([spec] * n, lambda: policy_for(next(counter)), metrics=sc.metrics_config(),
+                   router=sc.router, router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                   shared_kv=sc.shared_kv_spec(), seed=sc.seed if seed is None else seed,
+                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
+
+
+def reference(name: str, params: dict | None, source: EpisodeSource):
+    """The named policy with ``params`` (default: the scenario's parameters when it names the
+    same policy)."""
+    sc = source.scenario
+    if params is None and sc.policy == name:
+        params = sc.policy_params
+    return make_policy(name, dict(params or {}))
+
+
+def episode_config(scenario: str | None, window_s: float, split: str, heldout_fraction: float,
+                   max_requests: int | None) -> EpisodeConfig:
+    return EpisodeConfig(scenario=scenario or default_scenario_path(), window_s=window_s, split=split,
+                         heldout_fraction=heldout_fraction, max_requests=max_requests)

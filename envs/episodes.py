@@ -1,0 +1,140 @@
+"""Episodes for the Gymnasium environments: windows of a scenario's workload.
+
+An episode serves one *window* ``[start_s, start_s + window_s)`` of a scenario's requests
+(arrivals rebased to 0, the instance starting empty), identified by ``(workload_seed,
+window_index)``. For a trace scenario the seed changes nothing (the trace is fixed); for a
+synthetic scenario it is the generator's seed, so every seed is a new workload.
+
+Train / held-out split (no window is in both):
+
+* windows: the first ``1 - heldout_fraction`` of the scenario's span are *train* windows, the
+  rest *held-out* (a time split, the usual one for traces);
+* synthetic seeds: training draws workload seeds in ``[0, HELDOUT_SEED_BASE)``, evaluation uses
+  ``HELDOUT_SEED_BASE + s`` for its seeds ``s`` (never drawn in training).
+
+No simulation logic lives here: only which requests an episode serves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kvsched.envs.sim.errors import ConfigError, require
+from kvsched.envs.sim.request import Workload
+from kvsched.envs.workload import traces
+
+#: held-out synthetic workloads use seeds from here on (training draws below it)
+HELDOUT_SEED_BASE = 1 << 20
+
+SPLITS = ("train", "heldout", "all")
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Which windows of which scenario the episodes serve.
+
+    Attributes:
+        scenario: path of a scenario YAML file (``experiments/scenarios/*.yaml``).
+        window_s: length of an episode's arrival window (s), > 0.
+        split: ``"train"``, ``"heldout"`` or ``"all"`` windows (see the module docstring).
+        heldout_fraction: share of the span (last windows) kept for evaluation, in [0, 1).
+        max_requests: optional cap on the requests of one window (the first N), >= 1.
+    """
+
+    scenario: str
+    window_s: float = 60.0
+    split: str = "train"
+    heldout_fraction: float = 0.25
+    max_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.scenario, (str, Path)) and str(self.scenario) != "", "EpisodeConfig.scenario",
+                self.scenario, "a scenario YAML path")
+        object.__setattr__(self, "scenario", str(self.scenario))
+        require(isinstance(self.window_s, (int, float)) and not isinstance(self.window_s, bool)
+                and math.isfinite(self.window_s) and self.window_s > 0, "EpisodeConfig.window_s", self.window_s,
+                "a finite number of seconds > 0")
+        require(self.split in SPLITS, "EpisodeConfig.split", self.split, f"one of {SPLITS}")
+        require(isinstance(self.heldout_fraction, (int, float)) and not isinstance(self.heldout_fraction, bool)
+                and 0 <= self.heldout_fraction < 1, "EpisodeConfig.heldout_fraction", self.heldout_fraction,
+                "a number in [0, 1)")
+        require(self.max_requests is None or (isinstance(self.max_requests, int)
+                                              and not isinstance(self.max_requests, bool) and self.max_requests >= 1),
+                "EpisodeConfig.max_requests", self.max_requests, "None or an integer >= 1")
+
+
+@lru_cache(maxsize=4)
+def _scenario(path: str):
+    from kvsched.experiments.scenario import load_scenario
+
+    return load_scenario(path)
+
+
+@lru_cache(maxsize=8)
+def _full_workload(path: str, seed: int) -> Workload:
+    sc = _scenario(path)
+    if sc.synthetic is not None:
+        sc = sc.with_overrides(seed=int(seed))
+    return sc.workload()
+
+
+class EpisodeSource:
+    """Builds the workload of an episode from a :class:`EpisodeConfig`.
+
+    Raises:
+        ConfigError: when the scenario's span holds no window of the requested split.
+    """
+
+    def __init__(self, config: EpisodeConfig) -> None:
+        self.config = config
+        self.scenario = _scenario(config.scenario)
+        self.synthetic = self.scenario.synthetic is not None
+        base = _full_workload(config.scenario, self.scenario.seed)
+        span_s = float(base.arrival_s[-1]) if len(base) else 0.0
+        n = int(span_s // config.window_s)
+        if n < 1:
+            raise ConfigError(f"EpisodeConfig.window_s={config.window_s!r} is longer than the scenario's span "
+                              f"({span_s:.1f} s of arrivals in {config.scenario}); choose a shorter window")
+        n_heldout = int(math.ceil(n * config.heldout_fraction)) if config.heldout_fraction > 0 else 0
+        if n_heldout >= n:
+            n_heldout = n - 1
+        self.n_windows = n
+        self.train_windows = tuple(range(0, n - n_heldout))
+        self.heldout_windows = tuple(range(n - n_heldout, n))
+        self.windows = {"train": self.train_windows, "heldout": self.heldout_windows,
+                        "all": tuple(range(n))}[config.split]
+        if not self.windows:
+            raise ConfigError(f"EpisodeConfig.split={config.split!r} has no windows: the span of "
+                              f"{config.scenario} holds {n} windows of {config.window_s:g} s, {n_heldout} held out; "
+                              "lower heldout_fraction or window_s")
+
+    def draw(self, rng: np.random.Generator) -> tuple[int, int]:
+        """A ``(workload_seed, window_index)`` for the split, drawn with ``rng``."""
+        w = self.windows[int(rng.integers(len(self.windows)))]
+        if not self.synthetic:
+            return self.scenario.seed, w
+        if self.config.split == "heldout":
+            return HELDOUT_SEED_BASE + int(rng.integers(HELDOUT_SEED_BASE)), w
+        return int(rng.integers(HELDOUT_SEED_BASE)), w
+
+    def workload(self, workload_seed: int, window_index: int) -> Workload:
+        """The requests of window ``window_index`` of the workload generated with ``workload_seed``.
+
+        Raises:
+            ConfigError: a window index out of range, or a window without requests.
+        """
+        require(isinstance(window_index, (int, np.integer)) and 0 <= window_index < self.n_windows,
+                "window_index", window_index, f"an integer in [0, {self.n_windows})")
+        require(isinstance(workload_seed, (int, np.integer)) and workload_seed >= 0, "workload_seed",
+                workload_seed, "an integer >= 0")
+        full = _full_workload(self.config.scenario, int(workload_seed) if self.synthetic else self.scenario.seed)
+        lo = window_index * self.config.window_s
+        w = traces.window(full, lo, lo + self.config.window_s)
+        if self.config.max_requests is not None:
+            w = traces.head(w, self.config.max_requests)
+        return w

@@ -1,0 +1,196 @@
+"""``kvsched/Knobs-v0``: the agent tunes a heuristic's parameters every interval of simulated time.
+
+Adapter only: the simulation is :class:`kvsched.envs.sim.cluster.Cluster`, advanced with
+``run_until_decision(until_s)`` from one interval boundary to the next; in between the
+heuristic schedules on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.episodes import EpisodeSource
+from kvsched.envs.observation import is_partial_prefill
+from kvsched.envs.reward import RewardConfig, SLOReward
+from kvsched.envs.sim.cluster import DecisionWatch
+from kvsched.envs.sim.errors import require
+
+#: tunable parameters per heuristic: (field, low, high, integer multiple or None). The action
+#: ``a`` in [-1, 1] maps affinely to [low, high]; integer fields are rounded to the multiple.
+#: LARS ranges: REFERENCE §1.2-1.3 (kappa 2-5 suggested, widened; TTFT floor 0.25-1 s, widened
+#: down; TBT target and chunk ceiling around the defaults 0.05 s and 8192 tokens).
+KNOB_SETS: dict[str, tuple[tuple[str, float, float, int | None], ...]] = {
+    "lars": (("kappa", 1.0, 8.0, None), ("ttft_floor_s", 0.05, 1.0, None), ("tbt_target_s", 0.01, 0.2, None),
+             ("max_chunk_tokens", 256, 8192, 16)),
+}
+
+OBS_FEATURES = ("hbm_used", "hbm_available", "waiting", "running", "swapped", "queued_prefill", "arrived",
+                "finished", "met_fraction", "missed")
+
+
+class KnobEnv(gym.Env):
+    """Parameters of a heuristic (default LARS), set every ``interval_s`` of simulated time.
+
+    **Decision points**: t = 0, interval_s, 2 interval_s, ... (simulated seconds).
+
+    **Action** ``Box(-1, 1, (d,), float32)``: one entry per knob of :data:`KNOB_SETS`
+    (LARS: kappa in [1, 8], ttft_floor_s in [0.05, 1] s, tbt_target_s in [0.01, 0.2] s,
+    max_chunk_tokens in [256, 8192] tokens, multiples of 16), mapped affinely
+    ``low + (a + 1) / 2 (high - low)``; values outside [-1, 1] are an error (no clipping). The
+    same parameters apply to every instance until the next decision.
+
+    **Observation** ``Box(-1, 1, (10 + d,), float32)``, averages over instances, fixed scales:
+
+    ==================  ====================================================================
+    hbm_used            used / capacity HBM blocks
+    hbm_available       (free + evictable) / capacity HBM blocks
+    waiting             n / (n + 16), n = waiting requests
+    running             running requests / max_num_seqs
+    swapped             n / (n + 1)
+    queued_prefill      q / (q + max_model_len), q = tokens still to prefill
+    arrived             n / (n + 10), requests arrived in the last interval
+    finished            n / (n + 10), requests recorded in the last interval
+    met_fraction        share of those meeting their SLO (0 when none)
+    missed              n / (n + 1), those missing it
+    knobs (d)           the current parameters, mapped back to [-1, 1]
+    ==================  ====================================================================
+
+    **Reward**: SLO attainment per recorded request, as ``kvsched/Scheduling-v0``.
+
+    **Episodes**: windows of the scenario; ``terminated`` when served, ``truncated`` at the
+    first interval boundary at or after ``horizon_s``.
+
+    Args:
+        scenario, window_s, split, heldout_fraction, max_requests: see ``Scheduling-v0``.
+        heuristic: a key of :data:`KNOB_SETS`.
+        interval_s: simulated seconds between decisions (> 0).
+        horizon_s: truncation time (s), default ``3 * window_s``.
+        reward: :class:`RewardConfig`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
+                 heldout_fraction: float = 0.25, max_requests: int | None = None, heuristic: str = "lars",
+                 interval_s: float = 5.0, horizon_s: float | None = None,
+                 reward: RewardConfig = RewardConfig()) -> None:
+        require(heuristic in KNOB_SETS, "heuristic", heuristic, f"one of {sorted(KNOB_SETS)}")
+        require(isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool) and interval_s > 0,
+                "interval_s", interval_s, "a number of seconds > 0")
+        self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
+        self.heuristic = heuristic
+        self.knobs = KNOB_SETS[heuristic]
+        self.interval_s = float(interval_s)
+        self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
+        require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
+        self.reward_config = reward
+        self.metrics = self.source.scenario.metrics_config()
+        d = len(self.knobs)
+        self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
+        self.observation_space = spaces.Box(-1.0, 1.0, (len(OBS_FEATURES) + d,), np.float32)
+        self.cluster = None
+
+    def values(self, action) -> dict:
+        """The parameter values of ``action`` (see the class docstring).
+
+        Raises:
+            ConfigError: wrong shape, or an entry outside [-1, 1] or not finite.
+        """
+        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        require(a.shape == (len(self.knobs),) and np.all(np.isfinite(a)) and np.all(np.abs(a) <= 1.0),
+                "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
+        out = {}
+        for x, (name, lo, hi, mult) in zip(a, self.knobs):
+            v = lo + (x + 1.0) / 2.0 * (hi - lo)
+            out[name] = int(round(v / mult) * mult) if mult else float(v)
+        return out
+
+    def _set(self, values: dict) -> None:
+        for inst in self.cluster.instances:
+            pol = inst.policy
+            pol.params = dataclasses.replace(pol.params, **values)
+            pol.bind(pol.ctx)  # derived state (LARS chunk candidates) follows the parameters
+
+    def _current(self) -> np.ndarray:
+        p = self.cluster.instances[0].policy.params
+        return np.array([2.0 * (getattr(p, n) - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs])
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"workload_seed", "window_index"}
+        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
+        wseed, widx = self.source.draw(self.np_random)
+        wseed, widx = options.get("workload_seed", wseed), options.get("window_index", widx)
+        self.workload = self.source.workload(wseed, widx)
+        self.episode = {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(self.workload)}
+        self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source))
+        self.slo_reward = SLOReward(self.reward_config, self.metrics)
+        self.cluster.start(self.workload, DecisionWatch())
+        self.decisions = 0
+        self._over = False
+        self._t = 0.0
+        self._arrived0 = 0
+        return self._observe(0, 0, 0), self._info({})
+
+    def _observe(self, met: int, missed: int, arrived: int) -> np.ndarray:
+        insts = self.cluster.instances
+        rows = []
+        for inst in insts:
+            cap = float(max(inst.hbm.capacity_blocks, 1))
+            max_len = float(inst.spec.model_len_limit)
+            q = sum(s.prompt_tokens + s.generated - s.computed for s in inst.waiting)
+            q += sum(s.prompt_tokens + s.generated - s.computed for s in inst.running if is_partial_prefill(s))
+            nw, ns = len(inst.waiting), len(inst.swapped)
+            rows.append((inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
+                         len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))
+        done = met + missed
+        tail = (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0, missed / (missed + 1.0))
+        obs = np.concatenate((np.mean(np.asarray(rows), axis=0), tail, self._current()))
+        return obs.astype(np.float32)
+
+    def action_masks(self) -> np.ndarray:
+        """Continuous action: nothing to mask (one True per dimension, for a uniform API)."""
+        return np.ones(len(self.knobs), dtype=bool)
+
+    def _info(self, extra: dict) -> dict:
+        info = {"action_mask": self.action_masks(), "time_s": self._t, "decisions": self.decisions,
+                "window": dict(self.episode)}
+        info.update(extra)
+        return info
+
+    def step(self, action):
+        if self.cluster is None:
+            raise RuntimeError("call reset() before step()")
+        if self._over:
+            raise RuntimeError("the episode is over: call reset()")
+        values = self.values(action)
+        self._set(values)
+        self.decisions += 1
+        self._t += self.interval_s
+        point = self.cluster.run_until_decision(self._t)
+        met0, missed0 = self.slo_reward.met, self.slo_reward.missed
+        comps = self.slo_reward.collect(self.cluster.recorder.rows)
+        arrived = self.cluster.arrived - self._arrived0
+        self._arrived0 = self.cluster.arrived
+        terminated = point is None
+        truncated = not terminated and self._t >= self.horizon_s
+        extra = {"knobs": values}
+        obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived)
+        states = [st for inst in self.cluster.instances for st in
+                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
+        if truncated:
+            comps["truncation"] = self.slo_reward.truncation_penalty(states, self._t)
+        elif not terminated and self.reward_config.early_miss:
+            comps["slo_missed"] += self.slo_reward.certain_misses(states, self._t)
+        if terminated or truncated:
+            self._over = True
+            if terminated:
+                extra["summary"] = self.cluster.result().summary
+        extra["reward_components"] = comps
+        return obs, float(sum(comps.values())), terminated, truncated, self._info(extra)

@@ -1,0 +1,124 @@
+"""Rewards of the environments: SLO attainment, request by request.
+
+A request *meets its SLO* exactly as :func:`kvsched.envs.sim.metrics.summarize` judges it:
+finished, TTFT <= its class's ``ttft_s``, TPOT <= ``tpot_s`` (when it generated more than one
+token) and E2E <= ``e2e_s`` (when set); its class is the record's ``slo_class`` when the
+metrics configuration names it, else its length class. SLO attainment = met / arrived, so the
+episode's reward sum is ``w_met * met - w_missed * missed`` where every request counts once:
+``+w_met`` when its record is written (finish), ``-w_missed`` at the first decision at which
+its miss is certain -- it waited past its TTFT SLO without a first token (``early_miss``,
+default) -- or else when its record is written (finish or rejection). Charging a certain miss
+when it becomes certain, not when the request finishes seconds later, shortens the credit
+assignment without changing the episode's sum. When an episode is truncated at its horizon,
+the requests already past their TTFT SLO are charged too.
+
+Components are reported in ``info["reward_components"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.metrics import LENGTH_CLASSES, RECORD_COLUMNS, MetricsConfig
+
+_I = {c: i for i, c in enumerate(RECORD_COLUMNS)}
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward weights (per request).
+
+    Attributes:
+        met: reward for a request that meets its SLO (>= 0).
+        missed: penalty for one that misses it or is rejected (>= 0; the reward is ``-missed``).
+        early_miss: charge ``missed`` as soon as a request waited past its TTFT SLO without a
+            first token (else at its record).
+    """
+
+    met: float = 1.0
+    missed: float = 1.0
+    early_miss: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("met", "missed"):
+            v = getattr(self, name)
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                    f"RewardConfig.{name}", v, "a finite number >= 0")
+        require(isinstance(self.early_miss, bool), "RewardConfig.early_miss", self.early_miss, "True or False")
+
+
+class SLOReward:
+    """Turns new request records into reward (reads the recorder's rows incrementally).
+
+    Args:
+        config: the weights.
+        metrics: the SLO classes and thresholds.
+    """
+
+    def __init__(self, config: RewardConfig, metrics: MetricsConfig) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._seen = 0
+        self.met = 0
+        self.missed = 0
+        self.charged: set[int] = set()  # request ids already charged as certain misses
+
+    def judged_slo(self, slo_class: str, prompt_tokens: int):
+        """The :class:`SLO` a request is judged by (its SLO class if configured, else length class)."""
+        m = self.metrics
+        if slo_class in m.slos:
+            return m.slos[slo_class]
+        return m.slos[LENGTH_CLASSES[1 if prompt_tokens >= m.long_prompt_tokens else 0]]
+
+    def is_met(self, row: tuple) -> bool:
+        """Whether one record row (``RECORD_COLUMNS`` order) meets its SLO (as ``summarize``)."""
+        if row[_I["status"]] != "finished":
+            return False
+        slo = self.judged_slo(str(row[_I["slo_class"]]), int(row[_I["prompt_tokens"]]))
+        a, f, e, g = row[_I["arrival_s"]], row[_I["first_token_s"]], row[_I["finish_s"]], row[_I["generated_tokens"]]
+        if not (f - a <= slo.ttft_s):
+            return False
+        if g > 1 and not ((e - f) / (g - 1) <= slo.tpot_s):
+            return False
+        e2e = math.inf if slo.e2e_s is None else slo.e2e_s
+        return e - a <= e2e
+
+    def collect(self, rows: list) -> dict[str, float]:
+        """Reward components of the records written since the last call."""
+        met = missed = charged = 0
+        rid = _I["request_id"]
+        for row in rows[self._seen:]:
+            if self.is_met(row):
+                met += 1
+            else:
+                missed += 1
+                if row[rid] not in self.charged:
+                    charged += 1
+        self._seen = len(rows)
+        self.met += met
+        self.missed += missed
+        return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
+
+    def certain_misses(self, states, now_s: float) -> float:
+        """``-missed`` for each request of ``states`` not yet charged that waited past its TTFT
+        SLO without a first token (its miss is certain); marks them charged."""
+        n = 0
+        for st in states:
+            if st.generated == 0 and st.rid not in self.charged and \
+                    now_s - st.arrival_s > self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s:
+                self.charged.add(st.rid)
+                n += 1
+        return -self.config.missed * n
+
+    truncation_penalty = certain_misses
+
+
+def ttft_slo_column(reward: SLOReward, table) -> np.ndarray:
+    """TTFT SLO (s) of each row of a FeatureTable (by length class; the table has no SLO tag)."""
+    m = reward.metrics
+    short, long = m.slos["short"].ttft_s, m.slos["long"].ttft_s
+    return np.where(table.prompt_tokens >= m.long_prompt_tokens, long, short).astype(np.float64)

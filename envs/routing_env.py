@@ -1,0 +1,169 @@
+"""``kvsched/Routing-v0``: the agent places each arriving request on an instance.
+
+Adapter only: the simulation is :class:`kvsched.envs.sim.cluster.Cluster` with its arrivals
+watched (``DecisionWatch(route=True)``); the action is the cluster's router decision
+(``router(state, instances) -> index``, here given by :meth:`Cluster.apply`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.episodes import EpisodeSource
+from kvsched.envs.observation import is_partial_prefill
+from kvsched.envs.reward import RewardConfig, SLOReward
+from kvsched.envs.sim.cluster import DecisionWatch
+from kvsched.envs.sim.errors import require
+
+REQUEST_FEATURES = ("prompt", "long", "ttft_slo")
+INSTANCE_FEATURES = ("hbm_used", "hbm_available", "waiting", "running", "swapped", "queued_prefill",
+                     "request_fits")
+
+
+class RoutingEnv(gym.Env):
+    """Which instance gets each arriving request; every instance runs the same policy.
+
+    **Decision points**: every arrival (after the API front-end delay), before routing.
+
+    **Observation** ``Box(0, 1, (3 + 7 N,), float32)``, fixed scales:
+
+    ===========================  =============================================================
+    request ``prompt``           prompt_tokens / max_model_len
+    request ``long``             1 if prompt_tokens >= MetricsConfig.long_prompt_tokens
+    request ``ttft_slo``         s / (s + 1 s), s = TTFT SLO of its length class
+    per instance ``hbm_used``    used / capacity HBM blocks
+    ``hbm_available``            (free + evictable) / capacity HBM blocks
+    ``waiting``                  n / (n + 16), n = waiting requests
+    ``running``                  running requests / max_num_seqs
+    ``swapped``                  n / (n + 1), n = swapped-out requests
+    ``queued_prefill``           q / (q + max_model_len), q = prompt tokens still to prefill
+                                 (waiting + running partial prefills)
+    ``request_fits``             1 if the request's prompt KV fits in the available blocks
+    ===========================  =============================================================
+
+    **Action** ``Discrete(N)``: the instance index. Every instance is valid (mask all True;
+    ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API).
+
+    **Reward**: as ``kvsched/Scheduling-v0`` (SLO attainment per recorded request, over all
+    instances; :mod:`kvsched.envs.reward`).
+
+    **Episodes**: windows of the scenario as in ``Scheduling-v0``; ``terminated`` when the
+    window is served, ``truncated`` at the first arrival after ``horizon_s`` (then the rest is
+    not simulated).
+
+    Args:
+        scenario, window_s, split, heldout_fraction, max_requests: see ``Scheduling-v0``.
+        n_instances: instances (default: the scenario's, at least 2).
+        policy: the instances' scheduler policy (default: the scenario's).
+        horizon_s: truncation time (s), default ``3 * window_s``.
+        reward: :class:`RewardConfig`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
+                 heldout_fraction: float = 0.25, max_requests: int | None = None, n_instances: int | None = None,
+                 policy: str | None = None, horizon_s: float | None = None,
+                 reward: RewardConfig = RewardConfig()) -> None:
+        self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
+        sc = self.source.scenario
+        n = max(2, sc.n_instances) if n_instances is None else n_instances
+        require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n_instances", n_instances,
+                "an integer >= 1")
+        self.n_instances = n
+        self.policy = sc.policy if policy is None else policy
+        reference(self.policy, None, self.source)  # validate early
+        self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
+        require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
+        self.reward_config = reward
+        self.metrics = sc.metrics_config()
+        self.observation_space = spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES) + n * len(INSTANCE_FEATURES),),
+                                            np.float32)
+        self.action_space = spaces.Discrete(n)
+        self.cluster = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"workload_seed", "window_index"}
+        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
+        wseed, widx = self.source.draw(self.np_random)
+        wseed, widx = options.get("workload_seed", wseed), options.get("window_index", widx)
+        self.workload = self.source.workload(wseed, widx)
+        self.episode = {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(self.workload)}
+        self.cluster = build_cluster(self.source, lambda i: reference(self.policy, None, self.source),
+                                     n_instances=self.n_instances)
+        self.slo_reward = SLOReward(self.reward_config, self.metrics)
+        self.cluster.start(self.workload, DecisionWatch(route=True))
+        self.decisions = 0
+        self._over = False
+        self._point = self.cluster.run_until_decision(self.horizon_s)
+        return self._observe(), self._info({})
+
+    def _observe(self) -> np.ndarray:
+        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        p = self._point
+        if p is None or p.kind != "route":
+            return obs
+        st = p.request
+        m = self.metrics
+        max_len = float(self.cluster.instances[0].spec.model_len_limit)
+        slo = m.slos["long" if st.prompt_tokens >= m.long_prompt_tokens else "short"].ttft_s
+        obs[0] = st.prompt_tokens / max_len
+        obs[1] = st.prompt_tokens >= m.long_prompt_tokens
+        obs[2] = slo / (slo + 1.0)
+        f = len(INSTANCE_FEATURES)
+        for i, inst in enumerate(self.cluster.instances):
+            cap = float(max(inst.hbm.capacity_blocks, 1))
+            queued = sum(s.prompt_tokens + s.generated - s.computed for s in inst.waiting)
+            queued += sum(s.prompt_tokens + s.generated - s.computed for s in inst.running if is_partial_prefill(s))
+            nw, ns = len(inst.waiting), len(inst.swapped)
+            need = math.ceil(st.prompt_tokens / inst.bs)
+            obs[3 + i * f: 3 + (i + 1) * f] = (
+                inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
+                len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), queued / (queued + max_len),
+                float(need <= inst.hbm.available_blocks))
+        return obs
+
+    def action_masks(self) -> np.ndarray:
+        """All instances are valid targets."""
+        return np.ones(self.n_instances, dtype=bool)
+
+    def _info(self, extra: dict) -> dict:
+        info = {"action_mask": self.action_masks(), "time_s": self.cluster.now_s, "decisions": self.decisions,
+                "window": dict(self.episode)}
+        info.update(extra)
+        return info
+
+    def step(self, action):
+        if self.cluster is None:
+            raise RuntimeError("call reset() before step()")
+        if self._over:
+            raise RuntimeError("the episode is over: call reset()")
+        a = int(np.asarray(action).reshape(-1)[0])
+        require(0 <= a < self.n_instances, "action", action, f"an instance index in [0, {self.n_instances})")
+        if self._point is not None and self._point.kind == "route":
+            self.cluster.apply(route_to=a)
+            self.decisions += 1
+            self._point = self.cluster.run_until_decision(self.horizon_s)
+        comps = self.slo_reward.collect(self.cluster.recorder.rows)
+        terminated = self._point is None
+        truncated = self._point is not None and self._point.kind == "time"
+        extra = {}
+        states = [st for inst in self.cluster.instances for st in
+                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
+        if truncated:
+            comps["truncation"] = self.slo_reward.truncation_penalty(states, self.cluster.now_s)
+        elif not terminated and self.reward_config.early_miss:
+            comps["slo_missed"] += self.slo_reward.certain_misses(states, self.cluster.now_s)
+        if terminated or truncated:
+            self._over = True
+            if terminated:
+                extra["summary"] = self.cluster.result().summary
+        extra["reward_components"] = comps
+        return self._observe(), float(sum(comps.values())), terminated, truncated, self._info(extra)

@@ -1,0 +1,260 @@
+"""``kvsched/Scheduling-v0``: the agent makes one instance's scheduler decisions.
+
+Adapter only: the simulation is :class:`kvsched.envs.sim.cluster.Cluster`; this module turns
+its decision points into Gymnasium steps (observation: :mod:`.observation`, action:
+:mod:`.action`, reward: :mod:`.reward`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from kvsched.envs.action import (CHUNK_BINS_TOKENS, PREEMPTION_MODES, VICTIM_RULES, AgentDecision, AgentPolicy,
+                                 mode_mask)
+from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.episodes import EpisodeSource
+from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
+    reference_order
+from kvsched.envs.reward import RewardConfig, SLOReward, ttft_slo_column
+from kvsched.envs.sim.cluster import DecisionWatch
+from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.features import FeatureTable
+from kvsched.policies.base import make_policy
+
+ACTION_MODES = ("multi", "slot")
+
+
+class SchedulingEnv(gym.Env):
+    """Scheduler decisions of instance 0 of a scenario, on top of a reference policy.
+
+    **Decision points.** The agent acts when instance 0 is idle and about to plan its next step
+    and there is a choice: its waiting queue is open for admission (non-empty, no request
+    swapped out unless ``admit_while_swapped``, a free seat, at least one free or evictable
+    HBM block) or a running request has an unfinished prefill (its chunk size is a choice).
+    Steps without a choice run on the reference policy, and fast-forwarded decode stretches
+    only happen while the waiting queue is empty or blocked under a static order; the agent's
+    policy declares a non-static order, so the simulator never fast-forwards past a waiting
+    queue the agent could reorder. Other instances (if the scenario has several) run the
+    reference policy.
+
+    **Observation** ``Box(-1, 1, (K*9 + 10,), float32)``: the top-``K`` candidates in the
+    reference policy's order, 9 features each, then 10 instance features; tables and fixed
+    scales in :mod:`kvsched.envs.observation`.
+
+    **Action** ``MultiDiscrete([K, 7, 5, 4])`` = (slot, chunk bin, victim rule, preemption
+    mode), table in :mod:`kvsched.envs.action`; with ``action_mode="slot"``, ``Discrete(K)``
+    (slot only; for DQN). ``(0, 0, 0, 0)`` is the reference policy's own decision. The mask
+    (:meth:`action_masks`, also ``info["action_mask"]``, concatenated per part as sb3-contrib
+    expects) allows the filled slots (slot 0 alone when there is no candidate, e.g. only a
+    chunk choice) and the preemption modes whose tier exists. A masked action is not an error:
+    its part falls back to the reference's decision and ``info["invalid_action"]`` is True.
+
+    **Reward** per step: SLO attainment (:mod:`kvsched.envs.reward`): ``+met`` for each request
+    finishing within its SLO during the step, ``-missed`` for each whose miss became certain
+    during the step (waited past its TTFT SLO without a first token) or that finished missing
+    it or was rejected (each request is charged once; the episode sums to
+    ``met * n_met - missed * n_missed``); components in ``info["reward_components"]``.
+
+    **Episodes**: one window of the scenario (``reset(options={"workload_seed", "window_index"})``
+    picks one, otherwise drawn with the env's seeded generator from the ``split``).
+    ``terminated`` when every request of the window finished or was rejected (``info["summary"]``
+    then holds the metrics summary); ``truncated`` at the first decision point after
+    ``horizon_s`` of simulated time (default 3 x ``window_s``; ``math.inf`` = never).
+
+    Args:
+        scenario: scenario YAML path (default: the bundled ``mixed-long-short.yaml``).
+        window_s, split, heldout_fraction, max_requests: see :class:`kvsched.envs.episodes.EpisodeConfig`.
+        reference_policy: name of the reference policy (default ``"fcfs"``).
+        reference_params: its parameters (default: the scenario's when it names that policy).
+        k: candidate rows shown (>= 1).
+        action_mode: ``"multi"`` or ``"slot"``.
+        horizon_s: truncation time (s), default ``3 * window_s``.
+        reward: :class:`RewardConfig`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
+                 heldout_fraction: float = 0.25, max_requests: int | None = None, reference_policy: str = "fcfs",
+                 reference_params: dict | None = None, k: int = 16, action_mode: str = "multi",
+                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig()) -> None:
+        require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", k, "an integer >= 1")
+        require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
+        require(isinstance(reward, RewardConfig), "reward", reward, "a RewardConfig")
+        self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
+        self.reference_policy = reference_policy
+        self.reference_params = reference_params
+        reference(reference_policy, reference_params, self.source)  # validate early
+        self.k = k
+        self.action_mode = action_mode
+        self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
+        require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0 (math.inf: never truncate)")
+        self.reward_config = reward
+        self.metrics = self.source.scenario.metrics_config()
+        self.observation_space = spaces.Box(-1.0, 1.0, (observation_size(k),), np.float32)
+        if action_mode == "multi":
+            self._nvec = (k, len(CHUNK_BINS_TOKENS), len(VICTIM_RULES), len(PREEMPTION_MODES))
+            self.action_space = spaces.MultiDiscrete(list(self._nvec))
+        else:
+            self._nvec = (k,)
+            self.action_space = spaces.Discrete(k)
+        self.cluster = None
+
+    # ------------------------------------------------------------------------------ episode
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"workload_seed", "window_index"}
+        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
+        wseed, widx = self.source.draw(self.np_random)
+        wseed = options.get("workload_seed", wseed)
+        widx = options.get("window_index", widx)
+        self.workload = self.source.workload(wseed, widx)
+        self.episode = {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(self.workload)}
+
+        def policy_for(i: int):
+            ref = reference(self.reference_policy, self.reference_params, self.source)
+            return AgentPolicy(ref) if i == 0 else ref
+
+        self.cluster = build_cluster(self.source, policy_for)
+        self.inst = self.cluster.instances[0]
+        self.agent_policy: AgentPolicy = self.inst.policy
+        self.slo_reward = SLOReward(self.reward_config, self.metrics)
+        self._mode_mask = mode_mask(self.inst.dram.capacity_blocks, self.inst.nvme.capacity_blocks)
+        self.cluster.start(self.workload, DecisionWatch(schedule_instance=0, schedule_filter=has_scheduling_choice))
+        self.decisions = 0
+        self._last_decision_s = 0.0
+        self._over = False
+        point = self.cluster.run_until_decision(self.horizon_s)
+        if point is None or point.kind == "time":  # nothing to decide in this window
+            self._pending_end = point
+            self._cands, self._shown_ids = [], np.zeros(0, dtype=np.int64)
+            obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        else:
+            self._pending_end = None
+            obs = self._observe(point.time_s)
+        return obs, self._info({})
+
+    def _observe(self, now_s: float) -> np.ndarray:
+        inst = self.inst
+        cands, running = candidates(inst, now_s)
+        table = FeatureTable(cands, now_s, inst.options.oracle_lengths, running=running)
+        order = reference_order(self.agent_policy.reference, table, inst.policy.stall_free)
+        self._table = table
+        self._cands = cands
+        self._order = order
+        rows = np.arange(len(cands)) if order is None else order
+        self._shown_ids = table.request_id[rows[:self.k]] if len(cands) else np.zeros(0, dtype=np.int64)
+        obs = build_observation(inst, table, order, self.k, ttft_slo_column(self.slo_reward, table),
+                                self.metrics.long_prompt_tokens, now_s - self._last_decision_s)
+        self._last_decision_s = now_s
+        return obs
+
+    # ------------------------------------------------------------------------------- masks
+    def action_masks(self) -> np.ndarray:
+        """Valid actions, concatenated per action part (sb3-contrib ``MaskablePPO`` layout)."""
+        slots = np.zeros(self.k, dtype=bool)
+        slots[:max(1, len(self._shown_ids))] = True
+        if self.action_mode == "slot":
+            return slots
+        return np.concatenate((slots, np.ones(len(CHUNK_BINS_TOKENS), bool), np.ones(len(VICTIM_RULES), bool),
+                               self._mode_mask))
+
+    def _info(self, extra: dict) -> dict:
+        info = {"action_mask": self.action_masks(), "time_s": self.cluster.now_s if self.cluster else 0.0,
+                "decisions": self.decisions, "window": dict(self.episode)}
+        info.update(extra)
+        return info
+
+    def decode(self, action) -> tuple[AgentDecision, bool]:
+        """The :class:`AgentDecision` of ``action`` for the current candidates, and whether a
+        masked part was replaced by the reference's decision."""
+        a = np.asarray(action, dtype=np.int64).reshape(-1)
+        require(a.shape == (len(self._nvec),) and np.all(a >= 0) and np.all(a < np.asarray(self._nvec)),
+                "action", action, f"integers below {list(self._nvec)}")
+        invalid = False
+        slot = int(a[0])
+        if slot >= len(self._shown_ids):
+            invalid = slot != 0 or len(self._shown_ids) > 0
+            first = None
+        else:
+            first = None if slot == 0 else int(self._shown_ids[slot])
+        chunk, victim, mode = CHUNK_BINS_TOKENS[0], VICTIM_RULES[0], PREEMPTION_MODES[0]
+        if len(a) > 1:
+            chunk, victim = CHUNK_BINS_TOKENS[int(a[1])], VICTIM_RULES[int(a[2])]
+            if self._mode_mask[int(a[3])]:
+                mode = PREEMPTION_MODES[int(a[3])]
+            else:
+                invalid = True
+        ids = self._table.request_id if self._cands else np.zeros(0, dtype=np.int64)
+        return AgentDecision(first, ids, self._order, chunk, victim, mode), invalid
+
+    # -------------------------------------------------------------------------------- step
+    def step(self, action):
+        if self.cluster is None:
+            raise RuntimeError("call reset() before step()")
+        if self._over:
+            raise RuntimeError("the episode is over: call reset()")
+        invalid = False
+        if self._pending_end is None:
+            decision, invalid = self.decode(action)
+            self.agent_policy.decision = decision
+            try:
+                self.cluster.apply()
+            finally:
+                self.agent_policy.decision = None
+            self.decisions += 1
+            point = self.cluster.run_until_decision(self.horizon_s)
+        else:
+            point = self._pending_end
+        comps = self.slo_reward.collect(self.cluster.recorder.rows)
+        terminated = point is None
+        truncated = point is not None and point.kind == "time"
+        if self.reward_config.early_miss and not terminated and not truncated:
+            comps["slo_missed"] += self.slo_reward.certain_misses(self._unfinished(), self.cluster.now_s)
+        extra = {"invalid_action": invalid}
+        if truncated:
+            comps["truncation"] = self.slo_reward.truncation_penalty(self._unfinished(), self.cluster.now_s)
+        if terminated or truncated:
+            self._over = True
+            obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+            self._cands, self._shown_ids = [], np.zeros(0, dtype=np.int64)
+            if terminated:
+                extra["summary"] = self.cluster.result().summary
+        else:
+            obs = self._observe(point.time_s)
+        extra["reward_components"] = comps
+        return obs, float(sum(comps.values())), terminated, truncated, self._info(extra)
+
+    def _unfinished(self) -> list:
+        return [st for inst in self.cluster.instances for st in
+                list(inst.waiting) + list(inst.running) + list(inst.swapped)]
+
+    # ---------------------------------------------------------------------- reference agents
+    def heuristic_action(self, policy: str | None = None) -> np.ndarray:
+        """The action by which a heuristic decides this step (for reference agents).
+
+        ``None`` or the reference policy's name: ``(0, 0, 0, 0)``, the reference's own
+        decision. Another policy name: its first choice among the shown candidates (its order
+        over their FeatureTable), the reference deciding chunk and preemption.
+        """
+        a = np.zeros(len(self._nvec), dtype=np.int64)
+        if policy is None or policy == self.reference_policy or len(self._shown_ids) < 2:
+            return a if self.action_mode == "multi" else a[0]
+        if not hasattr(self, "_other") or self._other[0] != policy:
+            p = make_policy(policy)
+            p.bind(self.agent_policy.ctx)
+            self._other = (policy, p)
+        p = self._other[1]
+        rows = np.flatnonzero(np.isin(self._table.request_id, self._shown_ids))
+        shown = [self._cands[int(r)] for r in rows]
+        t = FeatureTable(shown, self._table.now_s, self.inst.options.oracle_lengths,
+                         running=self._table.running[rows])
+        order = reference_order(p, t, self.inst.policy.stall_free)
+        first_id = int(t.request_id[0 if order is None else order[0]])
+        a[0] = int(np.flatnonzero(self._shown_ids == first_id)[0])
+        return a if self.action_mode == "multi" else a[0]

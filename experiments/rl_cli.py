@@ -1,0 +1,89 @@
+"""``kvsched train`` and ``kvsched evaluate`` (argument parsing and output; the work is in
+:mod:`kvsched.agents.train` and :mod:`kvsched.agents.evaluate`). Needs the ``rl`` extra."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from kvsched.envs.sim.errors import ConfigError
+
+
+def add_train_arguments(t: argparse.ArgumentParser) -> None:
+    from kvsched.agents.train import ALGOS
+    from kvsched.envs import ENV_IDS
+
+    t.add_argument("--env", required=True, choices=ENV_IDS, help="environment id")
+    t.add_argument("--algo", required=True, choices=ALGOS, help="SB3 / sb3-contrib algorithm")
+    t.add_argument("--timesteps", type=int, required=True, help="environment steps to train")
+    t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")
+    t.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder (default runs/train)")
+    t.add_argument("--window-s", type=float, help="episode window length (s; default 60)")
+    t.add_argument("--env-kwargs", default="{}", help="JSON of further environment arguments")
+    t.add_argument("--hyperparameters", default="{}", help="JSON of algorithm hyper-parameters")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--n-envs", type=int, default=1, help="parallel environments (default 1)")
+    t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
+    t.add_argument("--checkpoint-every", type=int, default=10_000, help="steps between checkpoints")
+    t.add_argument("--eval-every", type=int, default=10_000, help="steps between held-out evaluations")
+    t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per evaluation")
+    t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
+    t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--max-cpu-s", type=float, help="stop after this many CPU seconds of the training process")
+
+
+def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("--agents", required=True,
+                   help="comma-separated: checkpoint .zip files, policy names and/or 'random', e.g. ckpt.zip,lars,fcfs")
+    e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
+    e.add_argument("--windows", type=int, default=4, help="held-out windows (default 4)")
+    e.add_argument("--seeds", type=int, default=3, help="seeds per window (default 3)")
+    e.add_argument("--window-s", type=float, help="window length (s; default: the checkpoint's)")
+    e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
+    e.add_argument("--stochastic", action="store_true",
+                   help="also run learned agents with sampled (not argmax) actions")
+
+
+def _json_arg(text: str, flag: str) -> dict:
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{flag}={text!r} is not valid JSON: {err}") from None
+    if not isinstance(v, dict):
+        raise ConfigError(f"{flag}={text!r} must be a JSON object")
+    return v
+
+
+def cmd_train(args, console) -> int:
+    from kvsched.agents.train import train
+
+    meta = train(args.env, args.algo, args.timesteps, args.out, scenario=args.scenario, window_s=args.window_s,
+                 env_kwargs=_json_arg(args.env_kwargs, "--env-kwargs"), seed=args.seed, n_envs=args.n_envs,
+                 subprocess=args.subprocess, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+                 eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
+                 progress_bar=not args.no_progress,
+                 hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s)
+    console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
+                  f"({meta['env_steps_per_s']:.1f} env steps/s); model: {args.out / 'final.zip'}")
+    return 0
+
+
+def cmd_evaluate(args, console) -> int:
+    from kvsched.agents.evaluate import METRICS, evaluate
+
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    table = evaluate(agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
+                     stochastic=args.stochastic)
+    t = Table(title=f"held-out evaluation ({args.windows} windows x {args.seeds} seeds; mean ± 95% CI)")
+    for c in ("agent", "class", "episodes", "SLO attainment", "goodput req/s", "TTFT p99 s"):
+        t.add_column(c)
+    for _, r in table.iterrows():
+        t.add_row(str(r["agent"]), str(r["class"]), str(r["episodes"]),
+                  *[f"{r[m]:.4f} ± {r[m + '_ci95']:.4f}" for m in METRICS])
+    console.print(t)
+    console.print(f"written: {args.out}/table.csv, table.md, episodes.csv, ttft_cdf.png")
+    return 0

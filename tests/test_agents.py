@@ -1,0 +1,111 @@
+"""Training, evaluation and reference agents (issue #6). Smoke-sized: seconds each."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
+
+from kvsched.agents.evaluate import confidence_table, evaluate  # noqa: E402
+from kvsched.agents.train import train  # noqa: E402
+from kvsched.envs.sim.errors import ConfigError  # noqa: E402
+from kvsched.experiments.cli import main  # noqa: E402
+
+SMALL = {"max_requests": 25}
+PPO_TINY = {"n_steps": 32, "batch_size": 32, "n_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    meta = train("kvsched/Scheduling-v0", "maskable_ppo", 64, out, window_s=10.0, env_kwargs=SMALL,
+                 checkpoint_every=32, eval_every=32, eval_episodes=1, progress_bar=False, hyperparameters=PPO_TINY)
+    return out, meta
+
+
+def test_maskable_ppo_smoke_checkpoints_eval_and_resume(trained):
+    out, meta = trained
+    assert meta["timesteps"] == 64 and meta["env_steps_per_s"] > 0
+    assert (out / "final.zip").is_file() and (out / "checkpoints" / "maskable_ppo_32_steps.zip").is_file()
+    ev = np.load(out / "eval" / "evaluations.npz")
+    assert list(ev["timesteps"]) == [32, 64]
+    assert any((out / "tb").rglob("events.out.tfevents*"))
+    saved = json.loads((out / "train.json").read_text())
+    assert saved["env_kwargs"] == {"window_s": 10.0, "max_requests": 25}
+    out2 = out / "resumed"
+    meta2 = train("kvsched/Scheduling-v0", "maskable_ppo", 32, out2, window_s=10.0, env_kwargs=SMALL,
+                  checkpoint_every=32, eval_every=32, eval_episodes=1, progress_bar=False,
+                  resume=out / "final.zip", n_envs=2, hyperparameters={"n_steps": 16})
+    assert meta2["total_timesteps"] == 96 and meta2["resumed_from"].endswith("final.zip")
+    assert meta2["hyperparameters"] == {"n_steps": 16}
+
+
+@pytest.mark.parametrize("env_id,algo,hp", [
+    ("kvsched/Scheduling-v0", "dqn", {"learning_starts": 16, "batch_size": 16}),
+    ("kvsched/Routing-v0", "ppo", PPO_TINY),
+    ("kvsched/Knobs-v0", "sac", {"learning_starts": 4, "batch_size": 4}),
+])
+def test_other_algorithms_train(tmp_path, env_id, algo, hp):
+    steps = 8 if algo == "sac" else 32
+    meta = train(env_id, algo, steps, tmp_path, window_s=10.0, env_kwargs=SMALL, checkpoint_every=1000,
+                 eval_every=1000, eval_episodes=1, progress_bar=False, hyperparameters=hp)
+    assert meta["timesteps"] >= steps and (tmp_path / "final.zip").is_file()
+    if algo == "dqn":
+        assert meta["env_kwargs"]["action_mode"] == "slot"
+
+
+def test_incompatible_algorithm_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="Box"):
+        train("kvsched/Scheduling-v0", "sac", 8, tmp_path, progress_bar=False)
+    with pytest.raises(ConfigError, match="algo"):
+        train("kvsched/Scheduling-v0", "a2c", 8, tmp_path, progress_bar=False)
+
+
+def test_confidence_table_is_a_student_t_interval():
+    df = pd.DataFrame({"agent": ["a"] * 4, "class": ["all"] * 4, "slo_attainment": [0.9, 1.0, 0.8, 0.9],
+                       "goodput_rps": [1.0, 1.0, 1.0, 1.0], "ttft_p99_s": [0.1, 0.2, 0.3, 0.4]})
+    t = confidence_table(df).iloc[0]
+    # t(0.975, 3) = 3.182446; sd = 0.0816497; half = 3.182446 * 0.0816497 / 2
+    assert t["slo_attainment"] == pytest.approx(0.9)
+    assert t["slo_attainment_ci95"] == pytest.approx(3.182446 * 0.0816497 / 2, rel=1e-5)
+    assert t["goodput_rps_ci95"] == 0.0
+
+
+def test_evaluate_learned_and_heuristics_same_episodes(trained, tmp_path):
+    out, _ = trained
+    table = evaluate([str(out / "final.zip"), "fcfs", "lars", "random"], None, windows=1, seeds=2, out=tmp_path,
+                     stochastic=True)
+    assert set(table["agent"]) == {"final.zip", "final.zip (stochastic)", "fcfs", "lars", "random"}
+    eps = pd.read_csv(tmp_path / "episodes.csv")
+    allc = eps[eps["class"] == "all"]
+    assert (allc.groupby("agent")["requests"].apply(list).apply(lambda x: x == [25, 25])).all()
+    # a second run gives the same table (seeded random and stochastic agents)
+    again = evaluate([str(out / "final.zip"), "random"], None, windows=1, seeds=2, out=tmp_path / "b", stochastic=True)
+    first = table.set_index(["agent", "class"]).loc[again.set_index(["agent", "class"]).index]
+    assert np.allclose(first["slo_attainment"].to_numpy(), again.set_index(["agent", "class"])["slo_attainment"])
+    for f in ("table.csv", "table.md", "ttft_cdf.png", "learning_curve.png"):
+        assert (tmp_path / f).is_file()
+    row = table[(table["agent"] == "fcfs") & (table["class"] == "all")].iloc[0]
+    assert 0 <= row["slo_attainment"] <= 1 and not math.isnan(row["slo_attainment_ci95"])
+
+
+def test_cli_train_and_evaluate(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
+               "--window-s", "10", "--env-kwargs", json.dumps(SMALL), "--hyperparameters", json.dumps(PPO_TINY),
+               "--out", str(out), "--checkpoint-every", "32", "--eval-every", "32", "--eval-episodes", "1",
+               "--no-progress"])
+    assert rc == 0 and (out / "final.zip").is_file()
+    rc = main(["evaluate", "--agents", f"{out / 'final.zip'},fcfs", "--windows", "1", "--seeds", "2",
+               "--out", str(tmp_path / "ev")])
+    text = capsys.readouterr().out
+    assert rc == 0 and "fcfs" in text and "±" in text
+    rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
+               "--env-kwargs", "[1]", "--out", str(out)])
+    assert rc == 2 and "--env-kwargs" in capsys.readouterr().err
