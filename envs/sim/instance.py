@@ -41,7 +41,10 @@ repeat the same batch until a request finishes, the KV cache cannot grow, or the
 lands. That stretch of K steps is advanced at once with NumPy: step times as one vectorised
 cost-model call, end times by a sequential cumulative sum from ``now`` (the same float
 additions as stepping one by one, so results are byte-identical to ``fast_forward=False``),
-block growth from each request's position inside its block.
+block growth from each request's position inside its block. With a cluster KV tier
+(:mod:`kvsched.envs.sim.shared_kv`) no stretch runs while requests wait: a waiting request's
+admission then depends on time (a pool write lands, link queues drain), so it may change at any
+step boundary inside the stretch.
 """
 
 from __future__ import annotations
@@ -309,7 +312,8 @@ class Instance:
         start = self._step_ready_s
         self._plan = plan
         if (self.options.fast_forward and not step.preempted and not self.swapped
-                and len(plan) == len(running) and (not self.waiting or waiting_blocked_static)
+                and len(plan) == len(running)
+                and (not self.waiting or (waiting_blocked_static and self.shared_kv is None))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             end = self._plan_stretch(start, horizon_s)

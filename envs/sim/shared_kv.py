@@ -44,11 +44,14 @@ the low end of REFERENCE §9.2's 400-800 Gb/s [mem]; the per-operation latency i
 round trip [inferred]); pool NVMe read / write: the NVMe Gen4 presets (6 / 4 GB/s, 80 µs,
 REFERENCE §5.2) -- a pool of one drive; give inline :class:`LinkSpec` values for a striped pool.
 With these defaults a fetch of Llama-3.1-8B KV costs about 24.6 µs per token plus 90 µs per
-operation; recomputing costs about 25 µs per token plus the attention term on the calibrated
-H100, and a short remainder still pays a step's weight read. So a 512- or 1,024-token prefix
-is recomputed (18 vs 20 ms, 32 vs 33 ms), from 1,536 tokens on it is fetched, and at 64k
-tokens the fetch path takes 1.6 s against 3.6 s (REFERENCE §5.4: "about break-even with
-recompute for short contexts and much better for long ones").
+operation; recomputing costs about 25 µs per token plus the attention term on an H100 with the
+plain roofline (``CostParams()``), and a short remainder still pays a step's weight read. So,
+with an 8,192-token budget, idle links and nothing cached, a 512- or 1,024-token prefix is
+recomputed (18 vs 20 ms, 32 vs 33 ms), from 1,536 tokens on it is fetched, and at 64k tokens
+the fetch path takes 1.6 s against 3.6 s (REFERENCE §5.4: "about break-even with recompute for
+short contexts and much better for long ones"). With the calibrated H100 parameters (an
+``InstanceSpec`` without ``cost``; MFU 0.76) recomputing is cheaper per token and the fetch
+wins only from about 13k tokens (26 segments of 512; 64k: 2.8 s recompute vs 1.6 s fetch).
 
 Limits: one network link per instance whatever its TP degree; the pool's NVMe read and write
 queues are shared by the cluster; reads are charged when reserved (a segment evicted while a
