@@ -582,3 +582,38 @@ def test_shared_tier_break_even_with_calibrated_h100():
     assert wins == {3: False, 16: False, 25: False, 26: True, 128: True}
     r, f = pool.decide(cost, 0, 65536 + 100, 0, 65536, 0.0)
     assert r == pytest.approx(2.84, abs=0.01) and f == pytest.approx(1.62, abs=0.01)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_routing_decisions_do_not_depend_on_the_arriving_requests_output_length(oracle):
+    """Every router, with live and stale state and a shared tier: changing only the last request's
+    output length leaves every routing decision and every column the routers saw unchanged --
+    routers never see output lengths, also when the instance schedulers are shown them (oracle)."""
+    w = _mixed_prefix_workload(n=60)
+    reqs = [w.request(i) for i in range(len(w))]
+    r = reqs[-1]
+    alt = Workload.from_requests(reqs[:-1] + [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens + 977,
+                                                      prefix_hashes=r.prefix_hashes,
+                                                      hash_block_tokens=r.hash_block_tokens)])
+    spec = make_spec(hbm_kv_blocks=4096, max_num_batched_tokens=512)
+    for name in router_names():
+        for delay in (0.0, 0.03):
+            seen = []
+            for wl in (w, alt):
+                rec = Recording(make_router(name))
+                res = Cluster([spec] * 3, lambda: make_policy("fcfs"), router=rec, router_delay_s=delay,
+                              options=InstanceOptions(oracle_lengths=oracle),
+                              shared_kv=SharedKVSpec(capacity_bytes=1e11)).run(wl)
+                seen.append((res.records.sort_values("request_id")["instance_id"].tolist(), rec.seen[-1]))
+            assert seen[0][0] == seen[1][0], (name, delay)
+            a, b = seen[0][1], seen[1][1]
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), (name, delay)
+
+
+def test_shared_kv_network_preset_name():
+    """The default network link can be named in a scenario; unknown names list the choices."""
+    spec = SharedKVSpec.from_dict({"capacity_bytes": 1e12, "network": "cmx-400g", "pool_read": "nvme_gen5_read"})
+    assert spec.network == SharedKVSpec(capacity_bytes=1e12).network and spec.network.bytes_per_s == 50e9
+    assert spec.pool_read.name == "nvme_gen5_read"
+    with pytest.raises(UnknownPresetError, match=r"shared_kv\.network: unknown link 'foo'; known: cmx-400g, pcie4"):
+        SharedKVSpec.from_dict({"capacity_bytes": 1e12, "network": "foo"})

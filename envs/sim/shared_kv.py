@@ -66,7 +66,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .errors import ConfigError, require
+from .errors import ConfigError, UnknownPresetError, require
 from .kv_cache import LinkQueue
 from .request import RUNNING, RequestState
 from .specs import LINK_PRESETS, LinkSpec, get_link
@@ -78,13 +78,28 @@ CMX_400G = LinkSpec("cmx-400g", 50e9, 10e-6)
 """400 Gb/s network link per node (REFERENCE §9.2, 400-800 Gb/s [mem]); 10 µs per operation [inferred]."""
 
 
+def _get_shared_link(name: str) -> LinkSpec:
+    """A link preset for the tier: ``cmx-400g`` (the default network) or any :data:`LINK_PRESETS` name.
+
+    Raises:
+        UnknownPresetError: unknown name; the message lists the known names.
+    """
+    if isinstance(name, str) and name.lower() == CMX_400G.name:
+        return CMX_400G
+    try:
+        return get_link(name)
+    except UnknownPresetError:
+        raise UnknownPresetError(f"unknown link {name!r}; known: {CMX_400G.name}, {', '.join(LINK_PRESETS)}") from None
+
+
 @dataclass(frozen=True)
 class SharedKVSpec:
     """The cluster KV tier (see the module docstring).
 
     Attributes:
         capacity_bytes: KV bytes the pool holds (> 0; whole-model KV, all TP ranks).
-        network: link between each instance and the pool (one per instance, each direction).
+        network: link between each instance and the pool (one per instance, each direction);
+            in a scenario a preset name (``cmx-400g``, the default, or a link preset) or inline fields.
         pool_read, pool_write: the pool's NVMe read and write bandwidth (shared by the cluster).
         fetch_policy: "cost" (fetch when predicted cheaper than recompute), "always" or "never".
         max_write_backlog_s: drop a write when the pool's write queue is busy for longer than
@@ -135,7 +150,7 @@ class SharedKVSpec:
         kw: dict[str, Any] = {"capacity_bytes": _as_float(d["capacity_bytes"], f"{source}.capacity_bytes")}
         for key in ("network", "pool_read", "pool_write"):
             if key in d:
-                kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}.{key}")
+                kw[key] = _preset_or_inline(d[key], _get_shared_link, LinkSpec, f"{source}.{key}")
         if "fetch_policy" in d:
             kw["fetch_policy"] = d["fetch_policy"]
         if "max_write_backlog_s" in d:
