@@ -45,10 +45,21 @@ def _sidecar(ckpt: Path) -> dict:
                       "beside it (written by `kvsched train`)")
 
 
-def _load_model(ckpt: Path, algo: str):
+def _is_rllib_checkpoint(agent: str) -> bool:
+    """An RLlib ``checkpoint/`` folder written by ``kvsched train --backend rllib``."""
+    p = Path(agent)
+    meta = p.parent / "train.json"
+    return p.is_dir() and meta.is_file() and json.loads(meta.read_text()).get("backend") == "rllib"
+
+
+def _load_model(ckpt: Path, meta: dict):
+    if meta.get("backend") == "rllib":
+        from kvsched.agents.rllib import RLlibAgent
+
+        return RLlibAgent(ckpt, masked=meta["env_id"] == "kvsched/Scheduling-v0")
     from kvsched.agents.train import _algo_class
 
-    return _algo_class(algo).load(str(ckpt), device="cpu")
+    return _algo_class(meta["algo"]).load(str(ckpt), device="cpu")
 
 
 def _summary_rows(agent: str, window: int, seed: int, summary: dict) -> list[dict]:
@@ -78,8 +89,8 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
         kw["window_s"] = window_s
     kw.update(split="heldout", horizon_s=math.inf)
     env = SchedulingEnv(**kw)
-    model = _load_model(ckpt, meta["algo"])
-    masked = meta["algo"] == "maskable_ppo"
+    model = _load_model(ckpt, meta)
+    masked = meta["algo"] == "maskable_ppo" or meta.get("backend") == "rllib"  # RLlib: the masking module
     rows, ttfts = [], []
     name = ckpt.name + (" (stochastic)" if stochastic else "")
     for wseed, widx, seed in episodes:
@@ -218,9 +229,9 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     for name, v in (("windows", windows), ("seeds", seeds)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
-    ckpts = [Path(a) for a in agents if a.endswith(".zip")]
+    ckpts = [Path(a) for a in agents if a.endswith(".zip") or _is_rllib_checkpoint(a)]
     for c in ckpts:
-        if not c.is_file():
+        if not c.exists():
             raise ConfigError(f"checkpoint {str(c)!r} does not exist")
     trained = _sidecar(ckpts[0])["env_kwargs"] if ckpts else {}
     if window_s is None:
@@ -238,7 +249,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     rows, ttft = [], {}
     known = set(policy_names())
     for a in agents:
-        if a.endswith(".zip"):
+        if a.endswith(".zip") or _is_rllib_checkpoint(a):
             r, t = run_learned(Path(a), episodes, scen, window_s)
             name = Path(a).name
             if stochastic:
@@ -254,7 +265,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
             r, t = run_heuristic(a, source, episodes)
             name = a
         else:
-            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip) nor a policy; known: {sorted(known)}")
+            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
+                              f"policy; known: {sorted(known)}")
         rows += r
         ttft[name] = t
     df = pd.DataFrame(rows)

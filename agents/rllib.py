@@ -172,11 +172,13 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
                 window_s: float | None = None, env_kwargs: dict | None = None, seed: int = 0,
                 num_env_runners: int = 0, address: str | None = None, resume: str | Path | None = None,
                 hyperparameters: dict | None = None, progress: Any = None) -> dict[str, Any]:
-    """Train PPO with RLlib until ``timesteps`` environment steps were sampled; returns ``train.json``.
+    """Train PPO with RLlib until ``timesteps`` environment steps were sampled over the
+    algorithm's lifetime (with ``resume``: including the restored run's); returns ``train.json``.
 
     Writes into ``out``: ``checkpoint/`` (``Algorithm.save_to_path``; the policy module under
-    ``checkpoint/learner_group/learner/rl_module/default_policy``), ``learning_curve.csv`` (per
-    training iteration: env steps sampled, mean episode return, wall s) and ``train.json``.
+    ``checkpoint/learner_group/learner/rl_module/default_policy``), ``learning_curve.csv`` and
+    ``.png`` (per training iteration: env steps sampled, mean episode return, wall s) and
+    ``train.json``.
 
     Args:
         num_env_runners: sampling workers (0: sample in the driver).
@@ -233,6 +235,7 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     import pandas as pd
 
     pd.DataFrame(curve).to_csv(out / "learning_curve.csv", index=False)
+    _plot_curve(curve, out / "learning_curve.png", env_id)
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
         "backend": "rllib", "env_id": env_id, "algo": "ppo", "env_kwargs": kw, "seed": seed,
@@ -243,6 +246,23 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     }
     (out / "train.json").write_text(json.dumps(meta, indent=2, default=str))
     return meta
+
+
+def _plot_curve(curve: list[dict], path: Path, env_id: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([c["env_steps"] for c in curve], [c["episode_return_mean"] for c in curve], marker=".")
+    ax.set_xlabel("environment steps sampled")
+    ax.set_ylabel("mean episode return (last 20)")
+    ax.set_title(f"RLlib PPO on {env_id}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 class RLlibAgent:

@@ -34,6 +34,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--max-cpu-s", type=float, help="stop after this many CPU seconds of the training process")
+    t.add_argument("--backend", choices=("sb3", "rllib"), default="sb3",
+                   help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs kvsched[ray]; --algo ppo)")
+    t.add_argument("--num-env-runners", type=int, default=0,
+                   help="RLlib sampling workers (default 0: sample in the driver)")
+    t.add_argument("--address", help="RLlib: a running Ray cluster (HOST:PORT or auto; default: a local Ray)")
 
 
 def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
@@ -59,6 +64,10 @@ def _json_arg(text: str, flag: str) -> dict:
 
 
 def cmd_train(args, console) -> int:
+    if args.backend == "rllib":
+        return _train_rllib(args, console)
+    if args.num_env_runners or args.address:
+        raise ConfigError("--num-env-runners and --address are for --backend rllib")
     from kvsched.agents.train import train
 
     meta = train(args.env, args.algo, args.timesteps, args.out, scenario=args.scenario, window_s=args.window_s,
@@ -69,6 +78,34 @@ def cmd_train(args, console) -> int:
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s)
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s); model: {args.out / 'final.zip'}")
+    return 0
+
+
+def _train_rllib(args, console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvsched.agents.rllib import train_rllib
+
+    if args.algo != "ppo":
+        raise ConfigError(f"--backend rllib trains PPO; --algo {args.algo!r} is not allowed there (use --algo ppo)")
+    unused = [f for f, v in (("--n-envs", args.n_envs != 1), ("--subprocess", args.subprocess),
+                             ("--max-cpu-s", args.max_cpu_s is not None)) if v]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
+                          "--num-env-runners")
+    kw = dict(env_kwargs=_json_arg(args.env_kwargs, "--env-kwargs"), seed=args.seed,
+              num_env_runners=args.num_env_runners, address=args.address, resume=args.resume,
+              hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"))
+    if args.no_progress:
+        meta = train_rllib(args.env, args.timesteps, args.out, args.scenario, args.window_s, **kw)
+    else:
+        with Progress(TextColumn("RLlib PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as prog:
+            task = prog.add_task("train", total=args.timesteps)
+            meta = train_rllib(args.env, args.timesteps, args.out, args.scenario, args.window_s,
+                               progress=lambda done, total: prog.update(task, completed=done), **kw)
+    console.print(f"trained {meta['timesteps']} env steps in {meta['iterations']} iterations, {meta['wall_s']:.1f} s "
+                  f"({meta['env_steps_per_s']:.1f} env steps/s); checkpoint: {meta['checkpoint']}")
     return 0
 
 

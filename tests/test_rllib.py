@@ -71,3 +71,22 @@ def test_scheduling_agent_honours_the_action_mask(tmp_path):
         done = term or trunc
     assert steps > 10 and violations == 0
     assert not info.get("invalid_action", False)
+
+
+def test_cli_trains_with_rllib_and_evaluate_loads_it(tmp_path, capsys):
+    from kvsched.experiments.cli import main
+
+    out = tmp_path / "rl"
+    rc = main(["train", "--backend", "rllib", "--env", "kvsched/Scheduling-v0", "--algo", "ppo", "--timesteps", "64",
+               "--window-s", "20", "--out", str(out), "--no-progress",
+               "--hyperparameters", json.dumps(SMALL)])
+    assert rc == 0 and (out / "learning_curve.png").is_file()
+    rc = main(["evaluate", "--agents", f"{out / 'checkpoint'},fcfs", "--windows", "1", "--seeds", "1",
+               "--out", str(tmp_path / "ev")])
+    assert rc == 0
+    import pandas as pd
+    table = pd.read_csv(tmp_path / "ev" / "table.csv")
+    assert set(table.agent) == {"checkpoint", "fcfs"}
+    assert main(["train", "--backend", "rllib", "--env", "kvsched/Knobs-v0", "--algo", "sac", "--timesteps", "8",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "--algo 'sac' is not allowed" in capsys.readouterr().err
