@@ -213,9 +213,25 @@ def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[st
     return made
 
 
+def _one_episode(kind: str, agent: str, episode: tuple[int, int, int], scenario: str | None, window_s: float,
+                 stochastic: bool, random_kw: dict | None, source) -> tuple[list[dict], np.ndarray]:
+    """One agent on one held-out episode (a task of :func:`evaluate`; pure, so any backend)."""
+    if kind == "learned":
+        return run_learned(Path(agent), [episode], scenario, window_s, stochastic=stochastic)
+    if kind == "random":
+        return run_random([episode], scenario, window_s, random_kw or {})
+    return run_heuristic(agent, source, [episode])
+
+
 def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, out: str | Path,
-             window_s: float | None = None, stochastic: bool = False) -> pd.DataFrame:
+             window_s: float | None = None, stochastic: bool = False, backend: str = "local",
+             address: str | None = None, progress=None) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
+
+    Every (agent, episode) pair is one task (:func:`kvsched.experiments.sweep.map_tasks`): with
+    ``backend="ray"`` they run as Ray tasks (``address``: a running cluster), with the same
+    table as the local run (each episode is seeded on its own). ``progress(done, total)``
+    counts finished episodes.
 
     Raises:
         ConfigError: no agents, counts < 1, more windows than held out, missing metadata.
@@ -246,29 +262,31 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
                 for w in source.heldout_windows[:windows] for s in range(seeds)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, ttft = [], {}
     known = set(policy_names())
+    random_kw = {k: v for k, v in trained.items() if k in ("max_requests", "heldout_fraction", "k", "reference_policy")}
+    jobs: list[tuple[str, tuple]] = []  # (agent name, arguments of one episode's task), in table order
     for a in agents:
         if a.endswith(".zip") or _is_rllib_checkpoint(a):
-            r, t = run_learned(Path(a), episodes, scen, window_s)
             name = Path(a).name
             if stochastic:
-                r2, t2 = run_learned(Path(a), episodes, scen, window_s, stochastic=True)
-                rows += r2
-                ttft[name + " (stochastic)"] = t2
+                jobs += [(name + " (stochastic)", ("learned", a, ep, scen, window_s, True, None, None))
+                         for ep in episodes]
+            jobs += [(name, ("learned", a, ep, scen, window_s, False, None, None)) for ep in episodes]
         elif a == "random":
-            r, t = run_random(episodes, scen, window_s, {k: v for k, v in trained.items()
-                                                         if k in ("max_requests", "heldout_fraction", "k",
-                                                                  "reference_policy")})
-            name = a
+            jobs += [(a, ("random", a, ep, scen, window_s, False, random_kw, None)) for ep in episodes]
         elif a in known:
-            r, t = run_heuristic(a, source, episodes)
-            name = a
+            jobs += [(a, ("heuristic", a, ep, scen, window_s, False, None, source)) for ep in episodes]
         else:
             raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
                               f"policy; known: {sorted(known)}")
+    from kvsched.experiments.sweep import map_tasks
+
+    outs = map_tasks(_one_episode, [j for _, j in jobs], backend=backend, address=address, progress=progress)
+    rows, parts = [], {}
+    for (name, _), (r, t) in zip(jobs, outs):
         rows += r
-        ttft[name] = t
+        parts.setdefault(name, []).append(t)
+    ttft = {name: np.concatenate(ts) if ts else np.zeros(0) for name, ts in parts.items()}
     df = pd.DataFrame(rows)
     df.to_csv(out / "episodes.csv", index=False)
     table = confidence_table(df)

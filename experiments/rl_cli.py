@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--seeds", type=int, default=3, help="seeds per window (default 3)")
     e.add_argument("--window-s", type=float, help="window length (s; default: the checkpoint's)")
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
+    e.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="run the episodes here or as Ray tasks (needs kvsched[ray]); same table (default local)")
+    e.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.add_argument("--stochastic", action="store_true",
                    help="also run learned agents with sampled (not argmax) actions")
 
@@ -113,8 +118,19 @@ def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate
 
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    table = evaluate(agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
-                     stochastic=args.stochastic)
+    run = lambda progress=None: evaluate(  # noqa: E731
+        agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
+        stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress)
+    if args.no_progress or not sys.stderr.isatty():
+        table = run()
+    else:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn(f"evaluating ({args.backend})"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
+            task = prog.add_task("episodes", total=None)
+            table = run(lambda done, total: prog.update(task, completed=done, total=total))
     t = Table(title=f"held-out evaluation ({args.windows} windows x {args.seeds} seeds; mean ± 95% CI)")
     for c in ("agent", "class", "episodes", "SLO attainment", "goodput req/s", "TTFT p99 s"):
         t.add_column(c)

@@ -153,15 +153,25 @@ def run_cells(cells: Sequence[Cell], backend: str = "local", address: str | None
     Raises:
         ConfigError: an unknown backend, an address without Ray, or Ray not installed.
     """
+    return map_tasks(run_cell, [(c,) for c in cells], backend, address, progress)
+
+
+def map_tasks(fn: Callable[..., Any], args: Sequence[tuple], backend: str = "local", address: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[Any]:
+    """``[fn(*a) for a in args]``, here or as one Ray task each; results in the order of ``args``.
+
+    ``fn`` must be a module-level (picklable) pure function for the results not to depend on
+    the backend. Raises :class:`ConfigError` as :func:`run_cells`.
+    """
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
     if address is not None and backend != "ray":
         raise ConfigError(f"address={address!r} is only used with backend 'ray' (backend={backend!r})")
-    total = len(cells)
+    total = len(args)
     if backend == "local":
         out = []
-        for i, c in enumerate(cells):
-            out.append(run_cell(c))
+        for i, a in enumerate(args):
+            out.append(fn(*a))
             if progress is not None:
                 progress(i + 1, total)
         return out
@@ -172,8 +182,8 @@ def run_cells(cells: Sequence[Cell], backend: str = "local", address: str | None
                  configure_logging=False, ignore_reinit_error=True)
         started_here = True
     try:
-        task = ray.remote(num_cpus=1)(run_cell)
-        refs = [task.remote(c) for c in cells]
+        task = ray.remote(num_cpus=1)(fn)
+        refs = [task.remote(*a) for a in args]
         index = {r: i for i, r in enumerate(refs)}
         results: list[Any] = [None] * total
         pending = list(refs)

@@ -90,3 +90,14 @@ def test_cli_trains_with_rllib_and_evaluate_loads_it(tmp_path, capsys):
     assert main(["train", "--backend", "rllib", "--env", "kvsched/Knobs-v0", "--algo", "sac", "--timesteps", "8",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--algo 'sac' is not allowed" in capsys.readouterr().err
+
+
+def test_evaluate_on_ray_gives_the_local_table(tmp_path):
+    import pandas as pd
+
+    from kvsched.agents.evaluate import evaluate
+
+    local = evaluate(["fcfs", "lars"], None, 1, 2, tmp_path / "a", window_s=20.0)
+    remote = evaluate(["fcfs", "lars"], None, 1, 2, tmp_path / "b", window_s=20.0, backend="ray")
+    pd.testing.assert_frame_equal(local, remote)
+    assert (tmp_path / "a" / "episodes.csv").read_bytes() == (tmp_path / "b" / "episodes.csv").read_bytes()

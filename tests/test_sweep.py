@@ -5,6 +5,7 @@ The Ray tests skip with a message when the `ray` extra is not installed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -104,6 +105,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop_cluster(temp_dir: str) -> None:
+    """Stop the processes of the Ray cluster whose files are under ``temp_dir`` (its own
+    --temp-dir), not every Ray cluster on the machine as `ray stop` would."""
+    import psutil  # a Ray dependency
+
+    procs = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(temp_dir in a for a in (p.info["cmdline"] or [])):
+                procs.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=30)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
 def test_a_real_ray_cluster_by_address_gives_the_local_table():
     _need_ray()
     temp_dir = tempfile.mkdtemp(prefix="kvray-", dir="/tmp")  # Ray's socket paths must stay < 108 bytes
@@ -113,7 +135,7 @@ def test_a_real_ray_cluster_by_address_gives_the_local_table():
         if ray_bin is None:
             pytest.skip("the `ray` command is not on PATH")
     port = _free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # loopback test cluster
     start = subprocess.run([str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
                             f"--temp-dir={temp_dir}"],
@@ -125,7 +147,7 @@ def test_a_real_ray_cluster_by_address_gives_the_local_table():
         remote = _grid(backend="ray", address=f"127.0.0.1:{port}")
         assert not ray.is_initialized()  # the driver disconnected again
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
     local = _grid()
     pd.testing.assert_frame_equal(local.runs, remote.runs)
