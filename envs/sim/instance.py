@@ -285,12 +285,15 @@ class Instance:
                 ordered = cands if order is None else [cands[int(r)] for r in order]
                 admitted: list[RequestState] = []
                 stop_admitting = False
+                was_running = {id(s) for s in partial_runs}
                 for st in ordered:
                     if step.budget <= 0:
                         break
                     if st.status == RUNNING:
                         if st.rid not in step.planned:
                             self._schedule_running(st, step, now)
+                    elif id(st) in was_running:
+                        continue  # preempted earlier in this step's loop (swapped or back to waiting): not re-admitted now
                     elif not stop_admitting:
                         r = self._try_admit(st, step, now)
                         if r == _ADMITTED:
@@ -874,6 +877,20 @@ class Instance:
             self._migrate_to_pnm(victim, now, background=False)
             return
         self.running.remove(victim)
+        if victim.lower_blocks:
+            # preempted while its swap-in copy is in flight (its lower-tier blocks are freed only
+            # when the copy lands): that lower-tier copy is intact and current (a loading request
+            # runs no step), so it goes back to swapped with no copy out, whatever the mode, and
+            # the landing event becomes stale (complete_transfer ignores it)
+            victim.preemptions += 1
+            self.preemptions += 1
+            self._release_hbm(victim)
+            victim.swap_in_end_s = -1.0
+            victim.ready_s = now
+            victim.tier = victim.lower_tier
+            victim.status = SWAPPED
+            self.swapped.append(victim)
+            return
         excess = victim.shared_blocks + victim.private_blocks - self._blocks_for(victim.computed)
         if excess > 0 and victim.private_blocks >= excess:  # blocks allocated for a step it loses
             self.hbm.release_private(excess)
@@ -936,6 +953,7 @@ class Instance:
         st.shared_blocks = 0
         st.next_seg = st.n_cacheable_segments  # swapped-in blocks are private copies
         st.ready_s = end
+        st.swap_in_end_s = end
         st.status = RUNNING
         st.tier = "hbm"
         if not self.prefetch and end > self._step_ready_s:
@@ -953,6 +971,9 @@ class Instance:
             self.recorder.occupancy_change(self, now)
             return
         if st.lower_blocks:
+            if st.status != RUNNING or now != st.swap_in_end_s:
+                return  # stale: preempted again while loading (see _preempt)
+            st.swap_in_end_s = -1.0
             self.pools[st.lower_tier].release_private(st.lower_blocks)
             st.lower_blocks = 0
             st.lower_tier = ""

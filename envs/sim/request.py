@@ -331,7 +331,7 @@ class RequestState:
         "finish_s", "preemptions", "recomputed_tokens", "lost_tokens", "prefix_hit_tokens",
         "self_hit_tokens", "max_itl_s", "bytes_hbm_to_dram", "bytes_dram_to_hbm",
         "bytes_hbm_to_nvme", "bytes_nvme_to_hbm", "reject_reason", "admissions",
-        "pnm_blocks", "on_pnm", "pnm_migrating", "bytes_hbm_to_pnm",
+        "pnm_blocks", "on_pnm", "pnm_migrating", "bytes_hbm_to_pnm", "swap_in_end_s",
     )
 
     def __init__(self, req: Request, block_size_tokens: int, length_class: int) -> None:
@@ -386,6 +386,9 @@ class RequestState:
         self.on_pnm = False
         self.pnm_migrating = False
         self.bytes_hbm_to_pnm = 0
+        # when the swap-in copy in flight lands (s); a landing event at another time is stale
+        # (the request was preempted again while loading)
+        self.swap_in_end_s = -1.0
 
     @property
     def hbm_blocks(self) -> int:
