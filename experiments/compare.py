@@ -86,6 +86,21 @@ class CompareResult:
     axis: str = "policy"
 
 
+def _parse_names(text: str | Sequence[str], flag: str, what: str, make: Callable[[str], Any]) -> list[str]:
+    """Names from comma-separated ``text`` (or a list): non-empty, each once, each known to
+    ``make`` (which raises UnknownPresetError listing the known names)."""
+    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"{flag}={text!r}: give at least one {what} name, comma-separated")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{flag}={text!r}: {dup} given twice")
+    for n in names:
+        make(n)
+    return names
+
+
 def parse_policies(text: str | Sequence[str]) -> list[str]:
     """Policy names from ``"fcfs,ewsjf"`` (or a list), checked against the registry.
 
@@ -95,16 +110,7 @@ def parse_policies(text: str | Sequence[str]) -> list[str]:
     """
     from kvsched.policies.base import make_policy
 
-    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
-    names = [n for n in names if n]
-    if not names:
-        raise ConfigError(f"--policies={text!r}: give at least one policy name, comma-separated")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"--policies={text!r}: {dup} given twice")
-    for n in names:
-        make_policy(n)  # raises UnknownPresetError listing the known policies
-    return names
+    return _parse_names(text, "--policies", "policy", make_policy)
 
 
 def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, dict]:
@@ -190,16 +196,7 @@ def parse_routers(text: str | Sequence[str]) -> list[str]:
     """
     from kvsched.policies.routing import make_router
 
-    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
-    names = [n for n in names if n]
-    if not names:
-        raise ConfigError(f"--routers={text!r}: give at least one router name, comma-separated")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"--routers={text!r}: {dup} given twice")
-    for n in names:
-        make_router(n)
-    return names
+    return _parse_names(text, "--routers", "router", make_router)
 
 
 def parse_router_params(text: str | None, routers: Sequence[str]) -> dict[str, dict]:
