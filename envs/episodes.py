@@ -122,6 +122,24 @@ class EpisodeSource:
             return HELDOUT_SEED_BASE + int(rng.integers(HELDOUT_SEED_BASE)), w
         return int(rng.integers(HELDOUT_SEED_BASE)), w
 
+    def choose(self, rng: np.random.Generator, options: dict | None) -> tuple[Workload, dict]:
+        """An environment's ``reset(options=...)``: the episode's requests and its description.
+
+        ``options`` may fix ``workload_seed`` and/or ``window_index``; the rest is drawn with
+        ``rng`` (:meth:`draw`). Returns ``(workload, {"workload_seed", "window_index", "requests"})``.
+
+        Raises:
+            ConfigError: an unknown option, or an invalid seed / window index.
+        """
+        options = dict(options or {})
+        unknown = set(options) - {"workload_seed", "window_index"}
+        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
+        wseed, widx = self.draw(rng)
+        wseed = options.get("workload_seed", wseed)
+        widx = options.get("window_index", widx)
+        w = self.workload(wseed, widx)
+        return w, {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(w)}
+
     def workload(self, workload_seed: int, window_index: int) -> Workload:
         """The requests of window ``window_index`` of the workload generated with ``workload_seed``.
 

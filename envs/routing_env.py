@@ -89,13 +89,7 @@ class RoutingEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"workload_seed", "window_index"}
-        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
-        wseed, widx = self.source.draw(self.np_random)
-        wseed, widx = options.get("workload_seed", wseed), options.get("window_index", widx)
-        self.workload = self.source.workload(wseed, widx)
-        self.episode = {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(self.workload)}
+        self.workload, self.episode = self.source.choose(self.np_random, options)
         self.cluster = build_cluster(self.source, lambda i: reference(self.policy, None, self.source),
                                      n_instances=self.n_instances)
         self.slo_reward = SLOReward(self.reward_config, self.metrics)

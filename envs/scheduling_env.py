@@ -7,7 +7,6 @@ its decision points into Gymnasium steps (observation: :mod:`.observation`, acti
 
 from __future__ import annotations
 
-import math
 
 import gymnasium as gym
 import numpy as np
@@ -107,14 +106,7 @@ class SchedulingEnv(gym.Env):
     # ------------------------------------------------------------------------------ episode
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"workload_seed", "window_index"}
-        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
-        wseed, widx = self.source.draw(self.np_random)
-        wseed = options.get("workload_seed", wseed)
-        widx = options.get("window_index", widx)
-        self.workload = self.source.workload(wseed, widx)
-        self.episode = {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(self.workload)}
+        self.workload, self.episode = self.source.choose(self.np_random, options)
 
         def policy_for(i: int):
             ref = reference(self.reference_policy, self.reference_params, self.source)

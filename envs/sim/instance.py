@@ -621,28 +621,14 @@ class Instance:
         # allocate the blocks of steps 2..K now (nothing else allocates during the stretch)
         new_blocks = -(-(x + k) // bs) - (-(-(x + 1) // bs))
         total_new = int(new_blocks[~on_pnm].sum()) if has_pnm else int(new_blocks.sum())
-        used0 = self.hbm.used_blocks
-        self._stretch_used = np.empty(k, dtype=np.int64)  # HBM blocks in use during each step
-        self._stretch_used[0] = used0
-        if k > 1:
-            self._stretch_used[1:] = used0 + extra[:k - 1]
+        self._stretch_used = self._reserve_stretch(self.hbm, extra, k, total_new)  # HBM in use per step
         self._stretch_reserved = total_new
-        if total_new:
-            ok = self.hbm.allocate(total_new)
-            assert ok, "stretch block reservation failed"
         self._stretch_pnm_used = None
         self._stretch_pnm_reserved = 0
         if has_pnm:  # PNM: same for the PNM pool
             pnm_new = int(new_blocks[on_pnm].sum())
-            pused0 = self.pnm.used_blocks
-            self._stretch_pnm_used = np.empty(k, dtype=np.int64)
-            self._stretch_pnm_used[0] = pused0
-            if k > 1:
-                self._stretch_pnm_used[1:] = pused0 + extra_pnm[:k - 1]
+            self._stretch_pnm_used = self._reserve_stretch(self.pnm, extra_pnm, k, pnm_new)
             self._stretch_pnm_reserved = pnm_new
-            if pnm_new:
-                ok = self.pnm.allocate(pnm_new)
-                assert ok, "stretch PNM block reservation failed"
         if total_new or has_pnm:
             for (st, _), nb in zip(plan, new_blocks.tolist()):
                 if st.on_pnm:
@@ -652,6 +638,20 @@ class Instance:
         self._stretch_ends = ends
         self._step_start = start
         return float(ends[-1])
+
+    @staticmethod
+    def _reserve_stretch(pool: BlockPool, extra: np.ndarray | None, k: int, n_new: int) -> np.ndarray:
+        """Allocate a stretch's ``n_new`` blocks in ``pool`` now; returns the blocks in use during
+        each of its ``k`` steps (``extra[j-1]``: blocks added by step ``j+1``)."""
+        used0 = pool.used_blocks
+        used = np.empty(k, dtype=np.int64)
+        used[0] = used0
+        if k > 1:
+            used[1:] = used0 + extra[:k - 1]
+        if n_new:
+            ok = pool.allocate(n_new)
+            assert ok, f"stretch block reservation in {pool.name} failed"
+        return used
 
     def _stretch_end_times(self, start: float, horizon_s: float, n: int, s0: int, k_rem: int) -> list[float]:
         """End times of up to ``k_rem`` decode steps of ``n`` requests reading ``s0`` KV tokens
