@@ -192,6 +192,9 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
         for k in base_flags:  # vLLM/SGLang behave as if these were False
             if params.get(k):
                 out.append((f"policy_params.{k}", True, f"{engine} has no flag for it"))
+        mode = params.get("admission_preemption", "never")
+        if mode != "never":  # V1 engines never preempt for a waiting request
+            out.append(("policy_params.admission_preemption", mode, f"{engine} has no flag for it"))
     return native, out
 
 

@@ -19,10 +19,14 @@ Decisions (each has a vLLM-faithful default):
    a cap on one prefill's chunk given the batch planned so far (adaptive chunking), or ``None``.
 6. ``chunked_prefill``: ``False`` makes every prefill run whole in one step (non-preemptive).
 7. ``on_request_finished(now_s, ...)``: feedback when a request completes (for online tuning).
+   Output lengths of finished requests also go to ``output_history``.
 8. ``choose_migrations(table, ...)`` (only with ``uses_pnm`` and a PNM tier in the spec): which
    GPU-resident decodes to move to the processing-near-memory tier now (REFERENCE.md §3.2), and
    ``migration_free_steps(...)``: how many identical decode steps ahead it would move nobody (so
    fast-forwarded stretches stop where one-by-one stepping would migrate).
+9. ``choose_admission_preemption(...)`` (only with ``params.admission_preemption`` set): whether
+   the head of the admission order, blocked for KV blocks, preempts a running request
+   (:mod:`kvsched.policies.preemption`).
 
 ``order_is_static`` declares that the admission order cannot change while the batch is
 unchanged (no arrival, completion or transfer); the simulator only fast-forwards stretches
@@ -102,6 +106,18 @@ class PolicyParams:
             does not (swapped requests resume first); allowing it lets new arrivals push more
             requests out until host memory fills (then preemption falls back to NVMe, then
             recompute).
+        admission_preemption: may the head of the admission order, blocked for KV blocks,
+            preempt a running request? ``"never"`` (vLLM V1, default), ``"always"`` (vLLM V0
+            priority preemption: the largest longer holder goes) or ``"cost-gated"`` (only when
+            the predicted delay removed exceeds the reload or recompute cost and the victim's
+            displacement; :mod:`kvsched.policies.preemption`). Available to every policy.
+        admission_victim_min_tokens: only requests with at least this many tokens (prompt +
+            generated) may be preempted that way; 8192 (kvsched's choice: the long-prompt class
+            boundary of the metrics; pushing out a short request frees little and cascades).
+        max_admission_preemptions: how often one request may be preempted that way; 1
+            (kvsched's choice: bounds the displacement of a long request, no cascades).
+        output_history_window: finished requests whose output lengths the cost gate's expected
+            remaining output is estimated from; 4096 (kvsched's choice).
     """
 
     #: What ``kvsched tune`` may vary: parameter name -> :class:`SearchDim`. Empty here;
@@ -111,6 +127,25 @@ class PolicyParams:
     tier_aware_preemption: bool = False
     prefetch: bool = False
     admit_while_swapped: bool = False
+    admission_preemption: str = "never"
+    admission_victim_min_tokens: int = 8192
+    max_admission_preemptions: int = 1
+    output_history_window: int = 4096
+
+    def __post_init__(self) -> None:
+        from kvsched.envs.sim.errors import require
+
+        from .preemption import ADMISSION_PREEMPTION_MODES
+
+        for name in ("tier_aware_preemption", "prefetch", "admit_while_swapped"):
+            v = getattr(self, name)
+            require(isinstance(v, bool), f"PolicyParams.{name}", v, "true or false")
+        require(self.admission_preemption in ADMISSION_PREEMPTION_MODES, "PolicyParams.admission_preemption",
+                self.admission_preemption, "one of " + ", ".join(ADMISSION_PREEMPTION_MODES))
+        for name in ("admission_victim_min_tokens", "max_admission_preemptions", "output_history_window"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"PolicyParams.{name}", v,
+                    "an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -140,8 +175,12 @@ class SchedulerPolicy:
     uses_pnm = False  # True: the instance asks choose_migrations every step (needs spec.pnm)
 
     def __init__(self, params: PolicyParams | None = None) -> None:
+        from .preemption import OutputLengthHistory
+
         self.params = params if params is not None else self.params_cls()
         self.ctx: PolicyContext | None = None
+        #: output lengths of this instance's finished requests (what the cost gate estimates from)
+        self.output_history = OutputLengthHistory(getattr(self.params, "output_history_window", 4096))
 
     def bind(self, ctx: PolicyContext) -> None:
         """Called once by the instance before the first decision."""
@@ -194,6 +233,21 @@ class SchedulerPolicy:
         per_block = best_cost / np.maximum(table.hbm_blocks, 1)
         row = int(np.argmin(per_block))
         return row, modes[int(best_mode[row])]
+
+    def choose_admission_preemption(self, running: FeatureTable, eligible: np.ndarray, freed_blocks: np.ndarray,
+                                    waiting: FeatureTable, waiting_blocks: np.ndarray, available_blocks: int,
+                                    seats: int, costs_s: dict[str, np.ndarray],
+                                    default_mode: str) -> tuple[int, str] | None:
+        """Victim row of ``running`` and mode to make room for the blocked head of ``waiting``.
+
+        Asked only when ``params.admission_preemption`` is not ``"never"`` and the head of the
+        admission order cannot get its KV blocks. Returns ``None`` to keep waiting (vLLM V1).
+        Arguments and rules: :func:`kvsched.policies.preemption.choose_admission_preemption`.
+        """
+        from .preemption import choose_admission_preemption
+
+        return choose_admission_preemption(self, running, eligible, freed_blocks, waiting, waiting_blocks,
+                                           available_blocks, seats, costs_s, default_mode)
 
     def token_budget(self, default: int) -> int:
         """Tokens per step; default the spec's ``max_num_batched_tokens``."""

@@ -160,6 +160,7 @@ class EWSJFParams(PolicyParams):
     seed: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(_is_num(self.weighting_factor) and self.weighting_factor >= 0,
                 "EWSJFParams.weighting_factor", self.weighting_factor, "a finite number >= 0")
         for name in ("step_size", "initial_queues", "initial_queue_width", "empty_queue_threshold",

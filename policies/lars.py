@@ -88,6 +88,7 @@ class LARSParams(PolicyParams):
     chunk_multiple_tokens: int = 16
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
             v = getattr(self, name)
             require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,

@@ -75,6 +75,7 @@ class PNMParams(PolicyParams):
     max_pnm_attention_s: float | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         o = "PNMParams"
         require(_is_int(self.length_threshold_tokens) and self.length_threshold_tokens >= 1,
                 f"{o}.length_threshold_tokens", self.length_threshold_tokens, "an integer >= 1")

@@ -28,6 +28,7 @@ class SarathiParams(PolicyParams):
     token_budget: int = 512
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(isinstance(self.token_budget, int) and not isinstance(self.token_budget, bool)
                 and self.token_budget >= 16, "SarathiParams.token_budget", self.token_budget,
                 "an integer >= 16 (tokens per step)")

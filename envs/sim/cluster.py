@@ -434,6 +434,7 @@ class Cluster:
             "fast_forward_stretches": sum(i.stretches for i in self.instances),
             "fast_forward_steps": sum(i.stretch_steps for i in self.instances),
             "preemptions": sum(i.preemptions for i in self.instances),
+            "admission_preemptions": sum(i.admission_preemptions for i in self.instances),
             "mean_batch_size": (sum(i.sum_batch for i in self.instances)
                                 / max(1, sum(i.steps for i in self.instances))),
             "link_bytes": {name: sum(i.links[name].bytes_moved for i in self.instances)

@@ -71,7 +71,7 @@ class _StepBuild:
     """Mutable state while one step's batch is composed."""
 
     __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
-                 "kv_tokens", "prefill_slot")
+                 "kv_tokens", "prefill_slot", "admission_order", "displaced")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -84,6 +84,8 @@ class _StepBuild:
         self.n_tokens = 0  # the batch so far, in the cost model's terms (attn2 = 2 x pairs)
         self.attn2 = 0
         self.kv_tokens = 0
+        self.admission_order: list[RequestState] = []  # waiting candidates in admission order
+        self.displaced: list[RequestState] = []  # preempted for a blocked waiting request (recompute)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,9 @@ class Instance:
             raise ValueError(f"policy {policy.name!r} gave token_budget={self.budget}; must be >= 1")
         self.prefetch = bool(getattr(policy.params, "prefetch", False))
         self.admit_while_swapped = bool(getattr(policy.params, "admit_while_swapped", False))
+        # may a blocked waiting request preempt a running one (kvsched.policies.preemption)?
+        self.admission_preemption = getattr(policy.params, "admission_preemption", "never") != "never"
+        self.admission_preemptions = 0
         self.chunked = spec.enable_chunked_prefill if policy.chunked_prefill is None else bool(policy.chunked_prefill)
         if not self.chunked:
             self.long_threshold = 0
@@ -257,6 +262,7 @@ class Instance:
                         and len(running) < spec.max_seqs:
                     order = self.policy.order_waiting(FeatureTable(self.waiting, now, self.options.oracle_lengths))
                     cands = list(self.waiting) if order is None else [self.waiting[int(r)] for r in order]
+                    step.admission_order = cands
                     self._admit_in_order(cands, step, now, keep_queue_order=order is None)
                     waiting_blocked_static = self.policy.order_is_static
         else:
@@ -283,6 +289,9 @@ class Instance:
                 order = self.policy.order_prefills(
                     FeatureTable(cands, now, self.options.oracle_lengths, running=is_running))
                 ordered = cands if order is None else [cands[int(r)] for r in order]
+                if self.admission_preemption:
+                    step.admission_order = [c for c in ordered if c.status != RUNNING and id(c) not in
+                                            {id(s) for s in partial_runs}]
                 admitted: list[RequestState] = []
                 stop_admitting = False
                 was_running = {id(s) for s in partial_runs}
@@ -301,9 +310,10 @@ class Instance:
                         elif r == _STOP:
                             stop_admitting = True
                 if admitted:
-                    gone = {id(a) for a in admitted}
-                    self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+                    self._drop_admitted(admitted, step)
                 waiting_blocked_static = self.policy.order_is_static
+        if step.displaced:  # back at the head of the queue, behind the requests they made room for
+            self.waiting.extendleft(reversed(step.displaced))
 
         plan = step.plan
         if not plan:
@@ -316,7 +326,8 @@ class Instance:
         self._plan = plan
         if (self.options.fast_forward and not step.preempted and not self.swapped
                 and len(plan) == len(running)
-                and (not self.waiting or (waiting_blocked_static and self.shared_kv is None))
+                and (not self.waiting or (waiting_blocked_static and self.shared_kv is None
+                                          and not self.admission_preemption))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             end = self._plan_stretch(start, horizon_s)
@@ -737,8 +748,20 @@ class Instance:
                 for _ in admitted:
                     self.waiting.popleft()
             else:
-                gone = {id(a) for a in admitted}
-                self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+                self._drop_admitted(admitted, step)
+
+    def _drop_admitted(self, admitted: list[RequestState], step: "_StepBuild") -> None:
+        """Take this step's admitted requests out of the waiting queue.
+
+        One that was preempted again later in the same step (recompute puts it back at the queue
+        head) stays there once; admission-preemption victims come back via ``step.displaced``.
+        """
+        gone = {id(a) for a in admitted}
+        shown = {id(d) for d in step.displaced}
+        requeued = [a for a in admitted if a.status == WAITING and id(a) not in shown]
+        self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+        if requeued:
+            self.waiting.extendleft(reversed(requeued))
 
     def _try_admit(self, st: RequestState, step: "_StepBuild", now: float) -> int:
         """Try to give a waiting request cache residency and its first chunk.
@@ -772,7 +795,9 @@ class Instance:
         hit_blocks = hit * (st.seg_tokens // self.bs) if hit else 0
         evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
         need = self._blocks_for(hit_tokens + n) - hit_blocks
-        if need > hbm.available_blocks - evictable_hit:
+        if need > hbm.available_blocks - evictable_hit and not (
+                self.admission_preemption and self._preempt_for_admission(st, evictable_hit, step, now)
+                and need <= hbm.available_blocks - evictable_hit):
             self._blocked_hit_hashes = hit_hashes
             return _STOP
         first_admission = st.admissions == 0
@@ -829,6 +854,76 @@ class Instance:
                 return False
             if self.hbm.allocate(need):
                 return True
+
+    def _preempt_for_admission(self, head: RequestState, evictable_hit: int, step: "_StepBuild",
+                               now: float) -> bool:
+        """Ask the policy whether blocked ``head`` may preempt a running request; do it if so.
+
+        Candidates: running requests in HBM and not loading (nor on PNM), preempted this way
+        fewer than ``max_admission_preemptions`` times, longer (prompt + generated tokens) than the
+        head and at least ``admission_victim_min_tokens`` long. A victim planned in this step leaves the plan. A victim that goes back to
+        waiting (recompute) re-enters the queue head after this step's admissions, so the
+        requests it made room for go first. Returns whether one was preempted.
+        """
+        running = self.running
+        params = self.policy.params
+        limit = params.max_admission_preemptions
+        head_len = max(head.prompt_tokens + head.generated, params.admission_victim_min_tokens - 1)
+        eligible = np.fromiter(
+            (r.status == RUNNING and r.ready_s <= now and not (r.on_pnm or r.pnm_migrating) and not r.lower_blocks
+             and r.admission_preemptions < limit and r.prompt_tokens + r.generated > head_len
+             for r in running), bool, count=len(running))
+        if not eligible.any():
+            return False
+        hbm = self.hbm
+        freed = np.fromiter((r.private_blocks + sum(hbm.segments[h].n_blocks for h in r.shared
+                                                    if hbm.segments[h].refs == 1) for r in running),
+                            np.int64, count=len(running))
+        queue = step.admission_order
+        k0 = next((i for i, c in enumerate(queue) if c is head), None)
+        waiting_states = [head] + ([c for c in queue[k0 + 1:] if c.status == WAITING] if k0 is not None else [])
+        waiting_states = waiting_states[:self.spec.max_seqs]
+        waiting_blocks = np.fromiter((self._blocks_for(c.prompt_tokens + c.generated + 1) for c in waiting_states),
+                                     np.int64, count=len(waiting_states))
+        costs = self._preemption_costs(running)
+        costs.pop("migrate", None)
+        oracle = self.options.oracle_lengths
+        choice = self.policy.choose_admission_preemption(
+            FeatureTable(running, now, oracle), eligible, freed, FeatureTable(waiting_states, now, oracle),
+            waiting_blocks, hbm.available_blocks - evictable_hit, self.spec.max_seqs - len(running), costs,
+            self.spec.preemption_mode)
+        if choice is None:
+            return False
+        row, mode = choice
+        if not (0 <= row < len(running)) or not eligible[row]:
+            raise ValueError(f"policy {self.policy.name!r} chose row {row} for admission preemption; "
+                             f"allowed: eligible rows {np.flatnonzero(eligible).tolist()}")
+        victim = running[row]
+        if victim.rid in step.planned:
+            for k, (s_, _) in enumerate(step.plan):
+                if s_ is victim:
+                    del step.plan[k]
+                    break
+            step.planned.discard(victim.rid)
+            self._recount(step)
+        victim.admission_preemptions += 1
+        self.admission_preemptions += 1
+        step.preempted = True
+        self._preempt(victim, now, mode)
+        if victim.status == WAITING:  # recompute: not re-admitted before the requests it made room for
+            self.waiting.remove(victim)
+            step.displaced.append(victim)
+        return True
+
+    def _recount(self, step: "_StepBuild") -> None:
+        """Recompute a step's budget and batch counters from its plan (after a victim left it)."""
+        plan = step.plan
+        step.plan, step.planned = [], set()
+        step.budget = self.budget
+        step.partial = step.long_partial = step.n_tokens = step.attn2 = step.kv_tokens = 0
+        for st, n in plan:
+            to_compute = st.prompt_tokens + st.generated - st.computed
+            self._count(st, n, n < to_compute, step)
 
     def _preemption_costs(self, candidates: list[RequestState]) -> dict[str, np.ndarray]:
         """Seconds each preemption mode would cost each candidate (REFERENCE.md §5.4).
@@ -1141,6 +1236,8 @@ class Instance:
             st.finish_s = now
             rec.record(st)
             self.policy.on_request_finished(now, st.arrival_s, st.first_token_s, st.prompt_tokens, st.generated)
+            if self.admission_preemption:
+                self.policy.output_history.add(st.generated)
         rec.occupancy_change(self, now)
         if self.options.check_invariants:
             self.check()

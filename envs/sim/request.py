@@ -332,6 +332,7 @@ class RequestState:
         "self_hit_tokens", "max_itl_s", "bytes_hbm_to_dram", "bytes_dram_to_hbm",
         "bytes_hbm_to_nvme", "bytes_nvme_to_hbm", "reject_reason", "admissions",
         "pnm_blocks", "on_pnm", "pnm_migrating", "bytes_hbm_to_pnm", "swap_in_end_s",
+        "admission_preemptions",
     )
 
     def __init__(self, req: Request, block_size_tokens: int, length_class: int) -> None:
@@ -380,6 +381,7 @@ class RequestState:
         self.bytes_nvme_to_hbm = 0
         self.reject_reason = ""
         self.admissions = 0
+        self.admission_preemptions = 0  # times preempted for a blocked waiting request
         # PNM tier (REFERENCE §3): blocks held there, whether its decode attention runs there,
         # whether a background GPU->PNM copy is in flight (HBM blocks still held until it lands)
         self.pnm_blocks = 0

@@ -1,0 +1,203 @@
+"""Admission preemption: may a blocked waiting request push a running one out of HBM?
+
+When the head of the admission order cannot get KV blocks, vLLM V1 stops admitting and waits
+(``schedule()`` breaks out of its waiting loop; REFERENCE.md §4.1). vLLM V0 under
+``--scheduling-policy priority`` instead preempts lower-priority running requests for it
+(``Scheduler._schedule_priority_preemption``, vllm/core/scheduler.py, v0.6). The project's brief
+(§ "Preemption and the KV cache eviction cost it is meant to avoid") states when that pays: only
+if reloading or recomputing the evicted blocks costs less than the delay the victim was causing
+by sitting in HBM; at long contexts without a lower tier it stops paying. Three modes
+(``PolicyParams.admission_preemption``):
+
+* ``"never"``: vLLM V1 (the default everywhere).
+* ``"always"``: the ordering instinct. The blocked head preempts the running request holding
+  the most HBM blocks among the long ones (``admission_victim_min_tokens``) longer than it whose
+  blocks make it fit.
+* ``"cost-gated"`` (kvsched's rule, **[inferred]** from the brief and REFERENCE.md §5.4): the same
+  candidates, but a victim is preempted only when the predicted delay removed exceeds the
+  predicted delay added, both in request-seconds:
+
+  - delay removed = sum over the waiting requests the victim's blocks would admit now
+    (admission order, while blocks and seats last) of the time each would otherwise wait for
+    blocks: the running requests' predicted remaining times, sorted, until the blocks they
+    free cover that request's shortfall;
+  - delay added = the victim's displacement (until the admitted requests finish: the longest
+    of their predicted service times) + its reload cost (recompute = predicted re-prefill;
+    swap/offload = copy out and back in, REFERENCE.md §5.4) + the reload cost borne by others:
+    a recompute adds its prefill to the GPU's work, so every other running and waiting request
+    is delayed by it; a swap-out is synchronous (the step waits for it, vLLM V0), and so is a
+    swap-in without prefetch, each delaying the other running requests.
+
+A request's remaining time is its remaining prefill (``CostModel.prefill_time_s``) plus its
+expected remaining output times the current decode step time (``CostModel.decode_step_time_s``
+of the running batch). The expected remaining output is exact under oracle lengths; otherwise
+it is the mean residual life of the output lengths of the last ``window`` finished requests,
+``E[O - g | O > g]`` (kvsched's choice), and ``g`` itself (the request has decoded ``g`` tokens:
+as many again) while no finished request was longer, at least one token. Each request can be
+preempted this way at most ``max_admission_preemptions`` times, so a long request cannot be
+pushed out forever and preemptions cannot cascade.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from kvsched.envs.sim.features import FeatureTable
+
+#: Values of ``PolicyParams.admission_preemption``.
+ADMISSION_PREEMPTION_MODES = ("never", "always", "cost-gated")
+#: Preemption modes an admission preemption may use (migration to PNM is the ``pnm`` policy's).
+_MODES = ("recompute", "swap", "offload")
+
+
+class OutputLengthHistory:
+    """Output lengths (tokens) of the last ``window`` finished requests of one instance.
+
+    What a real scheduler can know about output lengths: those of requests that have finished.
+    """
+
+    def __init__(self, window: int = 4096) -> None:
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window={window!r} must be an int >= 1")
+        self._recent: deque[int] = deque(maxlen=window)
+        self._sorted: np.ndarray | None = None
+        self._suffix: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def add(self, output_tokens: int) -> None:
+        """Record one finished request's output length (tokens)."""
+        self._recent.append(int(output_tokens))
+        self._sorted = None
+
+    def expected_remaining(self, generated_tokens: np.ndarray) -> np.ndarray:
+        """Expected remaining output tokens, ``E[O - g | O > g]``, per entry of ``g``.
+
+        Args:
+            generated_tokens: tokens each request has decoded so far, shape ``(n,)``, int.
+
+        Returns:
+            float64 array of shape ``(n,)``, each >= 1: the mean residual over recorded lengths
+            above ``g``, or ``max(g, 1)`` when none is above ``g``.
+        """
+        g = np.asarray(generated_tokens, dtype=np.float64)
+        if self._sorted is None and self._recent:
+            self._sorted = np.sort(np.fromiter(self._recent, np.float64, count=len(self._recent)))
+            self._suffix = np.concatenate([np.cumsum(self._sorted[::-1])[::-1], [0.0]])
+        fallback = np.maximum(g, 1.0)
+        if self._sorted is None:
+            return fallback
+        idx = np.searchsorted(self._sorted, g, side="right")
+        above = self._sorted.size - idx
+        with np.errstate(invalid="ignore", divide="ignore"):
+            residual = self._suffix[idx] / above - g
+        return np.where(above > 0, np.maximum(residual, 1.0), fallback)
+
+
+def remaining_time_s(cost, table: FeatureTable, remaining_output: np.ndarray, decode_step_s: float) -> np.ndarray:
+    """Predicted seconds until each row of ``table`` finishes: remaining prefill + decode.
+
+    Args:
+        cost: the instance's :class:`~kvsched.envs.sim.cost_model.CostModel`.
+        table: the requests (running or waiting).
+        remaining_output: expected output tokens still to decode per row, shape ``(n,)``.
+        decode_step_s: seconds of one decode step of the current batch.
+
+    Returns:
+        float64 array of shape ``(n,)``.
+    """
+    total = table.prompt_tokens + table.generated_tokens
+    done = np.minimum(table.computed_tokens, total)
+    prefill = np.where(total - done > 1, cost.prefill_time_s(total, done), 0.0)
+    return prefill + remaining_output * decode_step_s
+
+
+def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndarray, freed_blocks: np.ndarray,
+                                waiting: FeatureTable, waiting_blocks: np.ndarray, available_blocks: int,
+                                seats: int, costs_s: dict[str, np.ndarray],
+                                default_mode: str) -> tuple[int, str] | None:
+    """The victim row of ``running`` and the mode, or ``None`` (keep waiting); see the module doc.
+
+    Args:
+        policy: the deciding :class:`~kvsched.policies.base.SchedulerPolicy` (its ``params``,
+            ``ctx.cost`` and ``output_history``).
+        running: every running request (admission order).
+        eligible: bool, shape ``(len(running),)``: rows that may be preempted (in HBM, not
+            loading, below ``max_admission_preemptions``, longer than the blocked head).
+        freed_blocks: HBM blocks each row would make available, shape ``(len(running),)``.
+        waiting: the blocked head and the waiting requests behind it, in admission order.
+        waiting_blocks: HBM blocks each waiting row needs for its prompt, shape ``(len(waiting),)``.
+        available_blocks: HBM blocks available now (free + evictable) for the head.
+        seats: running slots left (``max_num_seqs`` minus running).
+        costs_s: seconds per mode and row, as for ``choose_preemption`` (``inf``: infeasible).
+        default_mode: the spec's ``preemption_mode``.
+    """
+    p = policy.params
+    rows = np.flatnonzero(eligible & (freed_blocks + available_blocks >= waiting_blocks[0]))
+    if rows.size == 0:
+        return None
+    modes = [m for m in _MODES if m in costs_s]
+    if p.tier_aware_preemption:
+        cost = np.vstack([costs_s[m] for m in modes])
+        pick = np.argmin(cost, axis=0)
+        mode_of = [modes[int(k)] for k in pick]
+        reload_s = cost[pick, np.arange(cost.shape[1])]
+    else:
+        # as _preempt: a swap (offload) that finds no room falls back to NVMe, then to recompute
+        chain = {"swap": ("swap", "offload", "recompute"), "offload": ("offload", "recompute")}.get(
+            default_mode, ("recompute",))
+        mode_of, reload_s = [], np.empty(len(running))
+        for r in range(len(running)):
+            m = next(m for m in chain if m in costs_s and np.isfinite(costs_s[m][r]))
+            mode_of.append(m)
+            reload_s[r] = costs_s[m][r]
+    if p.admission_preemption == "always":
+        r = int(rows[np.argmax(freed_blocks[rows])])  # the largest holder: frees the most
+        return r, mode_of[r]
+
+    cost_model = policy.ctx.cost
+    history = policy.output_history
+    if running.oracle_lengths:
+        rem_run = np.maximum(running.output_tokens - running.generated_tokens, 0).astype(np.float64)
+        rem_wait = np.maximum(waiting.output_tokens - waiting.generated_tokens, 1).astype(np.float64)
+    else:
+        rem_run = history.expected_remaining(running.generated_tokens)
+        rem_wait = history.expected_remaining(waiting.generated_tokens)
+    ctx = running.computed_tokens
+    decode_step_s = float(cost_model.decode_step_time_s(len(running), int(ctx.sum())))
+    t_run = remaining_time_s(cost_model, running, rem_run, decode_step_s)
+    t_wait = remaining_time_s(cost_model, waiting, rem_wait, decode_step_s)
+    n_running, n_waiting = len(running), len(waiting)
+    best, best_gain = None, 0.0
+    for r in rows:
+        # the waiting requests r's blocks admit now, in admission order
+        room = available_blocks + freed_blocks[r]
+        cum = np.cumsum(waiting_blocks)
+        k = int(min(np.searchsorted(cum, room, side="right"), seats + 1))
+        if k == 0:
+            continue
+        # without preemption: request j waits until finishing requests free its shortfall
+        others = np.delete(np.arange(n_running), r)
+        order = others[np.argsort(t_run[others], kind="stable")]
+        freed_by = np.concatenate([[0], np.cumsum(freed_blocks[order])])
+        finish_s = np.concatenate([[0.0], t_run[order]])
+        # r itself frees its blocks when it finishes, too
+        short = cum[:k] - available_blocks
+        idx = np.searchsorted(freed_by, short, side="left")
+        wait_s = np.where(idx < freed_by.size, finish_s[np.minimum(idx, freed_by.size - 1)], np.inf)
+        wait_s = np.minimum(np.where(short > 0, wait_s, 0.0), t_run[r])
+        removed = float(wait_s.sum())
+        m = mode_of[r]
+        if m == "recompute":
+            collateral = reload_s[r] * (n_running - 1 + n_waiting)
+        else:
+            half = reload_s[r] / 2.0
+            collateral = half * (n_running - 1) * (1 if p.prefetch else 2)
+        added = float(t_wait[:k].max()) + reload_s[r] + collateral
+        gain = removed - added
+        if gain > best_gain:
+            best, best_gain = int(r), gain
+    return None if best is None else (best, mode_of[best])
