@@ -861,9 +861,12 @@ class Instance:
 
         Candidates: running requests in HBM and not loading (nor on PNM), preempted this way
         fewer than ``max_admission_preemptions`` times, longer (prompt + generated tokens) than the
-        head and at least ``admission_victim_min_tokens`` long. A victim planned in this step leaves the plan. A victim that goes back to
-        waiting (recompute) re-enters the queue head after this step's admissions, so the
-        requests it made room for go first. Returns whether one was preempted.
+        head and at least ``admission_victim_min_tokens`` long. A victim planned in this step
+        leaves the plan. A victim that goes back to waiting (recompute) re-enters the queue head
+        after this step's admissions, so the requests it made room for go first.
+
+        Returns whether one was preempted. Raises ``ValueError`` if the policy names a row that
+        is not eligible.
         """
         running = self.running
         params = self.policy.params
