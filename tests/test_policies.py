@@ -347,3 +347,21 @@ def test_expected_remaining_output_is_the_mean_residual_of_finished_lengths():
         h.add(n)
     # g=0: mean 53.3; g=30: mean of {100, 40} - 30 = 40; g=100: none above -> g itself
     np.testing.assert_allclose(h.expected_remaining(np.array([0, 30, 100])), [160 / 3, 40.0, 100.0])
+
+
+def test_prefetch_policy_is_fcfs_with_prefetch_and_tier_aware_preemption():
+    """``prefetch`` (the issue's compare name) = FCFS with both options on, and differs from plain FCFS
+    where there is something to prefetch."""
+    from kvsched.envs.sim.cluster import Cluster
+
+    s = short_only(rate=3.0, dur=60.0)
+    rng = np.random.default_rng(11)
+    mix = with_longs(s, np.sort(rng.uniform(2, 50, 8)), rng.integers(20_000, 40_000, 8), out=400)
+    sp = spec(hbm_kv_blocks=5_000, dram_kv_bytes=64 * 2**30, preemption_mode="swap")
+    named = Cluster([sp], lambda: make_policy("prefetch")).run(mix)
+    flags = Cluster([sp], lambda: make_policy("fcfs", {"prefetch": True, "tier_aware_preemption": True})).run(mix)
+    plain = Cluster([sp], lambda: make_policy("fcfs")).run(mix)
+    assert named.summary == flags.summary
+    assert named.summary["classes"]["all"]["bytes_moved"]["dram_to_hbm"] > 0
+    assert named.summary["classes"]["all"]["itl_s"]["p99"] < plain.summary["classes"]["all"]["itl_s"]["p99"]
+    assert make_policy("prefetch", {"prefetch": False}).params.prefetch is False
