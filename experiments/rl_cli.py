@@ -138,5 +138,7 @@ def cmd_evaluate(args, console) -> int:
         t.add_row(str(r["agent"]), str(r["class"]), str(r["episodes"]),
                   *[f"{r[m]:.4f} ± {r[m + '_ci95']:.4f}" for m in METRICS])
     console.print(t)
-    console.print(f"written: {args.out}/table.csv, table.md, episodes.csv, ttft_cdf.png")
+    written = [n for n in ("table.csv", "table.md", "episodes.csv", "ttft_cdf.png", "learning_curve.png")
+               if (Path(args.out) / n).is_file()]
+    console.print(f"written: {args.out}/" + ", ".join(written))
     return 0
