@@ -3,8 +3,11 @@
 :func:`instance_spec_for` turns an :class:`~kvsched.experiments.groundtruth.Experiment` into the
 served system (groundtruth README "Replaying", step 1): the model preset, H100-SXM, TP,
 ``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len`` when logged, 16-token blocks,
-chunked prefill and prefix caching on, and the vLLM-logged ``total_kv_blocks`` as the HBM KV
-capacity when known (else kvsched derives it from memory). A run with CPU offload on would get
+chunked prefill and prefix caching on, vLLM V1's prefix-cache eviction order
+(``cache_decode_blocks``: a finished request's output blocks stay cached and age in one LRU free
+queue with the prompts, so long outputs evict round-robin prompts from a small cache), and the
+vLLM-logged ``total_kv_blocks`` as the HBM KV capacity when known (else kvsched derives it from
+memory). A run with CPU offload on would get
 a DRAM tier of ``cpu_kv_blocks`` blocks with swap preemption (kvsched's closest mechanism); none
 of the published runs sets it.
 
@@ -76,7 +79,8 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None) -> Instan
     kw: dict = dict(model=get_model(exp.preset), gpu=gpu, tp=exp.tp,
                     max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
-                    enable_chunked_prefill=True, enable_prefix_caching=True, block_size_tokens=16)
+                    enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
+                    block_size_tokens=16)
     if cost is not None:
         kw["cost"] = cost
     spec = InstanceSpec(**kw)

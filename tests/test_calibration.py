@@ -291,14 +291,16 @@ def real():
 
 
 REGRESSION_MAPE = 15.0
-"""Bound on the mean APE over the 7 metrics of each stage of the two guarded runs, with the
-shipped calibration and stages cut to 120 s. They reach 5.3 % and 11.4 % (Llama-2-7B general,
-stages 0 and 1) and 12.4 % (Qwen2.5-7B roleplay) with calibration version 1; one bound for both
-runs, not tuned per run."""
+"""Bound on the mean APE over the 7 metrics of each stage of the guarded runs, with the shipped
+calibration and stages cut to 120 s. They reach 5.3 % and 11.4 % (Llama-2-7B general, stages 0
+and 1), 12.4 % (Qwen2.5-7B roleplay) and 13.6 % (Llama-2-7B reasoning-lite, whose prompts vLLM
+V1's eviction order pushes out of the cache: 18.4 % without ``cache_decode_blocks``) with
+calibration version 1; one bound for all runs, not tuned per run."""
 
 
 @pytest.mark.parametrize("exp_id", ["20260217-231439-llama-2-7b-tp1-general",   # training run
-                                    "64-qwen2-5-7b-instruct-tp1-roleplay-1-1"])  # held out
+                                    "64-qwen2-5-7b-instruct-tp1-roleplay-1-1",  # held out
+                                    "67-llama-2-7b-hf-tp1-reasoning-lite-1-1"])  # held out
 def test_replay_of_real_runs_stays_within_its_current_error(real, exp_id):
     from kvsched.experiments.groundtruth import METRICS
     from kvsched.experiments.replay import ape, replay

@@ -128,6 +128,50 @@ def test_prefix_sharing_changes_what_the_simulator_computes():
     assert ttft(sysonly) > ttft(full)
 
 
+def test_single_free_queue_ages_released_private_blocks_with_cached_segments():
+    from kvsched.envs.sim.kv_cache import BlockPool
+
+    def run(single: bool) -> tuple[bool, bool]:
+        pool = BlockPool("hbm", 10, prefix_caching=True, single_free_queue=single)
+        assert pool.allocate(3) and pool.register_segment(7, 3, creator_id=0)  # request A: cached prompt
+        assert pool.allocate(2)  # request B: 2 private (decode) blocks
+        pool.release_segment(7)  # A finishes first: its prompt ages first ...
+        pool.release_private(2)  # ... then B's decode blocks
+        pool.check()
+        assert pool.available_blocks == 10
+        assert pool.allocate(5)  # the 5 never-used blocks: nothing evicted in either mode
+        kept_after_5 = 7 in pool.segments
+        assert pool.allocate(2) and pool.check() is None
+        return kept_after_5, 7 in pool.segments
+
+    # simple pool: B's private blocks are free again and used before evicting A's prompt
+    assert run(False) == (True, True)
+    # vLLM V1's one LRU queue: A's prompt is older than B's decode blocks, so it goes first
+    assert run(True) == (True, False)
+
+
+def test_cached_decode_blocks_evict_round_robin_prompts_from_a_small_cache():
+    # 8 prompts of 100 + 300 tokens sent round-robin, 320 output tokens each, 260 KV blocks
+    c = cfg(num_groups=4, users_per_group=2, system_prompt_len=100, question_len=300, output_len=320,
+            stages=[(2.0, 12.0)])
+
+    def second_round_hits(cache_decode_blocks: bool, blocks: int) -> set:
+        spec = InstanceSpec(model=get_model("Llama-2-7B"), gpu=get_gpu("H100-SXM"), max_num_batched_tokens=2048,
+                            max_num_seqs=128, max_model_len=1024, hbm_kv_blocks=blocks, cost=CostParams(),
+                            cache_decode_blocks=cache_decode_blocks)
+        return set(simulate(generate(c, 0), spec).records["prefix_hit_tokens"].iloc[c.num_users:])
+
+    # simple pool: every repeat hits all full blocks but the last (399 // 16 * 16)
+    assert second_round_hits(False, 260) == {384}
+    # vLLM V1: finished requests' output blocks age with the prompts and push the questions out;
+    # only the system prompts (6 blocks, shared by the two users of a group) survive
+    assert second_round_hits(True, 260) == {96}
+    # with room for prompts and outputs both modes hit everything
+    assert second_round_hits(True, 300) == {384}
+    with pytest.raises(ConfigError, match="cache_decode_blocks"):
+        InstanceSpec(model=get_model("Llama-2-7B"), gpu=get_gpu("H100-SXM"), cache_decode_blocks="yes")
+
+
 # ------------------------------------------------------------------------------------------------
 # the real runs (need shared/groundtruth)
 

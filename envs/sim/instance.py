@@ -127,7 +127,8 @@ class Instance:
         self.options = options
         self.cost = CostModel(spec)
         self.bs = spec.block_size_tokens
-        self.hbm = BlockPool("hbm", spec.num_hbm_blocks, spec.enable_prefix_caching)
+        self.hbm = BlockPool("hbm", spec.num_hbm_blocks, spec.enable_prefix_caching,
+                             single_free_queue=spec.cache_decode_blocks)
         self.dram = BlockPool("dram", spec.num_dram_blocks)
         self.nvme = BlockPool("nvme", spec.num_nvme_blocks)
         self.pnm = BlockPool("pnm", spec.num_pnm_blocks)  # PNM: capacity 0 without spec.pnm
@@ -1154,6 +1155,17 @@ class Instance:
         st.tier = "hbm"
 
     def _release_hbm(self, st: RequestState) -> None:
+        if self.hbm.single_free_queue:
+            # vLLM V1 frees a request's blocks in reverse order (tail first): its private
+            # (decode / partial) blocks age oldest, its root prefix segment youngest
+            if st.private_blocks:
+                self.hbm.release_private(st.private_blocks)
+            for h in reversed(st.shared):
+                self.hbm.release_segment(h)
+            st.shared = []
+            st.shared_blocks = 0
+            st.private_blocks = 0
+            return
         for h in st.shared:
             self.hbm.release_segment(h)
         if st.private_blocks:

@@ -16,6 +16,13 @@ Mechanisms and sources:
 - **LRU reuse of freed cached blocks**: when the last reference to a segment goes, its blocks
   stay cached but become evictable, oldest first (vLLM's free-block queue). Never-cached free
   blocks are used before evicting cached ones (as vLLM's free queue front holds them).
+- **One LRU free queue** (``single_free_queue``, InstanceSpec ``cache_decode_blocks``): vLLM V1
+  hashes every full block, generated tokens included, and ``BlockPool.free_blocks`` appends all
+  freed blocks of a request to the tail of one free queue (vLLM <= 0.23). Released private
+  blocks (a request's decode blocks and partial last block, never reused by a later prompt)
+  then join the LRU as one anonymous run in free order instead of the free pool: allocation
+  takes never-used blocks first, then pops the LRU head, evicting a cached segment only when
+  the head is one. So long outputs push cached prompts out of a small cache.
 - **Lower tiers** (DRAM, NVMe) hold swapped or offloaded requests' blocks privately (no prefix
   cache there yet).
 
@@ -49,17 +56,22 @@ class BlockPool:
         name: tier name (``"hbm"``, ``"dram"`` or ``"nvme"``).
         capacity_blocks: number of KV blocks the tier holds (>= 0; HBM must be >= 1).
         prefix_caching: whether freed segments stay cached for reuse (HBM only).
+        single_free_queue: with ``prefix_caching``, released private blocks age in the LRU with
+            the cached segments (vLLM V1's one free queue, see the module docstring) instead of
+            returning to the free pool. Default False.
 
     Attributes:
         free_blocks: blocks holding nothing.
-        evictable_blocks: blocks of cached segments nobody references (LRU order).
+        evictable_blocks: blocks in the LRU queue: cached segments nobody references and, with
+            ``single_free_queue``, released private blocks waiting for reuse (LRU order).
         used_blocks: blocks referenced by at least one request.
     """
 
     __slots__ = ("name", "capacity_blocks", "prefix_caching", "free_blocks", "used_blocks",
-                 "evictable_blocks", "segments", "_lru", "evicted_segments")
+                 "evictable_blocks", "segments", "_lru", "evicted_segments", "single_free_queue", "_next_anon")
 
-    def __init__(self, name: str, capacity_blocks: int, prefix_caching: bool = False) -> None:
+    def __init__(self, name: str, capacity_blocks: int, prefix_caching: bool = False,
+                 single_free_queue: bool = False) -> None:
         if capacity_blocks < 0:
             raise ConfigError(f"{name} capacity_blocks={capacity_blocks} must be >= 0")
         self.name = name
@@ -71,6 +83,8 @@ class BlockPool:
         self.segments: dict[int, Segment] = {}
         self._lru: OrderedDict[int, int] = OrderedDict()
         self.evicted_segments = 0
+        self.single_free_queue = bool(single_free_queue and prefix_caching)
+        self._next_anon = 0
 
     # -------------------------------------------------------------------------------- queries
     @property
@@ -113,10 +127,10 @@ class BlockPool:
             return False
         while self.free_blocks < n_blocks:
             h, nb = self._lru.popitem(last=False)
-            del self.segments[h]
             self.evictable_blocks -= nb
             self.free_blocks += nb
-            self.evicted_segments += 1
+            if self.segments.pop(h, None) is not None:
+                self.evicted_segments += 1
         self.free_blocks -= n_blocks
         self.used_blocks += n_blocks
         return True
@@ -124,6 +138,11 @@ class BlockPool:
     def release_private(self, n_blocks: int) -> None:
         """Return ``n_blocks`` private blocks to the free pool."""
         self.used_blocks -= n_blocks
+        if self.single_free_queue and n_blocks > 0:
+            self._lru[("free", self._next_anon)] = n_blocks
+            self._next_anon += 1
+            self.evictable_blocks += n_blocks
+            return
         self.free_blocks += n_blocks
 
     def acquire_segment(self, h: int) -> int:

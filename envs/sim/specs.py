@@ -606,6 +606,15 @@ class InstanceSpec:
         max_num_partial_prefills, max_long_partial_prefills: vLLM flags of the same names, 1 and
             1 (REFERENCE §4.1); 1 <= long <= partial.
         enable_chunked_prefill, enable_prefix_caching: True, True (vLLM V1 defaults, §4.1).
+        cache_decode_blocks: with prefix caching, whether a request's decode-phase blocks stay
+            cached after it finishes and age in the same LRU free queue as its prompt blocks,
+            default False. vLLM V1 hashes every full block, generated tokens included
+            (``KVCacheManager.allocate_slots`` -> ``cache_blocks`` up to the computed tokens),
+            and ``BlockPool.free_blocks`` appends every freed block of a finished request, in
+            reverse order, to the tail of one LRU free queue (vLLM <= 0.23; the GT runs used
+            0.8-0.11). So never-reused output blocks push cached prompts towards eviction. False
+            keeps kvsched's simpler pool, where a request's private blocks return to a free pool
+            used before any cached segment is evicted.
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
         pnm: an optional processing-near-memory KV tier (:class:`PNMSpec`), None (default) =
@@ -643,6 +652,7 @@ class InstanceSpec:
     max_long_partial_prefills: int = 1
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    cache_decode_blocks: bool = False
     preemption_mode: str = "recompute"
     cost: CostParams | None = None
     pnm: PNMSpec | None = None
@@ -705,7 +715,7 @@ class InstanceSpec:
         require(self.max_long_partial_prefills <= self.max_num_partial_prefills,
                 f"{o}.max_long_partial_prefills", self.max_long_partial_prefills,
                 f"<= max_num_partial_prefills={self.max_num_partial_prefills}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks"):
             require(isinstance(getattr(self, name), bool), f"{o}.{name}", getattr(self, name), "true or false")
         require(self.preemption_mode in PREEMPTION_MODES, f"{o}.preemption_mode", self.preemption_mode,
                 f"one of {', '.join(PREEMPTION_MODES)}")
@@ -1002,7 +1012,7 @@ _INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_n
 _OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
 _STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode")
-_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching")
+_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
 
 
 def _as_float(value: Any, where: str) -> float:
