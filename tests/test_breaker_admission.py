@@ -1,0 +1,120 @@
+"""Breaker findings (break4) on admission preemption (issue #4): ``admission_preemption`` in
+``policies/preemption.py`` / ``Instance._preempt_for_admission`` and the Gymnasium adapters.
+
+Defect tests (``test_defect_*``) reproduce one real defect each and assert the correct behaviour;
+they failed on the code as reviewed (commit c76fbb0). Small workloads: seconds each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.request import Request, Workload
+from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
+from kvsched.policies.base import make_policy
+from kvsched.policies.fcfs import FCFS
+
+
+def spec(**kw) -> InstanceSpec:
+    kw.setdefault("cost", CostParams())  # literature cost parameters, as tests/test_policies.py
+    return InstanceSpec(model=get_model("Llama-3.1-8B"), gpu=get_gpu("H100-SXM"), **kw)
+
+
+def _burst(long_prompt=100_000, long_out=300, n_short=20, at_s=8.0) -> Workload:
+    """tests/test_policies.py's burst: one long request decoding in a nearly full HBM, then shorts."""
+    rng = np.random.default_rng(5)
+    reqs = [Request(0, 0.0, long_prompt, long_out)] + [
+        Request(1 + i, at_s + 0.05 * i, int(rng.integers(200, 600)), int(rng.integers(50, 150)))
+        for i in range(n_short)]
+    return Workload.from_requests(reqs, name="burst")
+
+
+# ------------------------------------------------------------------------------ environments
+def test_defect_agent_policy_crashes_when_the_reference_uses_admission_preemption():
+    """Scheduling-v0 wraps the reference policy in ``AgentPolicy``, which mirrors its ``params``
+    (so the instance turns admission preemption on) but never had ``output_history``: the first
+    finished request raised ``AttributeError: 'AgentPolicy' object has no attribute
+    'output_history'`` (``SchedulingEnv(reference_params={"admission_preemption": "cost-gated"})``
+    crashed in ``reset``/``step``). Without a pending decision the agent must behave exactly as
+    its reference, admission preemptions included."""
+    from kvsched.envs.action import AgentPolicy
+
+    w = _burst()
+    sp = spec(hbm_kv_blocks=6_400, dram_kv_bytes=64 * 2**30, preemption_mode="swap")
+    params = {"admission_preemption": "cost-gated"}
+    ref = Cluster([sp], lambda: make_policy("fcfs", params)).run(w)
+    agent = Cluster([sp], lambda: AgentPolicy(make_policy("fcfs", params))).run(w)
+    assert ref.stats["admission_preemptions"] == 1  # the gate fires in this workload
+    assert agent.stats["admission_preemptions"] == 1
+    assert agent.summary == ref.summary
+
+
+def test_defect_scheduling_env_episode_with_admission_preemption_reference():
+    """The user-facing form of the defect above: an episode of Scheduling-v0 whose reference
+    policy uses admission preemption runs to its end."""
+    import pytest
+
+    pytest.importorskip("gymnasium")
+    from kvsched.envs.scheduling_env import SchedulingEnv
+
+    env = SchedulingEnv(window_s=10.0, max_requests=25,
+                        reference_params={"admission_preemption": "cost-gated"})
+    env.reset(seed=0)
+    done, steps = False, 0
+    while not done and steps < 2_000:
+        _, _, term, trunc, info = env.step(env.heuristic_action())
+        done, steps = term or trunc, steps + 1
+    assert done
+    assert env.agent_policy.output_history.__len__() > 0  # finished requests were recorded
+
+
+# ------------------------------------------------------------------------------- the cost gate
+class _Recording(FCFS):
+    """FCFS that records how many waiting requests each admission-preemption decision was shown."""
+
+    shown: list[int]
+
+    def choose_admission_preemption(self, running, eligible, freed_blocks, waiting, *args):
+        self.shown.append(len(waiting))
+        return super().choose_admission_preemption(running, eligible, freed_blocks, waiting, *args)
+
+
+def _victim_burst() -> Workload:
+    """A 9,000-token request decoding in a 700-block HBM, then 12 requests of 600 prompt tokens."""
+    reqs = [Request(0, 0.0, 9000, 1500)] + [Request(1 + i, 3.0 + 0.01 * i, 600, 100) for i in range(12)]
+    return Workload.from_requests(reqs, name="victim-burst")
+
+
+def test_defect_cost_gate_credits_requests_the_token_budget_cannot_admit_this_step():
+    """The gate credits the victim's preemption with the wait it removes for every waiting request
+    whose blocks would then fit ("admit now"), but ignored the token budget: with
+    ``max_num_batched_tokens=512`` and 600-token prompts only the blocked head is admitted in
+    the step; the victim (recompute) then re-enters the queue head *ahead* of all the others it
+    was credited for, is re-admitted at once and preempted again and again by vLLM's
+    newest-victim rule. Measured on the code as reviewed: 1 admission preemption, the long
+    request preempted 6 times and its E2E 12.7 s -> 14.2 s, mean E2E unchanged (3.81 -> 3.78 s).
+    The policy must be shown only the requests this step can still admit (here: the head), and
+    for one 600-token request the gate then declines: the same run as ``never``."""
+    sp = spec(hbm_kv_blocks=700, max_num_batched_tokens=512)
+    w = _victim_burst()
+    params = {"admission_preemption": "cost-gated"}
+    pols = []
+
+    def make():
+        p = _Recording(make_policy("fcfs", params).params)
+        p.shown = []
+        pols.append(p)
+        return p
+
+    gated = Cluster([sp], make, options=InstanceOptions(check_invariants=True)).run(w)
+    never = Cluster([sp], lambda: make_policy("fcfs")).run(w)
+    shown = pols[0].shown
+    assert shown, "the head was never blocked with an eligible victim: the case is not exercised"
+    assert max(shown) == 1  # only the head fits the token budget left in the step
+    assert gated.stats["admission_preemptions"] == 0
+    assert gated.summary == never.summary
+    # with the default budget (8192 tokens) the same burst fits one step, and the gate does fire
+    big = spec(hbm_kv_blocks=700)
+    assert Cluster([big], lambda: make_policy("fcfs", params)).run(w).stats["admission_preemptions"] == 1
