@@ -66,7 +66,8 @@ class AgentPolicy(SchedulerPolicy):
     """A scheduler policy that applies the agent's pending :class:`AgentDecision`.
 
     It mirrors ``reference`` (its parameters, token budget, stall-free batching, chunked
-    prefill, completion feedback) and overrides only what the decision sets. Without a pending
+    prefill, completion feedback, admission preemption and the output lengths it learns from)
+    and overrides only what the decision sets. Without a pending
     decision it behaves exactly as ``reference``. ``order_is_static`` is ``False``: the
     instance then never fast-forwards past a waiting queue, so no decision point is skipped.
 
@@ -94,6 +95,15 @@ class AgentPolicy(SchedulerPolicy):
 
     def on_request_finished(self, now_s, arrival_s, first_token_s, prompt_tokens, generated_tokens) -> None:
         self.reference.on_request_finished(now_s, arrival_s, first_token_s, prompt_tokens, generated_tokens)
+
+    @property
+    def output_history(self):
+        """The reference's finished output lengths (what its admission-preemption gate estimates from)."""
+        return self.reference.output_history
+
+    def choose_admission_preemption(self, *args, **kwargs):
+        """The reference's decision (the agent's actions do not cover admission preemption)."""
+        return self.reference.choose_admission_preemption(*args, **kwargs)
 
     # ----------------------------------------------------------------------------- ordering
     def _order(self, table: FeatureTable, reference_fn) -> np.ndarray | None:
