@@ -18,7 +18,8 @@ by sitting in HBM; at long contexts without a lower tier it stops paying. Three 
   predicted delay added, both in request-seconds:
 
   - delay removed = sum over the waiting requests the victim's blocks would admit now
-    (admission order, while blocks and seats last) of the time each would otherwise wait for
+    (admission order, while blocks and seats last; the instance shows only those the step's
+    token budget can still admit) of the time each would otherwise wait for
     blocks: the running requests' predicted remaining times, sorted, until the blocks they
     free cover that request's shortfall;
   - delay added = the victim's displacement (until the admitted requests finish: the longest
@@ -128,7 +129,8 @@ def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndar
         eligible: bool, shape ``(len(running),)``: rows that may be preempted (in HBM, not
             loading, below ``max_admission_preemptions``, longer than the blocked head).
         freed_blocks: HBM blocks each row would make available, shape ``(len(running),)``.
-        waiting: the blocked head and the waiting requests behind it, in admission order.
+        waiting: the blocked head and the waiting requests behind it that the step's remaining
+            token budget could still admit, in admission order.
         waiting_blocks: HBM blocks each waiting row needs for its prompt, shape ``(len(waiting),)``.
         available_blocks: HBM blocks available now (free + evictable) for the head.
         seats: running slots left (``max_num_seqs`` minus running).

@@ -797,7 +797,7 @@ class Instance:
         evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
         need = self._blocks_for(hit_tokens + n) - hit_blocks
         if need > hbm.available_blocks - evictable_hit and not (
-                self.admission_preemption and self._preempt_for_admission(st, evictable_hit, step, now)
+                self.admission_preemption and self._preempt_for_admission(st, n, evictable_hit, step, now)
                 and need <= hbm.available_blocks - evictable_hit):
             self._blocked_hit_hashes = hit_hashes
             return _STOP
@@ -856,13 +856,15 @@ class Instance:
             if self.hbm.allocate(need):
                 return True
 
-    def _preempt_for_admission(self, head: RequestState, evictable_hit: int, step: "_StepBuild",
-                               now: float) -> bool:
+    def _preempt_for_admission(self, head: RequestState, head_chunk: int, evictable_hit: int,
+                               step: "_StepBuild", now: float) -> bool:
         """Ask the policy whether blocked ``head`` may preempt a running request; do it if so.
 
         Candidates: running requests in HBM and not loading (nor on PNM), preempted this way
         fewer than ``max_admission_preemptions`` times, longer (prompt + generated tokens) than the
-        head and at least ``admission_victim_min_tokens`` long. A victim planned in this step
+        head and at least ``admission_victim_min_tokens`` long. The policy sees the head (whose
+        chunk this step is ``head_chunk`` tokens) and the waiting requests behind it that the
+        step's remaining token budget could still admit. A victim planned in this step
         leaves the plan. A victim that goes back to waiting (recompute) re-enters the queue head
         after this step's admissions, so the requests it made room for go first.
 
@@ -885,8 +887,21 @@ class Instance:
                             np.int64, count=len(running))
         queue = step.admission_order
         k0 = next((i for i, c in enumerate(queue) if c is head), None)
-        waiting_states = [head] + ([c for c in queue[k0 + 1:] if c.status == WAITING] if k0 is not None else [])
-        waiting_states = waiting_states[:self.spec.max_seqs]
+        waiting_states = [head]
+        # only those this step can still admit count: the head takes its chunk, the others the
+        # token budget left (a later one would wait behind the victim, which re-enters the queue
+        # head or, swapped, closes admission until it returns)
+        budget = step.budget - head_chunk
+        for c in (queue[k0 + 1:] if k0 is not None else ()):
+            if budget <= 0 or len(waiting_states) >= self.spec.max_seqs:
+                break
+            if c.status != WAITING:
+                continue
+            tokens = c.prompt_tokens + c.generated
+            if not self.chunked and tokens > budget:
+                break
+            waiting_states.append(c)
+            budget -= min(tokens, step.prefill_slot, self.long_threshold or tokens)
         waiting_blocks = np.fromiter((self._blocks_for(c.prompt_tokens + c.generated + 1) for c in waiting_states),
                                      np.int64, count=len(waiting_states))
         costs = self._preemption_costs(running)
