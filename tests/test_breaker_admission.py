@@ -118,3 +118,44 @@ def test_defect_cost_gate_credits_requests_the_token_budget_cannot_admit_this_st
     # with the default budget (8192 tokens) the same burst fits one step, and the gate does fire
     big = spec(hbm_kv_blocks=700)
     assert Cluster([big], lambda: make_policy("fcfs", params)).run(w).stats["admission_preemptions"] == 1
+
+
+# ---------------------------------------------------------------------------- prefix caching
+class _WaitingFirstNamesFirstEligible(FCFS):
+    """Stall-free FCFS that orders waiting prefills before running ones and, when the head is
+    blocked, preempts the first eligible running request (a legal choice of the policy hook)."""
+
+    stall_free = True
+
+    def order_prefills(self, table):
+        return np.argsort(table.running, kind="stable")
+
+    def choose_admission_preemption(self, running, eligible, *args):
+        rows = np.flatnonzero(eligible)
+        return (int(rows[0]), "recompute") if rows.size else None
+
+
+def test_defect_admission_recheck_ignores_the_heads_own_prefix_hit_freed_by_the_victim():
+    """After the policy's victim is preempted the instance re-checks that the blocked head now
+    fits, but with the head's evictable prefix-hit blocks counted *before* the preemption: when
+    the victim held (alone) the cached prefix the head hits, those segments become evictable,
+    the stale check counts them as room, the head then pins them, and ``hbm.allocate`` fails
+    with its result ignored: the head holds 32 blocks nobody allocated (``check()``:
+    "HBM used 121 != private 89 + referenced segments 64"). The built-in gate does not pick such
+    a victim (it asks for the head's whole prompt), but any policy may name an eligible row;
+    the instance must re-count and keep the head waiting when it still does not fit."""
+    from kvsched.policies.base import PolicyParams
+
+    p = tuple(range(1000, 1016))  # a 1,024-token prefix (16 segments of 64 tokens)
+    reqs = [Request(0, 0.0, 900, 500),  # fills HBM while it decodes
+            # the victim: its first 1,024-token chunk is exactly the prefix (cached, held by it alone)
+            Request(1, 0.0001, 2180, 10, prefix_hashes=p + tuple(range(2000, 2010)), hash_block_tokens=64),
+            # the head: hits the prefix, needs 32 more blocks; 21 are free
+            Request(2, 0.05, 1524, 20, prefix_hashes=p + tuple(range(3000, 3007)), hash_block_tokens=64)]
+    w = Workload.from_requests(reqs, name="shared-prefix")
+    sp = spec(hbm_kv_blocks=142, max_model_len=2200, long_prefill_token_threshold=1024)
+    params = PolicyParams(admission_preemption="always", admission_victim_min_tokens=1)
+    res = Cluster([sp], lambda: _WaitingFirstNamesFirstEligible(params),
+                  options=InstanceOptions(check_invariants=True)).run(w)  # check(): blocks add up
+    assert res.stats["admission_preemptions"] >= 1  # the case under test happened
+    assert (res.records.status == "finished").all()
