@@ -796,11 +796,14 @@ class Instance:
         hit_blocks = hit * (st.seg_tokens // self.bs) if hit else 0
         evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
         need = self._blocks_for(hit_tokens + n) - hit_blocks
-        if need > hbm.available_blocks - evictable_hit and not (
-                self.admission_preemption and self._preempt_for_admission(st, n, evictable_hit, step, now)
-                and need <= hbm.available_blocks - evictable_hit):
-            self._blocked_hit_hashes = hit_hashes
-            return _STOP
+        if need > hbm.available_blocks - evictable_hit:
+            if self.admission_preemption and self._preempt_for_admission(st, n, evictable_hit, step, now):
+                # the victim may have released segments of this request's own hit: they are
+                # evictable now, but it pins them, so they are no room for it
+                evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
+            if need > hbm.available_blocks - evictable_hit:
+                self._blocked_hit_hashes = hit_hashes
+                return _STOP
         first_admission = st.admissions == 0
         for h in hit_hashes:
             seg_creator = hbm.segments[h].creator_id
