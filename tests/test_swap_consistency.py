@@ -95,6 +95,5 @@ def test_admission_preemption_conserves_blocks_and_serves_everyone(policy, admis
     rec = res.records
     served = rec["status"] == "finished"
     assert (served | (rec["reject_reason"] == "exceeds_max_model_len")).all() and served.sum() >= 70
-    if admission == "always" and policy != "nonpreemptive":
-        assert res.stats["admission_preemptions"] > 0  # the case under test happened
+    assert res.stats["admission_preemptions"] > 0  # the case under test happened (every policy and mode)
     assert res.summary == run(False).summary
