@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     rl_cli.add_train_arguments(sub.add_parser(
         "train", help="train an RL agent (SB3 / sb3-contrib) on a kvsched environment (needs the rl extra)"))
     rl_cli.add_evaluate_arguments(sub.add_parser(
-        "evaluate", help="learned vs heuristic agents on held-out windows: table with 95% CIs, plots"))
+        "evaluate", help="learned vs heuristic agents on held-out windows: table with 95%% CIs, plots"))
     sub.add_parser("presets", help="list model, GPU and link presets")
     sub.add_parser("traces", help="list bundled traces")
 
