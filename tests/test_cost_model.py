@@ -238,3 +238,9 @@ def test_fast_scalar_and_array_paths_are_bitwise_equal_to_step_time_s():
         assert np.array_equal(ref, fast)
         assert np.array_equal(ref, cm.step_times_fast(n, pairs, kv))
         assert cm.step_time_fast(0.0, 0.0, 0.0) == 0.0
+        # decode-only steps (pairs = kv = context tokens), as fast-forwarded stretches time them
+        for b in (1, 40, 256):
+            ctx = rng.integers(0, 10**7, 300).astype(float)
+            ref = cm.step_time_s(np.full(300, float(b)), ctx, ctx)
+            assert np.array_equal(ref, cm.decode_step_times_fast(b, ctx))
+            assert np.array_equal(ref, [cm.step_time_fast(float(b), c, c) for c in ctx])

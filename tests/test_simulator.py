@@ -87,6 +87,29 @@ def test_decode_stretch_is_fast_forwarded_and_exact():
     assert fast.stats["events"] < slow.stats["events"] / 20
 
 
+def test_stretch_runs_through_completions_when_nothing_waits():
+    """Eight requests start together and finish one after another: with nothing waiting, one
+    fast-forwarded stretch carries the shrinking batch through all seven earlier completions
+    (events do not grow with completions), each finishing at its own step end, exactly as
+    stepping one by one. With a request waiting (max_num_seqs 7) a completion admits it, so
+    stretches end there and still match."""
+    reqs = [Request(i, 0.0, 200 + 37 * i, 300 + 11 * i) for i in range(8)]
+    w = Workload.from_requests(reqs)
+    for max_seqs, stretches in ((64, 1), (7, None)):
+        spec = make_spec(max_num_seqs=max_seqs)
+        fast = run(w, spec, fast_forward=True)
+        slow = run(w, spec, fast_forward=False)
+        pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+        assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
+        pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
+        assert fast.stats["steps"] == slow.stats["steps"]
+        assert fast.records["finish_s"].nunique() == 8  # finishes at eight different step ends
+        if stretches is not None:
+            assert fast.stats["fast_forward_stretches"] == stretches
+        else:
+            assert fast.stats["fast_forward_stretches"] > 1
+
+
 # ------------------------------------------------------------------------------------------
 request_lists = hst.lists(
     hst.tuples(

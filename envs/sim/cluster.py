@@ -204,6 +204,11 @@ class Cluster:
         self._ahead = (getattr(self.router, "arrivals_until", None)
                        if len(instances) > 1 and self.shared_kv is None and not (watch is not None and watch.route)
                        else None)
+        # stretches may run through completions when nothing outside an instance looks at it
+        # between its own events (no router reading instance state, no watched decisions)
+        through = watch is None and self.shared_kv is None and (len(instances) == 1 or self._ahead is not None)
+        for inst in instances:
+            inst.stretch_through_finishes = through
         if n:
             self.events.push(float(arrivals[0]), ARRIVAL, None)
 

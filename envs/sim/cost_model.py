@@ -236,6 +236,21 @@ class CostModel:
         """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""
         return self._step(n_tokens, attn_pairs, kv_tokens)["step_s"]
 
+    def decode_step_times_fast(self, n_decodes: float, ctx_tokens: np.ndarray) -> np.ndarray:
+        """Step times of decode-only steps of ``n_decodes`` requests reading ``ctx_tokens`` KV
+        tokens in all (shape ``(K,)``, float64, one per step), without input checks.
+
+        A decode-only step has ``n_tokens = n_decodes`` and ``attn_pairs = kv_tokens = ctx``
+        (REFERENCE §5.3). Same IEEE operations in the same order as :meth:`step_times_fast` and
+        :meth:`step_time_fast` with those inputs, so bitwise equal to them (a test checks it);
+        only the per-step arrays of the breakdown are not built. ``n_decodes > 0``.
+        """
+        n = float(n_decodes)
+        flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * ctx_tokens
+        compute = flops * (n + self._mfu_half) / (self._eff_flops * n)
+        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
+        return np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)
+
     def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> dict[str, Any]:
         """The parts of :meth:`step_time_s` (same arguments).
 

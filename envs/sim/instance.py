@@ -170,6 +170,14 @@ class Instance:
         # plan of the step or stretch in flight
         self._plan: list[tuple[RequestState, int]] = []
         self._stretch_ends: np.ndarray | None = None
+        # steps each plan member runs in a stretch that continues through completions (None: all
+        # run the whole stretch), and HBM blocks in use at each step end after its frees
+        self._stretch_steps: list[int] | None = None
+        self._stretch_end_used: np.ndarray | None = None
+        #: Set by the cluster when nothing outside this instance can observe it between its own
+        #: events (one instance, or round-robin look-ahead; no watched decision points, no shared
+        #: KV tier): a fast-forwarded stretch may then run through completions while nothing waits.
+        self.stretch_through_finishes = False
         # counters
         self._stretch_reserved = 0
         self._stretch_used: np.ndarray | None = None
@@ -506,13 +514,14 @@ class Instance:
         else:
             dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
         self._stretch_ends = None
+        self._stretch_steps = None
         self._stretch_reserved = 0
         self._stretch_pnm_reserved = 0
         self._step_start = start
         return start + dt
 
-    #: Steps of a stretch timed one by one in Python before switching to one NumPy call.
-    _SCALAR_STEPS = 48
+    #: Longest stretch (bound) timed one step at a time in Python rather than with NumPy.
+    _SCALAR_STEPS = 24
 
     @staticmethod
     def _extra_blocks(x: np.ndarray, j: np.ndarray, bs: int) -> np.ndarray:
@@ -536,12 +545,21 @@ class Instance:
         self._stretch_pnm_reserved = 0
         plan = self._plan
         n = len(plan)
+        self._stretch_steps = None
+        self._stretch_end_used = None
         xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
-        k_rem = min([st.output_tokens - st.generated for st, _ in plan])
+        rems = [st.output_tokens - st.generated for st, _ in plan]
+        k_rem = min(rems)
         s0 = sum(xs)
         # 1. step end times until the first request finishes or a step reaches the horizon
         ends = self._stretch_end_times(start, horizon_s, n, s0, k_rem)
         k = len(ends)
+        if (k == k_rem and ends[-1] < horizon_s and self.stretch_through_finishes and not self.waiting
+                and self.shared_kv is None and k_rem < max(rems)
+                and sum([(c + k - 1) // self.bs - c // self.bs for c in xs]) < self.hbm.free_blocks):
+            end = self._plan_stretch_through(start, horizon_s, xs, rems, ends)
+            if end is not None:
+                return end
         # 2. KV blocks of steps 2..k. After step 1's allocation request i holds
         # ceil((x_i+1)/bs); after j more steps it needs floor((j + s_i)/bs) more, s_i = x_i mod bs.
         # Summed: extra(j) = n*(j // bs) + #(s_i >= bs - j mod bs). The stretch stops before the
@@ -575,6 +593,88 @@ class Instance:
             for st, _ in plan:
                 c = st.computed
                 st.private_blocks += (c + km1) // bs - c // bs  # ceil((c+k)/bs) - ceil((c+1)/bs)
+        self._stretch_ends = np.array(ends, dtype=np.float64)
+        self._step_start = start
+        return ends[-1]
+
+    def _plan_stretch_through(self, start: float, horizon_s: float, xs: list[int], rems: list[int],
+                              ends_first: list[float]) -> float | None:
+        """A decode stretch that continues through completions while nothing waits.
+
+        One-by-one stepping would end the step in which a request emits its last token, free
+        its KV, and (nothing waiting, nothing swapped, every other request a ready decode) plan
+        the same decode batch without it. Here the batch shrinks inside the stretch instead: a
+        request with ``r`` tokens left runs the stretch's first ``r`` steps and finishes at the
+        end of step ``r`` (:meth:`complete_step` records that time). Step times use the same
+        float additions in the same order (one :meth:`_stretch_end_times` call per batch size),
+        so results are byte-identical to ending the stretch at each completion.
+
+        The blocks of every step are allocated now, and only from never-cached free blocks: one
+        by one, the frees of finished requests come between those allocations, so an allocation
+        that evicted cached segments could evict different ones. Returns ``None`` (the caller
+        plans the ordinary stretch up to the first completion) when the free blocks do not cover
+        the growth, or when the horizon or ``ends_first`` already end the stretch.
+
+        Args:
+            start: start of the stretch's first step (s).
+            horizon_s: as in :meth:`schedule`.
+            xs: KV tokens each plan member reads in step 1 (plan order).
+            rems: output tokens each plan member has left (plan order).
+            ends_first: step end times up to the first completion (``min(rems)`` steps).
+        """
+        plan = self._plan
+        bs = self.bs
+        ends = list(ends_first)
+        j = len(ends)  # steps planned so far
+        alive = [i for i, r in enumerate(rems) if r > j]
+        while alive:
+            nxt = min([rems[i] for i in alive])
+            s0 = sum([xs[i] for i in alive]) + j * len(alive)  # KV tokens read in step j + 1
+            seg = self._stretch_end_times(ends[-1], horizon_s, len(alive), s0, nxt - j)
+            ends.extend(seg)
+            j += len(seg)
+            if j < nxt or seg[-1] >= horizon_s:
+                break
+            alive = [i for i in alive if rems[i] > j]
+        k = j
+        steps = [r if r < k else k for r in rems]  # steps each request runs
+        # blocks each request allocates for its steps 2..k_i (step 1's are held already)
+        new_blocks = [(x + ki - 1) // bs - x // bs for x, ki in zip(xs, steps)]
+        total_new = sum(new_blocks)
+        hbm = self.hbm
+        if total_new > hbm.free_blocks:
+            return None
+        # HBM in use during each step and at each step end (after that step's frees): request i
+        # holds (x_i + min(t, k_i - 1)) // bs - x_i // bs more blocks in step t + 1 than in
+        # step 1, until it finishes and frees what it held (shared segments once unreferenced)
+        x = np.array(xs, dtype=np.int64)
+        t_idx = np.minimum(np.arange(k, dtype=np.int64), np.array(steps, dtype=np.int64)[:, None] - 1)
+        grown = ((x[:, None] + t_idx) // bs).sum(axis=0) - int((x // bs).sum())
+        freed_at = np.zeros(k + 1, dtype=np.int64)  # freed_at[t]: blocks freed at the end of step t
+        seg_refs: dict[int, int] = {}
+        segments = hbm.segments
+        early = sorted((ki, i) for i, ki in enumerate(steps) if ki < k)
+        for ki, i in early:  # release order: by finish step, then plan order (as one by one)
+            st = plan[i][0]
+            freed = st.private_blocks + new_blocks[i]
+            for h in st.shared:
+                left = seg_refs.get(h, segments[h].refs) - 1
+                seg_refs[h] = left
+                if left == 0:
+                    freed += segments[h].n_blocks
+            freed_at[ki] += freed
+        used0 = hbm.used_blocks
+        cum_freed = np.cumsum(freed_at[:k])  # blocks freed before step t + 1 (t = 0..k-1)
+        used = used0 + grown - cum_freed
+        if total_new:
+            ok = hbm.allocate(total_new)
+            assert ok, "stretch block reservation failed"
+            for (st, _), nb in zip(plan, new_blocks):
+                st.private_blocks += nb
+        self._stretch_used = used
+        self._stretch_end_used = used - freed_at[1:]
+        self._stretch_reserved = total_new
+        self._stretch_steps = steps
         self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
         return ends[-1]
@@ -670,47 +770,54 @@ class Instance:
         in the first step (one more each per step), from ``start``, stopping at the first step
         that ends at or after ``horizon_s``.
 
-        Sequential float additions (as stepping one by one); the first
-        :attr:`_SCALAR_STEPS` steps are timed with :meth:`CostModel.step_time_fast`, the rest
-        with one :meth:`CostModel.step_times_fast` call and a cumulative sum from the last end
-        (bitwise the same values).
+        Sequential float additions (as stepping one by one). Step times never decrease, so at
+        most ``(horizon_s - start) / dt_1 + 1`` steps reach the horizon: when that bound (or
+        ``k_rem``) is at most :attr:`_SCALAR_STEPS`, the steps are timed one by one with
+        :meth:`CostModel.step_time_fast`, otherwise in chunks with one
+        :meth:`CostModel.decode_step_times_fast` call and a cumulative sum each (bitwise the
+        same values).
         """
         fast = self.cost.step_time_fast
         nf = float(n)
-        ends: list[float] = []
-        e = start
-        k = 0
-        lim = k_rem if k_rem < self._SCALAR_STEPS else self._SCALAR_STEPS
-        while k < lim:
-            ctx = s0 + n * k
-            e += fast(nf, (2 * ctx) / 2.0, float(ctx))
-            ends.append(e)
-            k += 1
+        dt = fast(nf, float(s0), float(s0))
+        k_end = k_rem
+        if horizon_s < math.inf and dt > 0.0:
+            bound = (horizon_s - start) / dt + 3.0
+            if bound < k_end:
+                k_end = int(bound)
+        if k_end <= self._SCALAR_STEPS:
+            e = start + dt
+            ends = [e]
             if e >= horizon_s:
                 return ends
-        if k >= k_rem:
+            k = 1
+            while k < k_rem:
+                ctx = s0 + n * k
+                e += fast(nf, float(ctx), float(ctx))
+                ends.append(e)
+                k += 1
+                if e >= horizon_s:
+                    break
             return ends
-        # a long stretch: the remaining steps in one vectorised call, capped by the horizon
-        # (step times never decrease: more than (horizon - e) / dt_k + 1 steps pass it)
-        k_end = k_rem
-        if horizon_s < math.inf:
-            ctx = s0 + n * k
-            dt = fast(nf, (2 * ctx) / 2.0, float(ctx))
-            if dt > 0.0:
-                k_end = min(k_rem, k + int((horizon_s - e) / dt) + 3)
-        ks = np.arange(k, k_end, dtype=np.int64)
-        ctxs = s0 + n * ks
-        dts = self.cost.step_times_fast(np.full(len(ks), nf), (2 * ctxs) / 2.0, ctxs.astype(np.float64))
-        acc = np.empty(len(ks) + 1, dtype=np.float64)
-        acc[0] = e
-        acc[1:] = dts
-        more = np.cumsum(acc)[1:]
-        if horizon_s <= more[-1]:
-            more = more[:int(np.searchsorted(more, horizon_s, side="left")) + 1]
-        elif k_end < k_rem:
-            raise AssertionError("fast-forward horizon cap cut the stretch short")
-        ends.extend(more.tolist())
-        return ends
+        ends = []
+        e = start
+        k = 0
+        decode_times = self.cost.decode_step_times_fast
+        while True:  # normally one chunk: the bound holds up to float rounding
+            ctxs = (s0 + n * np.arange(k, k_end, dtype=np.int64)).astype(np.float64)
+            acc = np.empty(len(ctxs) + 1, dtype=np.float64)
+            acc[0] = e
+            acc[1:] = decode_times(nf, ctxs)
+            more = np.cumsum(acc)[1:]
+            if horizon_s <= more[-1]:
+                ends.extend(more[:int(np.searchsorted(more, horizon_s, side="left")) + 1].tolist())
+                return ends
+            ends.extend(more.tolist())
+            if k_end >= k_rem:
+                return ends
+            e = ends[-1]
+            k = k_end
+            k_end = min(k_rem, 2 * k_end)
 
     def _stretch_block_limit(self, wanted: int) -> int:
         """Blocks a stretch may allocate without changing the blocked waiting head's outcome.
@@ -1221,6 +1328,11 @@ class Instance:
             max_gap = float(gaps.max()) if k > 1 else -1.0
             first_end = float(ends[0])
             first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order
+            steps = self._stretch_steps
+            if steps is not None:  # a stretch through completions: some ran fewer steps
+                self.sum_batch += sum(steps) - k * len(plan)
+                early = self._finish_early(plan, steps, ends, gaps)
+                plan = [p for p, ki in zip(plan, steps) if ki == k]
             for st, _ in plan:
                 g = first_end - st.last_token_s
                 first_gaps[st.length_class].append(g)
@@ -1233,7 +1345,12 @@ class Instance:
                 if st.generated >= st.output_tokens:
                     finished.append(st)
             rec.add_itl_by_class(first_gaps, gaps)
-            rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used)
+            rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used,
+                                  self._stretch_end_used if steps is not None else None)
+            if steps is not None:
+                finished = early + finished
+                self._stretch_steps = None
+                self._stretch_end_used = None
             self._stretch_ends = None
         else:
             self.steps += 1
@@ -1266,14 +1383,45 @@ class Instance:
             if st.pnm_blocks:  # PNM
                 self._release_pnm(st)
             st.status = FINISHED
-            st.finish_s = now
+            st.finish_s = st.last_token_s  # = now, or earlier inside a stretch through completions
             rec.record(st)
-            self.policy.on_request_finished(now, st.arrival_s, st.first_token_s, st.prompt_tokens, st.generated)
+            self.policy.on_request_finished(st.finish_s, st.arrival_s, st.first_token_s, st.prompt_tokens,
+                                            st.generated)
             if self.admission_preemption:
                 self.policy.output_history.add(st.generated)
         rec.occupancy_change(self, now)
         if self.options.check_invariants:
             self.check()
+
+    def _finish_early(self, plan: list, steps: list[int], ends: np.ndarray, gaps: np.ndarray) -> list[RequestState]:
+        """Advance the requests of a stretch through completions that finished before its last
+        step (``steps[i] < len(ends)`` steps each, ending at ``ends[steps[i] - 1]``); returns
+        them in the order one-by-one stepping finishes them (by finish step, then plan order)."""
+        k = len(ends)
+        run_max = np.maximum.accumulate(gaps).tolist() if k > 1 else []
+        ends_l = ends.tolist()
+        gaps_l = None
+        early: list[tuple[int, int, RequestState]] = []
+        rec = self.recorder
+        for idx, ((st, _), ki) in enumerate(zip(plan, steps)):
+            if ki == k:
+                continue
+            g = ends_l[0] - st.last_token_s
+            max_gap = run_max[ki - 2] if ki > 1 else -1.0
+            m = g if g > max_gap else max_gap
+            if not (st.max_itl_s >= m):
+                st.max_itl_s = m
+            if gaps_l is None:
+                gaps_l = gaps
+            cls_gaps: tuple[list[float], list[float]] = ([], [])
+            cls_gaps[st.length_class].append(g)
+            rec.add_itl_by_class(cls_gaps, gaps_l[:ki - 1] if ki > 1 else None)
+            st.computed += ki
+            st.generated += ki
+            st.last_token_s = ends_l[ki - 1]
+            early.append((ki, idx, st))
+        early.sort(key=lambda e: (e[0], e[1]))
+        return [st for _, _, st in early]
 
     def _register_segments(self, st: RequestState, now: float) -> None:
         seg_blocks = st.seg_tokens // self.bs

@@ -78,22 +78,25 @@ class OccupancyTracker:
             self.samples.append((t, inst_id) + tuple(used) + tuple(capacity))
 
     def stretch(self, inst_id: int, ends: np.ndarray, hbm_used: np.ndarray,
-                pnm_used: np.ndarray | None = None) -> None:
+                pnm_used: np.ndarray | None = None, hbm_end_used: np.ndarray | None = None) -> None:
         """A fast-forwarded stretch: step ``k`` held ``hbm_used[k]`` HBM blocks until ``ends[k]``.
 
         Equivalent to, for each interior step end ``ends[k]`` (k < K-1): ``change`` with the
-        value before the next allocation (``hbm_used[k]``) then with ``hbm_used[k+1]``. The last
-        step's end is reported by the caller with ``change`` (after its frees). DRAM and NVMe
-        stay constant inside a stretch; PNM too unless ``pnm_used`` (same form as ``hbm_used``)
-        is given (PNM-resident decodes grow there).
+        value before the next allocation (``hbm_end_used[k]``: after the frees of requests that
+        finished in step ``k``; ``hbm_used[k]`` when not given) then with ``hbm_used[k+1]``. The
+        last step's end is reported by the caller with ``change`` (after its frees). DRAM and
+        NVMe stay constant inside a stretch; PNM too unless ``pnm_used`` (same form as
+        ``hbm_used``) is given (PNM-resident decodes grow there). Shapes: ``(K,)`` each.
         """
         k = len(ends)
         s = self._inst[inst_id]
         if k < 2:
             return
         if k <= self._SCALAR_STEPS and pnm_used is None:
-            self._stretch_scalar(s, inst_id, ends.tolist(), hbm_used.tolist())
+            self._stretch_scalar(s, inst_id, ends.tolist(), hbm_used.tolist(),
+                                 None if hbm_end_used is None else hbm_end_used.tolist())
             return
+        sampled = hbm_used if hbm_end_used is None else hbm_end_used
         t_int = ends[:-1]
         prev = np.empty(k - 1)
         prev[0] = s.prev_t
@@ -123,7 +126,7 @@ class OccupancyTracker:
         cells = np.floor_divide(t_int, self.interval_s).astype(np.int64)
         new = np.flatnonzero(cells > np.maximum.accumulate(np.concatenate([[s.last_cell], cells[:-1]])))
         for j in new.tolist():
-            self.samples.append((float(t_int[j]), inst_id, int(hbm_used[j]), s.prev_used[1], s.prev_used[2],
+            self.samples.append((float(t_int[j]), inst_id, int(sampled[j]), s.prev_used[1], s.prev_used[2],
                                  s.prev_used[3] if pnm_used is None else int(pnm_used[j])) + tuple(s.capacity))
         if len(new):
             s.last_cell = int(cells[new[-1]])
@@ -134,9 +137,12 @@ class OccupancyTracker:
     #: Stretches up to this many steps are integrated with Python floats (fewer calls).
     _SCALAR_STEPS = 64
 
-    def _stretch_scalar(self, s: _InstanceOccupancy, inst_id: int, ends: list[float], used: list[int]) -> None:
+    def _stretch_scalar(self, s: _InstanceOccupancy, inst_id: int, ends: list[float], used: list[int],
+                        end_used: list[int] | None = None) -> None:
         """:meth:`stretch` for a short stretch: the same float operations in the same order
         (``x + u * dt`` per step end, as the cumulative sums do), one Python pass."""
+        if end_used is None:
+            end_used = used
         prev_t = s.prev_t
         i0, i1, i2, i3 = s.integral
         u1, u2, u3 = s.prev_used[1], s.prev_used[2], s.prev_used[3]
@@ -156,7 +162,7 @@ class OccupancyTracker:
             cell = int(t // iv)
             if cell > last_cell:
                 last_cell = cell
-                samples.append((t, inst_id, used[j], u1, u2, u3) + tuple(s.capacity))
+                samples.append((t, inst_id, end_used[j], u1, u2, u3) + tuple(s.capacity))
             prev_t = t
         s.integral[0], s.integral[1], s.integral[2], s.integral[3] = i0, i1, i2, i3
         top = max(used)
