@@ -224,7 +224,10 @@ class LogHistogram:
                 self._counts += np.bincount(idx, weights=w, minlength=self.N_BINS + 1).astype(
                     np.int64)
             self._count += int(w.sum())
-            self._sum += float(np.dot(v, w.astype(np.float64)))
+            # not np.dot: a BLAS dot over a ~64k-sample flush wakes OpenBLAS's threads, which then
+            # spin on the other cores (the simulator is single-threaded), and its result depends
+            # on their number
+            self._sum += float((v * w).sum())
         if vmin < self._min:
             self._min = vmin
         if vmax > self._max:
