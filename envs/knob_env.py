@@ -101,8 +101,8 @@ class KnobEnv(gym.Env):
         Raises:
             ConfigError: wrong shape, or an entry outside [-1, 1] or not finite.
         """
-        a = np.asarray(action, dtype=np.float64).reshape(-1)
-        require(a.shape == (len(self.knobs),) and np.all(np.isfinite(a)) and np.all(np.abs(a) <= 1.0),
+        a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
+        require(len(a) == len(self.knobs) and all(-1.0 <= x <= 1.0 for x in a),  # NaN fails too
                 "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
         out = {}
         for x, (name, lo, hi, mult) in zip(a, self.knobs):

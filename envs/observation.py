@@ -45,6 +45,8 @@ Instance features (``INSTANCE_FEATURES``, appended after the ``K x 9`` block):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvsched.envs.sim.features import FeatureTable
@@ -108,47 +110,56 @@ def observation_size(k: int) -> int:
     return k * len(CANDIDATE_FEATURES) + len(INSTANCE_FEATURES)
 
 
-def build_observation(inst, table: FeatureTable, order: np.ndarray | None, k: int, ttft_slo_s: np.ndarray,
-                      long_prompt_tokens: int, since_last_s: float) -> np.ndarray:
+def build_observation(inst, table: FeatureTable, states: list, order: np.ndarray | None, k: int,
+                      ttft_slo_s: tuple[float, float], long_prompt_tokens: int, since_last_s: float) -> np.ndarray:
     """The flat float32 observation (``observation_size(k)``,) for one decision.
 
     Args:
         inst: the instance deciding.
         table: the candidates' FeatureTable (reference order applied through ``order``).
+        states: the candidates' request states, in table row order (only the shown rows are
+            read, so the cost does not grow with the waiting queue).
         order: the reference order (rows of ``table``), ``None`` for table order.
         k: rows shown.
-        ttft_slo_s: TTFT SLO (s) of each row of ``table`` (its class), shape ``(len(table),)``.
+        ttft_slo_s: TTFT SLO (s) of the short and of the long class (a row's class is its length
+            class: ``prompt_tokens >= long_prompt_tokens`` is long).
         long_prompt_tokens: the metrics' long-class threshold (tokens).
         since_last_s: simulated time since the previous decision (s).
     """
     n = len(table)
-    obs = np.zeros(observation_size(k), dtype=np.float32)
+    nf = len(CANDIDATE_FEATURES)
+    vals: list[float] = []  # float64 values, cast to float32 once (as assigning a float64 block)
     max_len = float(inst.spec.model_len_limit)
     cap = float(max(inst.hbm.capacity_blocks, 1))
     if n:
-        rows = (np.arange(n) if order is None else order)[:k]
-        m = len(rows)
-        prompt = table.prompt_tokens[rows]
-        to_compute = table.to_compute_tokens[rows]
-        wait = np.maximum(table.wait_s[rows], 0.0)
-        slo = ttft_slo_s[rows]
-        need = np.ceil(to_compute / inst.bs)
-        block = np.zeros((m, len(CANDIDATE_FEATURES)), dtype=np.float64)
-        block[:, 0] = 1.0
-        block[:, 1] = prompt / max_len
-        block[:, 2] = to_compute / max_len
-        block[:, 3] = wait / (wait + slo)
-        block[:, 4] = np.tanh((slo - wait) / slo)
-        block[:, 5] = table.running[rows]
-        block[:, 6] = table.preemptions[rows] > 0
-        block[:, 7] = prompt >= long_prompt_tokens
-        block[:, 8] = need / (need + cap)
-        obs[:m * len(CANDIDATE_FEATURES)] = block.ravel()
-    g = k * len(CANDIDATE_FEATURES)
+        rows = range(min(n, k)) if order is None else order[:k].tolist()
+        running = table.running
+        now_s = table.now_s
+        slo_short, slo_long = ttft_slo_s
+        bs = inst.bs
+        slack = []
+        for r in rows:
+            st = states[r]
+            p = st.prompt_tokens
+            c = p + st.generated - st.computed  # FeatureTable.to_compute_tokens
+            w = now_s - st.arrival_s  # FeatureTable.wait_s
+            if w < 0.0:
+                w = 0.0
+            t = slo_long if p >= long_prompt_tokens else slo_short
+            need = float(math.ceil(c / bs))
+            slack.append((t - w) / t)
+            vals += (1.0, p / max_len, c / max_len, w / (w + t), 0.0, 1.0 if running[r] else 0.0,
+                     1.0 if st.preemptions > 0 else 0.0, 1.0 if p >= long_prompt_tokens else 0.0, need / (need + cap))
+        for j, x in enumerate(np.tanh(np.array(slack)).tolist()):
+            vals[j * nf + 4] = x
+    vals += [0.0] * ((k - min(n, k)) * nf)
     dram_cap, nvme_cap = inst.dram.capacity_blocks, inst.nvme.capacity_blocks
-    n_partial = sum(1 for st in inst.running if is_partial_prefill(st))
+    n_partial = 0
+    for st in inst.running:  # is_partial_prefill, inlined
+        if st.computed < st.prompt_tokens + st.generated - (1 if st.generated > 0 else 0):
+            n_partial += 1
     n_wait, n_swap, beyond = len(inst.waiting), len(inst.swapped), max(n - k, 0)
-    obs[g:] = (
+    vals += (
         inst.hbm.used_blocks / cap,
         inst.hbm.available_blocks / cap,
         inst.dram.used_blocks / dram_cap if dram_cap else 0.0,
@@ -160,4 +171,5 @@ def build_observation(inst, table: FeatureTable, order: np.ndarray | None, k: in
         beyond / (beyond + k),
         since_last_s / (since_last_s + SINCE_LAST_SCALE_S),
     )
+    obs = np.array(vals, dtype=np.float32)
     return obs

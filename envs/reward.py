@@ -26,6 +26,8 @@ from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.metrics import LENGTH_CLASSES, RECORD_COLUMNS, MetricsConfig
 
 _I = {c: i for i, c in enumerate(RECORD_COLUMNS)}
+_STATUS, _SLO_CLASS, _PROMPT = _I["status"], _I["slo_class"], _I["prompt_tokens"]
+_ARRIVAL, _FIRST, _FINISH, _GENERATED = _I["arrival_s"], _I["first_token_s"], _I["finish_s"], _I["generated_tokens"]
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,10 @@ class SLOReward:
 
     def is_met(self, row: tuple) -> bool:
         """Whether one record row (``RECORD_COLUMNS`` order) meets its SLO (as ``summarize``)."""
-        if row[_I["status"]] != "finished":
+        if row[_STATUS] != "finished":
             return False
-        slo = self.judged_slo(str(row[_I["slo_class"]]), int(row[_I["prompt_tokens"]]))
-        a, f, e, g = row[_I["arrival_s"]], row[_I["first_token_s"]], row[_I["finish_s"]], row[_I["generated_tokens"]]
+        slo = self.judged_slo(str(row[_SLO_CLASS]), int(row[_PROMPT]))
+        a, f, e, g = row[_ARRIVAL], row[_FIRST], row[_FINISH], row[_GENERATED]
         if not (f - a <= slo.ttft_s):
             return False
         if g > 1 and not ((e - f) / (g - 1) <= slo.tpot_s):
@@ -117,8 +119,14 @@ class SLOReward:
     truncation_penalty = certain_misses
 
 
+def ttft_slo_by_length_class(reward: SLOReward) -> tuple[float, float]:
+    """TTFT SLO (s) of the short and of the long length class (a FeatureTable has no SLO tag, so
+    a candidate is judged by its length class)."""
+    m = reward.metrics
+    return float(m.slos["short"].ttft_s), float(m.slos["long"].ttft_s)
+
+
 def ttft_slo_column(reward: SLOReward, table) -> np.ndarray:
     """TTFT SLO (s) of each row of a FeatureTable (by length class; the table has no SLO tag)."""
-    m = reward.metrics
-    short, long = m.slos["short"].ttft_s, m.slos["long"].ttft_s
-    return np.where(table.prompt_tokens >= m.long_prompt_tokens, long, short).astype(np.float64)
+    short, long = ttft_slo_by_length_class(reward)
+    return np.where(table.prompt_tokens >= reward.metrics.long_prompt_tokens, long, short).astype(np.float64)

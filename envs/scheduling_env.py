@@ -18,7 +18,7 @@ from kvsched.envs.common import build_cluster, episode_config, reference
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
-from kvsched.envs.reward import RewardConfig, SLOReward, ttft_slo_column
+from kvsched.envs.reward import RewardConfig, SLOReward, ttft_slo_by_length_class
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.features import FeatureTable
@@ -117,6 +117,9 @@ class SchedulingEnv(gym.Env):
         self.agent_policy: AgentPolicy = self.inst.policy
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self._mode_mask = mode_mask(self.inst.dram.capacity_blocks, self.inst.nvme.capacity_blocks)
+        self._mask_template = np.concatenate((np.zeros(self.k, bool), np.ones(len(CHUNK_BINS_TOKENS), bool),
+                                              np.ones(len(VICTIM_RULES), bool), self._mode_mask))
+        self._mask_template[0] = True
         self.cluster.start(self.workload, DecisionWatch(schedule_instance=0, schedule_filter=has_scheduling_choice))
         self.decisions = 0
         self._last_decision_s = 0.0
@@ -141,7 +144,7 @@ class SchedulingEnv(gym.Env):
         self._order = order
         rows = np.arange(len(cands)) if order is None else order
         self._shown_ids = table.request_id[rows[:self.k]] if len(cands) else np.zeros(0, dtype=np.int64)
-        obs = build_observation(inst, table, order, self.k, ttft_slo_column(self.slo_reward, table),
+        obs = build_observation(inst, table, cands, order, self.k, ttft_slo_by_length_class(self.slo_reward),
                                 self.metrics.long_prompt_tokens, now_s - self._last_decision_s)
         self._last_decision_s = now_s
         return obs
@@ -149,12 +152,13 @@ class SchedulingEnv(gym.Env):
     # ------------------------------------------------------------------------------- masks
     def action_masks(self) -> np.ndarray:
         """Valid actions, concatenated per action part (sb3-contrib ``MaskablePPO`` layout)."""
-        slots = np.zeros(self.k, dtype=bool)
-        slots[:max(1, len(self._shown_ids))] = True
         if self.action_mode == "slot":
+            slots = np.zeros(self.k, dtype=bool)
+            slots[:max(1, len(self._shown_ids))] = True
             return slots
-        return np.concatenate((slots, np.ones(len(CHUNK_BINS_TOKENS), bool), np.ones(len(VICTIM_RULES), bool),
-                               self._mode_mask))
+        mask = self._mask_template.copy()  # slot 0, chunk, victim and mode parts set at reset
+        mask[1:len(self._shown_ids)] = True
+        return mask
 
     def _info(self, extra: dict) -> dict:
         info = {"action_mask": self.action_masks(), "time_s": self.cluster.now_s if self.cluster else 0.0,
@@ -165,8 +169,8 @@ class SchedulingEnv(gym.Env):
     def decode(self, action) -> tuple[AgentDecision, bool]:
         """The :class:`AgentDecision` of ``action`` for the current candidates, and whether a
         masked part was replaced by the reference's decision."""
-        a = np.asarray(action, dtype=np.int64).reshape(-1)
-        require(a.shape == (len(self._nvec),) and np.all(a >= 0) and np.all(a < np.asarray(self._nvec)),
+        a = np.asarray(action, dtype=np.int64).reshape(-1).tolist()
+        require(len(a) == len(self._nvec) and all(0 <= x < n for x, n in zip(a, self._nvec)),
                 "action", action, f"integers below {list(self._nvec)}")
         invalid = False
         slot = int(a[0])
