@@ -1,62 +1,155 @@
-"""Environment steps per second of ``kvsched/Scheduling-v0`` with a random and a heuristic agent.
+"""Environment steps per second, and the environments' own cost per step, of the three
+``kvsched`` Gymnasium environments.
 
-``python -m kvsched.agents.throughput [--episodes N] [--window-s S]`` prints steps per wall
-second and per CPU second of this process (``time.process_time``; on a shared machine the CPU
-figure is the meaningful one). Episodes are held-out windows of the bundled mixed long/short
-scenario, run to completion.
+``python -m kvsched.agents.throughput [--steps N] [--envs IDS] [--agents NAMES] [--json]`` runs
+each environment for ``N`` steps (resetting with seeds 0, 1, ... when an episode ends; reset time
+is not counted) and prints, per environment and agent:
+
+* steps per wall second and per CPU second of the ``env.step`` calls (``time.perf_counter`` /
+  ``time.thread_time``; on a shared machine the CPU figure is the meaningful one);
+* ``sim_us_per_step``: CPU microseconds per step spent in the simulator (the cluster's
+  ``run_until_decision``, ``apply`` and ``result`` calls made inside ``env.step``);
+* ``overhead_us_per_step``: the rest of ``env.step``, i.e. what the environment adds on top of
+  the simulation (decoding the action, building the observation, mask, reward and info). It
+  includes the cost of the timing calls themselves (about 2 us each, 6 per step on these
+  machines).
+
+Agents: ``random`` (uniform over the masked actions; ``action_space.sample()`` for the Box
+actions of ``Knobs-v0``, seeded) for every environment; a policy name (e.g. ``fcfs``, ``lars``)
+acts through :class:`~kvsched.agents.heuristic.HeuristicAgent` and exists only for
+``Scheduling-v0``. Each environment uses its ``gymnasium.make`` defaults (the bundled mixed
+long/short scenario, training windows), as training does.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import time
 
 import numpy as np
 
+ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Knobs-v0", "kvsched/Routing-v0")
 
-def measure(agent: str, episodes: int = 3, window_s: float = 60.0, seed: int = 0) -> dict:
-    """Steps, wall and CPU seconds of ``episodes`` episodes; ``agent`` is ``"random"`` (uniform
-    over the masked actions) or a policy name (through :class:`HeuristicAgent`)."""
+
+class _SimClock:
+    """Accumulates this thread's CPU seconds inside one cluster's stepping calls."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+
+    def attach(self, cluster) -> None:
+        for name in ("run_until_decision", "apply", "result"):
+            fn = getattr(cluster, name)
+
+            def timed(*a, _fn=fn, **k):
+                t = time.thread_time()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    self.cpu_s += time.thread_time() - t
+
+            setattr(cluster, name, timed)  # shadows the bound method on this cluster object only
+
+
+def _random_action(env, info: dict, rng: np.random.Generator):
+    import gymnasium as gym
+
+    space = env.action_space
+    if isinstance(space, gym.spaces.Box):
+        return space.sample()
+    mask = info["action_mask"]
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        parts, i = [], 0
+        for n in space.nvec.tolist():
+            parts.append(rng.choice(np.flatnonzero(mask[i:i + n])))
+            i += n
+        return np.array(parts)
+    return int(rng.choice(np.flatnonzero(mask)))
+
+
+def measure(env_id: str = "kvsched/Scheduling-v0", agent: str = "random", steps: int = 2000,
+            seed: int = 0, **env_kwargs) -> dict:
+    """Run ``env_id`` for ``steps`` steps with ``agent`` and time the ``env.step`` calls.
+
+    Args:
+        env_id: a registered ``kvsched/...`` environment id.
+        agent: ``"random"``, or a policy name (``Scheduling-v0`` only: through
+            :class:`HeuristicAgent`; the environment's reference policy gives its own decisions).
+        steps: steps to time (>= 1).
+        seed: seeds the first reset (later resets use ``seed + episode``) and the random agent.
+        env_kwargs: passed to ``gymnasium.make``.
+
+    Returns:
+        dict with ``env``, ``agent``, ``steps``, ``episodes_ended``, ``wall_s``, ``cpu_s``,
+        ``steps_per_wall_s``, ``steps_per_cpu_s``, ``sim_us_per_step``, ``overhead_us_per_step``.
+
+    Raises:
+        ValueError: ``steps < 1``, or a policy agent for an environment other than
+            ``Scheduling-v0``.
+    """
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
     from kvsched.agents.heuristic import HeuristicAgent
-    from kvsched.envs.scheduling_env import SchedulingEnv
 
-    env = SchedulingEnv(window_s=window_s, split="heldout", horizon_s=math.inf)
+    if steps < 1:
+        raise ValueError(f"steps={steps!r} is not allowed: expected an integer >= 1")
+    env = gym.make(env_id, **env_kwargs).unwrapped
+    if agent != "random" and not hasattr(env, "heuristic_action"):
+        raise ValueError(f"agent={agent!r} is not allowed for {env_id}: expected 'random' "
+                         "(policy agents act only in kvsched/Scheduling-v0)")
+    env.action_space.seed(seed)
     rng = np.random.default_rng(seed)
     heur = None if agent == "random" else HeuristicAgent(None if agent == env.reference_policy else agent, env)
-    steps = 0
-    w0, c0 = time.perf_counter(), time.process_time()
-    for e in range(episodes):
-        obs, info = env.reset(seed=seed + e)
-        done = False
-        while not done:
-            if heur is None:
-                m = info["action_mask"]
-                parts, a, i = env._nvec, [], 0
-                for n in parts:
-                    a.append(rng.choice(np.flatnonzero(m[i:i + n])))
-                    i += n
-                action = np.array(a)
-            else:
-                action, _ = heur.predict(obs)
-            obs, _, term, trunc, info = env.step(action)
-            steps += 1
-            done = term or trunc
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    return {"agent": agent, "episodes": episodes, "steps": steps, "wall_s": wall, "cpu_s": cpu,
-            "steps_per_wall_s": steps / wall, "steps_per_cpu_s": steps / cpu}
+    clock = _SimClock()
+    obs, info = env.reset(seed=seed)
+    clock.attach(env.cluster)
+    wall = cpu = 0.0
+    episodes = 0
+    for _ in range(steps):
+        action = _random_action(env, info, rng) if heur is None else heur.predict(obs)[0]
+        w0, c0 = time.perf_counter(), time.thread_time()
+        obs, _, terminated, truncated, info = env.step(action)
+        cpu += time.thread_time() - c0
+        wall += time.perf_counter() - w0
+        if terminated or truncated:
+            episodes += 1
+            obs, info = env.reset(seed=seed + episodes)
+            clock.attach(env.cluster)
+    env.close()
+    return {"env": env_id, "agent": agent, "steps": steps, "episodes_ended": episodes, "wall_s": wall,
+            "cpu_s": cpu, "steps_per_wall_s": steps / wall if wall > 0 else None,
+            "steps_per_cpu_s": steps / cpu if cpu > 0 else None,
+            "sim_us_per_step": 1e6 * clock.cpu_s / steps, "overhead_us_per_step": 1e6 * (cpu - clock.cpu_s) / steps}
 
 
-def main() -> None:
+def measure_all(steps: int = 2000, env_ids=ENV_IDS, agents=("random", "fcfs", "lars")) -> list[dict]:
+    """:func:`measure` for every environment with the random agent, and for ``Scheduling-v0``
+    also with each policy agent of ``agents``."""
+    out = []
+    for env_id in env_ids:
+        for a in agents:
+            if a == "random" or env_id == "kvsched/Scheduling-v0":
+                out.append(measure(env_id, a, steps))
+    return out
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--episodes", type=int, default=3)
-    p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--envs", default=",".join(ENV_IDS))
     p.add_argument("--agents", default="random,fcfs,lars")
-    args = p.parse_args()
-    for a in args.agents.split(","):
-        r = measure(a, args.episodes, args.window_s)
-        print(f"{a:8s} {r['steps']:6d} steps  {r['steps_per_wall_s']:8.1f} steps/s wall  "
-              f"{r['steps_per_cpu_s']:8.1f} steps/CPU-s")
+    p.add_argument("--json", action="store_true", help="print one JSON list as the last line")
+    args = p.parse_args(argv)
+    rows = measure_all(args.steps, args.envs.split(","), args.agents.split(","))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    for r in rows:
+        print(f"{r['env']:22s} {r['agent']:7s} {r['steps']:6d} steps  {r['steps_per_wall_s']:8.1f} steps/s wall  "
+              f"{r['steps_per_cpu_s']:8.1f} steps/CPU-s  simulator {r['sim_us_per_step']:8.1f} us/step  "
+              f"env overhead {r['overhead_us_per_step']:6.1f} us/step")
 
 
 if __name__ == "__main__":

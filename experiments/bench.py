@@ -55,8 +55,11 @@ installs Vidur into its own venv) and kvsched on the
 same configuration and reports the wall-time ratio and both simulators' TTFT / TBT / E2E
 p50 / p99.
 
-Not measured here: steps per second of the Gymnasium environments (issue #6) -- those
-environments do not exist yet; the output says so instead of giving a number.
+``kvsched bench --envs`` also measures the Gymnasium environments (in one subprocess,
+:mod:`kvsched.agents.throughput`): env steps per wall and CPU second with a random agent (and
+fcfs / lars heuristic agents in ``Scheduling-v0``), the simulator's CPU microseconds per step
+and the environment's own overhead per step (``env.step`` minus the simulator); they go to the
+JSON's ``envs`` list. Without ``--envs`` the output says they were not measured.
 """
 
 from __future__ import annotations
@@ -95,8 +98,7 @@ DEFAULT_VIDUR_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "
 #: Vidur release the peer scripts install (PyPI ``vidur``).
 VIDUR_VERSION = "0.0.26"
 
-GYM_NOTE = ("Gymnasium environment steps/s: not measured -- the Gymnasium environments (issue #6) "
-            "do not exist yet")
+GYM_NOTE = "Gymnasium environment steps/s: not measured in this run (kvsched bench --envs measures them)"
 MEMORY_METHOD = ("peak RSS of a fresh subprocess per case: resource.getrusage(RUSAGE_SELF).ru_maxrss "
                  "(includes the interpreter and imports; baseline_rss_mib is the same figure before "
                  "the workload is built)")
@@ -112,7 +114,7 @@ CASE_KEYS = (
 )
 #: Top-level keys of the JSON output.
 TOP_KEYS = ("kvsched_version", "python", "platform", "cpu_count", "memory_method", "reference",
-            "cases", "not_measured")
+            "cases", "envs", "not_measured")
 
 
 # =============================================================================================
@@ -753,8 +755,9 @@ def write_plot(entries: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def bench_report(entries: Sequence[dict], peer: list[dict] | None = None) -> dict:
-    """The JSON document of one bench run (keys: :data:`TOP_KEYS`, plus ``peer`` with ``--peer``)."""
+def bench_report(entries: Sequence[dict], peer: list[dict] | None = None, envs: list[dict] | None = None) -> dict:
+    """The JSON document of one bench run (keys: :data:`TOP_KEYS`, plus ``peer`` with ``--peer``;
+    ``envs``: the :func:`kvsched.agents.throughput.measure` rows with ``--envs``, else ``None``)."""
     import kvsched
 
     doc: dict[str, Any] = {
@@ -767,7 +770,8 @@ def bench_report(entries: Sequence[dict], peer: list[dict] | None = None) -> dic
                       "blis_requests_per_s": BLIS_REFERENCE_REQ_PER_S, "goal_speedup": GOAL_SPEEDUP,
                       "note": "BLIS figure quoted in issue #8, not re-measured in this run"},
         "cases": list(entries),
-        "not_measured": [GYM_NOTE],
+        "envs": envs,
+        "not_measured": [] if envs is not None else [GYM_NOTE],
     }
     for e in entries:
         if e["group"] == "blis":
@@ -775,6 +779,34 @@ def bench_report(entries: Sequence[dict], peer: list[dict] | None = None) -> dic
     if peer is not None:
         doc["peer"] = {"name": "vidur", "version": VIDUR_VERSION, "runs": peer}
     return doc
+
+
+def run_envs_subprocess(steps: int) -> list[dict]:
+    """:func:`kvsched.agents.throughput.measure_all` in a fresh subprocess (its JSON rows).
+
+    Raises:
+        KvschedError: the subprocess failed.
+    """
+    from kvsched.envs.sim.errors import KvschedError
+
+    proc = subprocess.run([sys.executable, "-m", "kvsched.agents.throughput", "--json", "--steps", str(steps)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise KvschedError(f"environment throughput subprocess failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def envs_table(rows: Sequence[dict]):
+    """Rich table of the environment rows (steps/s, simulator and overhead us per step)."""
+    from rich.table import Table
+
+    t = Table(title="Gymnasium environments (env.step calls; overhead = env.step minus simulator, CPU)")
+    for col in ("env", "agent", "steps", "steps/s wall", "steps/s CPU", "simulator us/step", "overhead us/step"):
+        t.add_column(col, justify="left" if col in ("env", "agent") else "right")
+    for r in rows:
+        t.add_row(r["env"], r["agent"], f"{r['steps']:,}", f"{r['steps_per_wall_s']:,.0f}",
+                  f"{r['steps_per_cpu_s']:,.0f}", f"{r['sim_us_per_step']:,.0f}", f"{r['overhead_us_per_step']:,.0f}")
+    return t
 
 
 # =============================================================================================
@@ -794,6 +826,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--qps", type=float, nargs="+", default=[1.0], help="request rates of the peer comparison (1)")
     b.add_argument("--peer-dir", type=Path, default=None,
                    help=f"Vidur peer folder with run.sh (default $KVSCHED_VIDUR_DIR or {DEFAULT_VIDUR_DIR})")
+    b.add_argument("--envs", action="store_true",
+                   help="also measure the Gymnasium environments' steps/s and overhead per step (subprocess)")
+    b.add_argument("--env-steps", type=int, default=2000, help="steps per environment and agent with --envs (2000)")
     b.add_argument("--profile", type=Path, metavar="DIR",
                    help="profile each case with pyinstrument, writing DIR/<case>.html and .txt "
                         "(timings of profiled runs are inflated)")
@@ -823,6 +858,8 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
             raise KvschedError(f"--qps {q:g} is not allowed: expected finite request rates > 0")
     if a.cases and a.quick:
         raise KvschedError("give either --cases or --quick, not both")
+    if a.env_steps < 1:
+        raise KvschedError(f"--env-steps {a.env_steps} is not allowed: expected an integer >= 1")
     names = a.cases or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
@@ -835,7 +872,11 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     if a.peer == "vidur":
         peer_dir = a.peer_dir or Path(os.environ.get("KVSCHED_VIDUR_DIR", DEFAULT_VIDUR_DIR))
         peer = peer_vidur(a.peer_requests, a.qps, peer_dir, err)
-    doc = bench_report(entries, peer)
+    envs = None
+    if a.envs:
+        err.print("[dim]environments (kvsched.agents.throughput) ...[/]", highlight=False)
+        envs = run_envs_subprocess(a.env_steps)
+    doc = bench_report(entries, peer, envs)
     if entries:
         console.print(cases_table(entries))
         blis10 = next((e for e in entries if e["case"] == "blis-10k"), None)
@@ -846,7 +887,11 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
                           f"{BLIS_REFERENCE_WALL_S:g} s; goal {GOAL_SPEEDUP:g}x)", highlight=False)
     for row in peer or []:
         console.print(peer_table(row))
-    console.print(f"[dim]{GYM_NOTE}. Memory: {MEMORY_METHOD}.[/]", highlight=False)
+    if envs:
+        console.print(envs_table(envs))
+    else:
+        console.print(f"[dim]{GYM_NOTE}.[/]", highlight=False)
+    console.print(f"[dim]Memory: {MEMORY_METHOD}.[/]", highlight=False)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")

@@ -50,7 +50,7 @@ def test_quick_bench_writes_documented_json_and_plot(quick_run):
         assert e["peak_rss_mib"] >= e["baseline_rss_mib"] > 0
         assert 0 <= e["fast_forward_share"] <= 1 and e["fast_forward_steps"] <= e["steps"]
         assert len(e["result_sha256"]) == 64 and e["profiled"] is False
-    assert "do not exist yet" in doc["not_measured"][0]
+    assert doc["envs"] is None and "--envs" in doc["not_measured"][0]
     assert doc["reference"]["blis_requests_per_s"] == pytest.approx(10_000 / 23.0)
     assert out.with_suffix(".png").stat().st_size > 0
 
@@ -153,3 +153,20 @@ def test_vidur_dir_is_beside_the_checkout_and_scenario_params_reach_simulate():
     prep = bench._scenario_file("long-context-nvme-tiered", (0.0, 5.0))()
     assert prep.policy_params == {"tier_aware_preemption": True, "prefetch": True}
     assert bench._scenario_file("long-context-swap-dram", (0.0, 5.0))().policy_params is None
+
+
+def test_env_throughput_measures_steps_and_splits_simulator_from_overhead():
+    """Every environment steps the requested number of times; the simulator's CPU share and the
+    environment's own overhead are both positive and add up to the timed env.step CPU time."""
+    from kvsched.agents import throughput
+
+    rows = throughput.measure_all(steps=25, agents=("random", "fcfs"))
+    assert [(r["env"], r["agent"]) for r in rows] == [
+        ("kvsched/Scheduling-v0", "random"), ("kvsched/Scheduling-v0", "fcfs"),
+        ("kvsched/Knobs-v0", "random"), ("kvsched/Routing-v0", "random")]
+    for r in rows:
+        assert r["steps"] == 25
+        assert r["sim_us_per_step"] > 0 and r["overhead_us_per_step"] > 0
+        assert (r["sim_us_per_step"] + r["overhead_us_per_step"]) * 25 / 1e6 == pytest.approx(r["cpu_s"])
+    with pytest.raises(ValueError, match="Scheduling-v0"):
+        throughput.measure("kvsched/Routing-v0", "fcfs", steps=1)
