@@ -240,8 +240,9 @@ class SchedulerPolicy:
                                     default_mode: str) -> tuple[int, str] | None:
         """Victim row of ``running`` and mode to make room for the blocked head of ``waiting``.
 
-        Asked only when ``params.admission_preemption`` is not ``"never"`` and the head of the
-        admission order cannot get its KV blocks. Returns ``None`` to keep waiting (vLLM V1).
+        Asked only when ``params.admission_preemption`` is not ``"never"``, the head of the
+        admission order cannot get its KV blocks, and some eligible victim holds enough blocks to
+        make room for the head's prompt. Returns ``None`` to keep waiting (vLLM V1).
         Arguments and rules: :func:`kvsched.policies.preemption.choose_admission_preemption`.
         """
         from .preemption import choose_admission_preemption

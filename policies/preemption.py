@@ -98,21 +98,26 @@ class OutputLengthHistory:
         return np.where(above > 0, np.maximum(residual, 1.0), fallback)
 
 
-def remaining_time_s(cost, table: FeatureTable, remaining_output: np.ndarray, decode_step_s: float) -> np.ndarray:
-    """Predicted seconds until each row of ``table`` finishes: remaining prefill + decode.
+def remaining_time_s(cost, total_tokens: np.ndarray, computed_tokens: np.ndarray, remaining_output: np.ndarray,
+                     decode_step_s: float) -> np.ndarray:
+    """Predicted seconds until each request finishes: remaining prefill + decode.
 
     Args:
         cost: the instance's :class:`~kvsched.envs.sim.cost_model.CostModel`.
-        table: the requests (running or waiting).
-        remaining_output: expected output tokens still to decode per row, shape ``(n,)``.
+        total_tokens: prompt + generated tokens per request, shape ``(n,)``.
+        computed_tokens: tokens already in its KV cache, shape ``(n,)``.
+        remaining_output: expected output tokens still to decode, shape ``(n,)``.
         decode_step_s: seconds of one decode step of the current batch.
 
     Returns:
-        float64 array of shape ``(n,)``.
+        float64 array of shape ``(n,)``. Only requests with more than one token left to
+        compute pay a prefill (``CostModel.prefill_time_s``, element by element).
     """
-    total = table.prompt_tokens + table.generated_tokens
-    done = np.minimum(table.computed_tokens, total)
-    prefill = np.where(total - done > 1, cost.prefill_time_s(total, done), 0.0)
+    done = np.minimum(computed_tokens, total_tokens)
+    pending = total_tokens - done > 1
+    prefill = np.zeros(len(total_tokens))
+    if pending.any():
+        prefill[pending] = cost.prefill_time_s(total_tokens[pending], done[pending])
     return prefill + remaining_output * decode_step_s
 
 
@@ -151,10 +156,10 @@ def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndar
         # as _preempt: a swap (offload) that finds no room falls back to NVMe, then to recompute
         chain = {"swap": ("swap", "offload", "recompute"), "offload": ("offload", "recompute")}.get(
             default_mode, ("recompute",))
-        mode_of, reload_s = [], np.empty(len(running))
-        for r in range(len(running)):
+        mode_of, reload_s = {}, np.empty(len(running))
+        for r in rows.tolist():  # only the candidates' modes are ever used
             m = next(m for m in chain if m in costs_s and np.isfinite(costs_s[m][r]))
-            mode_of.append(m)
+            mode_of[r] = m
             reload_s[r] = costs_s[m][r]
     if p.admission_preemption == "always":
         r = int(rows[np.argmax(freed_blocks[rows])])  # the largest holder: frees the most
@@ -162,23 +167,28 @@ def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndar
 
     cost_model = policy.ctx.cost
     history = policy.output_history
+    # the waiting requests each candidate's blocks would admit now (admission order)
+    cum = np.cumsum(waiting_blocks)
+    ks = np.minimum(np.searchsorted(cum, available_blocks + freed_blocks[rows], side="right"), seats + 1)
+    kmax = int(ks.max())
+    if kmax == 0:
+        return None
+    w_total = (waiting.prompt_tokens + waiting.generated_tokens)[:kmax]
+    w_generated = waiting.generated_tokens[:kmax]
     if running.oracle_lengths:
         rem_run = np.maximum(running.output_tokens - running.generated_tokens, 0).astype(np.float64)
-        rem_wait = np.maximum(waiting.output_tokens - waiting.generated_tokens, 1).astype(np.float64)
+        rem_wait = np.maximum(waiting.output_tokens[:kmax] - w_generated, 1).astype(np.float64)
     else:
         rem_run = history.expected_remaining(running.generated_tokens)
-        rem_wait = history.expected_remaining(waiting.generated_tokens)
+        rem_wait = history.expected_remaining(w_generated)
     ctx = running.computed_tokens
     decode_step_s = float(cost_model.decode_step_time_s(len(running), int(ctx.sum())))
-    t_run = remaining_time_s(cost_model, running, rem_run, decode_step_s)
-    t_wait = remaining_time_s(cost_model, waiting, rem_wait, decode_step_s)
+    t_run = remaining_time_s(cost_model, running.prompt_tokens + running.generated_tokens, ctx, rem_run,
+                             decode_step_s)
+    t_wait = remaining_time_s(cost_model, w_total, waiting.computed_tokens[:kmax], rem_wait, decode_step_s)
     n_running, n_waiting = len(running), len(waiting)
     best, best_gain = None, 0.0
-    for r in rows:
-        # the waiting requests r's blocks admit now, in admission order
-        room = available_blocks + freed_blocks[r]
-        cum = np.cumsum(waiting_blocks)
-        k = int(min(np.searchsorted(cum, room, side="right"), seats + 1))
+    for r, k in zip(rows.tolist(), ks.tolist()):
         if k == 0:
             continue
         # without preemption: request j waits until finishing requests free its shortfall

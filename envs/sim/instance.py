@@ -992,6 +992,13 @@ class Instance:
         if not eligible.any():
             return False
         hbm = self.hbm
+        # a victim frees at most the blocks it holds: if none could make room for the head's
+        # prompt, the policy's answer is no (the gate requires that room) -- skip the work
+        head_blocks = self._blocks_for(head.prompt_tokens + head.generated + 1)
+        room = hbm.available_blocks - evictable_hit
+        if not any(ok and r.shared_blocks + r.private_blocks + room >= head_blocks
+                   for ok, r in zip(eligible.tolist(), running)):
+            return False
         freed = np.fromiter((r.private_blocks + sum(hbm.segments[h].n_blocks for h in r.shared
                                                     if hbm.segments[h].refs == 1) for r in running),
                             np.int64, count=len(running))
