@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
     s.add_argument("--tp", type=int, help="tensor-parallel degree (1, 2, 4, 8)")
     s.add_argument("--policy", help="scheduler policy (default fcfs)")
+    s.add_argument("--policy-params", metavar="JSON",
+                   help='policy parameters, merged over the scenario\'s, e.g. '
+                        '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
     s.add_argument("--instances", type=int, help="number of instances (default 1)")
     s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
                                     "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
@@ -161,6 +164,15 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
                                f"(policy {pf['policy']!r}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
+    if getattr(a, "policy_params", None) is not None:
+        try:
+            pp = json.loads(a.policy_params)
+        except json.JSONDecodeError as e:
+            raise KvschedError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos})") from None
+        if not isinstance(pp, dict):
+            raise KvschedError(f"--policy-params={a.policy_params!r}: must be a JSON object of the policy's "
+                               "parameters")
+        over["policy_params"] = {**over.get("policy_params", sc.policy_params), **pp}
     return sc.with_overrides(**over)
 
 

@@ -54,6 +54,9 @@ def test_table_output_names_the_setup(capsys):
     (["simulate", "--rate-scale", "-1"], "rate_scale"),
     (["simulate", "--model", "Llama-3.1-70B", "--tp", "1"], "Llama-3.1-70B"),  # weights do not fit
     (["simulate", "--policy", "magic"], "fcfs"),                      # lists known policies
+    (["simulate", "--policy-params", '{"admission_preemption": "maybe"}'], "cost-gated"),  # lists the modes
+    (["simulate", "--policy-params", '{"no_such": 1}'], "admission_preemption"),  # lists the parameters
+    (["simulate", "--policy-params", "[1]"], "JSON object"),
 ])
 def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     rc = main(argv + ["--no-progress", "--max-requests", "10"])
@@ -119,3 +122,15 @@ def test_records_carry_the_length_class_the_summary_groups_by(tmp_path):
     assert (rec.length_class == "long").sum() == summary["classes"]["long"]["counts"]["arrived"]
     assert ((rec.prompt_tokens >= 8192) == (rec.length_class == "long")).all()
     assert summary["run"]["workload"] == "mooncake-conversation" and summary["run"]["requests"] == 200
+
+
+def test_policy_params_flag_sets_the_policy_parameters(tmp_path):
+    """--policy-params merges over the scenario's parameters; the run records them and they act."""
+    sc = "experiments/scenarios/long-context-swap-dram.yaml"
+    runs = {}
+    for name, extra in (("plain", []), ("gated", ["--policy-params", '{"admission_preemption": "cost-gated"}'])):
+        assert main(["simulate", "--scenario", sc, "--out", str(tmp_path / name), "--json", "--no-progress"]
+                    + extra) == 0
+        runs[name] = json.loads((tmp_path / name / "run.json").read_text())
+    assert runs["gated"]["stats"]["admission_preemptions"] > 0 == runs["plain"]["stats"]["admission_preemptions"]
+    assert runs["gated"]["scenario"]["policy_params"]["admission_preemption"] == "cost-gated"
