@@ -170,6 +170,7 @@ class Instance:
         # plan of the step or stretch in flight
         self._plan: list[tuple[RequestState, int]] = []
         self._stretch_ends: np.ndarray | None = None
+        self._single_decodes = 0  # the planned single step starts with this many known decodes
         # steps each plan member runs in a stretch that continues through completions (None: all
         # run the whole stretch), and HBM blocks in use at each step end after its frees
         self._stretch_steps: list[int] | None = None
@@ -340,6 +341,10 @@ class Instance:
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             end = self._plan_stretch(start, horizon_s)
+        elif n_decodes and not step.preempted:
+            # the step's counters already hold the batch (no PNM with the decode fast path)
+            end = self._plan_single_counted(start, step)
+            self._single_decodes = n_decodes
         else:
             end = self._plan_single(start)
         self.busy = True
@@ -458,10 +463,11 @@ class Instance:
         need_total = 0
         ctx_total = 0
         needy = []  # (request, new blocks) of those that need any
+        running_status = RUNNING
         for st in running:
             c = st.computed
             g = st.generated
-            if st.status != RUNNING or st.ready_s > now or g <= 0 or c != st.prompt_tokens + g - 1:
+            if st.status != running_status or st.ready_s > now or g <= 0 or c != st.prompt_tokens + g - 1:
                 return False
             need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
             if need > 0:
@@ -490,6 +496,18 @@ class Instance:
             self.swapped.popleft()
             self._swap_in(st, now)
             self.running.append(st)
+
+    def _plan_single_counted(self, start: float, step: "_StepBuild") -> float:
+        """:meth:`_plan_single` from the counters :meth:`_count` and :meth:`_schedule_decodes`
+        kept while the step was built (the same integer sums: no request's computed tokens
+        change between its counting and the plan, and no PNM resident is in the plan)."""
+        dt = self.cost.step_time_fast(float(step.n_tokens), step.attn2 / 2.0, float(step.kv_tokens))
+        self._stretch_ends = None
+        self._stretch_steps = None
+        self._stretch_reserved = 0
+        self._stretch_pnm_reserved = 0
+        self._step_start = start
+        return start + dt
 
     def _plan_single(self, start: float) -> float:
         n_tokens = 0
@@ -1363,6 +1381,26 @@ class Instance:
             self.steps += 1
             self.sum_batch += len(plan)
             gap_vals: tuple[list[float], list[float]] = ([], [])  # per length class
+            nd = self._single_decodes
+            if nd:  # decodes known at planning (1 token at KV position prompt + generated - 1)
+                self._single_decodes = 0
+                for st, _ in plan[:nd]:
+                    if st.status != RUNNING:
+                        continue
+                    c = st.computed + 1
+                    st.computed = c
+                    if st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= c:
+                        self._register_segments(st, now)
+                    gen = st.generated + 1
+                    st.generated = gen
+                    g = now - st.last_token_s
+                    gap_vals[st.length_class].append(g)
+                    if not (st.max_itl_s >= g):
+                        st.max_itl_s = g
+                    st.last_token_s = now
+                    if gen >= st.output_tokens:
+                        finished.append(st)
+                plan = plan[nd:]
             for st, n in plan:
                 if st.status != RUNNING:
                     continue
