@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 TIERS: tuple[str, ...] = ("hbm", "dram", "nvme", "pnm")
-N_TIERS = len(TIERS)
+N_TIERS = len(TIERS)  # OccupancyTracker.change and _stretch_scalar unroll these four
 
 
 class _InstanceOccupancy:
@@ -60,16 +60,31 @@ class OccupancyTracker:
     def change(self, inst_id: int, t: float, used: tuple[int, ...],
                capacity: tuple[int, ...]) -> None:
         """Occupancy of ``inst_id`` is ``used`` (blocks per tier) from time ``t`` (s) on."""
-        s = self._state(inst_id, capacity)
-        if s.prev_t == s.prev_t:  # not NaN: integrate the previous value over [prev_t, t)
-            dt = t - s.prev_t
-            for i in range(N_TIERS):
-                s.integral[i] = s.integral[i] + s.prev_used[i] * dt
+        s = self._inst.get(inst_id)
+        if s is None:
+            s = self._state(inst_id, capacity)
+        # the four tiers unrolled (called at every step's planning and end)
+        u0, u1, u2, u3 = used
+        prev_t = s.prev_t
+        if prev_t == prev_t:  # not NaN: integrate the previous value over [prev_t, t)
+            dt = t - prev_t
+            integral = s.integral
+            p0, p1, p2, p3 = s.prev_used
+            integral[0] = integral[0] + p0 * dt
+            integral[1] = integral[1] + p1 * dt
+            integral[2] = integral[2] + p2 * dt
+            integral[3] = integral[3] + p3 * dt
         else:
             s.first_t = t
-        for i in range(N_TIERS):
-            if used[i] > s.peak[i]:
-                s.peak[i] = used[i]
+        peak = s.peak
+        if u0 > peak[0]:
+            peak[0] = u0
+        if u1 > peak[1]:
+            peak[1] = u1
+        if u2 > peak[2]:
+            peak[2] = u2
+        if u3 > peak[3]:
+            peak[3] = u3
         s.prev_t = t
         s.prev_used = used
         cell = int(t // self.interval_s)
