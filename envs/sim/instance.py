@@ -574,7 +574,7 @@ class Instance:
         k = len(ends)
         if (k == k_rem and ends[-1] < horizon_s and self.stretch_through_finishes and not self.waiting
                 and self.shared_kv is None and k_rem < max(rems)
-                and sum([(c + k - 1) // self.bs - c // self.bs for c in xs]) < self.hbm.free_blocks):
+                and self._growth_blocks(xs, k - 1) < self.hbm.free_blocks):
             end = self._plan_stretch_through(start, horizon_s, xs, rems, ends)
             if end is not None:
                 return end
@@ -614,6 +614,11 @@ class Instance:
         self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
         return ends[-1]
+
+    def _growth_blocks(self, xs: list[int], steps: int) -> int:
+        """KV blocks requests at KV positions ``xs`` allocate over ``steps`` more decode steps."""
+        bs = self.bs
+        return sum([(c + steps) // bs - c // bs for c in xs])
 
     def _plan_stretch_through(self, start: float, horizon_s: float, xs: list[int], rems: list[int],
                               ends_first: list[float]) -> float | None:
@@ -1365,9 +1370,10 @@ class Instance:
                 if not (st.max_itl_s >= m):
                     st.max_itl_s = m
                 st.computed += k
-                st.generated += k
+                gen = st.generated + k
+                st.generated = gen
                 st.last_token_s = now
-                if st.generated >= st.output_tokens:
+                if gen >= st.output_tokens:
                     finished.append(st)
             rec.add_itl_by_class(first_gaps, gaps)
             rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used,
