@@ -73,16 +73,23 @@ def test_hand_computed_three_request_schedule():
     assert res.stats["steps"] == 4
 
 
-def test_decode_stretch_is_fast_forwarded_and_exact():
-    spec = make_spec()
-    reqs = [Request(i, 0.0, 200 + 37 * i, 300 + 11 * i) for i in range(8)]
-    w = Workload.from_requests(reqs)
+def _fast_and_slow(w, spec):
+    """The run with fast-forward and stepping one by one, checked identical (records, summary,
+    occupancy, step count)."""
     fast = run(w, spec, fast_forward=True)
     slow = run(w, spec, fast_forward=False)
     pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
     assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
     pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
     assert fast.stats["steps"] == slow.stats["steps"]
+    return fast, slow
+
+
+def test_decode_stretch_is_fast_forwarded_and_exact():
+    spec = make_spec()
+    reqs = [Request(i, 0.0, 200 + 37 * i, 300 + 11 * i) for i in range(8)]
+    w = Workload.from_requests(reqs)
+    fast, slow = _fast_and_slow(w, spec)
     assert fast.stats["fast_forward_steps"] > 0.9 * fast.stats["steps"]
     assert fast.stats["events"] < slow.stats["events"] / 20
 
@@ -97,12 +104,7 @@ def test_stretch_runs_through_completions_when_nothing_waits():
     w = Workload.from_requests(reqs)
     for max_seqs, stretches in ((64, 1), (7, None)):
         spec = make_spec(max_num_seqs=max_seqs)
-        fast = run(w, spec, fast_forward=True)
-        slow = run(w, spec, fast_forward=False)
-        pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
-        assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
-        pd.testing.assert_frame_equal(fast.occupancy, slow.occupancy, check_exact=True)
-        assert fast.stats["steps"] == slow.stats["steps"]
+        fast, slow = _fast_and_slow(w, spec)
         assert fast.records["finish_s"].nunique() == 8  # finishes at eight different step ends
         if stretches is not None:
             assert fast.stats["fast_forward_stretches"] == stretches

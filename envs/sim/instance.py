@@ -502,12 +502,7 @@ class Instance:
         kept while the step was built (the same integer sums: no request's computed tokens
         change between its counting and the plan, and no PNM resident is in the plan)."""
         dt = self.cost.step_time_fast(float(step.n_tokens), step.attn2 / 2.0, float(step.kv_tokens))
-        self._stretch_ends = None
-        self._stretch_steps = None
-        self._stretch_reserved = 0
-        self._stretch_pnm_reserved = 0
-        self._step_start = start
-        return start + dt
+        return self._single_step_end(start, dt)
 
     def _plan_single(self, start: float) -> float:
         n_tokens = 0
@@ -531,6 +526,10 @@ class Instance:
             dt = self.cost.pnm_step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(kv_pnm), float(n_pnm))
         else:
             dt = self.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
+        return self._single_step_end(start, dt)
+
+    def _single_step_end(self, start: float, dt: float) -> float:
+        """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``."""
         self._stretch_ends = None
         self._stretch_steps = None
         self._stretch_reserved = 0
