@@ -34,6 +34,23 @@ def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_
                    options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
 
 
+def check_steppable(env) -> None:
+    """Raise ``RuntimeError`` unless ``env`` (any kvsched environment) has an episode to step."""
+    if env.cluster is None:
+        raise RuntimeError("call reset() before step()")
+    if env._over:
+        raise RuntimeError("the episode is over: call reset()")
+
+
+def step_info(env, time_s: float, extra: dict) -> dict:
+    """The ``info`` dict every kvsched environment returns: action mask, simulated time (s),
+    decisions so far, the episode's window, plus ``extra``."""
+    info = {"action_mask": env.action_masks(), "time_s": time_s, "decisions": env.decisions,
+            "window": dict(env.episode)}
+    info.update(extra)
+    return info
+
+
 def reference(name: str, params: dict | None, source: EpisodeSource):
     """The named policy with ``params`` (default: the scenario's parameters when it names the
     same policy)."""

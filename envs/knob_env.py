@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
@@ -153,16 +153,10 @@ class KnobEnv(gym.Env):
         return np.ones(len(self.knobs), dtype=bool)
 
     def _info(self, extra: dict) -> dict:
-        info = {"action_mask": self.action_masks(), "time_s": self._t, "decisions": self.decisions,
-                "window": dict(self.episode)}
-        info.update(extra)
-        return info
+        return step_info(self, self._t, extra)
 
     def step(self, action):
-        if self.cluster is None:
-            raise RuntimeError("call reset() before step()")
-        if self._over:
-            raise RuntimeError("the episode is over: call reset()")
+        check_steppable(self)
         values = self.values(action)
         self._set(values)
         self.decisions += 1

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
@@ -129,16 +129,10 @@ class RoutingEnv(gym.Env):
         return np.ones(self.n_instances, dtype=bool)
 
     def _info(self, extra: dict) -> dict:
-        info = {"action_mask": self.action_masks(), "time_s": self.cluster.now_s, "decisions": self.decisions,
-                "window": dict(self.episode)}
-        info.update(extra)
-        return info
+        return step_info(self, self.cluster.now_s, extra)
 
     def step(self, action):
-        if self.cluster is None:
-            raise RuntimeError("call reset() before step()")
-        if self._over:
-            raise RuntimeError("the episode is over: call reset()")
+        check_steppable(self)
         a = int(np.asarray(action).reshape(-1)[0])
         require(0 <= a < self.n_instances, "action", action, f"an instance index in [0, {self.n_instances})")
         if self._point is not None and self._point.kind == "route":

@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 from kvsched.envs.action import (CHUNK_BINS_TOKENS, PREEMPTION_MODES, VICTIM_RULES, AgentDecision, AgentPolicy,
                                  mode_mask)
-from kvsched.envs.common import build_cluster, episode_config, reference
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
@@ -161,10 +161,7 @@ class SchedulingEnv(gym.Env):
         return mask
 
     def _info(self, extra: dict) -> dict:
-        info = {"action_mask": self.action_masks(), "time_s": self.cluster.now_s if self.cluster else 0.0,
-                "decisions": self.decisions, "window": dict(self.episode)}
-        info.update(extra)
-        return info
+        return step_info(self, self.cluster.now_s if self.cluster else 0.0, extra)
 
     def decode(self, action) -> tuple[AgentDecision, bool]:
         """The :class:`AgentDecision` of ``action`` for the current candidates, and whether a
@@ -191,10 +188,7 @@ class SchedulingEnv(gym.Env):
 
     # -------------------------------------------------------------------------------- step
     def step(self, action):
-        if self.cluster is None:
-            raise RuntimeError("call reset() before step()")
-        if self._over:
-            raise RuntimeError("the episode is over: call reset()")
+        check_steppable(self)
         invalid = False
         if self._pending_end is None:
             decision, invalid = self.decode(action)
