@@ -299,9 +299,8 @@ class Instance:
                 order = self.policy.order_prefills(
                     FeatureTable(cands, now, self.options.oracle_lengths, running=is_running))
                 ordered = cands if order is None else [cands[int(r)] for r in order]
-                if self.admission_preemption:
-                    step.admission_order = [c for c in ordered if c.status != RUNNING and id(c) not in
-                                            {id(s) for s in partial_runs}]
+                if self.admission_preemption:  # the waiting candidates (partial runs are RUNNING)
+                    step.admission_order = [c for c in ordered if c.status != RUNNING]
                 admitted: list[RequestState] = []
                 stop_admitting = False
                 was_running = {id(s) for s in partial_runs}
@@ -944,22 +943,30 @@ class Instance:
             else:
                 st.self_hit_tokens += st.seg_tokens
         hbm.allocate(need)
+        self._take_residency(st, hit_hashes, hit_blocks, need, hit, hit_tokens, now)
+        self._count(st, n, leaves_partial, step)
+        return _ADMITTED
+
+    def _take_residency(self, st: RequestState, hit_hashes, shared_blocks: int, private_blocks: int, next_seg: int,
+                        computed_tokens: int, now: float) -> None:
+        """Make admitted ``st`` a running HBM resident holding ``hit_hashes`` (``shared_blocks``)
+        and ``private_blocks``, with ``computed_tokens`` already in its KV (blocks already
+        allocated by the caller). Recompute after a preemption is counted here: what it lost
+        beyond the tokens found again."""
         st.shared = list(hit_hashes)
-        st.shared_blocks = hit_blocks
-        st.private_blocks = need
-        st.next_seg = hit
-        st.computed = hit_tokens
+        st.shared_blocks = shared_blocks
+        st.private_blocks = private_blocks
+        st.next_seg = next_seg
+        st.computed = computed_tokens
         st.tier = "hbm"
         if st.lost_tokens:
-            st.recomputed_tokens += max(0, st.lost_tokens - hit_tokens)
+            st.recomputed_tokens += max(0, st.lost_tokens - computed_tokens)
             st.lost_tokens = 0
         if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
             st.first_scheduled_s = now
         st.admissions += 1
         st.status = RUNNING
         self.running.append(st)
-        self._count(st, n, leaves_partial, step)
-        return _ADMITTED
 
     # ----------------------------------------------------------------------------- preemption
     def _make_room(self, st: RequestState, need: int, now: float, plan: list, planned: set) -> bool:

@@ -358,20 +358,8 @@ class SharedKVPool:
         self.fetched_segments += f
         self.bytes_fetched += nbytes
         covered = (hit + f) * seg
-        st.shared = list(hit_hashes)
-        st.shared_blocks = hit * seg_blocks
-        st.private_blocks = need
-        st.next_seg = hit  # the fetched segments join the prefix cache at the request's next step
-        st.computed = covered
-        st.tier = "hbm"
-        if st.lost_tokens:
-            st.recomputed_tokens += max(0, st.lost_tokens - covered)
-            st.lost_tokens = 0
-        if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
-            st.first_scheduled_s = now_s
-        st.admissions += 1
-        st.status = RUNNING
+        # next_seg = hit: the fetched segments join the prefix cache at the request's next step
+        inst._take_residency(st, hit_hashes, hit * seg_blocks, need, hit, covered, now_s)
         st.ready_s = ready
-        inst.running.append(st)
         inst.pending_events.append((ready, FETCH_EVENT, st))
         return True
