@@ -113,6 +113,26 @@ def parse_policies(text: str | Sequence[str]) -> list[str]:
     return _parse_names(text, "--policies", "policy", make_policy)
 
 
+def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, compared: Sequence[str],
+                        make: Callable, example: str) -> dict[str, dict]:
+    """``{name: {param: value}}`` from the JSON ``text`` of ``flag``, each validated by ``make``."""
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag}: invalid JSON ({e.msg} at char {e.pos}); expected e.g. {example}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"{flag}={text!r}: must map {kind} name -> {{parameter: value}}")
+    unknown = sorted(set(data) - set(compared))
+    if unknown:
+        raise ConfigError(f"{flag} names {kinds} {unknown} that are not compared; "
+                          f"compared: {list(compared)}")
+    for name, params in data.items():
+        make(name, dict(params))  # validates names and values
+    return {k: dict(v) for k, v in data.items()}
+
+
 def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, dict]:
     """``{"policy": {param: value}}`` from JSON text (``None`` -> no parameters).
 
@@ -122,22 +142,8 @@ def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, 
     """
     from kvsched.policies.base import make_policy
 
-    if text is None:
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos}); expected e.g. "
-                          '\'{"ewsjf": {"meta_window_s": 10}}\'') from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ConfigError(f"--policy-params={text!r}: must map policy name -> {{parameter: value}}")
-    unknown = sorted(set(data) - set(policies))
-    if unknown:
-        raise ConfigError(f"--policy-params names policies {unknown} that are not compared; compared: "
-                          f"{list(policies)}")
-    for name, params in data.items():
-        make_policy(name, dict(params))  # validates names and values
-    return {k: dict(v) for k, v in data.items()}
+    return _parse_named_params(text, "--policy-params", "policy", "policies", policies, make_policy,
+                               '\'{"ewsjf": {"meta_window_s": 10}}\'')
 
 
 def _params_for(name: str, given: Mapping[str, Any], seed: int) -> dict:
@@ -208,21 +214,8 @@ def parse_router_params(text: str | None, routers: Sequence[str]) -> dict[str, d
     """
     from kvsched.policies.routing import make_router
 
-    if text is None:
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--router-params: invalid JSON ({e.msg} at char {e.pos}); expected e.g. "
-                          '\'{"cache-affinity": {"cache_threshold": 0.5}}\'') from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ConfigError(f"--router-params={text!r}: must map router name -> {{parameter: value}}")
-    unknown = sorted(set(data) - set(routers))
-    if unknown:
-        raise ConfigError(f"--router-params names routers {unknown} that are not compared; compared: {list(routers)}")
-    for name, params in data.items():
-        make_router(name, dict(params))
-    return {k: dict(v) for k, v in data.items()}
+    return _parse_named_params(text, "--router-params", "router", "routers", routers, make_router,
+                               '\'{"cache-affinity": {"cache_threshold": 0.5}}\'')
 
 
 def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds: int = 1,
