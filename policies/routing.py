@@ -57,8 +57,12 @@ class Router:
         self._tie = 0
 
     def bind(self, n_instances: int, seed: int = 0) -> None:
-        """Called once by the cluster before the first request."""
+        """Called once by the cluster before the first request. Routers whose parameters set
+        ``track_routed_prefixes`` get their own index of the prefixes they routed."""
         self.n_instances = int(n_instances)
+        p = self.params
+        self._routed = (RoutedPrefixIndex(self.n_instances, p.routed_prefix_ttl_s)
+                        if getattr(p, "track_routed_prefixes", False) else None)
 
     def route(self, table: RouterTable) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -385,11 +389,6 @@ class CacheAffinity(Router):
 
     params_cls = CacheAffinityParams
 
-    def bind(self, n_instances: int, seed: int = 0) -> None:
-        super().bind(n_instances, seed)
-        p = self.params
-        self._routed = RoutedPrefixIndex(n_instances, p.routed_prefix_ttl_s) if p.track_routed_prefixes else None
-
     def route(self, table: RouterTable) -> int:
         return _record_route(self, table, self._choose(table))
 
@@ -461,11 +460,6 @@ class LlmdScorer(Router):
     """
 
     params_cls = LlmdParams
-
-    def bind(self, n_instances: int, seed: int = 0) -> None:
-        super().bind(n_instances, seed)
-        p = self.params
-        self._routed = RoutedPrefixIndex(n_instances, p.routed_prefix_ttl_s) if p.track_routed_prefixes else None
 
     def route(self, table: RouterTable) -> int:
         p = self.params
