@@ -789,12 +789,22 @@ def holdout(scenario: Scenario, cfg: TuneConfig, rep: dict, n_seeds: int) -> dic
     return out
 
 
+
+def _save_plot(ax, path: Path) -> Path:
+    """Save ``ax``'s figure (8 x 5 in, 110 dpi) to ``path``, close it, return ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.figure.set_size_inches(8, 5)
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=110)
+    plt.close(ax.figure)
+    return path
+
 def write_results(study, rep: dict, out: Path) -> list[Path]:
     """``tune.json``, ``trials.csv``, ``history.png`` and ``importances.png`` in ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import optuna
     from optuna.visualization import matplotlib as ovm
 
@@ -824,12 +834,7 @@ def write_results(study, rep: dict, out: Path) -> list[Path]:
         if xs:
             ax.step(xs, best, where="post", color="tab:red", label="best feasible")
             ax.legend(loc="best")
-        ax.figure.set_size_inches(8, 5)
-        ax.figure.tight_layout()
-        p = out / "history.png"
-        ax.figure.savefig(p, dpi=110)
-        plt.close(ax.figure)
-        files.append(p)
+        files.append(_save_plot(ax, out / "history.png"))
         if len(finished_trials(study)) >= 2:
             try:
                 # PED-ANOVA (Optuna's default, no scikit-learn) ranks importance for reaching *low*
@@ -842,10 +847,5 @@ def write_results(study, rep: dict, out: Path) -> list[Path]:
             except (RuntimeError, ValueError) as e:  # e.g. every trial had the same value
                 rep.setdefault("notes", []).append(f"no importance plot: {e}")
             else:
-                ax.figure.set_size_inches(8, 5)
-                ax.figure.tight_layout()
-                p = out / "importances.png"
-                ax.figure.savefig(p, dpi=110)
-                plt.close(ax.figure)
-                files.append(p)
+                files.append(_save_plot(ax, out / "importances.png"))
     return files

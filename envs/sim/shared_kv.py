@@ -68,7 +68,7 @@ from typing import Any, Mapping, Sequence
 
 from .errors import ConfigError, UnknownPresetError, require
 from .kv_cache import LinkQueue
-from .request import RUNNING, RequestState
+from .request import RequestState
 from .specs import LINK_PRESETS, LinkSpec, get_link
 
 #: Instance event kind for a finished shared-tier fetch (handled by the cluster).
