@@ -112,6 +112,56 @@ def test_stretch_runs_through_completions_when_nothing_waits():
             assert fast.stats["fast_forward_stretches"] > 1
 
 
+def _no_fold(monkeypatch):
+    from kvsched.envs.sim.instance import Instance
+    monkeypatch.setattr(Instance, "_fold_into_stretch", lambda self, start, end1, *a: end1)
+
+
+@pytest.mark.parametrize("with_prefixes", [False, True])
+def test_admission_step_folds_into_the_following_stretch_exactly(monkeypatch, with_prefixes):
+    """A single step that completes prompts (decodes + fresh prefills, nothing waiting) is
+    folded into the decode stretch after it: fewer events, the same records, summary and
+    occupancy as without folding and as stepping one by one. Staggered arrivals so that each
+    admission is such a step; outputs of 2-4 tokens finish at the fold's second step or inside
+    it (stretch through completions); shared prompt prefixes are registered at the fold."""
+    rng = np.random.default_rng(7)
+    reqs = []
+    for i in range(60):
+        out = int(rng.integers(2, 5)) if i % 5 == 0 else int(rng.integers(20, 160))
+        prompt = int(rng.integers(64, 700))
+        hashes = tuple(100 + k for k in range(prompt // 32)) if with_prefixes and i % 2 else ()
+        reqs.append(Request(i, 0.37 * i, prompt, out, prefix_hashes=hashes, hash_block_tokens=32 if hashes else 0))
+    w = Workload.from_requests(reqs)
+    spec = make_spec()
+    folded, slow = _fast_and_slow(w, spec)
+    assert folded.stats["folded_steps"] >= 40  # nearly every admission
+    assert slow.stats["folded_steps"] == 0
+    if with_prefixes:
+        assert (folded.records.prefix_hit_tokens > 0).sum() >= 10
+    _no_fold(monkeypatch)
+    plain = run(w, spec, fast_forward=True)
+    assert plain.stats["folded_steps"] == 0
+    pd.testing.assert_frame_equal(folded.records, plain.records, check_exact=True)
+    assert summary_to_json(folded.summary) == summary_to_json(plain.summary)
+    pd.testing.assert_frame_equal(folded.occupancy, plain.occupancy, check_exact=True)
+    assert folded.stats["events"] <= plain.stats["events"] - folded.stats["folded_steps"]
+
+
+def test_steps_are_not_folded_when_a_router_reads_instance_state():
+    """Folding applies a step's prefills before the step ends, so it is off when something
+    outside the instance could look in between (a state-reading router; a watched decision
+    point): least-loaded folds nothing, round-robin does, and both match stepping one by one."""
+    reqs = [Request(i, 0.21 * i, 300 + 7 * i, 40 + i) for i in range(40)]
+    w = Workload.from_requests(reqs)
+    spec = make_spec()
+    for router, folds in (("least-loaded", False), ("round-robin", True)):
+        fast = simulate(w, spec, "fcfs", n_instances=2, router=router, options=InstanceOptions(check_invariants=True))
+        slow = simulate(w, spec, "fcfs", n_instances=2, router=router, options=InstanceOptions(fast_forward=False))
+        assert (fast.stats["folded_steps"] > 0) == folds
+        pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)
+        assert summary_to_json(fast.summary) == summary_to_json(slow.summary)
+
+
 # ------------------------------------------------------------------------------------------
 request_lists = hst.lists(
     hst.tuples(
@@ -197,7 +247,7 @@ def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budge
 
     try:
         Instance._schedule_decodes = counting
-        run(w, spec, check=False, policy=policy)
+        run(w, spec, fast_forward=False, check=False, policy=policy)  # every decode step planned
         Instance._schedule_decodes = lambda self, *a: False  # always the loop
         slow = run(w, spec, check=True, policy=policy)
     finally:

@@ -74,7 +74,8 @@ class SimulationResult:
         records: per-request records (``kvsched.envs.sim.metrics.RECORD_COLUMNS``).
         summary: the metrics summary (JSON-ready dict).
         occupancy: KV blocks in use per tier over time (summed over instances).
-        stats: simulator counters (events, steps, fast-forwarded stretches, preemptions).
+        stats: simulator counters (events, steps, fast-forwarded stretches and their steps,
+            ``folded_steps``: single steps folded into the stretch after them, preemptions).
     """
 
     records: pd.DataFrame
@@ -438,6 +439,7 @@ class Cluster:
             "steps": sum(i.steps for i in self.instances),
             "fast_forward_stretches": sum(i.stretches for i in self.instances),
             "fast_forward_steps": sum(i.stretch_steps for i in self.instances),
+            "folded_steps": sum(i.folded_steps for i in self.instances),
             "preemptions": sum(i.preemptions for i in self.instances),
             "admission_preemptions": sum(i.admission_preemptions for i in self.instances),
             "mean_batch_size": (sum(i.sum_batch for i in self.instances)

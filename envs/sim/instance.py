@@ -175,6 +175,9 @@ class Instance:
         # run the whole stretch), and HBM blocks in use at each step end after its frees
         self._stretch_steps: list[int] | None = None
         self._stretch_end_used: np.ndarray | None = None
+        # trailing plan members of a folded stretch (:meth:`_fold_into_stretch`) that emitted
+        # their first token at its first step end (their first step is already applied)
+        self._stretch_joined = 0
         #: Set by the cluster when nothing outside this instance can observe it between its own
         #: events (one instance, or round-robin look-ahead; no watched decision points, no shared
         #: KV tier): a fast-forwarded stretch may then run through completions while nothing waits.
@@ -185,6 +188,7 @@ class Instance:
         self.steps = 0
         self.stretches = 0
         self.stretch_steps = 0
+        self.folded_steps = 0  # single steps folded into the stretch after them
         self.preemptions = 0
         self.busy_s = 0.0
         self.sum_batch = 0
@@ -340,12 +344,17 @@ class Instance:
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             end = self._plan_stretch(start, horizon_s)
-        elif n_decodes and not step.preempted:
-            # the step's counters already hold the batch (no PNM with the decode fast path)
-            end = self._plan_single_counted(start, step)
-            self._single_decodes = n_decodes
         else:
-            end = self._plan_single(start)
+            if n_decodes and not step.preempted:
+                # the step's counters already hold the batch (no PNM with the decode fast path)
+                end = self._plan_single_counted(start, step)
+                self._single_decodes = n_decodes
+            else:
+                end = self._plan_single(start)
+            if (self.stretch_through_finishes and end < horizon_s and self.options.fast_forward
+                    and not step.preempted and not self.waiting and not self.swapped and not self.pending_events
+                    and not self.pnm.capacity_blocks and len(plan) == len(running) <= self.budget):
+                end = self._fold_into_stretch(start, end, horizon_s, n_decodes)
         self.busy = True
         self.recorder.occupancy_change(self, now, self.hbm.used_blocks - self._stretch_reserved,
                                        self.pnm.used_blocks - self._stretch_pnm_reserved)
@@ -496,6 +505,93 @@ class Instance:
             self._swap_in(st, now)
             self.running.append(st)
 
+    def _fold_into_stretch(self, start: float, end1: float, horizon_s: float, n_decodes: int) -> float:
+        """Fold a single step that completes prompts into the decode stretch that follows it.
+
+        The single step ending at ``end1`` holds decodes (the plan's first ``n_decodes`` or
+        more members) and, after them, fresh prefills that compute the rest of their prompt
+        and so emit their first token at ``end1``. With nothing waiting or swapped, no one
+        finishing at ``end1`` and nothing outside this instance able to look at it before
+        ``end1`` (``stretch_through_finishes``: one instance or round-robin look-ahead, no
+        watched decision points, no shared KV tier; ``end1`` before the horizon), stepping one
+        by one would end that step and plan, at ``end1``, a fast-forwarded decode stretch of
+        the same requests. This plans that stretch now, with the step as its first step:
+
+        * the prefills' first step is applied now (computed prompt, first token at ``end1``,
+          prompt segments registered in the prefix cache): the same pool operations, in the
+          same order, as at ``end1``;
+        * the second step's KV blocks are allocated now as one allocation, as the decode fast
+          path (:meth:`_schedule_decodes`) would at ``end1``; the fold is declined when they
+          cannot be had (stepping one by one would then preempt);
+        * :meth:`_plan_stretch` plans the rest from ``end1`` and the first step is prepended
+          to its end times and occupancy.
+
+        :meth:`complete_step` advances the decodes over the whole stretch and the prefills
+        (``_stretch_joined``) over its steps after the first. Results are byte-identical to
+        stepping one by one (checked by ``kvsched.experiments.refcheck`` and the fast-forward
+        tests). Returns the stretch's end time, or ``end1`` when the step is not folded.
+        """
+        plan = self._plan
+        n = len(plan)
+        bs = self.bs
+        xs: list[int] = []
+        rems: list[int] = []
+        need_total = 0
+        n_join = 0
+        for idx, (st, m) in enumerate(plan):
+            c = st.computed
+            g = st.generated
+            if st.status != RUNNING:
+                return end1
+            if idx < n_decodes or (g > 0 and m == 1 and c == st.prompt_tokens + g - 1):
+                if n_join or g + 2 > st.output_tokens:  # a decode after a prefill, or finishing at end1
+                    return end1
+                x = c + 1
+                r = st.output_tokens - g - 1
+            elif g == 0 and c + m == st.prompt_tokens and st.output_tokens >= 2:
+                n_join += 1
+                x = c + m
+                r = st.output_tokens - 1
+            else:
+                return end1  # a partial prefill or a recomputation
+            xs.append(x)
+            rems.append(r)
+            # the second step's blocks: ceil((x + 1) / bs) minus those held after the first
+            need = x // bs + 1 - st.shared_blocks - st.private_blocks
+            if need > 0:
+                need_total += need
+        hbm = self.hbm
+        if not n_join or need_total > hbm.free_blocks + hbm.evictable_blocks:
+            return end1
+        # the prefills' first step, as complete_step applies it at end1
+        for st, m in plan[n - n_join:]:
+            st.computed += m
+            if st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
+                self._register_segments(st, end1)
+            st.generated = 1
+            st.first_token_s = end1
+            st.last_token_s = end1
+        self._single_decodes = 0
+        used1 = hbm.used_blocks
+        self.busy_s += end1 - start  # the first step's busy time, added when stepping ends it
+        if need_total:
+            hbm.allocate(need_total)
+            for (st, _), x in zip(plan, xs):
+                need = x // bs + 1 - st.shared_blocks - st.private_blocks
+                if need > 0:
+                    st.private_blocks += need
+        end = self._plan_stretch(end1, horizon_s, xs, rems)
+        self._stretch_joined = n_join
+        self.folded_steps += 1
+        self._stretch_ends = np.concatenate(([end1], self._stretch_ends))
+        self._stretch_used = np.concatenate(([used1], self._stretch_used))
+        if self._stretch_end_used is not None:
+            self._stretch_end_used = np.concatenate(([used1], self._stretch_end_used))
+        if self._stretch_steps is not None:
+            self._stretch_steps = [ki + 1 for ki in self._stretch_steps]
+        self._stretch_reserved += need_total
+        return end
+
     def _plan_single_counted(self, start: float, step: "_StepBuild") -> float:
         """:meth:`_plan_single` from the counters :meth:`_count` and :meth:`_schedule_decodes`
         kept while the step was built (the same integer sums: no request's computed tokens
@@ -554,7 +650,14 @@ class Instance:
         cnt_ge[1:] = suffix[bs - np.arange(1, bs)]
         return len(x) * (j // bs) + cnt_ge[j % bs]
 
-    def _plan_stretch(self, start: float, horizon_s: float) -> float:
+    def _plan_stretch(self, start: float, horizon_s: float, xs: list[int] | None = None,
+                      rems: list[int] | None = None) -> float:
+        """Plan a fast-forwarded stretch of decode steps of the whole plan from ``start``.
+
+        ``xs`` (KV tokens each plan member reads in the stretch's first step) and ``rems``
+        (output tokens each has left) default to the members' current state; a folded step
+        (:meth:`_fold_into_stretch`) passes them as they stand after its first step.
+        """
         if self.pnm.capacity_blocks:  # PNM: the planner that knows PNM-resident decodes and migrations
             return self._plan_stretch_pnm(start, horizon_s)
         self._stretch_pnm_used = None
@@ -563,8 +666,10 @@ class Instance:
         n = len(plan)
         self._stretch_steps = None
         self._stretch_end_used = None
-        xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
-        rems = [st.output_tokens - st.generated for st, _ in plan]
+        self._stretch_joined = 0
+        if xs is None:
+            xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
+            rems = [st.output_tokens - st.generated for st, _ in plan]
         k_rem = min(rems)
         s0 = sum(xs)
         # 1. step end times until the first request finishes or a step reaches the horizon
@@ -606,8 +711,7 @@ class Instance:
             ok = self.hbm.allocate(total_new)
             assert ok, "stretch block reservation failed"
             km1 = k - 1
-            for st, _ in plan:
-                c = st.computed
+            for (st, _), c in zip(plan, xs):
                 st.private_blocks += (c + km1) // bs - c // bs  # ceil((c+k)/bs) - ceil((c+1)/bs)
         self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
@@ -1365,10 +1469,19 @@ class Instance:
             first_end = float(ends[0])
             first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order
             steps = self._stretch_steps
+            n_join = self._stretch_joined  # a folded stretch: its last n_join members joined at ends[0]
+            self._stretch_joined = 0
             if steps is not None:  # a stretch through completions: some ran fewer steps
                 self.sum_batch += sum(steps) - k * len(plan)
-                early = self._finish_early(plan, steps, ends, gaps)
+                early = self._finish_early(plan, steps, ends, gaps, n_join)
                 plan = [p for p, ki in zip(plan, steps) if ki == k]
+                if n_join:
+                    n_join = sum(1 for ki in steps[len(steps) - n_join:] if ki == k)
+            joined = None
+            if n_join:
+                cut = len(plan) - n_join
+                joined = plan[cut:]
+                plan = plan[:cut]
             for st, _ in plan:
                 g = first_end - st.last_token_s
                 first_gaps[st.length_class].append(g)
@@ -1382,6 +1495,21 @@ class Instance:
                 if gen >= st.output_tokens:
                     finished.append(st)
             rec.add_itl_by_class(first_gaps, gaps)
+            if joined:  # steps 2..k: first gap ends[1] - ends[0], then gaps[1:]
+                join_gaps: tuple[list[float], list[float]] = ([], [])
+                g = float(gaps[0])
+                km1 = k - 1
+                for st, _ in joined:
+                    join_gaps[st.length_class].append(g)
+                    if not (st.max_itl_s >= max_gap):
+                        st.max_itl_s = max_gap
+                    st.computed += km1
+                    gen = st.generated + km1
+                    st.generated = gen
+                    st.last_token_s = now
+                    if gen >= st.output_tokens:
+                        finished.append(st)
+                rec.add_itl_by_class(join_gaps, gaps[1:])
             rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used,
                                   self._stretch_end_used if steps is not None else None)
             if steps is not None:
@@ -1450,31 +1578,33 @@ class Instance:
         if self.options.check_invariants:
             self.check()
 
-    def _finish_early(self, plan: list, steps: list[int], ends: np.ndarray, gaps: np.ndarray) -> list[RequestState]:
+    def _finish_early(self, plan: list, steps: list[int], ends: np.ndarray, gaps: np.ndarray,
+                      n_join: int = 0) -> list[RequestState]:
         """Advance the requests of a stretch through completions that finished before its last
         step (``steps[i] < len(ends)`` steps each, ending at ``ends[steps[i] - 1]``); returns
-        them in the order one-by-one stepping finishes them (by finish step, then plan order)."""
+        them in the order one-by-one stepping finishes them (by finish step, then plan order).
+        The last ``n_join`` members of a folded stretch joined at ``ends[0]`` (their first step
+        is applied): they advance over steps 2..``steps[i]`` only."""
         k = len(ends)
         run_max = np.maximum.accumulate(gaps).tolist() if k > 1 else []
         ends_l = ends.tolist()
-        gaps_l = None
         early: list[tuple[int, int, RequestState]] = []
         rec = self.recorder
+        cut = len(plan) - n_join
         for idx, ((st, _), ki) in enumerate(zip(plan, steps)):
             if ki == k:
                 continue
-            g = ends_l[0] - st.last_token_s
-            max_gap = run_max[ki - 2] if ki > 1 else -1.0
+            o = 1 if idx >= cut else 0  # the member's first step in this stretch (0-based)
+            g = ends_l[o] - st.last_token_s
+            max_gap = run_max[ki - 2] if ki > 1 + o else -1.0
             m = g if g > max_gap else max_gap
             if not (st.max_itl_s >= m):
                 st.max_itl_s = m
-            if gaps_l is None:
-                gaps_l = gaps
             cls_gaps: tuple[list[float], list[float]] = ([], [])
             cls_gaps[st.length_class].append(g)
-            rec.add_itl_by_class(cls_gaps, gaps_l[:ki - 1] if ki > 1 else None)
-            st.computed += ki
-            st.generated += ki
+            rec.add_itl_by_class(cls_gaps, gaps[o:ki - 1] if ki > 1 + o else None)
+            st.computed += ki - o
+            st.generated += ki - o
             st.last_token_s = ends_l[ki - 1]
             early.append((ki, idx, st))
         early.sort(key=lambda e: (e[0], e[1]))
