@@ -534,34 +534,37 @@ class Instance:
         plan = self._plan
         n = len(plan)
         bs = self.bs
-        xs: list[int] = []
-        rems: list[int] = []
-        need_total = 0
+        # the decode fast path's members: one token each at KV position prompt + generated - 1
+        xs = [st.computed + 1 for st, _ in plan[:n_decodes]]  # KV tokens read in the second step
+        rems = [st.output_tokens - st.generated - 1 for st, _ in plan[:n_decodes]]  # left after end1
+        if n_decodes and min(rems) < 1:
+            return end1  # one finishes at end1
         n_join = 0
-        for idx, (st, m) in enumerate(plan):
+        for st, m in plan[n_decodes:]:
             c = st.computed
             g = st.generated
             if st.status != RUNNING:
                 return end1
-            if idx < n_decodes or (g > 0 and m == 1 and c == st.prompt_tokens + g - 1):
+            if g > 0 and m == 1 and c == st.prompt_tokens + g - 1:
                 if n_join or g + 2 > st.output_tokens:  # a decode after a prefill, or finishing at end1
                     return end1
-                x = c + 1
-                r = st.output_tokens - g - 1
+                xs.append(c + 1)
+                rems.append(st.output_tokens - g - 1)
             elif g == 0 and c + m == st.prompt_tokens and st.output_tokens >= 2:
                 n_join += 1
-                x = c + m
-                r = st.output_tokens - 1
+                xs.append(c + m)
+                rems.append(st.output_tokens - 1)
             else:
                 return end1  # a partial prefill or a recomputation
-            xs.append(x)
-            rems.append(r)
-            # the second step's blocks: ceil((x + 1) / bs) minus those held after the first
-            need = x // bs + 1 - st.shared_blocks - st.private_blocks
-            if need > 0:
-                need_total += need
+        if not n_join:
+            return end1
+        # the second step's blocks: ceil((x + 1) / bs) minus those held after the first step,
+        # which are at least ceil(x / bs): only a member with x a multiple of bs can need one
+        grow = [(st, x // bs + 1 - st.shared_blocks - st.private_blocks)
+                for (st, _), x in zip(plan, xs) if x % bs == 0]
+        need_total = sum([nb for _, nb in grow if nb > 0])
         hbm = self.hbm
-        if not n_join or need_total > hbm.free_blocks + hbm.evictable_blocks:
+        if need_total > hbm.free_blocks + hbm.evictable_blocks:
             return end1
         # the prefills' first step, as complete_step applies it at end1
         for st, m in plan[n - n_join:]:
@@ -576,10 +579,9 @@ class Instance:
         self.busy_s += end1 - start  # the first step's busy time, added when stepping ends it
         if need_total:
             hbm.allocate(need_total)
-            for (st, _), x in zip(plan, xs):
-                need = x // bs + 1 - st.shared_blocks - st.private_blocks
-                if need > 0:
-                    st.private_blocks += need
+            for st, nb in grow:
+                if nb > 0:
+                    st.private_blocks += nb
         end = self._plan_stretch(end1, horizon_s, xs, rems)
         self._stretch_joined = n_join
         self.folded_steps += 1
