@@ -477,10 +477,11 @@ class Instance:
             g = st.generated
             if st.status != running_status or st.ready_s > now or g <= 0 or c != st.prompt_tokens + g - 1:
                 return False
-            need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
-            if need > 0:
-                needy.append((st, need))
-                need_total += need
+            if not c % bs:  # it holds >= ceil(c / bs) blocks: only at a block boundary can it need one
+                need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
+                if need > 0:
+                    needy.append((st, need))
+                    need_total += need
             ctx_total += c
         if need_total:
             if not self.hbm.allocate(need_total):
@@ -1466,7 +1467,7 @@ class Instance:
             self.stretches += 1
             self.stretch_steps += k
             self.sum_batch += k * len(plan)
-            gaps = np.diff(ends)
+            gaps = ends[1:] - ends[:-1]  # np.diff, without its overhead on short arrays
             max_gap = float(gaps.max()) if k > 1 else -1.0
             first_end = float(ends[0])
             first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order

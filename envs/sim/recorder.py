@@ -37,7 +37,7 @@ class Recorder:
         self._itl = {name: LogHistogram() for name in LENGTH_CLASSES}
         self._itl_by_index = [self._itl[name] for name in LENGTH_CLASSES]
         # ITL samples are buffered and binned in batches: one histogram call per ~64k samples
-        self._buf_vals: list[list[np.ndarray]] = [[] for _ in LENGTH_CLASSES]
+        self._buf_vals: list[list[np.ndarray | list[float]]] = [[] for _ in LENGTH_CLASSES]  # kept, not copied
         self._buf_wts: list[list[int]] = [[] for _ in LENGTH_CLASSES]  # one weight per array
         self._buffered = 0
         self.rows: list[tuple] = []
@@ -95,7 +95,7 @@ class Recorder:
             cnt = len(vals)
             if not cnt:
                 continue
-            self._buf_vals[c].append(np.array(vals, dtype=np.float64))
+            self._buf_vals[c].append(vals)  # a list of floats: np.concatenate converts it at the flush
             self._buf_wts[c].append(1)
             self._buffered += cnt
             if shared_gaps is not None and len(shared_gaps):
