@@ -11,7 +11,7 @@ memory is the case's own. Measured per case:
 * ``sim_cpu_s``: CPU seconds of the same call (:func:`time.process_time`) and
   ``requests_per_cpu_s``: less sensitive than wall time to other processes sharing the machine;
   ``load_average_1min`` (:func:`os.getloadavg`) at the end of the case says how busy it was.
-* ``events``, ``steps``, ``fast_forward_steps``, ``fast_forward_stretches``, ``preemptions``:
+* ``events``, ``steps``, ``fast_forward_steps``, ``fast_forward_stretches``, ``folded_steps``, ``preemptions``:
   :attr:`SimulationResult.stats <kvsched.envs.sim.cluster.SimulationResult.stats>`.
 * ``peak_rss_mib``: peak resident set size of the case's process, ``resource.getrusage(
   RUSAGE_SELF).ru_maxrss`` (KiB on Linux) / 1024, read after the run. It includes the
@@ -108,7 +108,7 @@ CASE_KEYS = (
     "case", "description", "group", "requests", "instances", "model", "gpu", "tp", "finished",
     "rejected", "simulated_s", "sim_wall_s", "sim_cpu_s", "load_wall_s", "process_wall_s",
     "requests_per_s", "requests_per_cpu_s", "load_average_1min",
-    "events", "events_per_s", "steps", "fast_forward_steps", "fast_forward_stretches",
+    "events", "events_per_s", "steps", "fast_forward_steps", "fast_forward_stretches", "folded_steps",
     "fast_forward_share", "preemptions", "peak_rss_mib", "baseline_rss_mib", "latency_s",
     "result_sha256", "profiled",
 )
@@ -499,6 +499,7 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
         "events": int(st["events"]), "events_per_s": st["events"] / max(sim_s, 1e-9),
         "steps": int(st["steps"]), "fast_forward_steps": int(st["fast_forward_steps"]),
         "fast_forward_stretches": int(st["fast_forward_stretches"]),
+        "folded_steps": int(st["folded_steps"]),
         "fast_forward_share": st["fast_forward_steps"] / max(1, st["steps"]),
         "preemptions": int(st["preemptions"]),
         "peak_rss_mib": _rss_mib(), "baseline_rss_mib": baseline,

@@ -17,7 +17,8 @@ from kvsched.experiments.scenario import load_scenario
 
 # simulated results of a case: everything but timings and memory
 SIMULATED_KEYS = ("requests", "instances", "finished", "rejected", "simulated_s", "events", "steps",
-                  "fast_forward_steps", "fast_forward_stretches", "preemptions", "latency_s", "result_sha256")
+                  "fast_forward_steps", "fast_forward_stretches", "folded_steps", "preemptions", "latency_s",
+                  "result_sha256")
 
 
 @pytest.fixture(scope="module")
