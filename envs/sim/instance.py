@@ -180,7 +180,8 @@ class Instance:
         self._stretch_joined = 0
         #: Set by the cluster when nothing outside this instance can observe it between its own
         #: events (one instance, or round-robin look-ahead; no watched decision points, no shared
-        #: KV tier): a fast-forwarded stretch may then run through completions while nothing waits.
+        #: KV tier): a fast-forwarded stretch may then run through completions while nothing waits,
+        #: and a single step that completes prompts may be folded into the stretch after it.
         self.stretch_through_finishes = False
         # counters
         self._stretch_reserved = 0
