@@ -90,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
                                      "rr,least-loaded,cache-affinity), each with the scenario's policy")
     c.add_argument("--instances", type=int, help="override the scenario's n_instances")
+    c.add_argument("--max-requests", type=int, help="serve only the first N requests of the workload "
+                                                    "(overrides the scenario's max_requests)")
     c.add_argument("--router-params", metavar="JSON",
                    help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
     c.add_argument("--seeds", type=int, default=1,
@@ -359,6 +361,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     sc = load_scenario(a.scenario)
     if a.instances is not None:
         sc = sc.with_overrides(n_instances=a.instances)
+    if a.max_requests is not None:
+        sc = sc.with_overrides(max_requests=a.max_requests)
     err = Console(stderr=True)
     show = not a.no_progress and sys.stderr.isatty()
     n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)

@@ -122,3 +122,16 @@ def test_bad_policy_params_are_named():
         parse_policy_params('{"lars": {}}', ["ewsjf"])
     with pytest.raises(ConfigError, match="step_size"):
         parse_policy_params('{"ewsjf": {"step_size": 0}}', ["ewsjf"])
+
+
+def test_cli_max_requests_serves_only_the_first_n(scenario_file, tmp_path, capsys):
+    out = tmp_path / "head"
+    rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "40",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    runs = pd.read_csv(out / "compare_runs.csv")
+    assert len(load_scenario(scenario_file).workload()) > 40
+    assert int(runs.loc[runs["class"] == "all", "n"].iloc[0]) == 40
+    rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "0",
+               "--no-progress"])
+    assert rc == 2 and "max_requests=0" in capsys.readouterr().err
