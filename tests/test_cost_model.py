@@ -244,3 +244,14 @@ def test_fast_scalar_and_array_paths_are_bitwise_equal_to_step_time_s():
             ref = cm.step_time_s(np.full(300, float(b)), ctx, ctx)
             assert np.array_equal(ref, cm.decode_step_times_fast(b, ctx))
             assert np.array_equal(ref, [cm.step_time_fast(float(b), c, c) for c in ctx])
+        # a stretch's step ends, timed in one loop: the same sums as adding step_time_fast one by one
+        for b, c0, start in ((1, 0, 0.0), (37, 123_457, 12.345678), (256, 9_999_991, 1e5 / 3)):
+            e, ref_ends = start, []
+            for j in range(40):
+                e += cm.step_time_fast(float(b), float(c0 + b * j), float(c0 + b * j))
+                ref_ends.append(e)
+            assert cm.decode_step_ends(start, b, c0, 40) == ref_ends
+            cut = cm.decode_step_ends(start, b, c0, 40, horizon_s=ref_ends[16])
+            assert cut == ref_ends[:17]  # stops after the step ending at the horizon
+            assert cm.decode_step_ends(start, b, c0, 40, horizon_s=(ref_ends[16] + ref_ends[17]) / 2) \
+                == ref_ends[:18]

@@ -44,6 +44,7 @@ the same element of an array call. Scalar inputs return NumPy float64 scalars.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -235,6 +236,41 @@ class CostModel:
     def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
         """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""
         return self._step(n_tokens, attn_pairs, kv_tokens)["step_s"]
+
+    def decode_step_ends(self, start_s: float, n_decodes: int, ctx0_tokens: int, max_steps: int,
+                         horizon_s: float = math.inf) -> list[float]:
+        """End times (s) of up to ``max_steps`` consecutive decode-only steps, one Python loop.
+
+        Step ``j`` (0-based) decodes ``n_decodes`` requests reading ``ctx0_tokens + j *
+        n_decodes`` KV tokens in all; the steps run back to back from ``start_s``, and the loop
+        stops after the first step that ends at or after ``horizon_s``. Each end is the
+        previous one plus :meth:`step_time_fast` ``(n, ctx, ctx)``, with that method's IEEE
+        operations in the same order (the per-call constants hoisted), so the ends are bitwise
+        equal to adding its results one by one (a test checks it). ``n_decodes >= 1``.
+        """
+        n = float(n_decodes)
+        lin = self._lin_flops_per_token * n
+        attn = self.attn_flops_per_pair_per_gpu
+        ramp = n + self._mfu_half
+        peak = self._eff_flops * n
+        weights = self.weight_bytes_per_gpu
+        kv_bytes = self.kv_bytes_per_token_per_gpu
+        bw = self._eff_bw
+        overhead = self._overhead
+        comm = self._comm_per_token * n + self._comm_fixed
+        ends: list[float] = []
+        e = start_s
+        ctx = ctx0_tokens
+        for _ in range(max_steps):
+            c = float(ctx)
+            compute = (lin + attn * c) * ramp / peak
+            memory = (weights + kv_bytes * c) / bw
+            e += (compute if compute >= memory else memory) + overhead + comm
+            ends.append(e)
+            if e >= horizon_s:
+                break
+            ctx += n_decodes
+        return ends
 
     def decode_step_times_fast(self, n_decodes: float, ctx_tokens: np.ndarray) -> np.ndarray:
         """Step times of decode-only steps of ``n_decodes`` requests reading ``ctx_tokens`` KV

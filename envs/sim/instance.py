@@ -901,33 +901,21 @@ class Instance:
 
         Sequential float additions (as stepping one by one). Step times never decrease, so at
         most ``(horizon_s - start) / dt_1 + 1`` steps reach the horizon: when that bound (or
-        ``k_rem``) is at most :attr:`_SCALAR_STEPS`, the steps are timed one by one with
-        :meth:`CostModel.step_time_fast`, otherwise in chunks with one
+        ``k_rem``) is at most :attr:`_SCALAR_STEPS`, the steps are timed one by one in
+        :meth:`CostModel.decode_step_ends` (:meth:`CostModel.step_time_fast`'s operations),
+        otherwise in chunks with one
         :meth:`CostModel.decode_step_times_fast` call and a cumulative sum each (bitwise the
         same values).
         """
-        fast = self.cost.step_time_fast
         nf = float(n)
-        dt = fast(nf, float(s0), float(s0))
+        dt = self.cost.step_time_fast(nf, float(s0), float(s0))
         k_end = k_rem
         if horizon_s < math.inf and dt > 0.0:
             bound = (horizon_s - start) / dt + 3.0
             if bound < k_end:
                 k_end = int(bound)
         if k_end <= self._SCALAR_STEPS:
-            e = start + dt
-            ends = [e]
-            if e >= horizon_s:
-                return ends
-            k = 1
-            while k < k_rem:
-                ctx = s0 + n * k
-                e += fast(nf, float(ctx), float(ctx))
-                ends.append(e)
-                k += 1
-                if e >= horizon_s:
-                    break
-            return ends
+            return self.cost.decode_step_ends(start, n, s0, k_rem, horizon_s)
         ends = []
         e = start
         k = 0
