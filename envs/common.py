@@ -42,13 +42,17 @@ def check_steppable(env) -> None:
         raise RuntimeError("the episode is over: call reset()")
 
 
+def unfinished(cluster: Cluster) -> list:
+    """Every instance's waiting, running and swapped-out requests (in that order, instance by
+    instance): the requests a reward may still charge as certain misses."""
+    return [st for inst in cluster.instances for q in (inst.waiting, inst.running, inst.swapped) for st in q]
+
+
 def step_info(env, time_s: float, extra: dict) -> dict:
     """The ``info`` dict every kvsched environment returns: action mask, simulated time (s),
     decisions so far, the episode's window, plus ``extra``."""
-    info = {"action_mask": env.action_masks(), "time_s": time_s, "decisions": env.decisions,
-            "window": dict(env.episode)}
-    info.update(extra)
-    return info
+    return {"action_mask": env.action_masks(), "time_s": time_s, "decisions": env.decisions,
+            "window": dict(env.episode), **extra}
 
 
 def reference(name: str, params: dict | None, source: EpisodeSource):

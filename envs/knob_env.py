@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
@@ -111,19 +111,24 @@ class KnobEnv(gym.Env):
         return out
 
     def _set(self, values: dict) -> None:
-        for inst in self.cluster.instances:
+        for inst, init in zip(self.cluster.instances, self._init_fields):
             pol = inst.policy
-            pol.params = dataclasses.replace(pol.params, **values)
+            # as dataclasses.replace(pol.params, **values) (validated by the params' __post_init__),
+            # from the init fields read once per episode (only the knobs ever change)
+            pol.params = type(pol.params)(**{**init, **values})
             pol.bind(pol.ctx)  # derived state (LARS chunk candidates) follows the parameters
 
-    def _current(self) -> np.ndarray:
+    def _current(self) -> list[float]:
         p = self.cluster.instances[0].policy.params
-        return np.array([2.0 * (getattr(p, n) - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs])
+        return [2.0 * (getattr(p, n) - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
         self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source))
+        self._init_fields = [{f.name: getattr(inst.policy.params, f.name)
+                              for f in dataclasses.fields(inst.policy.params) if f.init}
+                             for inst in self.cluster.instances]
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self.cluster.start(self.workload, DecisionWatch())
         self.decisions = 0
@@ -136,17 +141,25 @@ class KnobEnv(gym.Env):
         insts = self.cluster.instances
         rows = []
         for inst in insts:
-            cap = float(max(inst.hbm.capacity_blocks, 1))
+            hbm = inst.hbm
+            cap = float(max(hbm.capacity_blocks, 1))
             max_len = float(inst.spec.model_len_limit)
-            q = sum(s.prompt_tokens + s.generated - s.computed for s in inst.waiting)
-            q += sum(s.prompt_tokens + s.generated - s.computed for s in inst.running if is_partial_prefill(s))
+            q = 0
+            for s in inst.waiting:
+                q += s.prompt_tokens + s.generated - s.computed
+            for s in inst.running:
+                if is_partial_prefill(s):
+                    q += s.prompt_tokens + s.generated - s.computed
             nw, ns = len(inst.waiting), len(inst.swapped)
-            rows.append((inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
+            rows.append((hbm.used_blocks / cap, hbm.available_blocks / cap, nw / (nw + 16.0),
                          len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))
+        # the mean over instances; one instance: its row itself (x / 1.0 == x)
+        vals = list(rows[0]) if len(rows) == 1 else np.mean(np.asarray(rows), axis=0).tolist()
         done = met + missed
-        tail = (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0, missed / (missed + 1.0))
-        obs = np.concatenate((np.mean(np.asarray(rows), axis=0), tail, self._current()))
-        return obs.astype(np.float32)
+        vals += (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0,
+                 missed / (missed + 1.0))
+        vals += self._current()
+        return np.array(vals, dtype=np.float32)  # float64 values rounded to float32 once
 
     def action_masks(self) -> np.ndarray:
         """Continuous action: nothing to mask (one True per dimension, for a uniform API)."""
@@ -170,8 +183,7 @@ class KnobEnv(gym.Env):
         truncated = not terminated and self._t >= self.horizon_s
         extra = {"knobs": values}
         obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived)
-        states = [st for inst in self.cluster.instances for st in
-                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
+        states = unfinished(self.cluster)
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self._t)
         elif not terminated and self.reward_config.early_miss:

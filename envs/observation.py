@@ -128,16 +128,20 @@ def build_observation(inst, table: FeatureTable, states: list, order: np.ndarray
     """
     n = len(table)
     nf = len(CANDIDATE_FEATURES)
-    vals: list[float] = []  # float64 values, cast to float32 once (as assigning a float64 block)
+    # Values are float64 (Python floats) assigned into a zeroed float32 vector: each is rounded
+    # to float32 once, as casting a float64 array would; the padding rows stay 0.
+    obs = np.zeros(k * nf + len(INSTANCE_FEATURES), dtype=np.float32)
     max_len = float(inst.spec.model_len_limit)
-    cap = float(max(inst.hbm.capacity_blocks, 1))
+    hbm = inst.hbm
+    cap = float(max(hbm.capacity_blocks, 1))
     if n:
+        vals: list[float] = []
+        slack: list[float] = []
         rows = range(min(n, k)) if order is None else order[:k].tolist()
         running = table.running
         now_s = table.now_s
         slo_short, slo_long = ttft_slo_s
         bs = inst.bs
-        slack = []
         for r in rows:
             st = states[r]
             p = st.prompt_tokens
@@ -145,25 +149,26 @@ def build_observation(inst, table: FeatureTable, states: list, order: np.ndarray
             w = now_s - st.arrival_s  # FeatureTable.wait_s
             if w < 0.0:
                 w = 0.0
-            t = slo_long if p >= long_prompt_tokens else slo_short
+            long = p >= long_prompt_tokens
+            t = slo_long if long else slo_short
             need = float(math.ceil(c / bs))
             slack.append((t - w) / t)
             vals += (1.0, p / max_len, c / max_len, w / (w + t), 0.0, 1.0 if running[r] else 0.0,
-                     1.0 if st.preemptions > 0 else 0.0, 1.0 if p >= long_prompt_tokens else 0.0, need / (need + cap))
-        for j, x in enumerate(np.tanh(np.array(slack)).tolist()):
-            vals[j * nf + 4] = x
-    vals += [0.0] * ((k - min(n, k)) * nf)
-    dram_cap, nvme_cap = inst.dram.capacity_blocks, inst.nvme.capacity_blocks
+                     1.0 if st.preemptions > 0 else 0.0, 1.0 if long else 0.0, need / (need + cap))
+        obs[:len(vals)] = vals
+        obs[4:len(vals):nf] = np.tanh(slack)  # column 4 (ttft_slack) of the shown rows
+    dram, nvme = inst.dram, inst.nvme
+    dram_cap, nvme_cap = dram.capacity_blocks, nvme.capacity_blocks
     n_partial = 0
     for st in inst.running:  # is_partial_prefill, inlined
         if st.computed < st.prompt_tokens + st.generated - (1 if st.generated > 0 else 0):
             n_partial += 1
     n_wait, n_swap, beyond = len(inst.waiting), len(inst.swapped), max(n - k, 0)
-    vals += (
-        inst.hbm.used_blocks / cap,
-        inst.hbm.available_blocks / cap,
-        inst.dram.used_blocks / dram_cap if dram_cap else 0.0,
-        inst.nvme.used_blocks / nvme_cap if nvme_cap else 0.0,
+    obs[k * nf:] = (
+        hbm.used_blocks / cap,
+        hbm.available_blocks / cap,
+        dram.used_blocks / dram_cap if dram_cap else 0.0,
+        nvme.used_blocks / nvme_cap if nvme_cap else 0.0,
         n_wait / (n_wait + k),
         len(inst.running) / inst.spec.max_seqs,
         n_swap / (n_swap + 1.0),
@@ -171,5 +176,4 @@ def build_observation(inst, table: FeatureTable, states: list, order: np.ndarray
         beyond / (beyond + k),
         since_last_s / (since_last_s + SINCE_LAST_SCALE_S),
     )
-    obs = np.array(vals, dtype=np.float32)
     return obs

@@ -28,6 +28,7 @@ from kvsched.envs.sim.metrics import LENGTH_CLASSES, RECORD_COLUMNS, MetricsConf
 _I = {c: i for i, c in enumerate(RECORD_COLUMNS)}
 _STATUS, _SLO_CLASS, _PROMPT = _I["status"], _I["slo_class"], _I["prompt_tokens"]
 _ARRIVAL, _FIRST, _FINISH, _GENERATED = _I["arrival_s"], _I["first_token_s"], _I["finish_s"], _I["generated_tokens"]
+_RID = _I["request_id"]
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,18 @@ class SLOReward:
         self.met = 0
         self.missed = 0
         self.charged: set[int] = set()  # request ids already charged as certain misses
+        # per-step lookups: a plain dict of the SLO classes, the (short, long) SLOs, and the
+        # smallest TTFT SLO (a request that waited no longer than it cannot be a certain miss)
+        self._slos = dict(metrics.slos)
+        self._length_slos = (metrics.slos[LENGTH_CLASSES[0]], metrics.slos[LENGTH_CLASSES[1]])
+        self._min_ttft_s = min(slo.ttft_s for slo in self._slos.values())
 
     def judged_slo(self, slo_class: str, prompt_tokens: int):
         """The :class:`SLO` a request is judged by (its SLO class if configured, else length class)."""
-        m = self.metrics
-        if slo_class in m.slos:
-            return m.slos[slo_class]
-        return m.slos[LENGTH_CLASSES[1 if prompt_tokens >= m.long_prompt_tokens else 0]]
+        slo = self._slos.get(slo_class)
+        if slo is None:
+            slo = self._length_slos[1 if prompt_tokens >= self.metrics.long_prompt_tokens else 0]
+        return slo
 
     def is_met(self, row: tuple) -> bool:
         """Whether one record row (``RECORD_COLUMNS`` order) meets its SLO (as ``summarize``)."""
@@ -92,27 +98,30 @@ class SLOReward:
     def collect(self, rows: list) -> dict[str, float]:
         """Reward components of the records written since the last call."""
         met = missed = charged = 0
-        rid = _I["request_id"]
-        for row in rows[self._seen:]:
-            if self.is_met(row):
-                met += 1
-            else:
-                missed += 1
-                if row[rid] not in self.charged:
-                    charged += 1
-        self._seen = len(rows)
-        self.met += met
-        self.missed += missed
+        seen = self._seen
+        if len(rows) > seen:
+            is_met, already = self.is_met, self.charged
+            for row in rows[seen:]:
+                if is_met(row):
+                    met += 1
+                else:
+                    missed += 1
+                    if row[_RID] not in already:
+                        charged += 1
+            self._seen = len(rows)
+            self.met += met
+            self.missed += missed
         return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
 
     def certain_misses(self, states, now_s: float) -> float:
         """``-missed`` for each request of ``states`` not yet charged that waited past its TTFT
         SLO without a first token (its miss is certain); marks them charged."""
         n = 0
+        charged, min_ttft_s = self.charged, self._min_ttft_s
         for st in states:
-            if st.generated == 0 and st.rid not in self.charged and \
+            if st.generated == 0 and now_s - st.arrival_s > min_ttft_s and st.rid not in charged and \
                     now_s - st.arrival_s > self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s:
-                self.charged.add(st.rid)
+                charged.add(st.rid)
                 n += 1
         return -self.config.missed * n
 

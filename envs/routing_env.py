@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
@@ -100,29 +100,32 @@ class RoutingEnv(gym.Env):
         return self._observe(), self._info({})
 
     def _observe(self) -> np.ndarray:
-        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
         p = self._point
         if p is None or p.kind != "route":
-            return obs
+            return np.zeros(self.observation_space.shape, dtype=np.float32)
         st = p.request
         m = self.metrics
-        max_len = float(self.cluster.instances[0].spec.model_len_limit)
-        slo = m.slos["long" if st.prompt_tokens >= m.long_prompt_tokens else "short"].ttft_s
-        obs[0] = st.prompt_tokens / max_len
-        obs[1] = st.prompt_tokens >= m.long_prompt_tokens
-        obs[2] = slo / (slo + 1.0)
-        f = len(INSTANCE_FEATURES)
-        for i, inst in enumerate(self.cluster.instances):
-            cap = float(max(inst.hbm.capacity_blocks, 1))
-            queued = sum(s.prompt_tokens + s.generated - s.computed for s in inst.waiting)
-            queued += sum(s.prompt_tokens + s.generated - s.computed for s in inst.running if is_partial_prefill(s))
+        prompt = st.prompt_tokens
+        insts = self.cluster.instances
+        max_len = float(insts[0].spec.model_len_limit)
+        long = prompt >= m.long_prompt_tokens
+        slo = m.slos["long" if long else "short"].ttft_s
+        vals = [prompt / max_len, 1.0 if long else 0.0, slo / (slo + 1.0)]
+        for inst in insts:
+            hbm = inst.hbm
+            cap = float(max(hbm.capacity_blocks, 1))
+            available = hbm.available_blocks
+            queued = 0
+            for s in inst.waiting:
+                queued += s.prompt_tokens + s.generated - s.computed
+            for s in inst.running:
+                if is_partial_prefill(s):
+                    queued += s.prompt_tokens + s.generated - s.computed
             nw, ns = len(inst.waiting), len(inst.swapped)
-            need = math.ceil(st.prompt_tokens / inst.bs)
-            obs[3 + i * f: 3 + (i + 1) * f] = (
-                inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
-                len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), queued / (queued + max_len),
-                float(need <= inst.hbm.available_blocks))
-        return obs
+            need = math.ceil(prompt / inst.bs)
+            vals += (hbm.used_blocks / cap, available / cap, nw / (nw + 16.0), len(inst.running) / inst.spec.max_seqs,
+                     ns / (ns + 1.0), queued / (queued + max_len), 1.0 if need <= available else 0.0)
+        return np.array(vals, dtype=np.float32)  # float64 values rounded to float32 once
 
     def action_masks(self) -> np.ndarray:
         """All instances are valid targets."""
@@ -143,8 +146,7 @@ class RoutingEnv(gym.Env):
         terminated = self._point is None
         truncated = self._point is not None and self._point.kind == "time"
         extra = {}
-        states = [st for inst in self.cluster.instances for st in
-                  list(inst.waiting) + list(inst.running) + list(inst.swapped)]
+        states = unfinished(self.cluster)
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self.cluster.now_s)
         elif not terminated and self.reward_config.early_miss:

@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 from kvsched.envs.action import (CHUNK_BINS_TOKENS, PREEMPTION_MODES, VICTIM_RULES, AgentDecision, AgentPolicy,
                                  mode_mask)
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info
+from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
@@ -25,6 +25,8 @@ from kvsched.envs.sim.features import FeatureTable
 from kvsched.policies.base import make_policy
 
 ACTION_MODES = ("multi", "slot")
+_NO_IDS = np.zeros(0, dtype=np.int64)  # shown ids without candidates (read-only)
+_NO_IDS.flags.writeable = False
 
 
 class SchedulingEnv(gym.Env):
@@ -116,10 +118,21 @@ class SchedulingEnv(gym.Env):
         self.inst = self.cluster.instances[0]
         self.agent_policy: AgentPolicy = self.inst.policy
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
+        self._ttft_slo_s = ttft_slo_by_length_class(self.slo_reward)
         self._mode_mask = mode_mask(self.inst.dram.capacity_blocks, self.inst.nvme.capacity_blocks)
-        self._mask_template = np.concatenate((np.zeros(self.k, bool), np.ones(len(CHUNK_BINS_TOKENS), bool),
-                                              np.ones(len(VICTIM_RULES), bool), self._mode_mask))
-        self._mask_template[0] = True
+        self._mode_ok = tuple(self._mode_mask.tolist())
+        # the mask for each number of shown candidates (action_masks returns a copy)
+        if self.action_mode == "multi":
+            template = np.concatenate((np.zeros(self.k, bool), np.ones(len(CHUNK_BINS_TOKENS), bool),
+                                       np.ones(len(VICTIM_RULES), bool), self._mode_mask))
+        else:
+            template = np.zeros(self.k, dtype=bool)
+        template[0] = True
+        self._masks = []
+        for n in range(self.k + 1):
+            mask = template.copy()
+            mask[1:n] = True
+            self._masks.append(mask)
         self.cluster.start(self.workload, DecisionWatch(schedule_instance=0, schedule_filter=has_scheduling_choice))
         self.decisions = 0
         self._last_decision_s = 0.0
@@ -127,7 +140,7 @@ class SchedulingEnv(gym.Env):
         point = self.cluster.run_until_decision(self.horizon_s)
         if point is None or point.kind == "time":  # nothing to decide in this window
             self._pending_end = point
-            self._cands, self._shown_ids = [], np.zeros(0, dtype=np.int64)
+            self._cands, self._shown_ids = [], _NO_IDS
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
         else:
             self._pending_end = None
@@ -142,9 +155,14 @@ class SchedulingEnv(gym.Env):
         self._table = table
         self._cands = cands
         self._order = order
-        rows = np.arange(len(cands)) if order is None else order
-        self._shown_ids = table.request_id[rows[:self.k]] if len(cands) else np.zeros(0, dtype=np.int64)
-        obs = build_observation(inst, table, cands, order, self.k, ttft_slo_by_length_class(self.slo_reward),
+        if not cands:
+            self._shown_ids = _NO_IDS
+        elif order is None:
+            ids = table.request_id
+            self._shown_ids = ids if len(ids) <= self.k else ids[:self.k]
+        else:
+            self._shown_ids = table.request_id[order[:self.k]]
+        obs = build_observation(inst, table, cands, order, self.k, self._ttft_slo_s,
                                 self.metrics.long_prompt_tokens, now_s - self._last_decision_s)
         self._last_decision_s = now_s
         return obs
@@ -152,13 +170,7 @@ class SchedulingEnv(gym.Env):
     # ------------------------------------------------------------------------------- masks
     def action_masks(self) -> np.ndarray:
         """Valid actions, concatenated per action part (sb3-contrib ``MaskablePPO`` layout)."""
-        if self.action_mode == "slot":
-            slots = np.zeros(self.k, dtype=bool)
-            slots[:max(1, len(self._shown_ids))] = True
-            return slots
-        mask = self._mask_template.copy()  # slot 0, chunk, victim and mode parts set at reset
-        mask[1:len(self._shown_ids)] = True
-        return mask
+        return self._masks[len(self._shown_ids)].copy()  # slot 0 always; slots 1..n-1 when shown
 
     def _info(self, extra: dict) -> dict:
         return step_info(self, self.cluster.now_s if self.cluster else 0.0, extra)
@@ -166,29 +178,35 @@ class SchedulingEnv(gym.Env):
     def decode(self, action) -> tuple[AgentDecision, bool]:
         """The :class:`AgentDecision` of ``action`` for the current candidates, and whether a
         masked part was replaced by the reference's decision."""
-        a = np.asarray(action, dtype=np.int64).reshape(-1).tolist()
-        require(len(a) == len(self._nvec) and all(0 <= x < n for x, n in zip(a, self._nvec)),
-                "action", action, f"integers below {list(self._nvec)}")
+        if type(action) is np.ndarray and action.ndim == 1 and action.dtype.kind == "i":  # usual: no conversion
+            a = action.tolist()
+        else:
+            a = np.asarray(action, dtype=np.int64).reshape(-1).tolist()
+        nvec = self._nvec
+        if len(a) != len(nvec) or not all(0 <= x < n for x, n in zip(a, nvec)):
+            require(False, "action", action, f"integers below {list(nvec)}")
         invalid = False
-        slot = int(a[0])
-        if slot >= len(self._shown_ids):
-            invalid = slot != 0 or len(self._shown_ids) > 0
+        slot = a[0]
+        n_shown = len(self._shown_ids)
+        if slot >= n_shown:
+            invalid = slot != 0 or n_shown > 0
             first = None
         else:
             first = None if slot == 0 else int(self._shown_ids[slot])
         chunk, victim, mode = CHUNK_BINS_TOKENS[0], VICTIM_RULES[0], PREEMPTION_MODES[0]
         if len(a) > 1:
-            chunk, victim = CHUNK_BINS_TOKENS[int(a[1])], VICTIM_RULES[int(a[2])]
-            if self._mode_mask[int(a[3])]:
-                mode = PREEMPTION_MODES[int(a[3])]
+            chunk, victim = CHUNK_BINS_TOKENS[a[1]], VICTIM_RULES[a[2]]
+            if self._mode_ok[a[3]]:
+                mode = PREEMPTION_MODES[a[3]]
             else:
                 invalid = True
-        ids = self._table.request_id if self._cands else np.zeros(0, dtype=np.int64)
+        ids = self._table.request_id if self._cands else _NO_IDS
         return AgentDecision(first, ids, self._order, chunk, victim, mode), invalid
 
     # -------------------------------------------------------------------------------- step
     def step(self, action):
-        check_steppable(self)
+        if self.cluster is None or self._over:
+            check_steppable(self)  # raises
         invalid = False
         if self._pending_end is None:
             decision, invalid = self.decode(action)
@@ -201,28 +219,25 @@ class SchedulingEnv(gym.Env):
             point = self.cluster.run_until_decision(self.horizon_s)
         else:
             point = self._pending_end
-        comps = self.slo_reward.collect(self.cluster.recorder.rows)
+        cluster = self.cluster
+        comps = self.slo_reward.collect(cluster.recorder.rows)
         terminated = point is None
         truncated = point is not None and point.kind == "time"
         if self.reward_config.early_miss and not terminated and not truncated:
-            comps["slo_missed"] += self.slo_reward.certain_misses(self._unfinished(), self.cluster.now_s)
+            comps["slo_missed"] += self.slo_reward.certain_misses(unfinished(cluster), cluster.now_s)
         extra = {"invalid_action": invalid}
         if truncated:
-            comps["truncation"] = self.slo_reward.truncation_penalty(self._unfinished(), self.cluster.now_s)
+            comps["truncation"] = self.slo_reward.truncation_penalty(unfinished(cluster), cluster.now_s)
         if terminated or truncated:
             self._over = True
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
-            self._cands, self._shown_ids = [], np.zeros(0, dtype=np.int64)
+            self._cands, self._shown_ids = [], _NO_IDS
             if terminated:
-                extra["summary"] = self.cluster.result().summary
+                extra["summary"] = cluster.result().summary
         else:
             obs = self._observe(point.time_s)
         extra["reward_components"] = comps
         return obs, float(sum(comps.values())), terminated, truncated, self._info(extra)
-
-    def _unfinished(self) -> list:
-        return [st for inst in self.cluster.instances for st in
-                list(inst.waiting) + list(inst.running) + list(inst.swapped)]
 
     # ---------------------------------------------------------------------- reference agents
     def heuristic_action(self, policy: str | None = None) -> np.ndarray:
