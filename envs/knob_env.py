@@ -15,7 +15,6 @@ from gymnasium import spaces
 
 from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
 from kvsched.envs.episodes import EpisodeSource
-from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
@@ -93,6 +92,7 @@ class KnobEnv(gym.Env):
         d = len(self.knobs)
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, (len(OBS_FEATURES) + d,), np.float32)
+        self._mask = np.ones(d, dtype=bool)
         self.cluster = None
 
     def values(self, action) -> dict:
@@ -101,11 +101,16 @@ class KnobEnv(gym.Env):
         Raises:
             ConfigError: wrong shape, or an entry outside [-1, 1] or not finite.
         """
-        a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
-        require(len(a) == len(self.knobs) and all(-1.0 <= x <= 1.0 for x in a),  # NaN fails too
-                "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
+        if type(action) is np.ndarray and action.ndim == 1 and action.dtype.char in "fd":  # the usual case
+            a = action.tolist()  # exact: float32 and float64 entries become Python floats unchanged
+        else:
+            a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
+        if len(a) != len(self.knobs):
+            require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
         out = {}
         for x, (name, lo, hi, mult) in zip(a, self.knobs):
+            if not -1.0 <= x <= 1.0:  # NaN fails too
+                require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
             v = lo + (x + 1.0) / 2.0 * (hi - lo)
             out[name] = int(round(v / mult) * mult) if mult else float(v)
         return out
@@ -118,9 +123,9 @@ class KnobEnv(gym.Env):
             pol.params = type(pol.params)(**{**init, **values})
             pol.bind(pol.ctx)  # derived state (LARS chunk candidates) follows the parameters
 
-    def _current(self) -> list[float]:
-        p = self.cluster.instances[0].policy.params
-        return [2.0 * (getattr(p, n) - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs]
+    def _knob_vector(self, values: dict) -> list[float]:
+        """Parameter values mapped back to [-1, 1] (the observation's last ``d`` entries)."""
+        return [2.0 * (values[n] - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -135,9 +140,10 @@ class KnobEnv(gym.Env):
         self._over = False
         self._t = 0.0
         self._arrived0 = 0
-        return self._observe(0, 0, 0), self._info({})
+        params = self.cluster.instances[0].policy.params
+        return self._observe(0, 0, 0, {n: getattr(params, n) for n, *_ in self.knobs}), self._info({})
 
-    def _observe(self, met: int, missed: int, arrived: int) -> np.ndarray:
+    def _observe(self, met: int, missed: int, arrived: int, knobs: dict) -> np.ndarray:
         insts = self.cluster.instances
         rows = []
         for inst in insts:
@@ -147,9 +153,10 @@ class KnobEnv(gym.Env):
             q = 0
             for s in inst.waiting:
                 q += s.prompt_tokens + s.generated - s.computed
-            for s in inst.running:
-                if is_partial_prefill(s):
-                    q += s.prompt_tokens + s.generated - s.computed
+            for s in inst.running:  # is_partial_prefill, inlined
+                c = s.prompt_tokens + s.generated - s.computed
+                if c > (1 if s.generated > 0 else 0):
+                    q += c
             nw, ns = len(inst.waiting), len(inst.swapped)
             rows.append((hbm.used_blocks / cap, hbm.available_blocks / cap, nw / (nw + 16.0),
                          len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))
@@ -158,18 +165,19 @@ class KnobEnv(gym.Env):
         done = met + missed
         vals += (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0,
                  missed / (missed + 1.0))
-        vals += self._current()
+        vals += self._knob_vector(knobs)
         return np.array(vals, dtype=np.float32)  # float64 values rounded to float32 once
 
     def action_masks(self) -> np.ndarray:
         """Continuous action: nothing to mask (one True per dimension, for a uniform API)."""
-        return np.ones(len(self.knobs), dtype=bool)
+        return self._mask.copy()
 
     def _info(self, extra: dict) -> dict:
         return step_info(self, self._t, extra)
 
     def step(self, action):
-        check_steppable(self)
+        if self.cluster is None or self._over:
+            check_steppable(self)  # raises
         values = self.values(action)
         self._set(values)
         self.decisions += 1
@@ -182,7 +190,7 @@ class KnobEnv(gym.Env):
         terminated = point is None
         truncated = not terminated and self._t >= self.horizon_s
         extra = {"knobs": values}
-        obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived)
+        obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived, values)
         states = unfinished(self.cluster)
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self._t)

@@ -54,6 +54,11 @@ class RewardConfig:
         require(isinstance(self.early_miss, bool), "RewardConfig.early_miss", self.early_miss, "True or False")
 
 
+def _bounds(slo) -> tuple:
+    """``(ttft_s, tpot_s, e2e_s)`` of an :class:`SLO`, ``math.inf`` for an unset E2E bound."""
+    return slo.ttft_s, slo.tpot_s, math.inf if slo.e2e_s is None else slo.e2e_s
+
+
 class SLOReward:
     """Turns new request records into reward (reads the recorder's rows incrementally).
 
@@ -74,6 +79,10 @@ class SLOReward:
         self._slos = dict(metrics.slos)
         self._length_slos = (metrics.slos[LENGTH_CLASSES[0]], metrics.slos[LENGTH_CLASSES[1]])
         self._min_ttft_s = min(slo.ttft_s for slo in self._slos.values())
+        # (ttft_s, tpot_s, e2e_s or inf) per SLO class and per length class, for is_met
+        self._bounds = {name: _bounds(slo) for name, slo in self._slos.items()}
+        self._length_bounds = tuple(_bounds(slo) for slo in self._length_slos)
+        self._long_prompt_tokens = metrics.long_prompt_tokens
 
     def judged_slo(self, slo_class: str, prompt_tokens: int):
         """The :class:`SLO` a request is judged by (its SLO class if configured, else length class)."""
@@ -84,30 +93,35 @@ class SLOReward:
 
     def is_met(self, row: tuple) -> bool:
         """Whether one record row (``RECORD_COLUMNS`` order) meets its SLO (as ``summarize``)."""
-        if row[_STATUS] != "finished":
-            return False
-        slo = self.judged_slo(str(row[_SLO_CLASS]), int(row[_PROMPT]))
-        a, f, e, g = row[_ARRIVAL], row[_FIRST], row[_FINISH], row[_GENERATED]
-        if not (f - a <= slo.ttft_s):
-            return False
-        if g > 1 and not ((e - f) / (g - 1) <= slo.tpot_s):
-            return False
-        e2e = math.inf if slo.e2e_s is None else slo.e2e_s
-        return e - a <= e2e
+        return self._judge((row,))[0] == 1
+
+    def _judge(self, rows) -> tuple[int, int, int]:
+        """``(met, missed, missed and not yet charged)`` over record rows (the SLO a row is judged
+        by as :meth:`judged_slo`; met as ``summarize``: finished, TTFT, TPOT when it generated more
+        than one token, E2E when set)."""
+        met = missed = uncharged = 0
+        bounds_of, length_bounds, long_tokens, charged = self._bounds, self._length_bounds, \
+            self._long_prompt_tokens, self.charged
+        for row in rows:
+            if row[_STATUS] == "finished":
+                bounds = bounds_of.get(str(row[_SLO_CLASS]))
+                if bounds is None:
+                    bounds = length_bounds[1 if int(row[_PROMPT]) >= long_tokens else 0]
+                ttft_s, tpot_s, e2e_s = bounds
+                a, f, e, g = row[_ARRIVAL], row[_FIRST], row[_FINISH], row[_GENERATED]
+                if f - a <= ttft_s and (g <= 1 or (e - f) / (g - 1) <= tpot_s) and e - a <= e2e_s:
+                    met += 1
+                    continue
+            missed += 1
+            if row[_RID] not in charged:
+                uncharged += 1
+        return met, missed, uncharged
 
     def collect(self, rows: list) -> dict[str, float]:
         """Reward components of the records written since the last call."""
-        met = missed = charged = 0
-        seen = self._seen
-        if len(rows) > seen:
-            is_met, already = self.is_met, self.charged
-            for row in rows[seen:]:
-                if is_met(row):
-                    met += 1
-                else:
-                    missed += 1
-                    if row[_RID] not in already:
-                        charged += 1
+        met = charged = 0
+        if len(rows) > self._seen:
+            met, missed, charged = self._judge(rows[self._seen:])
             self._seen = len(rows)
             self.met += met
             self.missed += missed

@@ -15,7 +15,6 @@ from gymnasium import spaces
 
 from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
 from kvsched.envs.episodes import EpisodeSource
-from kvsched.envs.observation import is_partial_prefill
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
@@ -85,6 +84,7 @@ class RoutingEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES) + n * len(INSTANCE_FEATURES),),
                                             np.float32)
         self.action_space = spaces.Discrete(n)
+        self._mask = np.ones(n, dtype=bool)
         self.cluster = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -118,9 +118,10 @@ class RoutingEnv(gym.Env):
             queued = 0
             for s in inst.waiting:
                 queued += s.prompt_tokens + s.generated - s.computed
-            for s in inst.running:
-                if is_partial_prefill(s):
-                    queued += s.prompt_tokens + s.generated - s.computed
+            for s in inst.running:  # is_partial_prefill, inlined
+                c = s.prompt_tokens + s.generated - s.computed
+                if c > (1 if s.generated > 0 else 0):
+                    queued += c
             nw, ns = len(inst.waiting), len(inst.swapped)
             need = math.ceil(prompt / inst.bs)
             vals += (hbm.used_blocks / cap, available / cap, nw / (nw + 16.0), len(inst.running) / inst.spec.max_seqs,
@@ -129,15 +130,17 @@ class RoutingEnv(gym.Env):
 
     def action_masks(self) -> np.ndarray:
         """All instances are valid targets."""
-        return np.ones(self.n_instances, dtype=bool)
+        return self._mask.copy()
 
     def _info(self, extra: dict) -> dict:
         return step_info(self, self.cluster.now_s, extra)
 
     def step(self, action):
-        check_steppable(self)
-        a = int(np.asarray(action).reshape(-1)[0])
-        require(0 <= a < self.n_instances, "action", action, f"an instance index in [0, {self.n_instances})")
+        if self.cluster is None or self._over:
+            check_steppable(self)  # raises
+        a = action if type(action) is int else int(np.asarray(action).reshape(-1)[0])
+        if not 0 <= a < self.n_instances:
+            require(False, "action", action, f"an instance index in [0, {self.n_instances})")
         if self._point is not None and self._point.kind == "route":
             self.cluster.apply(route_to=a)
             self.decisions += 1

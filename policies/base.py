@@ -40,8 +40,10 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
-from kvsched.envs.sim.errors import UnknownPresetError
+from kvsched.envs.sim.errors import UnknownPresetError, require
 from kvsched.envs.sim.features import FeatureTable
+
+from .preemption import ADMISSION_PREEMPTION_MODES
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,6 @@ class SearchDim:
     source: str = ""
 
     def __post_init__(self) -> None:
-        from kvsched.envs.sim.errors import require
-
         require(self.kind in ("float", "int", "categorical"), "SearchDim.kind", self.kind,
                 "'float', 'int' or 'categorical'")
         if self.kind == "categorical":
@@ -133,19 +133,18 @@ class PolicyParams:
     output_history_window: int = 4096
 
     def __post_init__(self) -> None:
-        from kvsched.envs.sim.errors import require
-
-        from .preemption import ADMISSION_PREEMPTION_MODES
-
+        # messages are built only on failure: the Knobs-v0 environment builds parameters every step
         for name in ("tier_aware_preemption", "prefetch", "admit_while_swapped"):
             v = getattr(self, name)
-            require(isinstance(v, bool), f"PolicyParams.{name}", v, "true or false")
-        require(self.admission_preemption in ADMISSION_PREEMPTION_MODES, "PolicyParams.admission_preemption",
-                self.admission_preemption, "one of " + ", ".join(ADMISSION_PREEMPTION_MODES))
+            if not isinstance(v, bool):
+                require(False, f"PolicyParams.{name}", v, "true or false")
+        if self.admission_preemption not in ADMISSION_PREEMPTION_MODES:
+            require(False, "PolicyParams.admission_preemption", self.admission_preemption,
+                    "one of " + ", ".join(ADMISSION_PREEMPTION_MODES))
         for name in ("admission_victim_min_tokens", "max_admission_preemptions", "output_history_window"):
             v = getattr(self, name)
-            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"PolicyParams.{name}", v,
-                    "an integer >= 1")
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                require(False, f"PolicyParams.{name}", v, "an integer >= 1")
 
 
 @dataclass(frozen=True)

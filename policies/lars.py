@@ -89,18 +89,20 @@ class LARSParams(PolicyParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # messages are built only on failure: the Knobs-v0 environment builds parameters every step
         for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
             v = getattr(self, name)
-            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                    f"LARSParams.{name}", v, "a number > 0")
-        require(self.normalize in ("remaining", "total"), "LARSParams.normalize", self.normalize,
-                "'remaining' or 'total'")
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+                require(False, f"LARSParams.{name}", v, "a number > 0")
+        if self.normalize not in ("remaining", "total"):
+            require(False, "LARSParams.normalize", self.normalize, "'remaining' or 'total'")
         for name in ("min_chunk_tokens", "max_chunk_tokens", "chunk_multiple_tokens"):
             v = getattr(self, name)
-            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"LARSParams.{name}", v,
-                    "an integer >= 1 (tokens)")
-        require(self.min_chunk_tokens <= self.max_chunk_tokens, "LARSParams.min_chunk_tokens",
-                self.min_chunk_tokens, f"<= max_chunk_tokens ({self.max_chunk_tokens})")
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                require(False, f"LARSParams.{name}", v, "an integer >= 1 (tokens)")
+        if self.min_chunk_tokens > self.max_chunk_tokens:
+            require(False, "LARSParams.min_chunk_tokens", self.min_chunk_tokens,
+                    f"<= max_chunk_tokens ({self.max_chunk_tokens})")
 
 
 @register("lars")

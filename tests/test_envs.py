@@ -375,3 +375,76 @@ def test_agent_policy_without_decision_is_the_reference():
     direct = build_cluster(src, lambda i: reference("lars", None, src)).run(w)
     proxied = build_cluster(src, lambda i: AgentPolicy(reference("lars", None, src))).run(w)
     assert summary_to_json(proxied.summary) == summary_to_json(direct.summary)
+
+
+def test_reward_judges_records_as_summarize_does():
+    """SLOReward (per-step lookup tables, rows judged in one pass) counts exactly the requests
+    ``summarize`` counts as meeting their SLO: named SLO classes with and without an E2E bound,
+    unknown classes judged by length class, TTFT / TPOT / E2E misses, one-token requests (no
+    TPOT), rejections; and it charges a certain miss only past the request's own TTFT SLO."""
+    import pandas as pd
+
+    from kvsched.envs.reward import RewardConfig, SLOReward
+    from kvsched.envs.sim.metrics import RECORD_COLUMNS, SLO, MetricsConfig, summarize
+
+    m = MetricsConfig(long_prompt_tokens=1000, slos={"short": SLO(1.0, 0.1), "long": SLO(5.0, 0.2),
+                                                     "gold": SLO(0.5, 0.05, e2e_s=3.0)})
+    base = dict.fromkeys(RECORD_COLUMNS, 0)
+    cases = [  # slo_class, prompt, status, first - arrival, finish - first, generated
+        ("gold", 100, "finished", 0.4, 1.0, 21),   # met (TPOT 0.05, E2E 1.4)
+        ("gold", 100, "finished", 0.6, 1.0, 21),   # TTFT 0.6 > 0.5
+        ("gold", 100, "finished", 0.4, 1.2, 21),   # TPOT 0.06 > 0.05
+        ("gold", 100, "finished", 0.4, 2.9, 200),  # E2E 3.3 > 3.0 (TPOT ok)
+        ("x", 100, "finished", 0.9, 1.0, 11),      # unknown class: short, met
+        ("x", 2000, "finished", 0.9, 1.0, 11),     # unknown class: long, met
+        ("x", 100, "finished", 1.1, 0.0, 1),       # short TTFT miss, one token
+        ("x", 2000, "finished", 4.0, 0.0, 1),      # long, one token: no TPOT, met
+        ("x", 2000, "finished", 4.0, 3.0, 11),     # long TPOT 0.3 > 0.2
+        ("short", 100, "rejected", math.nan, math.nan, 0),
+    ]
+    rows = []
+    for i, (cls, prompt, status, ttft, rest, gen) in enumerate(cases):
+        r = dict(base, request_id=i, arrival_s=10.0 + i, prompt_tokens=prompt, output_tokens=max(gen, 1),
+                 slo_class=cls, length_class="long" if prompt >= 1000 else "short", status=status,
+                 first_scheduled_s=10.0 + i + ttft / 2, first_token_s=10.0 + i + ttft, finish_s=10.0 + i + ttft + rest, generated_tokens=gen)
+        rows.append(tuple(r[c] for c in RECORD_COLUMNS))
+    expected = summarize(pd.DataFrame(rows, columns=list(RECORD_COLUMNS)), None, None, m)["classes"]["all"]
+    rw = SLOReward(RewardConfig(met=2.0, missed=3.0), m)
+    rw.charged.add(1)  # request 1 was charged as a certain miss earlier
+    comps = rw.collect(rows[:4])  # one met, three missed of which one already charged
+    comps2 = rw.collect(rows)  # the six new rows: three met, three missed
+    assert rw.met == expected["slo"]["met"] == 4 and rw.missed == len(rows) - 4
+    assert comps == {"slo_met": 2.0, "slo_missed": -3.0 * 2} and comps2 == {"slo_met": 2.0 * 3, "slo_missed": -3.0 * 3}
+    assert [rw.is_met(r) for r in rows] == [True, False, False, False, True, True, False, True, False, False]
+    assert rw.collect(rows) == {"slo_met": 0.0, "slo_missed": -0.0}  # nothing new
+
+    class St:  # the RequestState fields certain_misses reads
+        def __init__(self, rid, arrival_s, prompt_tokens, slo_class, generated=0):
+            self.rid, self.arrival_s, self.prompt_tokens, self.generated = rid, arrival_s, prompt_tokens, generated
+            self.req = type("Req", (), {"slo_class": slo_class})()
+
+    states = [St(20, 0.0, 100, "gold"), St(21, 0.0, 100, "x"), St(22, 0.0, 2000, "x"), St(23, 0.0, 100, "gold", 1)]
+    assert rw.certain_misses(states, 0.5) == -0.0  # waited 0.5 s: no TTFT SLO exceeded yet
+    assert rw.certain_misses(states, 0.75) == -3.0 and rw.charged >= {20}  # gold (0.5 s) only
+    assert rw.certain_misses(states, 1.5) == -3.0 and 21 in rw.charged  # short (1 s); 20 not again
+    assert rw.certain_misses(states, 6.0) == -3.0 and 22 in rw.charged and 23 not in rw.charged
+
+
+def test_knob_env_parameters_equal_dataclasses_replace_and_are_validated(tmp_path):
+    """The parameters KnobEnv builds each step equal dataclasses.replace of the previous ones,
+    and go through the parameter class's validation (a knob range that would break it raises)."""
+    import dataclasses
+
+    env = KnobEnv(**SMALL)
+    env.reset(seed=0)
+    before = env.cluster.instances[0].policy.params
+    a = np.array([0.25, -0.5, 0.75, -0.1], dtype=np.float32)
+    env.step(a)
+    assert env.cluster.instances[0].policy.params == dataclasses.replace(before, **env.values(a))
+    sc = tmp_path / "big-min-chunk.yaml"
+    sc.write_text(open(default_scenario_path()).read().replace("policy: fcfs", "policy: lars\npolicy_params:\n"
+                                                                               "  min_chunk_tokens: 512"))
+    env = KnobEnv(scenario=str(sc), window_s=10.0, max_requests=20, split="all")
+    env.reset(seed=0)
+    with pytest.raises(ConfigError, match="min_chunk_tokens"):
+        env.step(np.array([0.0, 0.0, 0.0, -1.0], dtype=np.float32))  # max_chunk_tokens 256 < 512
