@@ -8,6 +8,8 @@ heuristic schedules on its own.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +32,42 @@ KNOB_SETS: dict[str, tuple[tuple[str, float, float, int | None], ...]] = {
 
 OBS_FEATURES = ("hbm_used", "hbm_available", "waiting", "running", "swapped", "queued_prefill", "arrived",
                 "finished", "met_fraction", "missed")
+
+
+def _replaced(params, fields: dict, values: dict):
+    """``dataclasses.replace(params, **values)``, where ``fields`` holds ``params``' fields.
+
+    A parameter class whose ``__init__`` takes exactly its fields (no ``InitVar``, no
+    ``init=False`` field, no ``__slots__``) gets a new instance with those fields and ``values``
+    in its ``__dict__``, then its ``__post_init__`` (the validation, as the generated
+    ``__init__`` would call it) -- the same object as ``replace`` builds, without the generated
+    ``__init__``'s one ``object.__setattr__`` per field. Any other class goes through
+    ``dataclasses.replace``.
+
+    Raises:
+        ConfigError: the parameter class's validation rejects a value.
+    """
+    cls = type(params)
+    if not _plain_params(cls):
+        return dataclasses.replace(params, **values)
+    new = object.__new__(cls)
+    d = new.__dict__
+    d.update(fields)
+    d.update(values)
+    post_init = getattr(new, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+    return new
+
+
+@functools.cache
+def _plain_params(cls) -> bool:
+    """Whether ``_replaced`` may fill ``cls``' ``__dict__`` directly (see there)."""
+    if not dataclasses.is_dataclass(cls) or any("__slots__" in vars(c) for c in cls.__mro__ if c is not object):
+        return False
+    names = [f.name for f in dataclasses.fields(cls)]
+    init_params = list(inspect.signature(cls.__init__).parameters)[1:]
+    return all(f.init for f in dataclasses.fields(cls)) and init_params == names
 
 
 class KnobEnv(gym.Env):
@@ -118,9 +156,7 @@ class KnobEnv(gym.Env):
     def _set(self, values: dict) -> None:
         for inst, init in zip(self.cluster.instances, self._init_fields):
             pol = inst.policy
-            # as dataclasses.replace(pol.params, **values) (validated by the params' __post_init__),
-            # from the init fields read once per episode (only the knobs ever change)
-            pol.params = type(pol.params)(**{**init, **values})
+            pol.params = _replaced(pol.params, init, values)
             pol.bind(pol.ctx)  # derived state (LARS chunk candidates) follows the parameters
 
     def _knob_vector(self, values: dict) -> list[float]:

@@ -102,18 +102,20 @@ class SLOReward:
         met = missed = uncharged = 0
         bounds_of, length_bounds, long_tokens, charged = self._bounds, self._length_bounds, \
             self._long_prompt_tokens, self.charged
+        status, slo_class, prompt, arrival, first, finish, generated, rid = \
+            _STATUS, _SLO_CLASS, _PROMPT, _ARRIVAL, _FIRST, _FINISH, _GENERATED, _RID  # locals: read per row
         for row in rows:
-            if row[_STATUS] == "finished":
-                bounds = bounds_of.get(str(row[_SLO_CLASS]))
+            if row[status] == "finished":
+                bounds = bounds_of.get(str(row[slo_class]))
                 if bounds is None:
-                    bounds = length_bounds[1 if int(row[_PROMPT]) >= long_tokens else 0]
+                    bounds = length_bounds[1 if int(row[prompt]) >= long_tokens else 0]
                 ttft_s, tpot_s, e2e_s = bounds
-                a, f, e, g = row[_ARRIVAL], row[_FIRST], row[_FINISH], row[_GENERATED]
+                a, f, e, g = row[arrival], row[first], row[finish], row[generated]
                 if f - a <= ttft_s and (g <= 1 or (e - f) / (g - 1) <= tpot_s) and e - a <= e2e_s:
                     met += 1
                     continue
             missed += 1
-            if row[_RID] not in charged:
+            if row[rid] not in charged:
                 uncharged += 1
         return met, missed, uncharged
 

@@ -183,7 +183,10 @@ class SchedulingEnv(gym.Env):
         else:
             a = np.asarray(action, dtype=np.int64).reshape(-1).tolist()
         nvec = self._nvec
-        if len(a) != len(nvec) or not all(0 <= x < n for x, n in zip(a, nvec)):
+        ok = len(a) == len(nvec)
+        for x, n in zip(a, nvec):
+            ok = ok and 0 <= x < n
+        if not ok:
             require(False, "action", action, f"integers below {list(nvec)}")
         invalid = False
         slot = a[0]
