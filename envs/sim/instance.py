@@ -513,7 +513,8 @@ class Instance:
         The single step ending at ``end1`` holds decodes (the plan's first ``n_decodes`` or
         more members) and, after them, fresh prefills that compute the rest of their prompt
         and so emit their first token at ``end1``. With nothing waiting or swapped, no one
-        finishing at ``end1`` and nothing outside this instance able to look at it before
+        finishing at ``end1``, the plan in running order (the stretch's order one by one) and
+        nothing outside this instance able to look at it before
         ``end1`` (``stretch_through_finishes``: one instance or round-robin look-ahead, no
         watched decision points, no shared KV tier; ``end1`` before the horizon), stepping one
         by one would end that step and plan, at ``end1``, a fast-forwarded decode stretch of
@@ -559,6 +560,11 @@ class Instance:
             else:
                 return end1  # a partial prefill or a recomputation
         if not n_join:
+            return end1
+        if any(p[0] is not r for p, r in zip(plan, self.running)):
+            # one by one, the stretch planned at end1 runs in running (admission) order; a
+            # stall-free policy plans the step's prefills after its decodes, in its own order,
+            # and members finishing at one step would then free their blocks (LRU) in another order
             return end1
         # the second step's blocks: ceil((x + 1) / bs) minus those held after the first step,
         # which are at least ceil(x / bs): only a member with x a multiple of bs can need one
