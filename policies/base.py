@@ -221,7 +221,11 @@ class SchedulerPolicy:
 
         Returns:
             ``(row, mode)``. Default: :meth:`choose_victim` and ``default_mode``; with
-            ``params.tier_aware_preemption`` the row and mode of least cost per freed block.
+            ``params.tier_aware_preemption`` the row and mode of least cost per freed block,
+            never row 0 (the oldest candidate) while there are others: like vLLM's
+            newest-victim rule, this guarantees progress. Without it two long prefills that
+            cannot fit together could each preempt the other forever (a livelock the fold
+            breaker found: each chose the request with more computed tokens, itself).
         """
         if not getattr(self.params, "tier_aware_preemption", False):
             return self.choose_victim(table), default_mode
@@ -230,6 +234,8 @@ class SchedulerPolicy:
         best_mode = np.argmin(cost, axis=0)
         best_cost = cost[best_mode, np.arange(cost.shape[1])]
         per_block = best_cost / np.maximum(table.hbm_blocks, 1)
+        if len(per_block) > 1:
+            per_block[0] = np.inf  # the oldest goes on (recompute is always finite for the others)
         row = int(np.argmin(per_block))
         return row, modes[int(best_mode[row])]
 

@@ -199,14 +199,15 @@ def test_promise_fold_is_exact_when_arrivals_land_on_step_ends():
     assert total > 0
 
 
-@pytest.mark.xfail(strict=True, raises=Stuck, reason="pre-existing prefetch + offload preemption livelock "
-                   "(not the fold's: stepping one by one is stuck the same way); reported, not fixed here")
 def test_defect_prefetch_offload_preemption_livelock():
     """Found while fuzzing the fold, present stepping one by one and before the fold commits:
     the ``prefetch`` policy (tier-aware preemption, prefetch) with ``offload`` preemption and a
-    small HBM keeps preempting its two running requests (~940 preemptions in 60 simulated
-    seconds, nothing waiting) and never finishes; fcfs serves the same workload in ~0.5 s.
-    Should: serve every request. (Strict xfail: remove the marker once fixed.)"""
+    small HBM kept preempting its two running requests (~940 preemptions in 60 simulated
+    seconds, nothing waiting) and never finished; fcfs serves the same workload in ~0.5 s. Two
+    long prefills that cannot fit together each chose itself (the most computed tokens, the
+    least recompute cost per freed block) when short of blocks, and the other's prefill then
+    ran into the same wall. Tier-aware preemption now never picks the oldest candidate while
+    there are others (vLLM's newest-victim rule guarantees progress the same way)."""
     spec = make_spec(hbm_kv_blocks=85, max_num_batched_tokens=2048, max_model_len=1360, max_num_partial_prefills=4,
                      max_long_partial_prefills=2, preemption_mode="offload", nvme_kv_bytes=200 * BLOCK_BYTES)
     w = build([(0.0, 982, 2, 0), (0.05, 233, 3, 1), (0.1, 1132, 47, 2), (0.0, 555, 2, 2), (0.0, 112, 4, 1)])
