@@ -7,6 +7,8 @@ end) and stepping one by one (``InstanceOptions(fast_forward=False)``).
 
 * ``test_defect_*``: a divergence found by fuzzing; fails on the code as first committed.
 * ``test_promise_*``: the fuzz harness, small enough to run in seconds.
+* ``test_defect_*_livelock``: two preemption livelocks the fuzzing found outside the fold
+  (also stepping one by one), fixed since.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ NO_FRONT_END = CostParams(request_overhead_s=0.0, prompt_token_overhead_s=0.0, o
 
 
 class Stuck(Exception):
-    """The run did not end within :data:`STUCK_AFTER_S` simulated seconds. Known outside the
-    fold: the ``prefetch`` policy with ``offload`` preemption can thrash two running requests
-    forever (``test_defect_prefetch_offload_preemption_livelock``)."""
+    """The run did not end within :data:`STUCK_AFTER_S` simulated seconds (a preemption
+    livelock; the two the fuzzing found, outside the fold, are fixed: see the two
+    ``test_defect_*_livelock`` tests)."""
 
 
 STUCK_AFTER_S = 60.0  # the generated workloads end within a few simulated seconds
@@ -217,14 +219,13 @@ def test_defect_prefetch_offload_preemption_livelock():
     assert (res.records.status == "finished").all()
 
 
-@pytest.mark.xfail(strict=True, raises=Stuck, reason="pre-existing lars + swap preemption livelock "
-                   "(not the fold's: stepping one by one is stuck the same way); reported, not fixed here")
 def test_defect_lars_swap_preemption_livelock():
     """Found while fuzzing the fold, stepping one by one: LARS with swap preemption, a 33-block
-    HBM, three partial prefills (three of them long) keeps swapping one request out and the
+    HBM, three partial prefills (three of them long) kept swapping one request out and the
     other back in (~7,000 preemptions in 60 simulated seconds, 56 steps, nothing waiting) and
-    never finishes; with max_long_partial_prefills 1 or 2 it serves the workload.
-    Should: serve every request. (Strict xfail: remove the marker once fixed.)"""
+    never finished. The only ready request, short of a block while the other was being copied
+    back in, preempted itself; now it waits for the copy to land (``Instance._make_room``),
+    and then vLLM's newest-victim rule swaps the other out again, so the older one progresses."""
     spec = make_spec(hbm_kv_blocks=33, max_num_batched_tokens=16, max_num_seqs=3, max_model_len=528,
                      max_num_partial_prefills=3, max_long_partial_prefills=3, preemption_mode="swap",
                      dram_kv_bytes=30 * BLOCK_BYTES, nvme_kv_bytes=100 * BLOCK_BYTES)

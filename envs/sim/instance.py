@@ -1074,13 +1074,20 @@ class Instance:
     def _make_room(self, st: RequestState, need: int, now: float, plan: list, planned: set) -> bool:
         """Preempt victims until ``need`` blocks can be allocated for ``st``.
 
-        Returns ``False`` when ``st`` itself was preempted. Requests whose blocks are still
-        being copied in are not chosen while others exist.
+        Returns ``False`` when ``st`` itself was preempted, or when it waits: requests whose
+        blocks are still being copied in are not chosen while others exist, and when ``st`` is
+        the only other one it skips this step instead of preempting itself. vLLM swaps in
+        synchronously, so the request being swapped in would be the newest running request
+        and its victim; preempting ``st`` instead let two requests swap each other out and in
+        forever (a livelock the fold breaker found with LARS, swap and a small HBM).
         """
         while True:
             # PNM: requests on PNM (or moving there) hold no HBM that preempting them would free
-            candidates = ([r for r in self.running if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating)]
-                          or [r for r in self.running if not (r.on_pnm or r.pnm_migrating)])
+            candidates = [r for r in self.running if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating)]
+            if candidates == [st] and any(r.ready_s > now and not (r.on_pnm or r.pnm_migrating)
+                                          for r in self.running):
+                return False  # wait for the copy-in to land (the step goes on without st)
+            candidates = candidates or [r for r in self.running if not (r.on_pnm or r.pnm_migrating)]
             table = FeatureTable(candidates, now, self.options.oracle_lengths)
             row, mode = self.policy.choose_preemption(table, self._preemption_costs(candidates),
                                                       self.spec.preemption_mode)
