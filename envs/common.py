@@ -34,6 +34,20 @@ def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_
                    options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
 
 
+def queued_prefill_tokens(inst) -> int:
+    """Prompt tokens ``inst`` still has to compute: its waiting requests' (prompt plus any
+    generated tokens a recompute must redo) and its running partial prefills' rest
+    (:func:`kvsched.envs.observation.is_partial_prefill`, inlined)."""
+    q = 0
+    for s in inst.waiting:
+        q += s.prompt_tokens + s.generated - s.computed
+    for s in inst.running:
+        c = s.prompt_tokens + s.generated - s.computed
+        if c > (1 if s.generated > 0 else 0):
+            q += c
+    return q
+
+
 def check_steppable(env) -> None:
     """Raise ``RuntimeError`` unless ``env`` (any kvsched environment) has an episode to step."""
     if env.cluster is None:

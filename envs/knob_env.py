@@ -15,7 +15,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
+from kvsched.envs.common import (build_cluster, check_steppable, episode_config, queued_prefill_tokens, reference,
+                                 step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
@@ -186,13 +187,7 @@ class KnobEnv(gym.Env):
             hbm = inst.hbm
             cap = float(max(hbm.capacity_blocks, 1))
             max_len = float(inst.spec.model_len_limit)
-            q = 0
-            for s in inst.waiting:
-                q += s.prompt_tokens + s.generated - s.computed
-            for s in inst.running:  # is_partial_prefill, inlined
-                c = s.prompt_tokens + s.generated - s.computed
-                if c > (1 if s.generated > 0 else 0):
-                    q += c
+            q = queued_prefill_tokens(inst)
             nw, ns = len(inst.waiting), len(inst.swapped)
             rows.append((hbm.used_blocks / cap, hbm.available_blocks / cap, nw / (nw + 16.0),
                          len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))

@@ -13,7 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
+from kvsched.envs.common import (build_cluster, check_steppable, episode_config, queued_prefill_tokens, reference,
+                                 step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
@@ -115,13 +116,7 @@ class RoutingEnv(gym.Env):
             hbm = inst.hbm
             cap = float(max(hbm.capacity_blocks, 1))
             available = hbm.available_blocks
-            queued = 0
-            for s in inst.waiting:
-                queued += s.prompt_tokens + s.generated - s.computed
-            for s in inst.running:  # is_partial_prefill, inlined
-                c = s.prompt_tokens + s.generated - s.computed
-                if c > (1 if s.generated > 0 else 0):
-                    queued += c
+            queued = queued_prefill_tokens(inst)
             nw, ns = len(inst.waiting), len(inst.swapped)
             need = math.ceil(prompt / inst.bs)
             vals += (hbm.used_blocks / cap, available / cap, nw / (nw + 16.0), len(inst.running) / inst.spec.max_seqs,

@@ -1472,7 +1472,6 @@ class Instance:
             gaps = ends[1:] - ends[:-1]  # np.diff, without its overhead on short arrays
             max_gap = float(gaps.max()) if k > 1 else -1.0
             first_end = float(ends[0])
-            first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order
             steps = self._stretch_steps
             n_join = self._stretch_joined  # a folded stretch: its last n_join members joined at ends[0]
             self._stretch_joined = 0
@@ -1482,39 +1481,14 @@ class Instance:
                 plan = [p for p, ki in zip(plan, steps) if ki == k]
                 if n_join:
                     n_join = sum(1 for ki in steps[len(steps) - n_join:] if ki == k)
-            joined = None
-            if n_join:
+            if n_join:  # steps 2..k for the joined: first gap ends[1] - ends[0], then gaps[1:]
                 cut = len(plan) - n_join
                 joined = plan[cut:]
-                plan = plan[:cut]
-            for st, _ in plan:
-                g = first_end - st.last_token_s
-                first_gaps[st.length_class].append(g)
-                m = g if g > max_gap else max_gap
-                if not (st.max_itl_s >= m):
-                    st.max_itl_s = m
-                st.computed += k
-                gen = st.generated + k
-                st.generated = gen
-                st.last_token_s = now
-                if gen >= st.output_tokens:
-                    finished.append(st)
-            rec.add_itl_by_class(first_gaps, gaps)
-            if joined:  # steps 2..k: first gap ends[1] - ends[0], then gaps[1:]
-                join_gaps: tuple[list[float], list[float]] = ([], [])
-                g = float(gaps[0])
-                km1 = k - 1
-                for st, _ in joined:
-                    join_gaps[st.length_class].append(g)
-                    if not (st.max_itl_s >= max_gap):
-                        st.max_itl_s = max_gap
-                    st.computed += km1
-                    gen = st.generated + km1
-                    st.generated = gen
-                    st.last_token_s = now
-                    if gen >= st.output_tokens:
-                        finished.append(st)
-                rec.add_itl_by_class(join_gaps, gaps[1:])
+                self._advance_members(plan[:cut], first_end, k, gaps, max_gap, now, finished)
+                self._advance_members(joined, float(ends[1]), k - 1, gaps[1:],
+                                      float(gaps[1:].max()) if k > 2 else -1.0, now, finished)
+            else:
+                self._advance_members(plan, first_end, k, gaps, max_gap, now, finished)
             rec.occupancy.stretch(self.instance_id, ends, self._stretch_used, self._stretch_pnm_used,
                                   self._stretch_end_used if steps is not None else None)
             if steps is not None:
@@ -1582,6 +1556,27 @@ class Instance:
         rec.occupancy_change(self, now)
         if self.options.check_invariants:
             self.check()
+
+    def _advance_members(self, members: list, first_end: float, k: int, shared_gaps: np.ndarray, max_shared: float,
+                         now: float, finished: list) -> None:
+        """Advance stretch members that ran its last ``k`` steps (the first ending at
+        ``first_end``, the last at ``now``) by ``k`` tokens each: their gap to ``first_end``
+        and ``shared_gaps`` (shape ``(k - 1,)``, largest ``max_shared``, -1.0 when empty) go
+        to the ITL histograms and their max ITL; those done join ``finished`` (plan order)."""
+        first_gaps: tuple[list[float], list[float]] = ([], [])  # per length class, plan order
+        for st, _ in members:
+            g = first_end - st.last_token_s
+            first_gaps[st.length_class].append(g)
+            m = g if g > max_shared else max_shared
+            if not (st.max_itl_s >= m):
+                st.max_itl_s = m
+            st.computed += k
+            gen = st.generated + k
+            st.generated = gen
+            st.last_token_s = now
+            if gen >= st.output_tokens:
+                finished.append(st)
+        self.recorder.add_itl_by_class(first_gaps, shared_gaps)
 
     def _finish_early(self, plan: list, steps: list[int], ends: np.ndarray, gaps: np.ndarray,
                       n_join: int = 0) -> list[RequestState]:
