@@ -1084,7 +1084,7 @@ class Instance:
         while True:
             # PNM: requests on PNM (or moving there) hold no HBM that preempting them would free
             candidates = [r for r in self.running if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating)]
-            if candidates == [st] and any(r.ready_s > now and not (r.on_pnm or r.pnm_migrating)
+            if len(candidates) == 1 and candidates[0] is st and any(r.ready_s > now and not (r.on_pnm or r.pnm_migrating)
                                           for r in self.running):
                 return False  # wait for the copy-in to land (the step goes on without st)
             candidates = candidates or [r for r in self.running if not (r.on_pnm or r.pnm_migrating)]
