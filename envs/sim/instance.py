@@ -676,7 +676,6 @@ class Instance:
         n = len(plan)
         self._stretch_steps = None
         self._stretch_end_used = None
-        self._stretch_joined = 0
         if xs is None:
             xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
             rems = [st.output_tokens - st.generated for st, _ in plan]
@@ -1083,11 +1082,11 @@ class Instance:
         """
         while True:
             # PNM: requests on PNM (or moving there) hold no HBM that preempting them would free
-            candidates = [r for r in self.running if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating)]
-            if len(candidates) == 1 and candidates[0] is st and any(r.ready_s > now and not (r.on_pnm or r.pnm_migrating)
-                                          for r in self.running):
-                return False  # wait for the copy-in to land (the step goes on without st)
-            candidates = candidates or [r for r in self.running if not (r.on_pnm or r.pnm_migrating)]
+            in_hbm = [r for r in self.running if not (r.on_pnm or r.pnm_migrating)]
+            candidates = [r for r in in_hbm if r.ready_s <= now]
+            if len(candidates) == 1 and candidates[0] is st and len(in_hbm) > 1:
+                return False  # another is being copied in: wait for it to land (the step goes on without st)
+            candidates = candidates or in_hbm
             table = FeatureTable(candidates, now, self.options.oracle_lengths)
             row, mode = self.policy.choose_preemption(table, self._preemption_costs(candidates),
                                                       self.spec.preemption_mode)
