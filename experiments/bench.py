@@ -674,7 +674,7 @@ def cases_table(entries: Sequence[dict]):
 
     t = Table(title="kvsched bench (wall = simulate() call; peak RSS of the case's own process)")
     for col in ("case", "requests", "inst", "sim wall s", "cpu s", "req/s", "events", "events/s", "steps",
-                "ff steps", "preempt", "peak RSS MiB", "x BLIS"):
+                "ff steps", "folded", "preempt", "peak RSS MiB", "x BLIS"):
         t.add_column(col, justify="left" if col == "case" else "right", no_wrap=(col == "case"))
     for e in entries:
         blis = (f"{e['requests_per_s'] / BLIS_REFERENCE_REQ_PER_S:,.1f}x" if e["group"] == "blis" else "")
@@ -683,7 +683,7 @@ def cases_table(entries: Sequence[dict]):
                   f"{e['requests_per_s']:,.0f}",
                   f"{e['events']:,}", f"{e['events_per_s']:,.0f}", f"{e['steps']:,}",
                   f"{e['fast_forward_steps']:,} ({100 * e['fast_forward_share']:.0f}%)",
-                  f"{e['preemptions']:,}", f"{e['peak_rss_mib']:,.0f}", blis)
+                  f"{e['folded_steps']:,}", f"{e['preemptions']:,}", f"{e['peak_rss_mib']:,.0f}", blis)
     return t
 
 

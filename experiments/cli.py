@@ -385,8 +385,13 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     if sc.trace is not None and len(seeds) > 1:
         err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
                   "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
-    console.print(f"{n_runs} runs ({len(names)} {'routers' if routers else 'policies'} x {len(seeds)} seeds x "
-                  f"{a.windows} windows, backend {a.backend}) in {time.perf_counter() - t0:.1f} s wall", highlight=False)
+    def count(n: int, one: str, many: str) -> str:
+        return f"{n} {one if n == 1 else many}"
+
+    what = ("router", "routers") if routers else ("policy", "policies")
+    console.print(f"{count(n_runs, 'run', 'runs')} ({count(len(names), *what)} x {count(len(seeds), 'seed', 'seeds')}"
+                  f" x {count(a.windows, 'window', 'windows')}, backend {a.backend})"
+                  f" in {time.perf_counter() - t0:.1f} s wall", highlight=False)
     if a.out:
         files = write_outputs(result, agg, sc, a.out)
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
