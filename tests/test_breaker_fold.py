@@ -119,6 +119,25 @@ def test_promise_fold_declines_a_plan_out_of_running_order_but_folds_in_order():
     assert folded == {1: 1, 2: 0}
 
 
+def test_promise_fold_through_a_decode_finishing_at_the_step_end():
+    """A (output 3) and C (sharing A's prompt segments, prefix hit) decode while B's prompt is
+    admitted; A emits its last token at the end of that step, as B its first. The step still
+    folds: A runs only the stretch's first step, C finishes inside the stretch and B runs on.
+    A's release at the step end leaves C the last reference to the shared segments, so C's
+    finish frees them; the step end and a later step end fall into new occupancy sampling
+    cells (1 s), so the samples check HBM in use after those frees. Exact against no fold and
+    stepping one by one."""
+    t0 = 0.98  # the admission step ends just past 1.0 s, B's stretch runs past 2.0 s
+    rows = [(t0, 256, 3, 1), (t0 + 0.005, 256, 6, 1), (t0 + 0.012, 200, 200, 0)]
+    spec = make_spec(cost=NO_FRONT_END)
+    res, _ = run(build(rows), [spec])
+    r = res.records.set_index("request_id")
+    assert r.loc[0, "finish_s"] == r.loc[2, "first_token_s"]  # A finishes at B's admission step end
+    assert r.loc[0, "finish_s"] > 1.0 > r.loc[1, "first_token_s"] and r.loc[2, "finish_s"] > 2.0
+    assert r.loc[1, "prefix_hit_tokens"] == 224 and r.loc[2, "first_token_s"] < r.loc[1, "finish_s"]
+    assert three_way(build(rows), [spec]) == 1  # that step (the others have an arrival inside)
+
+
 # ------------------------------------------------------------------------------------------
 POLICIES = policy_names()
 

@@ -512,13 +512,13 @@ class Instance:
 
         The single step ending at ``end1`` holds decodes (the plan's first ``n_decodes`` or
         more members) and, after them, fresh prefills that compute the rest of their prompt
-        and so emit their first token at ``end1``. With nothing waiting or swapped, no one
-        finishing at ``end1``, the plan in running order (the stretch's order one by one) and
-        nothing outside this instance able to look at it before
-        ``end1`` (``stretch_through_finishes``: one instance or round-robin look-ahead, no
-        watched decision points, no shared KV tier; ``end1`` before the horizon), stepping one
-        by one would end that step and plan, at ``end1``, a fast-forwarded decode stretch of
-        the same requests. This plans that stretch now, with the step as its first step:
+        and so emit their first token at ``end1``. With nothing waiting or swapped, the plan in
+        running order (the stretch's order one by one) and nothing outside this instance able
+        to look at it before ``end1`` (``stretch_through_finishes``: one instance or
+        round-robin look-ahead, no watched decision points, no shared KV tier; ``end1`` before
+        the horizon), stepping one by one would end that step (finishing the decodes that emit
+        their last token there) and plan, at ``end1``, a fast-forwarded decode stretch of the
+        others. This plans that stretch now, with the step as its first step:
 
         * the prefills' first step is applied now (computed prompt, first token at ``end1``,
           prompt segments registered in the prefix cache): the same pool operations, in the
@@ -528,6 +528,15 @@ class Instance:
           cannot be had (stepping one by one would then preempt);
         * :meth:`_plan_stretch` plans the rest from ``end1`` and the first step is prepended
           to its end times and occupancy.
+
+        Decodes that finish at ``end1`` make it a stretch through completions in which they
+        run the first step only (:meth:`_plan_stretch_through`'s form: ``_stretch_steps``):
+        their KV is released at the stretch's end, in the order one by one releases it, and
+        HBM in use from the second step on, and at ``end1``, is lower by what they free. One by
+        one those frees come before the second step's allocation and may feed the LRU (the
+        single free queue, unreferenced segments), so then every block of the stretch comes
+        from never-cached free blocks, as in a stretch through completions (the fold is
+        declined when the second step's cannot).
 
         :meth:`complete_step` advances the decodes over the whole stretch and the prefills
         (``_stretch_joined``) over its steps after the first. Results are byte-identical to
@@ -540,8 +549,7 @@ class Instance:
         # the decode fast path's members: one token each at KV position prompt + generated - 1
         xs = [st.computed + 1 for st, _ in plan[:n_decodes]]  # KV tokens read in the second step
         rems = [st.output_tokens - st.generated - 1 for st, _ in plan[:n_decodes]]  # left after end1
-        if n_decodes and min(rems) < 1:
-            return end1  # one finishes at end1
+        done1 = n_decodes and min(rems) < 1  # a decode emits its last token at end1
         n_join = 0
         for st, m in plan[n_decodes:]:
             c = st.computed
@@ -566,13 +574,38 @@ class Instance:
             # stall-free policy plans the step's prefills after its decodes, in its own order,
             # and members finishing at one step would then free their blocks (LRU) in another order
             return end1
+        hbm = self.hbm
+        if done1:
+            # decodes finishing at end1 (``done``, plan indices) run the stretch's first step
+            # only; the others (``live``) continue from end1
+            done = [i for i, r in enumerate(rems) if r < 1]
+            live = [i for i, r in enumerate(rems) if r >= 1]
+            live_plan = [plan[i] for i in live]
+            xs = [xs[i] for i in live]
+            rems = [rems[i] for i in live]
+            # one by one they free their KV at end1 (plan order), before the second step
+            # allocates: blocks released and the segment references left after that
+            freed1 = 0
+            seg_refs: dict[int, int] = {}
+            segments = hbm.segments
+            for i in done:
+                st = plan[i][0]
+                freed1 += st.private_blocks
+                for h in st.shared:
+                    left = seg_refs.get(h, segments[h].refs) - 1
+                    seg_refs[h] = left
+                    if left == 0:
+                        freed1 += segments[h].n_blocks
+        else:
+            live_plan = plan
         # the second step's blocks: ceil((x + 1) / bs) minus those held after the first step,
         # which are at least ceil(x / bs): only a member with x a multiple of bs can need one
         grow = [(st, x // bs + 1 - st.shared_blocks - st.private_blocks)
-                for (st, _), x in zip(plan, xs) if x % bs == 0]
+                for (st, _), x in zip(live_plan, xs) if x % bs == 0]
         need_total = sum([nb for _, nb in grow if nb > 0])
-        hbm = self.hbm
-        if need_total > hbm.free_blocks + hbm.evictable_blocks:
+        # with frees at end1 the stretch allocates from never-cached free blocks only: then the
+        # frees (which one by one come first, and may feed the LRU) cannot change what it evicts
+        if need_total > (hbm.free_blocks if done1 else hbm.free_blocks + hbm.evictable_blocks):
             return end1
         # the prefills' first step, as complete_step applies it at end1
         for st, m in plan[n - n_join:]:
@@ -590,15 +623,33 @@ class Instance:
             for st, nb in grow:
                 if nb > 0:
                     st.private_blocks += nb
-        end = self._plan_stretch(end1, horizon_s, xs, rems)
+        if not done1:
+            end = self._plan_stretch(end1, horizon_s, xs, rems)
+            self._stretch_used = np.concatenate(([used1], self._stretch_used))
+            if self._stretch_end_used is not None:
+                self._stretch_end_used = np.concatenate(([used1], self._stretch_end_used))
+            if self._stretch_steps is not None:
+                self._stretch_steps = [ki + 1 for ki in self._stretch_steps]
+        else:
+            # the others' stretch from end1, planned as one by one would plan it there (their
+            # plan alone; the finished requests' blocks are still held, so HBM in use from step
+            # 2 on is lower by ``freed1``), then the whole plan with steps per member
+            self._plan = live_plan
+            end = self._plan_stretch(end1, horizon_s, xs, rems, free_only=True, seg_refs=seg_refs)
+            self._plan = plan
+            used = self._stretch_used - freed1
+            end_used = used if self._stretch_end_used is None else self._stretch_end_used - freed1
+            self._stretch_used = np.concatenate(([used1], used))
+            self._stretch_end_used = np.concatenate(([used1 - freed1], end_used))
+            live_steps = self._stretch_steps
+            k_live = len(self._stretch_ends)
+            steps = [1] * n
+            for j, i in enumerate(live):
+                steps[i] = (live_steps[j] if live_steps is not None else k_live) + 1
+            self._stretch_steps = steps
         self._stretch_joined = n_join
         self.folded_steps += 1
         self._stretch_ends = np.concatenate(([end1], self._stretch_ends))
-        self._stretch_used = np.concatenate(([used1], self._stretch_used))
-        if self._stretch_end_used is not None:
-            self._stretch_end_used = np.concatenate(([used1], self._stretch_end_used))
-        if self._stretch_steps is not None:
-            self._stretch_steps = [ki + 1 for ki in self._stretch_steps]
         self._stretch_reserved += need_total
         return end
 
@@ -661,12 +712,16 @@ class Instance:
         return len(x) * (j // bs) + cnt_ge[j % bs]
 
     def _plan_stretch(self, start: float, horizon_s: float, xs: list[int] | None = None,
-                      rems: list[int] | None = None) -> float:
+                      rems: list[int] | None = None, free_only: bool = False,
+                      seg_refs: dict[int, int] | None = None) -> float:
         """Plan a fast-forwarded stretch of decode steps of the whole plan from ``start``.
 
         ``xs`` (KV tokens each plan member reads in the stretch's first step) and ``rems``
         (output tokens each has left) default to the members' current state; a folded step
-        (:meth:`_fold_into_stretch`) passes them as they stand after its first step.
+        (:meth:`_fold_into_stretch`) passes them as they stand after its first step. With
+        ``free_only`` the stretch allocates only never-cached free blocks (no eviction);
+        ``seg_refs`` maps prefix segments to their references left once requests released
+        before the stretch (still holding them) are gone (default: their current references).
         """
         if self.pnm.capacity_blocks:  # PNM: the planner that knows PNM-resident decodes and migrations
             return self._plan_stretch_pnm(start, horizon_s)
@@ -687,7 +742,7 @@ class Instance:
         if (k == k_rem and ends[-1] < horizon_s and self.stretch_through_finishes and not self.waiting
                 and self.shared_kv is None and k_rem < max(rems)
                 and self._growth_blocks(xs, k - 1) < self.hbm.free_blocks):
-            end = self._plan_stretch_through(start, horizon_s, xs, rems, ends)
+            end = self._plan_stretch_through(start, horizon_s, xs, rems, ends, seg_refs)
             if end is not None:
                 return end
         # 2. KV blocks of steps 2..k. After step 1's allocation request i holds
@@ -707,7 +762,10 @@ class Instance:
                 acc_ge += counts[bs - t]
                 cnt_ge[t] = acc_ge
             extra = [n * (j // bs) + cnt_ge[j % bs] for j in range(1, k)]
-            allowed = bisect_right(extra, self._stretch_block_limit(extra[-1]))
+            limit = self._stretch_block_limit(extra[-1])
+            if free_only and limit > self.hbm.free_blocks:
+                limit = self.hbm.free_blocks
+            allowed = bisect_right(extra, limit)
             if allowed + 1 < k:
                 k = allowed + 1
                 del ends[k:]
@@ -732,7 +790,7 @@ class Instance:
         return sum([(c + steps) // bs - c // bs for c in xs])
 
     def _plan_stretch_through(self, start: float, horizon_s: float, xs: list[int], rems: list[int],
-                              ends_first: list[float]) -> float | None:
+                              ends_first: list[float], seg_refs: dict[int, int] | None = None) -> float | None:
         """A decode stretch that continues through completions while nothing waits.
 
         One-by-one stepping would end the step in which a request emits its last token, free
@@ -755,6 +813,7 @@ class Instance:
             xs: KV tokens each plan member reads in step 1 (plan order).
             rems: output tokens each plan member has left (plan order).
             ends_first: step end times up to the first completion (``min(rems)`` steps).
+            seg_refs: as in :meth:`_plan_stretch` (not changed).
         """
         plan = self._plan
         bs = self.bs
@@ -785,7 +844,7 @@ class Instance:
         t_idx = np.minimum(np.arange(k, dtype=np.int64), np.array(steps, dtype=np.int64)[:, None] - 1)
         grown = ((x[:, None] + t_idx) // bs).sum(axis=0) - int((x // bs).sum())
         freed_at = np.zeros(k + 1, dtype=np.int64)  # freed_at[t]: blocks freed at the end of step t
-        seg_refs: dict[int, int] = {}
+        seg_refs = {} if seg_refs is None else dict(seg_refs)
         segments = hbm.segments
         early = sorted((ki, i) for i, ki in enumerate(steps) if ki < k)
         for ki, i in early:  # release order: by finish step, then plan order (as one by one)
