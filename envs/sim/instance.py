@@ -569,10 +569,12 @@ class Instance:
                 return end1  # a partial prefill or a recomputation
         if not n_join:
             return end1
-        if any(p[0] is not r for p, r in zip(plan, self.running)):
+        if any(p[0] is not r for p, r in zip(plan[n_decodes:], self.running[n_decodes:])):
             # one by one, the stretch planned at end1 runs in running (admission) order; a
             # stall-free policy plans the step's prefills after its decodes, in its own order,
-            # and members finishing at one step would then free their blocks (LRU) in another order
+            # and members finishing at one step would then free their blocks (LRU) in another order.
+            # (The first n_decodes are the running list as the decode fast path planned it, and
+            # no request left it since: a preempting step is not folded.)
             return end1
         hbm = self.hbm
         if done1:
@@ -819,16 +821,26 @@ class Instance:
         bs = self.bs
         ends = list(ends_first)
         j = len(ends)  # steps planned so far
-        alive = [i for i, r in enumerate(rems) if r > j]
-        while alive:
-            nxt = min([rems[i] for i in alive])
-            s0 = sum([xs[i] for i in alive]) + j * len(alive)  # KV tokens read in step j + 1
-            seg = self._stretch_end_times(ends[-1], horizon_s, len(alive), s0, nxt - j)
+        # members by steps left: those from index ``p`` on still run in step j + 1
+        by_rem = sorted(zip(rems, xs))
+        n = len(by_rem)
+        p = 0
+        x_alive = sum(xs)  # their KV tokens in step 1
+        while p < n and by_rem[p][0] <= j:
+            x_alive -= by_rem[p][1]
+            p += 1
+        while p < n:
+            nxt = by_rem[p][0]
+            n_alive = n - p
+            s0 = x_alive + j * n_alive  # KV tokens read in step j + 1
+            seg = self._stretch_end_times(ends[-1], horizon_s, n_alive, s0, nxt - j)
             ends.extend(seg)
             j += len(seg)
             if j < nxt or seg[-1] >= horizon_s:
                 break
-            alive = [i for i in alive if rems[i] > j]
+            while p < n and by_rem[p][0] <= j:
+                x_alive -= by_rem[p][1]
+                p += 1
         k = j
         steps = [r if r < k else k for r in rems]  # steps each request runs
         # blocks each request allocates for its steps 2..k_i (step 1's are held already)
