@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -864,6 +865,9 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     names = a.cases or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
+    if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
+        raise KvschedError("--profile needs pyinstrument, which is not installed: "
+                           "pip install 'kvsched[profile]'")
     err = Console(stderr=True)
     entries = []
     for i, name in enumerate(names, 1):

@@ -126,6 +126,21 @@ def test_unknown_case_is_a_clean_error(capsys):
     assert main(["bench", "--quick", "--cases", "blis-1k"]) == 2
 
 
+def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyinstrument" else real(name, *a))
+
+    def no_case(*a, **k):
+        raise AssertionError("a case ran")
+
+    monkeypatch.setattr(bench, "run_case_subprocess", no_case)
+    assert main(["bench", "--cases", "blis-1k", "--profile", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pyinstrument" in err and "kvsched[profile]" in err and "Traceback" not in err
+
+
 def test_list_names_every_case(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
