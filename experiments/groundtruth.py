@@ -108,8 +108,10 @@ def find_groundtruth(path: str | os.PathLike | None = None) -> Path:
         env = os.environ.get("KVSCHED_GROUNDTRUTH")
         if env:
             candidates.append(Path(env))
-        candidates += [_repo_root().parent / "shared" / "groundtruth",
-                       Path.cwd().parent / "shared" / "groundtruth", Path.cwd() / "shared" / "groundtruth"]
+        for c in (_repo_root().parent / "shared" / "groundtruth", Path.cwd().parent / "shared" / "groundtruth",
+                  Path.cwd() / "shared" / "groundtruth"):
+            if c.resolve() not in {x.resolve() for x in candidates}:  # the repo root is often the cwd
+                candidates.append(c)
     for c in candidates:
         if c.is_dir() and (c / "README.md").is_file():
             return c.resolve()

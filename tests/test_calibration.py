@@ -275,6 +275,23 @@ def test_commands_without_ground_truth_fail_with_a_clear_message(tmp_path, capsy
     assert "KVSCHED_GROUNDTRUTH" in capsys.readouterr().err
 
 
+def test_ground_truth_search_lists_each_place_once(tmp_path, monkeypatch):
+    """Run from the repository root, ``<repo root>/../shared`` and ``./../shared`` are one place:
+    the error names it once."""
+    from kvsched.experiments import groundtruth as gt
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.setattr(gt, "_repo_root", lambda: repo)
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("KVSCHED_GROUNDTRUTH", raising=False)
+    with pytest.raises(gt.GroundTruthMissing) as e:
+        gt.find_groundtruth()
+    msg = str(e.value)
+    assert msg.count(str(tmp_path / "shared" / "groundtruth")) == 1
+    assert str(repo / "shared" / "groundtruth") in msg
+
+
 # ------------------------------------------------------------------------------------------------
 # regression guard on two real runs (needs shared/groundtruth)
 
