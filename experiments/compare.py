@@ -355,8 +355,10 @@ def _fmt(mean: float, std: float, scale: float, digits: int, spread: bool) -> st
     if not math.isfinite(mean):
         return "-"
     s = f"{mean * scale:.{digits}f}"
+    if mean != 0 and float(s) == 0:  # nonzero, would print as zero: two significant digits
+        s = f"{mean * scale:.2g}"
     if spread and math.isfinite(std) and std > 0:
-        s += f"±{std * scale:.{digits}f}"
+        s += f"±{std * scale:.2g}" if float(f"{std * scale:.{digits}f}") == 0 else f"±{std * scale:.{digits}f}"
     return s
 
 

@@ -525,3 +525,15 @@ def test_histogram_batch_and_scalar_paths_agree_on_edges():
     assert np.array_equal(big.counts, ref)
     assert np.array_equal(small.counts, ref)
     assert np.array_equal(scalar.counts, ref)
+
+
+def test_tiny_nonzero_values_do_not_print_as_zero():
+    """One request meeting its SLO in ~an hour is a goodput of 0.00029 req/s, not 0.000."""
+    from kvsched.envs.sim.metrics import _fmt
+    from kvsched.experiments.compare import _fmt as compare_fmt
+
+    assert _fmt(1 / 3504, 1.0, 3) == "0.00029"
+    assert _fmt(0.0, 1.0, 3) == "0.000" and _fmt(2.5, 1.0, 3) == "2.500" and _fmt(None) == "-"
+    assert compare_fmt(1 / 3504, 0.0, 1.0, 2, True) == "0.00029"
+    assert compare_fmt(1 / 3504, 1e-5, 1.0, 2, True) == "0.00029±1e-05"
+    assert compare_fmt(3.0, 0.5, 1.0, 2, True) == "3.00±0.50" and compare_fmt(0.0, 0.0, 1.0, 2, True) == "0.00"

@@ -954,7 +954,15 @@ SUMMARY_ROW_HEADERS: tuple[str, ...] = (
 
 
 def _fmt(x: Any, scale: float = 1.0, digits: int = 1) -> str:
-    return "-" if x is None else f"{x * scale:.{digits}f}"
+    """``x * scale`` with ``digits`` decimals; a value that would print as zero without being
+    zero (one request met in an hour of goodput) gets two significant digits instead."""
+    if x is None:
+        return "-"
+    v = x * scale
+    s = f"{v:.{digits}f}"
+    if v != 0 and float(s) == 0:
+        s = f"{v:.2g}"
+    return s
 
 
 def format_summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
