@@ -391,7 +391,7 @@ def rich_table(agg: pd.DataFrame, title: str):
         t.add_column(head, justify="right")
     prev = None
     for _, r in agg.iterrows():
-        t.add_row(r[key] if r[key] != prev else "", r["class"], _fmt(r["n"], 0, 1.0, 0, False),
+        t.add_row(r[key] if r[key] != prev else "", r["class"], _fmt(r["n"], r["n_std"], 1.0, 0, spread),
                   *[_fmt(r[c], r[f"{c}_std"], sc, d, spread) for _, c, sc, d in cols],
                   end_section=False)
         prev = r[key]

@@ -135,3 +135,26 @@ def test_cli_max_requests_serves_only_the_first_n(scenario_file, tmp_path, capsy
     rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "0",
                "--no-progress"])
     assert rc == 2 and "max_requests=0" in capsys.readouterr().err
+
+
+def test_table_shows_the_spread_of_n_over_seeds():
+    """Seeds whose windows hold different request counts: the n column is their mean ± std
+    (100 and 110 arrived -> 105±5), as every metric column is."""
+    import io
+
+    import numpy as np
+    import pandas as pd
+    from rich.console import Console
+
+    from kvsched.experiments.compare import METRIC_COLUMNS, aggregate, rich_table
+
+    rows = []
+    for seed, n in ((0, 100), (1, 110)):
+        row = {m: np.nan for m in METRIC_COLUMNS}
+        row.update(policy="fcfs", seed=seed, n=n, finished=n, slo_attainment=0.5, goodput_rps=1.0)
+        row["class"] = "all"
+        rows.append(row)
+    agg = aggregate(pd.DataFrame(rows))
+    out = io.StringIO()
+    Console(file=out, width=400).print(rich_table(agg, "t"))
+    assert "105±5" in out.getvalue()
