@@ -251,3 +251,24 @@ def test_defect_lars_swap_preemption_livelock():
     w = build([(1.26293, 264, 3, 1), (1.72202, 380, 2, 3), (1.72102, 330, 3, 0), (1.72102, 304, 7, 1)])
     res, _ = run(w, [spec], policy="lars", ff=False)
     assert (res.records.status == "finished").all()
+
+
+@pytest.mark.parametrize("hbm_blocks, c_output, folded", [(11, 17, 1), (12, 40, 2)])
+def test_promise_fold_through_finishing_decodes_allocates_only_never_cached_free_blocks(hbm_blocks, c_output, folded):
+    """A and B (outputs 10, private blocks only) finish at the end of the step that admits C's
+    whole prompt; S's prompt segment (group 1, output 1) is cached and unreferenced (evictable).
+    One by one, A and B free their blocks at that step end (free pool, no single free queue)
+    before C's next blocks are allocated, so nothing is evicted and the probe P (group 1, at
+    5 s) finds S's 32 tokens. The fold knows only the blocks free before those frees: with 11
+    blocks C's second-step block is not free (0 free, 2 evictable), so the step is not folded;
+    with 12 (1 free) it is, and the stretch's later blocks come from the free pool only (its
+    limit binds; the next one-by-one stretch picks up after A's and B's frees). Allowing
+    free + evictable in either place evicts S's segment and P's hit drops to 0."""
+    rows = [(0.0, 32, 1, 1), (0.1, 14, 10, 0), (0.1, 21, 10, 2), (0.16, 80, c_output, 3), (5.0, 80, 1, 1)]
+    spec = make_spec(hbm_kv_blocks=hbm_blocks, max_model_len=hbm_blocks * 16, max_num_batched_tokens=2048,
+                     cost=NO_FRONT_END)
+    res, _ = run(build(rows), [spec])
+    r = res.records.set_index("request_id")
+    assert r.loc[1, "finish_s"] == r.loc[2, "finish_s"] == r.loc[3, "first_token_s"]  # A, B end at C's admission step
+    assert r.loc[4, "prefix_hit_tokens"] == 32  # S's segment was never evicted
+    assert three_way(build(rows), [spec]) == folded  # + that step with 12 blocks (A and B's own admission step folds too)
