@@ -34,6 +34,19 @@ from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, s
 from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 
 
+def _count(text: str) -> int:
+    """argparse type of a count flag (``--instances``, ``--max-requests``, ``--seeds``,
+    ``--windows``): an integer >= 1, so that a bad value names the flag, not the scenario field
+    it overrides."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected an integer >= 1") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not allowed: expected an integer >= 1")
+    return v
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsched",
@@ -52,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--policy-params", metavar="JSON",
                    help='policy parameters, merged over the scenario\'s, e.g. '
                         '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
-    s.add_argument("--instances", type=int, help="number of instances (default 1)")
+    s.add_argument("--instances", type=_count, help="number of instances (default 1)")
     s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
                                     "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
                                     "llm-d, dynamo")
@@ -62,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"),
                    help="serve only requests arriving in [START_S, END_S)")
     s.add_argument("--rate-scale", type=float, help="multiply the request rate (compress arrivals)")
-    s.add_argument("--max-requests", type=int, help="serve only the first N requests")
+    s.add_argument("--max-requests", type=_count, help="serve only the first N requests")
     s.add_argument("--seed", type=int, help="seed for synthetic workloads (default 0)")
     s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
     s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
@@ -89,18 +102,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
     c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
                                      "rr,least-loaded,cache-affinity), each with the scenario's policy")
-    c.add_argument("--instances", type=int, help="override the scenario's n_instances")
-    c.add_argument("--max-requests", type=int, help="serve only the first N requests of the workload "
+    c.add_argument("--instances", type=_count, help="override the scenario's n_instances")
+    c.add_argument("--max-requests", type=_count, help="serve only the first N requests of the workload "
                                                     "(overrides the scenario's max_requests)")
     c.add_argument("--router-params", metavar="JSON",
                    help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
-    c.add_argument("--seeds", type=int, default=1,
+    c.add_argument("--seeds", type=_count, default=1,
                    help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
                         "a trace is the same for every seed) (default 1)")
     c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
     c.add_argument("--policy-params", metavar="JSON",
                    help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
-    c.add_argument("--windows", type=int, default=1,
+    c.add_argument("--windows", type=_count, default=1,
                    help="cut the workload into this many consecutive windows of equal time, each served "
                         "separately from a cold start (default 1)")
     c.add_argument("--backend", choices=("local", "ray"), default="local",

@@ -66,6 +66,23 @@ def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["simulate", "--max-requests", "0"], "--max-requests"),
+    (["simulate", "--instances", "-2"], "--instances"),
+    (["compare", "--policies", "fcfs", "--seeds", "0"], "--seeds"),
+    (["compare", "--policies", "fcfs", "--windows", "two"], "--windows"),
+    (["compare", "--policies", "fcfs", "--instances", "0"], "--instances"),
+])
+def test_count_flags_below_one_name_the_flag(argv, flag, capsys):
+    """A count given on the command line is checked as the flag (argparse, exit status 2), not
+    as the scenario field it overrides."""
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}:" in err and "expected an integer >= 1" in err
+    assert "scenario" not in err.split("error:")[-1]
+
+
 def test_unknown_scenario_key_is_an_error(tmp_path, capsys):
     p = tmp_path / "s.yaml"
     p.write_text("trace: azure-conv-2023\npolicy: fcfs\nrate_scael: 2\n")
