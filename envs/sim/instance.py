@@ -549,15 +549,14 @@ class Instance:
         # the decode fast path's members: one token each at KV position prompt + generated - 1
         xs = [st.computed + 1 for st, _ in plan[:n_decodes]]  # KV tokens read in the second step
         rems = [st.output_tokens - st.generated - 1 for st, _ in plan[:n_decodes]]  # left after end1
-        done1 = n_decodes and min(rems) < 1  # a decode emits its last token at end1
         n_join = 0
         for st, m in plan[n_decodes:]:
             c = st.computed
             g = st.generated
             if st.status != RUNNING:
                 return end1
-            if g > 0 and m == 1 and c == st.prompt_tokens + g - 1:
-                if n_join or g + 2 > st.output_tokens:  # a decode after a prefill, or finishing at end1
+            if g > 0 and m == 1 and c == st.prompt_tokens + g - 1:  # a decode the running loop planned
+                if n_join:  # a decode after a prefill
                     return end1
                 xs.append(c + 1)
                 rems.append(st.output_tokens - g - 1)
@@ -569,6 +568,7 @@ class Instance:
                 return end1  # a partial prefill or a recomputation
         if not n_join:
             return end1
+        done1 = min(rems) < 1  # a decode emits its last token at end1 (the prefills have >= 1 left)
         if any(p[0] is not r for p, r in zip(plan[n_decodes:], self.running[n_decodes:])):
             # one by one, the stretch planned at end1 runs in running (admission) order; a
             # stall-free policy plans the step's prefills after its decodes, in its own order,
