@@ -589,17 +589,11 @@ class Instance:
             # allocates: blocks released and the segment references left after that
             freed1 = 0
             seg_refs: dict[int, int] = {}
-            segments = hbm.segments
             for i in done:
                 st = plan[i][0]
-                freed1 += st.private_blocks
-                for h in st.shared:
-                    left = seg_refs.get(h, segments[h].refs) - 1
-                    seg_refs[h] = left
-                    if left == 0:
-                        freed1 += segments[h].n_blocks
+                freed1 += st.private_blocks + self._unreferenced_blocks(st, seg_refs)
         else:
-            live_plan = plan
+            live, live_plan, freed1, seg_refs = None, plan, 0, None
         # the second step's blocks: ceil((x + 1) / bs) minus those held after the first step,
         # which are at least ceil(x / bs): only a member with x a multiple of bs can need one
         grow = [(st, x // bs + 1 - st.shared_blocks - st.private_blocks)
@@ -625,29 +619,25 @@ class Instance:
             for st, nb in grow:
                 if nb > 0:
                     st.private_blocks += nb
-        if not done1:
-            end = self._plan_stretch(end1, horizon_s, xs, rems)
-            self._stretch_used = np.concatenate(([used1], self._stretch_used))
-            if self._stretch_end_used is not None:
-                self._stretch_end_used = np.concatenate(([used1], self._stretch_end_used))
-            if self._stretch_steps is not None:
-                self._stretch_steps = [ki + 1 for ki in self._stretch_steps]
-        else:
-            # the others' stretch from end1, planned as one by one would plan it there (their
-            # plan alone; the finished requests' blocks are still held, so HBM in use from step
-            # 2 on is lower by ``freed1``), then the whole plan with steps per member
-            self._plan = live_plan
-            end = self._plan_stretch(end1, horizon_s, xs, rems, free_only=True, seg_refs=seg_refs)
-            self._plan = plan
-            used = self._stretch_used - freed1
+        # the others' stretch from end1, planned as one by one would plan it there (their plan
+        # alone; the finished requests' blocks are still held, so HBM in use from step 2 on is
+        # lower by ``freed1``), then the first step prepended
+        self._plan = live_plan
+        end = self._plan_stretch(end1, horizon_s, xs, rems, free_only=done1, seg_refs=seg_refs)
+        self._plan = plan
+        used = self._stretch_used - freed1 if freed1 else self._stretch_used
+        self._stretch_used = np.concatenate(([used1], used))
+        live_steps = self._stretch_steps
+        if done1 or live_steps is not None:  # members run different numbers of steps
             end_used = used if self._stretch_end_used is None else self._stretch_end_used - freed1
-            self._stretch_used = np.concatenate(([used1], used))
             self._stretch_end_used = np.concatenate(([used1 - freed1], end_used))
-            live_steps = self._stretch_steps
-            k_live = len(self._stretch_ends)
-            steps = [1] * n
-            for j, i in enumerate(live):
-                steps[i] = (live_steps[j] if live_steps is not None else k_live) + 1
+            if done1:
+                k_live = len(self._stretch_ends)
+                steps = [1] * n  # those finishing at end1: the first step only
+                for j, i in enumerate(live):
+                    steps[i] = (live_steps[j] if live_steps is not None else k_live) + 1
+            else:
+                steps = [ki + 1 for ki in live_steps]
             self._stretch_steps = steps
         self._stretch_joined = n_join
         self.folded_steps += 1
@@ -857,17 +847,10 @@ class Instance:
         grown = ((x[:, None] + t_idx) // bs).sum(axis=0) - int((x // bs).sum())
         freed_at = np.zeros(k + 1, dtype=np.int64)  # freed_at[t]: blocks freed at the end of step t
         seg_refs = {} if seg_refs is None else dict(seg_refs)
-        segments = hbm.segments
         early = sorted((ki, i) for i, ki in enumerate(steps) if ki < k)
         for ki, i in early:  # release order: by finish step, then plan order (as one by one)
             st = plan[i][0]
-            freed = st.private_blocks + new_blocks[i]
-            for h in st.shared:
-                left = seg_refs.get(h, segments[h].refs) - 1
-                seg_refs[h] = left
-                if left == 0:
-                    freed += segments[h].n_blocks
-            freed_at[ki] += freed
+            freed_at[ki] += st.private_blocks + new_blocks[i] + self._unreferenced_blocks(st, seg_refs)
         used0 = hbm.used_blocks
         cum_freed = np.cumsum(freed_at[:k])  # blocks freed before step t + 1 (t = 0..k-1)
         used = used0 + grown - cum_freed
@@ -883,6 +866,19 @@ class Instance:
         self._stretch_ends = np.array(ends, dtype=np.float64)
         self._step_start = start
         return ends[-1]
+
+    def _unreferenced_blocks(self, st: RequestState, seg_refs: dict[int, int]) -> int:
+        """HBM blocks of the prefix segments ``st`` holds the last reference to, as if it were
+        released now after the releases already counted in ``seg_refs`` (segment -> references
+        left; updated with ``st``'s). Nothing is released."""
+        freed = 0
+        segments = self.hbm.segments
+        for h in st.shared:
+            left = seg_refs.get(h, segments[h].refs) - 1
+            seg_refs[h] = left
+            if left == 0:
+                freed += segments[h].n_blocks
+        return freed
 
     def _plan_stretch_pnm(self, start: float, horizon_s: float) -> float:
         """:meth:`_plan_stretch` on an instance with a PNM tier (NumPy form; PNM-resident decodes
