@@ -443,7 +443,9 @@ def cmd_traces(console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvsched`` console script. Returns the process exit code."""
     args = _parser().parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    # to a file or pipe: wide enough that tables print at their full width (rich truncates a
+    # cell that does not fit, and a saved comparison table would lose digits)
+    console = Console() if sys.stdout.isatty() else Console(width=400)
     try:
         if args.command == "simulate":
             return cmd_simulate(args, console)

@@ -151,3 +151,15 @@ def test_policy_params_flag_sets_the_policy_parameters(tmp_path):
         runs[name] = json.loads((tmp_path / name / "run.json").read_text())
     assert runs["gated"]["stats"]["admission_preemptions"] > 0 == runs["plain"]["stats"]["admission_preemptions"]
     assert runs["gated"]["scenario"]["policy_params"]["admission_preemption"] == "cost-gated"
+
+
+def test_tables_written_to_a_pipe_are_not_truncated(capsys):
+    """Output to a file or pipe: the comparison table prints at its full width (rich would cut
+    a cell that does not fit with an ellipsis, e.g. a max-wait mean ± std)."""
+    from importlib.resources import files
+
+    scenario = str(files("kvsched.experiments") / "scenarios" / "mixed-long-short.yaml")
+    assert main(["compare", "--scenario", scenario, "--policies", "fcfs,lars", "--seeds", "2",
+                 "--max-requests", "300", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "max wait s" in out and "…" not in out
