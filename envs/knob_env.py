@@ -36,14 +36,17 @@ OBS_FEATURES = ("hbm_used", "hbm_available", "waiting", "running", "swapped", "q
 
 
 def _replaced(params, fields: dict, values: dict):
-    """``dataclasses.replace(params, **values)``, where ``fields`` holds ``params``' fields.
+    """``dataclasses.replace(params, **values)``, where ``fields`` holds the fields of a validated
+    instance of ``params``' class (``params`` itself or one it was built from).
 
     A parameter class whose ``__init__`` takes exactly its fields (no ``InitVar``, no
-    ``init=False`` field, no ``__slots__``) gets a new instance with those fields and ``values``
-    in its ``__dict__``, then its ``__post_init__`` (the validation, as the generated
-    ``__init__`` would call it) -- the same object as ``replace`` builds, without the generated
-    ``__init__``'s one ``object.__setattr__`` per field. Any other class goes through
-    ``dataclasses.replace``.
+    ``init=False`` field, no ``__slots__``) gets a new instance with ``fields`` and ``values`` in
+    its ``__dict__``, validated by its ``validate_replaced(values)`` when it has one (the checks
+    of the replaced fields: :meth:`kvsched.policies.base.PolicyParams.validate_replaced`), else
+    by its ``__post_init__`` (the validation, as the generated ``__init__`` would call it) --
+    the same object as ``replace`` builds, without the generated ``__init__``'s one
+    ``object.__setattr__`` per field nor re-checking the unchanged fields. Any other class goes
+    through ``dataclasses.replace``.
 
     Raises:
         ConfigError: the parameter class's validation rejects a value.
@@ -55,9 +58,13 @@ def _replaced(params, fields: dict, values: dict):
     d = new.__dict__
     d.update(fields)
     d.update(values)
-    post_init = getattr(new, "__post_init__", None)
-    if post_init is not None:
-        post_init()
+    validate = getattr(new, "validate_replaced", None)
+    if validate is not None:
+        validate(values)
+    else:
+        post_init = getattr(new, "__post_init__", None)
+        if post_init is not None:
+            post_init()
     return new
 
 
@@ -132,6 +139,9 @@ class KnobEnv(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, (len(OBS_FEATURES) + d,), np.float32)
         self._mask = np.ones(d, dtype=bool)
+        self._mask.flags.writeable = False  # action_masks returns this same array: nothing to mask
+        #: (field, low, high - low, multiple or None) per knob: the affine map's terms, computed once
+        self._spans = tuple((name, lo, hi - lo, mult) for name, lo, hi, mult in self.knobs)
         self.cluster = None
 
     def values(self, action) -> dict:
@@ -140,37 +150,58 @@ class KnobEnv(gym.Env):
         Raises:
             ConfigError: wrong shape, or an entry outside [-1, 1] or not finite.
         """
-        if type(action) is np.ndarray and action.ndim == 1 and action.dtype.char in "fd":  # the usual case
-            a = action.tolist()  # exact: float32 and float64 entries become Python floats unchanged
-        else:
-            a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
+        if type(action) is np.ndarray:  # the usual case: a 1-D float array, whose tolist() is exact
+            a = action.tolist()
+            if type(a) is list and len(a) == len(self._spans):
+                out = {}
+                for x, (name, lo, span, mult) in zip(a, self._spans):
+                    # a Python float in [-1, 1] (NaN fails); anything else (an integer or bool
+                    # array's entries, nested lists) takes the general path below
+                    if type(x) is not float or not -1.0 <= x <= 1.0:
+                        break
+                    v = lo + (x + 1.0) / 2.0 * span
+                    out[name] = int(round(v / mult) * mult) if mult else v
+                else:
+                    return out
+        return self._values_checked(action)
+
+    def _values_checked(self, action) -> dict:
+        """:meth:`values` for any array-like: converted to float64 (the same numbers as the fast
+        path's for float arrays), then checked entry by entry."""
+        a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
         if len(a) != len(self.knobs):
             require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
         out = {}
-        for x, (name, lo, hi, mult) in zip(a, self.knobs):
+        for x, (name, lo, span, mult) in zip(a, self._spans):
             if not -1.0 <= x <= 1.0:  # NaN fails too
                 require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
-            v = lo + (x + 1.0) / 2.0 * (hi - lo)
+            v = lo + (x + 1.0) / 2.0 * span
             out[name] = int(round(v / mult) * mult) if mult else float(v)
         return out
 
     def _set(self, values: dict) -> None:
-        for inst, init in zip(self.cluster.instances, self._init_fields):
-            pol = inst.policy
-            pol.params = _replaced(pol.params, init, values)
-            pol.bind(pol.ctx)  # derived state (LARS chunk candidates) follows the parameters
+        """Every instance's policy gets parameters with ``values`` (validated by the parameter
+        class, :func:`_replaced`); ``set_params`` updates what the policy derives from them."""
+        for pol, init in self._policy_fields:
+            pol.set_params(_replaced(pol.params, init, values))
 
     def _knob_vector(self, values: dict) -> list[float]:
         """Parameter values mapped back to [-1, 1] (the observation's last ``d`` entries)."""
-        return [2.0 * (values[n] - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in self.knobs]
+        return [2.0 * (values[n] - lo) / span - 1.0 for n, lo, span, _ in self._spans]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
         self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source))
-        self._init_fields = [{f.name: getattr(inst.policy.params, f.name)
-                              for f in dataclasses.fields(inst.policy.params) if f.init}
-                             for inst in self.cluster.instances]
+        #: (policy, its parameters' initial fields) per instance: _set builds each step's parameters from them
+        self._policy_fields = [(inst.policy, {f.name: getattr(inst.policy.params, f.name)
+                                              for f in dataclasses.fields(inst.policy.params) if f.init})
+                               for inst in self.cluster.instances]
+        #: per instance, what the observation reads and its fixed scales: (instance, HBM pool,
+        #: capacity blocks (>= 1), max_model_len tokens, max_num_seqs), as floats where divided by
+        self._obs_instances = [(inst, inst.hbm, float(max(inst.hbm.capacity_blocks, 1)),
+                                float(inst.spec.model_len_limit), inst.spec.max_seqs)
+                               for inst in self.cluster.instances]
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self.cluster.start(self.workload, DecisionWatch())
         self.decisions = 0
@@ -178,33 +209,28 @@ class KnobEnv(gym.Env):
         self._t = 0.0
         self._arrived0 = 0
         params = self.cluster.instances[0].policy.params
-        return self._observe(0, 0, 0, {n: getattr(params, n) for n, *_ in self.knobs}), self._info({})
+        return self._observe(0, 0, 0, {n: getattr(params, n) for n, *_ in self.knobs}), step_info(self, self._t, {})
 
     def _observe(self, met: int, missed: int, arrived: int, knobs: dict) -> np.ndarray:
-        insts = self.cluster.instances
+        """The observation (see the class docstring): float64 values, rounded to float32 once."""
         rows = []
-        for inst in insts:
-            hbm = inst.hbm
-            cap = float(max(hbm.capacity_blocks, 1))
-            max_len = float(inst.spec.model_len_limit)
+        for inst, hbm, cap, max_len, max_seqs in self._obs_instances:
             q = queued_prefill_tokens(inst)
             nw, ns = len(inst.waiting), len(inst.swapped)
             rows.append((hbm.used_blocks / cap, hbm.available_blocks / cap, nw / (nw + 16.0),
-                         len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0), q / (q + max_len)))
+                         len(inst.running) / max_seqs, ns / (ns + 1.0), q / (q + max_len)))
         # the mean over instances; one instance: its row itself (x / 1.0 == x)
         vals = list(rows[0]) if len(rows) == 1 else np.mean(np.asarray(rows), axis=0).tolist()
         done = met + missed
         vals += (arrived / (arrived + 10.0), done / (done + 10.0), met / done if done else 0.0,
                  missed / (missed + 1.0))
         vals += self._knob_vector(knobs)
-        return np.array(vals, dtype=np.float32)  # float64 values rounded to float32 once
+        return np.array(vals, dtype=np.float32)
 
     def action_masks(self) -> np.ndarray:
-        """Continuous action: nothing to mask (one True per dimension, for a uniform API)."""
-        return self._mask.copy()
-
-    def _info(self, extra: dict) -> dict:
-        return step_info(self, self._t, extra)
+        """Continuous action: nothing to mask. One True per dimension, for a uniform API; the same
+        read-only array every call (it never changes)."""
+        return self._mask
 
     def step(self, action):
         if self.cluster is None or self._over:
@@ -212,24 +238,24 @@ class KnobEnv(gym.Env):
         values = self.values(action)
         self._set(values)
         self.decisions += 1
-        self._t += self.interval_s
-        point = self.cluster.run_until_decision(self._t)
-        met0, missed0 = self.slo_reward.met, self.slo_reward.missed
-        comps = self.slo_reward.collect(self.cluster.recorder.rows)
-        arrived = self.cluster.arrived - self._arrived0
-        self._arrived0 = self.cluster.arrived
+        self._t = t = self._t + self.interval_s
+        cluster, reward = self.cluster, self.slo_reward
+        point = cluster.run_until_decision(t)
+        met0, missed0 = reward.met, reward.missed
+        comps = reward.collect(cluster.recorder.rows)
+        arrived = cluster.arrived - self._arrived0
+        self._arrived0 = cluster.arrived
         terminated = point is None
-        truncated = not terminated and self._t >= self.horizon_s
+        truncated = not terminated and t >= self.horizon_s
         extra = {"knobs": values}
-        obs = self._observe(self.slo_reward.met - met0, self.slo_reward.missed - missed0, arrived, values)
-        states = unfinished(self.cluster)
+        obs = self._observe(reward.met - met0, reward.missed - missed0, arrived, values)
         if truncated:
-            comps["truncation"] = self.slo_reward.truncation_penalty(states, self._t)
+            comps["truncation"] = reward.truncation_penalty(unfinished(cluster), t)
         elif not terminated and self.reward_config.early_miss:
-            comps["slo_missed"] += self.slo_reward.certain_misses(states, self._t)
+            comps["slo_missed"] += reward.certain_misses(unfinished(cluster), t)
         if terminated or truncated:
             self._over = True
             if terminated:
-                extra["summary"] = self.cluster.result().summary
+                extra["summary"] = cluster.result().summary
         extra["reward_components"] = comps
-        return obs, float(sum(comps.values())), terminated, truncated, self._info(extra)
+        return obs, float(sum(comps.values())), terminated, truncated, step_info(self, t, extra)

@@ -18,6 +18,7 @@ Components are reported in ``info["reward_components"]``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,8 @@ _I = {c: i for i, c in enumerate(RECORD_COLUMNS)}
 _STATUS, _SLO_CLASS, _PROMPT = _I["status"], _I["slo_class"], _I["prompt_tokens"]
 _ARRIVAL, _FIRST, _FINISH, _GENERATED = _I["arrival_s"], _I["first_token_s"], _I["finish_s"], _I["generated_tokens"]
 _RID = _I["request_id"]
+#: a record row's fields SLOReward judges it by, in one C call per row
+_JUDGED_FIELDS = operator.itemgetter(_STATUS, _SLO_CLASS, _PROMPT, _ARRIVAL, _FIRST, _FINISH, _GENERATED, _RID)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ class SLOReward:
         self._min_ttft_s = min(slo.ttft_s for slo in self._slos.values())
         # (ttft_s, tpot_s, e2e_s or inf) per SLO class and per length class, for is_met
         self._bounds = {name: _bounds(slo) for name, slo in self._slos.items()}
+        # the same per record tag as it appears in the records (a str, or None when untagged): the
+        # bounds of the SLO class named str(tag), or False for "judge by length class"; filled
+        # as tags are first seen
+        self._bounds_by_tag: dict = {}
         self._length_bounds = tuple(_bounds(slo) for slo in self._length_slos)
         self._long_prompt_tokens = metrics.long_prompt_tokens
 
@@ -100,22 +107,22 @@ class SLOReward:
         by as :meth:`judged_slo`; met as ``summarize``: finished, TTFT, TPOT when it generated more
         than one token, E2E when set)."""
         met = missed = uncharged = 0
-        bounds_of, length_bounds, long_tokens, charged = self._bounds, self._length_bounds, \
+        by_tag, length_bounds, long_tokens, charged = self._bounds_by_tag, self._length_bounds, \
             self._long_prompt_tokens, self.charged
-        status, slo_class, prompt, arrival, first, finish, generated, rid = \
-            _STATUS, _SLO_CLASS, _PROMPT, _ARRIVAL, _FIRST, _FINISH, _GENERATED, _RID  # locals: read per row
-        for row in rows:
-            if row[status] == "finished":
-                bounds = bounds_of.get(str(row[slo_class]))
-                if bounds is None:
-                    bounds = length_bounds[1 if int(row[prompt]) >= long_tokens else 0]
+        for status, slo_class, prompt, arrival_s, first_s, finish_s, g, rid in map(_JUDGED_FIELDS, rows):
+            if status == "finished":
+                bounds = by_tag.get(slo_class)
+                if bounds is None:  # a tag not seen yet: its configured class's bounds, or False
+                    bounds = by_tag[slo_class] = self._bounds.get(str(slo_class), False)
+                if bounds is False:  # judged by its length class
+                    bounds = length_bounds[1 if prompt >= long_tokens else 0]
                 ttft_s, tpot_s, e2e_s = bounds
-                a, f, e, g = row[arrival], row[first], row[finish], row[generated]
-                if f - a <= ttft_s and (g <= 1 or (e - f) / (g - 1) <= tpot_s) and e - a <= e2e_s:
+                if first_s - arrival_s <= ttft_s and (g <= 1 or (finish_s - first_s) / (g - 1) <= tpot_s) \
+                        and finish_s - arrival_s <= e2e_s:
                     met += 1
                     continue
             missed += 1
-            if row[rid] not in charged:
+            if rid not in charged:
                 uncharged += 1
         return met, missed, uncharged
 

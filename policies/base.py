@@ -146,6 +146,17 @@ class PolicyParams:
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 require(False, f"PolicyParams.{name}", v, "an integer >= 1")
 
+    def validate_replaced(self, changed) -> None:
+        """Validate an instance built from a validated one's fields with those named in
+        ``changed`` replaced (``kvsched/Knobs-v0`` builds one every interval, see its
+        ``_replaced``). Default: the full ``__post_init__``; a subclass whose own checks cover
+        every field of ``changed`` (and every relation involving them) may run only those.
+
+        Raises:
+            ConfigError: a value the full validation would reject.
+        """
+        self.__post_init__()
+
 
 @dataclass(frozen=True)
 class PolicyContext:
@@ -184,6 +195,17 @@ class SchedulerPolicy:
     def bind(self, ctx: PolicyContext) -> None:
         """Called once by the instance before the first decision."""
         self.ctx = ctx
+
+    def set_params(self, params: PolicyParams) -> None:
+        """Replace the parameters between two decisions (``kvsched/Knobs-v0`` does, every
+        interval); whatever the policy derives from them follows.
+
+        ``params`` must already be validated (a :class:`PolicyParams` validates itself at
+        construction). Default: store them and ``bind`` again to the same context, which
+        re-derives everything; a policy whose derived state is cheap to update overrides this.
+        """
+        self.params = params
+        self.bind(self.ctx)
 
     def order_waiting(self, table: FeatureTable) -> np.ndarray | None:
         """Admission order over ``table`` rows, or ``None`` for queue order."""

@@ -37,6 +37,8 @@ per extra chunk: the FLOPs and KV traffic of chunked and unchunked prefills are 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
@@ -89,20 +91,62 @@ class LARSParams(PolicyParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # messages are built only on failure: the Knobs-v0 environment builds parameters every step
+        self._validate_own()
+
+    def validate_replaced(self, changed) -> None:
+        """Only LARS's own fields changed (the ``kvsched/Knobs-v0`` knobs): their checks and the
+        chunk relation, the inherited fields being those of a validated instance; else (or for a
+        subclass, which may check more) the full validation."""
+        if type(self) is LARSParams and _OWN_FIELDS.issuperset(changed):
+            self._validate_own()
+        else:
+            self.__post_init__()
+
+    def _validate_own(self) -> None:
+        """The checks of LARS's own fields (all of them, and min <= max chunk)."""
+        # messages are built only on failure, and the common types take one test each: the
+        # Knobs-v0 environment builds parameters every step
         for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-                require(False, f"LARSParams.{name}", v, "a number > 0")
+            if type(v) is not float or not v > 0:  # NaN takes the full check (and fails it)
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+                    require(False, f"LARSParams.{name}", v, "a number > 0")
         if self.normalize not in ("remaining", "total"):
             require(False, "LARSParams.normalize", self.normalize, "'remaining' or 'total'")
+        if self.adaptive_chunking is not True and self.adaptive_chunking is not False:
+            require(False, "LARSParams.adaptive_chunking", self.adaptive_chunking, "true or false")
         for name in ("min_chunk_tokens", "max_chunk_tokens", "chunk_multiple_tokens"):
             v = getattr(self, name)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                require(False, f"LARSParams.{name}", v, "an integer >= 1 (tokens)")
+            if type(v) is not int or v < 1:
+                if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                    require(False, f"LARSParams.{name}", v, "an integer >= 1 (tokens)")
         if self.min_chunk_tokens > self.max_chunk_tokens:
             require(False, "LARSParams.min_chunk_tokens", self.min_chunk_tokens,
                     f"<= max_chunk_tokens ({self.max_chunk_tokens})")
+
+
+#: the fields LARSParams declares itself, not inherited from PolicyParams (its ``_validate_own``
+#: checks them)
+_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(LARSParams)) - \
+    frozenset(f.name for f in dataclasses.fields(PolicyParams))
+
+
+def chunk_candidates(p: LARSParams) -> np.ndarray:
+    """The chunk sizes (tokens, float64, ascending) adaptive chunking chooses from: multiples of
+    ``chunk_multiple_tokens`` from ``min_chunk_tokens`` (rounded down to a multiple, at least one)
+    to ``max_chunk_tokens``. Shape ``(n,)``, ``n >= 1`` (validation keeps min <= max). Read-only:
+    the array is shared through :func:`_chunk_candidates`' cache."""
+    m = p.chunk_multiple_tokens
+    return _chunk_candidates(max(m, (p.min_chunk_tokens // m) * m), p.max_chunk_tokens, m)
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunk_candidates(lo: int, max_tokens: int, multiple: int) -> np.ndarray:
+    """``np.arange(lo, max_tokens + 1, multiple)`` as read-only float64, cached: ``kvsched/Knobs-v0``
+    sets ``max_chunk_tokens`` every interval, and its range holds ~500 values (a few KB each)."""
+    c = np.arange(lo, max_tokens + 1, multiple, dtype=np.float64)
+    c.flags.writeable = False
+    return c
 
 
 @register("lars")
@@ -115,12 +159,15 @@ class LARS(SchedulerPolicy):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        p = self.params
-        m = p.chunk_multiple_tokens
-        lo = max(m, (p.min_chunk_tokens // m) * m)
-        self._candidates = np.arange(lo, p.max_chunk_tokens + 1, m, dtype=np.float64)
+        self._candidates = chunk_candidates(self.params)
         self._chunk_overhead_s = float(ctx.spec.cost.step_overhead_s)
         self._budget = ctx.spec.token_budget
+
+    def set_params(self, params: LARSParams) -> None:
+        """New parameters between decisions: only the chunk candidates derive from them (the
+        step overhead and token budget come from the bound context, which is unchanged)."""
+        self.params = params
+        self._candidates = chunk_candidates(params)
 
     def predicted_prefill_s(self, prompt_tokens: np.ndarray, done_tokens: np.ndarray) -> np.ndarray:
         """T_hat(len, done): seconds to finish the prefill of ``prompt - done`` tokens (arrays)."""

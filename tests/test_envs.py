@@ -356,6 +356,83 @@ def test_knob_env_maps_and_applies_parameters():
     assert info["time_s"] == 5.0
 
 
+def test_knob_env_values_fast_path_equals_the_checked_conversion():
+    """values() maps a 1-D float array through tolist() (exact); every other action goes through
+    float64 conversion. Both give the same numbers (and types), and every bad action raises
+    ConfigError naming it, whichever path it takes. The action mask is one read-only array."""
+    env = KnobEnv(**SMALL)
+    rng = np.random.default_rng(3)
+    edge = [np.array([-1.0, 1.0, 0.0, 1.0]), np.array([1.0, -1.0, -1.0, -1.0], dtype=np.float32)]
+    for a in edge + [rng.uniform(-1, 1, 4).astype(dt) for dt in (np.float32, np.float64, np.float16) for _ in range(20)]:
+        fast, checked = env.values(a), env._values_checked(a)
+        assert fast == checked and [type(v) for v in fast.values()] == [float, float, float, int]
+        assert env.values(a.tolist()) == fast and env.values(a.reshape(1, 4)) == fast  # checked path
+    assert env.values(np.array([1, -1, 0, 1])) == env.values(np.array([1.0, -1.0, 0.0, 1.0]))
+    assert env.values(np.array([True, False, True, True])) == env.values(np.array([1.0, 0.0, 1.0, 1.0]))
+    for bad in (np.array([0.0, 0.0, np.nan, 0.0]), np.array([0.0, 1.5, 0.0, 0.0], dtype=np.float32),
+                np.array([0.0, 0.0, 0.0, -np.inf]), np.array([2, 0, 0, 0]), np.zeros(3), np.zeros(5),
+                np.float32(0.5), np.zeros((2, 4)), [0.0, 0.0, 0.0, 1.0000001]):
+        with pytest.raises(ConfigError, match="action"):
+            env.values(bad)
+    m = env.action_masks()
+    assert m is env.action_masks() and m.tolist() == [True] * 4
+    with pytest.raises(ValueError):
+        m[0] = False
+
+
+def test_knob_env_observation_and_chunk_candidates_follow_each_step():
+    """After each step the observation's instance features are the instance's own state over
+    its fixed scales, its knob entries map the step's values back to [-1, 1], and the LARS
+    chunk candidates equal a fresh np.arange up to the new max_chunk_tokens."""
+    from kvsched.envs.common import queued_prefill_tokens
+
+    env = KnobEnv(**SMALL)
+    env.reset(seed=0)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        a = rng.uniform(-1, 1, 4).astype(np.float32)
+        obs, _, term, trunc, info = env.step(a)
+        inst = env.cluster.instances[0]
+        cap, q, nw, ns = inst.hbm.capacity_blocks, queued_prefill_tokens(inst), len(inst.waiting), len(inst.swapped)
+        expected = [inst.hbm.used_blocks / cap, inst.hbm.available_blocks / cap, nw / (nw + 16.0),
+                    len(inst.running) / inst.spec.max_seqs, ns / (ns + 1.0),
+                    q / (q + inst.spec.model_len_limit)]
+        v = env.values(a)
+        assert info["knobs"] == v
+        expected_knobs = [2.0 * (v[n] - lo) / (hi - lo) - 1.0 for n, lo, hi, _ in env.knobs]
+        assert np.array_equal(obs[:6], np.array(expected, dtype=np.float32))
+        assert np.array_equal(obs[10:], np.array(expected_knobs, dtype=np.float32))
+        p = inst.policy
+        assert p.params.max_chunk_tokens == v["max_chunk_tokens"]
+        assert np.array_equal(p._candidates, np.arange(32, v["max_chunk_tokens"] + 1, 16, dtype=np.float64))
+        if term or trunc:
+            break
+
+
+def test_knob_env_validates_every_new_value():
+    """_replaced runs the parameter class's validation on each new value: a bad one raises
+    ConfigError naming the field, and the policy keeps its previous parameters."""
+    from kvsched.envs.knob_env import _replaced
+
+    env = KnobEnv(**SMALL)
+    env.reset(seed=0)
+    pol, init = env._policy_fields[0]
+    before = pol.params
+    for field, bad in (("kappa", -1.0), ("ttft_floor_s", 0.0), ("tbt_target_s", float("nan")),
+                       ("max_chunk_tokens", 16), ("max_chunk_tokens", 256.0)):
+        with pytest.raises(ConfigError, match=field if field != "max_chunk_tokens" or bad != 16
+                           else "min_chunk_tokens"):
+            env._set({"kappa": 2.0, "ttft_floor_s": 0.5, "tbt_target_s": 0.05, field: bad})
+        assert pol.params is before
+    ok = _replaced(before, init, {"kappa": 2.0})
+    assert ok.kappa == 2.0 and ok.max_chunk_tokens == before.max_chunk_tokens
+    # an inherited field among the replaced ones: the full validation runs
+    with pytest.raises(ConfigError, match="PolicyParams.prefetch"):
+        _replaced(before, init, {"kappa": 2.0, "prefetch": "yes"})
+    with pytest.raises(ConfigError, match="LARSParams.eps_s"):
+        _replaced(before, init, {"eps_s": 0})
+
+
 def test_episode_split_is_disjoint_and_errors_name_fields():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
     assert set(src.train_windows).isdisjoint(src.heldout_windows)
@@ -401,6 +478,8 @@ def test_reward_judges_records_as_summarize_does():
         ("x", 2000, "finished", 4.0, 0.0, 1),      # long, one token: no TPOT, met
         ("x", 2000, "finished", 4.0, 3.0, 11),     # long TPOT 0.3 > 0.2
         ("short", 100, "rejected", math.nan, math.nan, 0),
+        (None, 2000, "finished", 4.0, 1.0, 11),    # untagged: long, met
+        (None, 100, "finished", 1.1, 1.0, 11),     # untagged: short TTFT miss
     ]
     rows = []
     for i, (cls, prompt, status, ttft, rest, gen) in enumerate(cases):
@@ -412,10 +491,11 @@ def test_reward_judges_records_as_summarize_does():
     rw = SLOReward(RewardConfig(met=2.0, missed=3.0), m)
     rw.charged.add(1)  # request 1 was charged as a certain miss earlier
     comps = rw.collect(rows[:4])  # one met, three missed of which one already charged
-    comps2 = rw.collect(rows)  # the six new rows: three met, three missed
-    assert rw.met == expected["slo"]["met"] == 4 and rw.missed == len(rows) - 4
-    assert comps == {"slo_met": 2.0, "slo_missed": -3.0 * 2} and comps2 == {"slo_met": 2.0 * 3, "slo_missed": -3.0 * 3}
-    assert [rw.is_met(r) for r in rows] == [True, False, False, False, True, True, False, True, False, False]
+    comps2 = rw.collect(rows)  # the eight new rows: four met, four missed
+    assert rw.met == expected["slo"]["met"] == 5 and rw.missed == len(rows) - 5
+    assert comps == {"slo_met": 2.0, "slo_missed": -3.0 * 2} and comps2 == {"slo_met": 2.0 * 4, "slo_missed": -3.0 * 4}
+    assert [rw.is_met(r) for r in rows] == [True, False, False, False, True, True, False, True, False, False,
+                                            True, False]
     assert rw.collect(rows) == {"slo_met": 0.0, "slo_missed": -0.0}  # nothing new
 
     class St:  # the RequestState fields certain_misses reads

@@ -62,6 +62,14 @@ def test_registry_lists_the_reference_policies():
         make_policy("lasr")
     with pytest.raises(ConfigError, match="kappa"):
         make_policy("lars", {"kappa": -1.0})
+    # every LARS field is checked, whatever the type test that accepts the usual values first
+    for field, bad in (("kappa", float("nan")), ("ttft_floor_s", True), ("tbt_target_s", "0.05"),
+                       ("eps_s", 0), ("adaptive_chunking", "yes"), ("adaptive_chunking", 1),
+                       ("max_chunk_tokens", 512.0), ("min_chunk_tokens", 0), ("chunk_multiple_tokens", False),
+                       ("normalize", "sum")):
+        with pytest.raises(ConfigError, match=f"LARSParams.{field}"):
+            make_policy("lars", {field: bad})
+    assert make_policy("lars", {"kappa": 2, "ttft_floor_s": 1, "adaptive_chunking": False}).params.kappa == 2
     with pytest.raises(ConfigError, match="allowed"):
         make_policy("sarathi", {"chunk": 512})
 
@@ -118,6 +126,40 @@ def test_lars_adaptive_chunks_shrink_as_the_prefill_context_grows():
     cm = CostModel(sp)
     c, p = sizes[1], 20_000
     assert cm.step_time_s(32 + c, 32_000 + c * (p + c / 2), 32_000 + p + c) <= pol.params.tbt_target_s
+
+
+def test_lars_set_params_equals_a_fresh_bind():
+    """set_params (Knobs-v0's per-interval update) leaves LARS exactly as binding a new LARS with
+    those parameters would: the cached chunk candidates equal a fresh np.arange (read-only,
+    shared between equal keys), and chunk limits are equal; other policies re-bind."""
+    import dataclasses
+
+    from kvsched.envs.sim.cost_model import CostModel
+    from kvsched.policies.base import PolicyContext
+
+    sp = spec()
+    ctx = PolicyContext(spec=sp, cost=CostModel(sp))
+    pol = make_policy("lars")
+    pol.bind(ctx)
+    for min_c, max_c, mult in ((32, 256, 16), (40, 8192, 16), (100, 1000, 7), (32, 4096, 16), (32, 256, 16)):
+        params = dataclasses.replace(pol.params, min_chunk_tokens=min_c, max_chunk_tokens=max_c,
+                                     chunk_multiple_tokens=mult, tbt_target_s=0.03)
+        pol.set_params(params)
+        fresh = make_policy("lars", dataclasses.asdict(params))
+        fresh.bind(ctx)
+        lo = max(mult, (min_c // mult) * mult)
+        expected = np.arange(lo, max_c + 1, mult, dtype=np.float64)
+        assert pol.params is params and pol._candidates.dtype == np.float64
+        assert np.array_equal(pol._candidates, expected) and np.array_equal(fresh._candidates, expected)
+        assert not pol._candidates.flags.writeable and pol._candidates is fresh._candidates
+        for done in (0, 5_000, 60_000):
+            assert pol.chunk_limit(100_000, done, 32, 32_000.0, 32_000) == \
+                fresh.chunk_limit(100_000, done, 32, 32_000.0, 32_000)
+    fcfs = make_policy("fcfs")
+    fcfs.bind(ctx)
+    new = dataclasses.replace(fcfs.params, prefetch=True)
+    fcfs.set_params(new)
+    assert fcfs.params is new and fcfs.ctx is ctx
 
 
 def test_smaller_token_budget_lowers_p99_itl_and_raises_long_ttft(mix3):
