@@ -35,42 +35,52 @@ OBS_FEATURES = ("hbm_used", "hbm_available", "waiting", "running", "swapped", "q
                 "finished", "met_fraction", "missed")
 
 
-def _replaced(params, fields: dict, values: dict):
-    """``dataclasses.replace(params, **values)``, where ``fields`` holds the fields of a validated
-    instance of ``params``' class (``params`` itself or one it was built from).
+class ParamsBuilder:
+    """Builds one policy's parameters for each interval: ``dataclasses.replace(params, **values)``
+    for a fixed set of replaced fields (the knobs), cheaper.
 
     A parameter class whose ``__init__`` takes exactly its fields (no ``InitVar``, no
-    ``init=False`` field, no ``__slots__``) gets a new instance with ``fields`` and ``values`` in
-    its ``__dict__``, validated by its ``validate_replaced(values)`` when it has one (the checks
-    of the replaced fields: :meth:`kvsched.policies.base.PolicyParams.validate_replaced`), else
-    by its ``__post_init__`` (the validation, as the generated ``__init__`` would call it) --
-    the same object as ``replace`` builds, without the generated ``__init__``'s one
-    ``object.__setattr__`` per field nor re-checking the unchanged fields. Any other class goes
-    through ``dataclasses.replace``.
+    ``init=False`` field, no ``__slots__``) gets a new instance with the initial fields and
+    ``values`` in its ``__dict__``, validated by the check its class chooses once for those
+    fields (:meth:`kvsched.policies.base.PolicyParams.validator_for`; default the full
+    ``__post_init__``, as the generated ``__init__`` would call it) -- the same object as
+    ``replace`` builds, without the generated ``__init__``'s one ``object.__setattr__`` per
+    field nor re-checking the unchanged fields. Any other class goes through
+    ``dataclasses.replace``.
 
-    Raises:
-        ConfigError: the parameter class's validation rejects a value.
+    Args:
+        params: the policy's validated parameters at the start of the episode.
+        knobs: the names of the fields every call replaces.
     """
-    cls = type(params)
-    if not _plain_params(cls):
-        return dataclasses.replace(params, **values)
-    new = object.__new__(cls)
-    d = new.__dict__
-    d.update(fields)
-    d.update(values)
-    validate = getattr(new, "validate_replaced", None)
-    if validate is not None:
-        validate(values)
-    else:
-        post_init = getattr(new, "__post_init__", None)
-        if post_init is not None:
-            post_init()
-    return new
+
+    __slots__ = ("params", "cls", "fields", "validate")
+
+    def __init__(self, params, knobs) -> None:
+        self.params = params
+        self.cls = type(params)
+        #: the initial fields (each call starts from them: only the knobs ever change)
+        self.fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
+        self.validate = self.cls.validator_for(frozenset(knobs)) if _plain_params(self.cls) else None
+
+    def __call__(self, values: dict):
+        """New parameters: the initial ones with ``values`` (knob name -> value).
+
+        Raises:
+            ConfigError: the parameter class's validation rejects a value.
+        """
+        if self.validate is None:
+            return dataclasses.replace(self.params, **values)
+        new = object.__new__(self.cls)
+        d = new.__dict__
+        d.update(self.fields)
+        d.update(values)
+        self.validate(new)
+        return new
 
 
 @functools.cache
 def _plain_params(cls) -> bool:
-    """Whether ``_replaced`` may fill ``cls``' ``__dict__`` directly (see there)."""
+    """Whether :class:`ParamsBuilder` may fill ``cls``' ``__dict__`` directly (see there)."""
     if not dataclasses.is_dataclass(cls) or any("__slots__" in vars(c) for c in cls.__mro__ if c is not object):
         return False
     names = [f.name for f in dataclasses.fields(cls)]
@@ -180,10 +190,10 @@ class KnobEnv(gym.Env):
         return out
 
     def _set(self, values: dict) -> None:
-        """Every instance's policy gets parameters with ``values`` (validated by the parameter
-        class, :func:`_replaced`); ``set_params`` updates what the policy derives from them."""
-        for pol, init in self._policy_fields:
-            pol.set_params(_replaced(pol.params, init, values))
+        """Every instance's policy gets parameters with ``values`` (built and validated by its
+        :class:`ParamsBuilder`); ``set_params`` updates what the policy derives from them."""
+        for pol, build in self._builders:
+            pol.set_params(build(values))
 
     def _knob_vector(self, values: dict) -> list[float]:
         """Parameter values mapped back to [-1, 1] (the observation's last ``d`` entries)."""
@@ -193,10 +203,10 @@ class KnobEnv(gym.Env):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
         self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source))
-        #: (policy, its parameters' initial fields) per instance: _set builds each step's parameters from them
-        self._policy_fields = [(inst.policy, {f.name: getattr(inst.policy.params, f.name)
-                                              for f in dataclasses.fields(inst.policy.params) if f.init})
-                               for inst in self.cluster.instances]
+        #: (policy, the builder of its parameters) per instance
+        knob_names = [n for n, *_ in self.knobs]
+        self._builders = [(inst.policy, ParamsBuilder(inst.policy.params, knob_names))
+                          for inst in self.cluster.instances]
         #: per instance, what the observation reads and its fixed scales: (instance, HBM pool,
         #: capacity blocks (>= 1), max_model_len tokens, max_num_seqs), as floats where divided by
         self._obs_instances = [(inst, inst.hbm, float(max(inst.hbm.capacity_blocks, 1)),

@@ -146,16 +146,19 @@ class PolicyParams:
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 require(False, f"PolicyParams.{name}", v, "an integer >= 1")
 
-    def validate_replaced(self, changed) -> None:
-        """Validate an instance built from a validated one's fields with those named in
-        ``changed`` replaced (``kvsched/Knobs-v0`` builds one every interval, see its
-        ``_replaced``). Default: the full ``__post_init__``; a subclass whose own checks cover
-        every field of ``changed`` (and every relation involving them) may run only those.
+    @classmethod
+    def validator_for(cls, changed: frozenset):
+        """The check of an instance built from a validated one's fields with those named in
+        ``changed`` replaced (``kvsched/Knobs-v0`` builds one every interval, with the same
+        ``changed``: :class:`kvsched.envs.knob_env.ParamsBuilder` asks once). Default: the full
+        ``__post_init__``; a subclass whose own checks cover every field of ``changed`` (and
+        every relation involving them) may return only those.
 
-        Raises:
-            ConfigError: a value the full validation would reject.
+        Returns:
+            a function of the instance; it raises ``ConfigError`` on a value the full validation
+            would reject.
         """
-        self.__post_init__()
+        return cls.__post_init__
 
 
 @dataclass(frozen=True)

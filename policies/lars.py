@@ -93,14 +93,14 @@ class LARSParams(PolicyParams):
         super().__post_init__()
         self._validate_own()
 
-    def validate_replaced(self, changed) -> None:
+    @classmethod
+    def validator_for(cls, changed: frozenset):
         """Only LARS's own fields changed (the ``kvsched/Knobs-v0`` knobs): their checks and the
         chunk relation, the inherited fields being those of a validated instance; else (or for a
         subclass, which may check more) the full validation."""
-        if type(self) is LARSParams and _OWN_FIELDS.issuperset(changed):
-            self._validate_own()
-        else:
-            self.__post_init__()
+        if cls is LARSParams and changed <= _OWN_FIELDS:
+            return LARSParams._validate_own
+        return super().validator_for(changed)
 
     def _validate_own(self) -> None:
         """The checks of LARS's own fields (all of them, and min <= max chunk)."""
@@ -131,15 +131,6 @@ _OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(LARSParams)) - \
     frozenset(f.name for f in dataclasses.fields(PolicyParams))
 
 
-def chunk_candidates(p: LARSParams) -> np.ndarray:
-    """The chunk sizes (tokens, float64, ascending) adaptive chunking chooses from: multiples of
-    ``chunk_multiple_tokens`` from ``min_chunk_tokens`` (rounded down to a multiple, at least one)
-    to ``max_chunk_tokens``. Shape ``(n,)``, ``n >= 1`` (validation keeps min <= max). Read-only:
-    the array is shared through :func:`_chunk_candidates`' cache."""
-    m = p.chunk_multiple_tokens
-    return _chunk_candidates(max(m, (p.min_chunk_tokens // m) * m), p.max_chunk_tokens, m)
-
-
 @functools.lru_cache(maxsize=1024)
 def _chunk_candidates(lo: int, max_tokens: int, multiple: int) -> np.ndarray:
     """``np.arange(lo, max_tokens + 1, multiple)`` as read-only float64, cached: ``kvsched/Knobs-v0``
@@ -159,15 +150,21 @@ class LARS(SchedulerPolicy):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self._candidates = chunk_candidates(self.params)
+        self.set_params(self.params)
         self._chunk_overhead_s = float(ctx.spec.cost.step_overhead_s)
         self._budget = ctx.spec.token_budget
 
     def set_params(self, params: LARSParams) -> None:
         """New parameters between decisions: only the chunk candidates derive from them (the
-        step overhead and token budget come from the bound context, which is unchanged)."""
+        step overhead and token budget come from the bound context, which is unchanged).
+
+        The candidates (tokens, float64, ascending, shape ``(n,)``, ``n >= 1`` as validation
+        keeps min <= max) are the multiples of ``chunk_multiple_tokens`` from
+        ``min_chunk_tokens`` (rounded down to a multiple, at least one) to ``max_chunk_tokens``;
+        read-only, shared through :func:`_chunk_candidates`' cache."""
         self.params = params
-        self._candidates = chunk_candidates(params)
+        m = params.chunk_multiple_tokens
+        self._candidates = _chunk_candidates(max(m, (params.min_chunk_tokens // m) * m), params.max_chunk_tokens, m)
 
     def predicted_prefill_s(self, prompt_tokens: np.ndarray, done_tokens: np.ndarray) -> np.ndarray:
         """T_hat(len, done): seconds to finish the prefill of ``prompt - done`` tokens (arrays)."""

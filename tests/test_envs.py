@@ -410,13 +410,18 @@ def test_knob_env_observation_and_chunk_candidates_follow_each_step():
 
 
 def test_knob_env_validates_every_new_value():
-    """_replaced runs the parameter class's validation on each new value: a bad one raises
-    ConfigError naming the field, and the policy keeps its previous parameters."""
-    from kvsched.envs.knob_env import _replaced
+    """Each step's parameters go through the parameter class's validation: a bad value raises
+    ConfigError naming the field, and the policy keeps its previous parameters. The builder runs
+    only LARS's own checks for LARS's own fields, the full validation otherwise (an inherited
+    field among the replaced ones, or a subclass), and equals dataclasses.replace."""
+    import dataclasses
+
+    from kvsched.envs.knob_env import ParamsBuilder
+    from kvsched.policies.lars import LARSParams
 
     env = KnobEnv(**SMALL)
     env.reset(seed=0)
-    pol, init = env._policy_fields[0]
+    pol, build = env._builders[0]
     before = pol.params
     for field, bad in (("kappa", -1.0), ("ttft_floor_s", 0.0), ("tbt_target_s", float("nan")),
                        ("max_chunk_tokens", 16), ("max_chunk_tokens", 256.0)):
@@ -424,13 +429,41 @@ def test_knob_env_validates_every_new_value():
                            else "min_chunk_tokens"):
             env._set({"kappa": 2.0, "ttft_floor_s": 0.5, "tbt_target_s": 0.05, field: bad})
         assert pol.params is before
-    ok = _replaced(before, init, {"kappa": 2.0})
-    assert ok.kappa == 2.0 and ok.max_chunk_tokens == before.max_chunk_tokens
+    assert build.validate == LARSParams._validate_own
+    ok = build({"kappa": 2.0})
+    assert ok == dataclasses.replace(before, kappa=2.0) and type(ok) is LARSParams
     # an inherited field among the replaced ones: the full validation runs
+    full = ParamsBuilder(before, ["kappa", "prefetch"])
+    assert full.validate == LARSParams.__post_init__
     with pytest.raises(ConfigError, match="PolicyParams.prefetch"):
-        _replaced(before, init, {"kappa": 2.0, "prefetch": "yes"})
+        full({"kappa": 2.0, "prefetch": "yes"})
     with pytest.raises(ConfigError, match="LARSParams.eps_s"):
-        _replaced(before, init, {"eps_s": 0})
+        ParamsBuilder(before, ["eps_s"])({"eps_s": 0})
+
+    @dataclasses.dataclass(frozen=True)
+    class Stricter(LARSParams):  # a subclass may check more: it gets its full validation
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.kappa > 4:
+                raise ConfigError(f"Stricter.kappa={self.kappa} must be <= 4")
+
+    sub = ParamsBuilder(Stricter(), ["kappa"])
+    assert sub({"kappa": 3.0}) == Stricter(kappa=3.0)
+    with pytest.raises(ConfigError, match="Stricter.kappa"):
+        sub({"kappa": 5.0})
+
+    @dataclasses.dataclass(frozen=True)
+    class WithDerived(LARSParams):  # an init=False field: not a plain class, dataclasses.replace
+        ratio: float = dataclasses.field(default=0.0, init=False)
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            object.__setattr__(self, "ratio", self.kappa / self.ttft_floor_s)
+
+    iv = ParamsBuilder(WithDerived(), ["kappa"])
+    assert iv.validate is None and iv({"kappa": 3.0}).ratio == 3.0 / 0.25
+    with pytest.raises(ConfigError, match="LARSParams.kappa"):
+        iv({"kappa": -3.0})
 
 
 def test_episode_split_is_disjoint_and_errors_name_fields():
