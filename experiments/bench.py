@@ -838,9 +838,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
 
 def cmd_bench(a: argparse.Namespace, console) -> int:
     """``kvsched bench``: run the selected cases (and the peer comparison) and report."""
-    from rich.console import Console
-
     from kvsched.envs.sim.errors import KvschedError
+
+    from .consoles import stderr_console
 
     if a.list:
         from rich.table import Table
@@ -868,7 +868,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
         raise KvschedError("--profile needs pyinstrument, which is not installed: "
                            "pip install 'kvsched[profile]'")
-    err = Console(stderr=True)
+    err = stderr_console()
     entries = []
     for i, name in enumerate(names, 1):
         err.print(f"[dim]case {i}/{len(names)}: {name} ...[/]", highlight=False)

@@ -31,6 +31,7 @@ import kvsched
 from kvsched.envs.sim.errors import KvschedError
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 
+from .consoles import stderr_console, stdout_console
 from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 
 
@@ -203,7 +204,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     spec = sc.instance_spec()
     workload = sc.workload()
     sc.check_slo_classes(workload)
-    err = Console(stderr=True)
+    err = stderr_console()
     if not a.json:
         for note in workload.notes:
             first = note.splitlines()[0]
@@ -376,7 +377,7 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         sc = sc.with_overrides(n_instances=a.instances)
     if a.max_requests is not None:
         sc = sc.with_overrides(max_requests=a.max_requests)
-    err = Console(stderr=True)
+    err = stderr_console()
     show = not a.no_progress and sys.stderr.isatty()
     n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)
     t0 = time.perf_counter()
@@ -445,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # to a file or pipe: wide enough that tables print at their full width (rich truncates a
     # cell that does not fit, and a saved comparison table would lose digits)
-    console = Console() if sys.stdout.isatty() else Console(width=400)
+    console = stdout_console()
     try:
         if args.command == "simulate":
             return cmd_simulate(args, console)
@@ -479,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return cmd_validate(args, console)
     except KvschedError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        stderr_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     return 1
 

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import ConfigError
 
+from .consoles import stderr_console
+
 
 def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--policy", required=True, help="registered policy whose SEARCH_SPACE is tuned")
@@ -67,7 +69,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
                      sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
     name = a.study or f"{a.policy}-{sc.name}"
     out = a.out or Path("runs") / "tune" / name
-    err = Console(stderr=True)
+    err = stderr_console()
     err.print(f"tuning {a.policy} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
               f"{a.workers} worker(s)", highlight=False)
@@ -131,7 +133,7 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
     pv = res.provenance
     console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False)
     if pv.get("feasible") is False:
-        Console(stderr=True).print(f"warning: trial {pv['trial']} violates the study's constraints "
+        stderr_console().print(f"warning: trial {pv['trial']} violates the study's constraints "
                                    f"{pv['constraints']} (feasible: false in the file)", highlight=False)
     if "target_objective_mean" in pv:
         console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} (baseline {_f(pv['baseline_objective_mean'])}); "

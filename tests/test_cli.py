@@ -91,6 +91,20 @@ def test_unknown_scenario_key_is_an_error(tmp_path, capsys):
     assert "rate_scael" in err and "rate_scale" in err
 
 
+def test_messages_to_a_pipe_are_one_line_each(tmp_path, capsys):
+    """Off a terminal (capsys is a pipe) errors and notes are not wrapped at rich's assumed 80
+    columns: a logged message stays on one line, with the value and the allowed ones."""
+    p = tmp_path / "s.yaml"
+    p.write_text("trace: azure-conv-2023\npolicy: fcfs\nrate_scael: 2\n")
+    assert main(["simulate", "--scenario", str(p), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 200
+    assert lines[0].startswith("error: ") and "rate_scael" in lines[0] and lines[0].endswith("'window_s']")
+    assert main(["simulate", "--window", "0", "600", "--rate-scale", "2", "--max-requests", "5", "--no-progress"]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note:")]
+    assert any("scale_rate x2" in ln and ln.endswith("299.986 s)") for ln in notes), notes
+
+
 def test_presets_and_traces_list_names(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
