@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import resource
 import sys
@@ -30,6 +31,7 @@ from rich.table import Table
 import kvsched
 from kvsched.envs.sim.errors import KvschedError
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
+from kvsched.envs.sim.specs import TP_DEGREES
 
 from .consoles import stderr_console, stdout_console
 from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
@@ -48,6 +50,34 @@ def _count(text: str) -> int:
     return v
 
 
+def _number(minimum: float, strict: bool):
+    """argparse type of a number flag (``--rate-scale``: > 0; ``--router-delay``, ``--window``:
+    >= 0): a finite float checked as the flag, so that a bad value names it."""
+    allowed = f"a finite number {'>' if strict else '>='} {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
+        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
+            raise argparse.ArgumentTypeError(f"{text} is not allowed: expected {allowed}")
+        return v
+
+    parse.__name__ = "number"  # argparse names the type in some messages
+    return parse
+
+
+class _Window(argparse.Action):
+    """``--window START_S END_S``: two numbers >= 0 (checked by the type) with START_S < END_S."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        start, end = values
+        if start >= end:
+            parser.error(f"argument {option_string}: {start:g} {end:g} is not allowed: expected START_S < END_S")
+        setattr(namespace, self.dest, values)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsched",
@@ -61,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--trace", help=f"bundled trace name or path (default {DEFAULT_TRACE}); see `kvsched traces`")
     s.add_argument("--model", help=f"model preset (default {DEFAULT_MODEL}); see `kvsched presets`")
     s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
-    s.add_argument("--tp", type=int, help="tensor-parallel degree (1, 2, 4, 8)")
+    s.add_argument("--tp", type=int, choices=TP_DEGREES, help="tensor-parallel degree (1, 2, 4, 8)")
     s.add_argument("--policy", help="scheduler policy (default fcfs)")
     s.add_argument("--policy-params", metavar="JSON",
                    help='policy parameters, merged over the scenario\'s, e.g. '
@@ -71,11 +101,13 @@ def _parser() -> argparse.ArgumentParser:
                                     "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
                                     "llm-d, dynamo")
     s.add_argument("--router-params", metavar="JSON", help='router parameters, e.g. \'{"cache_threshold": 0.5}\'')
-    s.add_argument("--router-delay", type=float, metavar="S",
+    s.add_argument("--router-delay", type=_number(0.0, strict=False), metavar="S",
                    help="routers see instance state refreshed every S simulated seconds (default 0: live)")
-    s.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"),
+    s.add_argument("--window", nargs=2, type=_number(0.0, strict=False), action=_Window,
+                   metavar=("START_S", "END_S"),
                    help="serve only requests arriving in [START_S, END_S)")
-    s.add_argument("--rate-scale", type=float, help="multiply the request rate (compress arrivals)")
+    s.add_argument("--rate-scale", type=_number(0.0, strict=True),
+                   help="multiply the request rate (compress arrivals; > 0)")
     s.add_argument("--max-requests", type=_count, help="serve only the first N requests")
     s.add_argument("--seed", type=int, help="seed for synthetic workloads (default 0)")
     s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")

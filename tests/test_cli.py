@@ -51,7 +51,7 @@ def test_table_output_names_the_setup(capsys):
     (["simulate", "--gpu", "H900"], "H100-SXM"),                     # lists known GPUs
     (["simulate", "--trace", "no-such-trace"], "azure-conv-2023"),   # lists bundled traces
     (["simulate", "--scenario", "/nonexistent.yaml"], "does not exist"),
-    (["simulate", "--rate-scale", "-1"], "rate_scale"),
+    (["simulate", "--policy", "lars", "--policy-params", '{"kappa": -1}'], "LARSParams.kappa=-1"),
     (["simulate", "--model", "Llama-3.1-70B", "--tp", "1"], "Llama-3.1-70B"),  # weights do not fit
     (["simulate", "--policy", "magic"], "fcfs"),                      # lists known policies
     (["simulate", "--policy-params", '{"admission_preemption": "maybe"}'], "cost-gated"),  # lists the modes
@@ -81,6 +81,24 @@ def test_count_flags_below_one_name_the_flag(argv, flag, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"argument {flag}:" in err and "expected an integer >= 1" in err
     assert "scenario" not in err.split("error:")[-1]
+
+
+@pytest.mark.parametrize("argv, flag, allowed", [
+    (["--rate-scale", "-1"], "--rate-scale", "expected a finite number > 0"),
+    (["--rate-scale", "0"], "--rate-scale", "expected a finite number > 0"),
+    (["--rate-scale", "inf"], "--rate-scale", "expected a finite number > 0"),
+    (["--tp", "3"], "--tp", "invalid choice: 3 (choose from 1, 2, 4, 8)"),
+    (["--window", "5", "2"], "--window", "5 2 is not allowed: expected START_S < END_S"),
+    (["--window", "-1", "5"], "--window", "-1 is not allowed: expected a finite number >= 0"),
+    (["--router-delay", "-0.5"], "--router-delay", "expected a finite number >= 0"),
+])
+def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
+    """Number flags of simulate are checked as flags: the message names the flag, the value
+    and what is allowed (not the scenario field the flag overrides)."""
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", *argv, "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"kvsched simulate: error: argument {flag}: " in err and allowed in err
 
 
 def test_unknown_scenario_key_is_an_error(tmp_path, capsys):
