@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import resource
 import sys
@@ -33,49 +32,9 @@ from kvsched.envs.sim.errors import KvschedError
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
 
+from . import cli_types
 from .consoles import stderr_console, stdout_console
 from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
-
-
-def _count(text: str) -> int:
-    """argparse type of a count flag (``--instances``, ``--max-requests``, ``--seeds``,
-    ``--windows``): an integer >= 1, so that a bad value names the flag, not the scenario field
-    it overrides."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected an integer >= 1") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not allowed: expected an integer >= 1")
-    return v
-
-
-def _number(minimum: float, strict: bool):
-    """argparse type of a number flag (``--rate-scale``: > 0; ``--router-delay``, ``--window``:
-    >= 0): a finite float checked as the flag, so that a bad value names it."""
-    allowed = f"a finite number {'>' if strict else '>='} {minimum:g}"
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
-        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
-            raise argparse.ArgumentTypeError(f"{text} is not allowed: expected {allowed}")
-        return v
-
-    parse.__name__ = "number"  # argparse names the type in some messages
-    return parse
-
-
-class _Window(argparse.Action):
-    """``--window START_S END_S``: two numbers >= 0 (checked by the type) with START_S < END_S."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        start, end = values
-        if start >= end:
-            parser.error(f"argument {option_string}: {start:g} {end:g} is not allowed: expected START_S < END_S")
-        setattr(namespace, self.dest, values)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,20 +55,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--policy-params", metavar="JSON",
                    help='policy parameters, merged over the scenario\'s, e.g. '
                         '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
-    s.add_argument("--instances", type=_count, help="number of instances (default 1)")
+    s.add_argument("--instances", type=cli_types.count, help="number of instances (default 1)")
     s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
                                     "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
                                     "llm-d, dynamo")
     s.add_argument("--router-params", metavar="JSON", help='router parameters, e.g. \'{"cache_threshold": 0.5}\'')
-    s.add_argument("--router-delay", type=_number(0.0, strict=False), metavar="S",
+    s.add_argument("--router-delay", type=cli_types.number(0.0, strict=False), metavar="S",
                    help="routers see instance state refreshed every S simulated seconds (default 0: live)")
-    s.add_argument("--window", nargs=2, type=_number(0.0, strict=False), action=_Window,
+    s.add_argument("--window", nargs=2, type=cli_types.number(0.0, strict=False), action=cli_types.Window,
                    metavar=("START_S", "END_S"),
                    help="serve only requests arriving in [START_S, END_S)")
-    s.add_argument("--rate-scale", type=_number(0.0, strict=True),
+    s.add_argument("--rate-scale", type=cli_types.number(0.0, strict=True),
                    help="multiply the request rate (compress arrivals; > 0)")
-    s.add_argument("--max-requests", type=_count, help="serve only the first N requests")
-    s.add_argument("--seed", type=int, help="seed for synthetic workloads (default 0)")
+    s.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests")
+    s.add_argument("--seed", type=cli_types.seed, help="seed for synthetic workloads (default 0)")
     s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
     s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
     s.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
@@ -135,18 +94,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
     c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
                                      "rr,least-loaded,cache-affinity), each with the scenario's policy")
-    c.add_argument("--instances", type=_count, help="override the scenario's n_instances")
-    c.add_argument("--max-requests", type=_count, help="serve only the first N requests of the workload "
+    c.add_argument("--instances", type=cli_types.count, help="override the scenario's n_instances")
+    c.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests of the workload "
                                                     "(overrides the scenario's max_requests)")
     c.add_argument("--router-params", metavar="JSON",
                    help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
-    c.add_argument("--seeds", type=_count, default=1,
+    c.add_argument("--seeds", type=cli_types.count, default=1,
                    help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
                         "a trace is the same for every seed) (default 1)")
     c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
     c.add_argument("--policy-params", metavar="JSON",
                    help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
-    c.add_argument("--windows", type=_count, default=1,
+    c.add_argument("--windows", type=cli_types.count, default=1,
                    help="cut the workload into this many consecutive windows of equal time, each served "
                         "separately from a cold start (default 1)")
     c.add_argument("--backend", choices=("local", "ray"), default="local",

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import ConfigError
 
+from .cli_types import seed
+
 
 def add_train_arguments(t: argparse.ArgumentParser) -> None:
     from kvsched.agents.train import ALGOS
@@ -25,7 +27,8 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--window-s", type=float, help="episode window length (s; default 60)")
     t.add_argument("--env-kwargs", default="{}", help="JSON of further environment arguments")
     t.add_argument("--hyperparameters", default="{}", help="JSON of algorithm hyper-parameters")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed, default=0,
+                   help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=int, default=1, help="parallel environments (default 1)")
     t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
     t.add_argument("--checkpoint-every", type=int, default=10_000, help="steps between checkpoints")

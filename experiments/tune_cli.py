@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import ConfigError
 
+from .cli_types import seed
 from .consoles import stderr_console
 
 
@@ -42,7 +43,7 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--pruner", choices=("median", "none"), default="median", help="pruner (default median)")
     t.add_argument("--penalty", type=float, default=10.0,
                    help="CMA-ES constraint penalty, objective units per 100%% violation (default 10)")
-    t.add_argument("--seed", type=int, default=0, help="sampler seed (worker k uses seed + k; default 0)")
+    t.add_argument("--seed", type=seed, default=0, help="sampler seed (worker k uses seed + k; default 0)")
     t.add_argument("--out", type=Path, help="write tune.json, trials.csv, history.png, importances.png here "
                                             "(default runs/tune/<study>)")
 

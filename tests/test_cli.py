@@ -101,6 +101,22 @@ def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
     assert e.value.code == 2 and f"kvsched simulate: error: argument {flag}: " in err and allowed in err
 
 
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--seed", "-1", "--no-progress"],
+    ["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo", "--timesteps", "10", "--seed", "-3"],
+    ["tune", "--policy", "lars", "--scenario", "experiments/scenarios/mixed-long-short.yaml", "--seed", "-1"],
+    ["tune", "--policy", "lars", "--scenario", "experiments/scenarios/mixed-long-short.yaml", "--seed", str(2**31)],
+])
+def test_seed_flags_are_checked_as_flags(argv, capsys):
+    """A negative (or too large) --seed is a flag error naming the range, for every command that
+    takes one; it used to reach Gymnasium or Optuna and end in a traceback."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"kvsched {argv[0]}: error: argument --seed: " in err
+    assert "expected an integer in [0, 2147483647]" in err and "Traceback" not in err
+
+
 def test_unknown_scenario_key_is_an_error(tmp_path, capsys):
     p = tmp_path / "s.yaml"
     p.write_text("trace: azure-conv-2023\npolicy: fcfs\nrate_scael: 2\n")
