@@ -721,6 +721,7 @@ def write_plot(entries: Sequence[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     markers = {"blis": "o", "trace": "s", "mooncake": "^", "long-context": "D", "scale": "*", "peer": "v"}
@@ -731,6 +732,10 @@ def write_plot(entries: Sequence[dict], path: Path) -> None:
         if e["group"] != "blis":
             ax1.plot(e["requests"], e["sim_wall_s"], markers.get(e["group"], "x"), label=e["case"])
     ax1.plot(BLIS_REFERENCE_REQUESTS, BLIS_REFERENCE_WALL_S, "kx", markersize=10, label="BLIS itself (quoted)")
+    if blis:  # what linear growth from the smallest BLIS case would give (slope 1 on log-log axes)
+        n0, t0 = blis[0]["requests"], blis[0]["sim_wall_s"]
+        xs = [min(e["requests"] for e in entries), max(e["requests"] for e in entries)]
+        ax1.plot(xs, [t0 * x / n0 for x in xs], "k--", linewidth=0.8, alpha=0.6, label="linear in requests")
     ax1.set(xscale="log", yscale="log", xlabel="requests", ylabel="wall time of simulate() (s)",
             title="wall time vs requests")
     ax1.legend(fontsize=7)
@@ -746,8 +751,21 @@ def write_plot(entries: Sequence[dict], path: Path) -> None:
     for e in entries:
         if e["group"] == "mooncake" and e["requests"] <= 10_000:
             ax2.plot(e["instances"], e["sim_wall_s"], "^", label=f"{e['case']} ({e['requests']:,} req)")
+    if moon:  # the same requests on more instances: flat means cost follows requests, not instances
+        ax2.axhline(moon[0]["sim_wall_s"], color="k", linestyle="--", linewidth=0.8, alpha=0.6,
+                    label="same as on 1 instance")
     ax2.set(xscale="log", yscale="log", xlabel="instances", ylabel="wall time of simulate() (s)",
             title="wall time vs instances")
+    ys = [ln.get_ydata() for ln in ax2.get_lines()]
+    flat = [float(y) for arr in ys for y in np.atleast_1d(arr)]
+    if flat:  # at least a decade, so that a flat line looks flat
+        lo, hi = min(flat), max(flat)
+        mid = (lo * hi) ** 0.5
+        ax2.set_ylim(min(lo / 1.5, mid / 3.2), max(hi * 1.5, mid * 3.2))
+    for ax in (ax1, ax2):  # seconds as plain numbers at 1, 2, 5 x 10^k
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(fontsize=7)
     ax2.grid(True, which="both", alpha=0.3)
