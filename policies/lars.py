@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
@@ -55,13 +56,13 @@ class LARSParams(PolicyParams):
     """Parameters of LARS (REFERENCE §1.2-1.3; ranges there are the tuning space).
 
     Attributes:
-        kappa: TTFT SLO scale over the predicted isolated prefill time (2-5 suggested). > 0.
+        kappa: TTFT SLO scale over the predicted isolated prefill time (2-5 suggested). > 0, finite.
         ttft_floor_s: smallest TTFT deadline; REFERENCE §1.2 suggests 0.25-1 s, the default
-            takes the low end so interactive prompts are served well inside a 1 s TTFT SLO. > 0.
-        eps_s: guard against division by ~0 remaining work (s). > 0.
+            takes the low end so interactive prompts are served well inside a 1 s TTFT SLO. > 0, finite.
+        eps_s: guard against division by ~0 remaining work (s). > 0, finite.
         normalize: "remaining" (slack per unit of remaining work) or "total".
         adaptive_chunking: size chunks from the TBT target; otherwise no policy cap.
-        tbt_target_s: per-step time target that bounds co-batched decodes' TBT (s). > 0.
+        tbt_target_s: per-step time target that bounds co-batched decodes' TBT (s). > 0, finite.
         min_chunk_tokens: chunk floor (REFERENCE §1.3 suggests 32; the brief says ~40).
         max_chunk_tokens: chunk ceiling (tokens).
         chunk_multiple_tokens: chunks are multiples of this (block size 16).
@@ -108,9 +109,9 @@ class LARSParams(PolicyParams):
         # Knobs-v0 environment builds parameters every step
         for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
             v = getattr(self, name)
-            if type(v) is not float or not v > 0:  # NaN takes the full check (and fails it)
-                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-                    require(False, f"LARSParams.{name}", v, "a number > 0")
+            if type(v) is not float or not 0.0 < v < math.inf:  # NaN takes the full check (and fails it)
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf):
+                    require(False, f"LARSParams.{name}", v, "a finite number > 0")
         if self.normalize not in ("remaining", "total"):
             require(False, "LARSParams.normalize", self.normalize, "'remaining' or 'total'")
         if self.adaptive_chunking is not True and self.adaptive_chunking is not False:

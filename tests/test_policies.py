@@ -63,7 +63,8 @@ def test_registry_lists_the_reference_policies():
     with pytest.raises(ConfigError, match="kappa"):
         make_policy("lars", {"kappa": -1.0})
     # every LARS field is checked, whatever the type test that accepts the usual values first
-    for field, bad in (("kappa", float("nan")), ("ttft_floor_s", True), ("tbt_target_s", "0.05"),
+    for field, bad in (("kappa", float("nan")), ("kappa", float("inf")), ("ttft_floor_s", True),
+                       ("tbt_target_s", "0.05"),
                        ("eps_s", 0), ("adaptive_chunking", "yes"), ("adaptive_chunking", 1),
                        ("max_chunk_tokens", 512.0), ("min_chunk_tokens", 0), ("chunk_multiple_tokens", False),
                        ("normalize", "sum")):
