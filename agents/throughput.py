@@ -136,13 +136,42 @@ def measure_all(steps: int = 2000, env_ids=ENV_IDS, agents=("random", "fcfs", "l
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--envs", default=",".join(ENV_IDS))
-    p.add_argument("--agents", default="random,fcfs,lars")
+    """Command line; bad flags exit with status 2 naming the flag, the value and what is allowed
+    (an agent/environment pair that :func:`measure_all` skips is said so on stderr)."""
+    import sys
+
+    from kvsched.envs.sim.errors import KvschedError
+
+    p = argparse.ArgumentParser(prog="python -m kvsched.agents.throughput",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--steps", type=int, default=2000, help="env.step calls per environment and agent (default 2000)")
+    p.add_argument("--envs", default=",".join(ENV_IDS), help=f"comma-separated ids (default {','.join(ENV_IDS)})")
+    p.add_argument("--agents", default=None,
+                   help="comma-separated: random and/or policy names; policies act only in kvsched/Scheduling-v0 "
+                        "(default random,fcfs,lars)")
     p.add_argument("--json", action="store_true", help="print one JSON list as the last line")
     args = p.parse_args(argv)
-    rows = measure_all(args.steps, args.envs.split(","), args.agents.split(","))
+    if args.steps < 1:
+        p.error(f"--steps {args.steps} is not allowed: expected an integer >= 1")
+    env_ids = args.envs.split(",")
+    agents = (args.agents or "random,fcfs,lars").split(",")
+    unknown = [e for e in env_ids if e not in ENV_IDS]
+    if unknown:
+        p.error(f"--envs: unknown environment(s) {unknown}; allowed: {', '.join(ENV_IDS)}")
+    if "kvsched/Scheduling-v0" in env_ids:
+        from kvsched.policies.base import policy_names
+
+        bad = [a for a in agents if a != "random" and a not in policy_names()]
+        if bad:
+            p.error(f"--agents: unknown agent(s) {bad}; allowed: random, {', '.join(policy_names())}")
+    skipped = [f"{a} on {e}" for e in env_ids for a in agents if a != "random" and e != "kvsched/Scheduling-v0"]
+    if skipped and args.agents is not None:  # the default agents are meant for Scheduling-v0 only
+        print(f"note: not measured (policy agents act only in kvsched/Scheduling-v0): {', '.join(skipped)}",
+              file=sys.stderr)
+    try:
+        rows = measure_all(args.steps, env_ids, agents)
+    except KvschedError as e:
+        p.error(str(e))
     if args.json:
         print(json.dumps(rows))
         return

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from kvsched.envs.episodes import EpisodeConfig, EpisodeSource
 from kvsched.envs.sim.cluster import Cluster
+from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.policies.base import make_policy
 
@@ -82,3 +85,24 @@ def episode_config(scenario: str | None, window_s: float, split: str, heldout_fr
                    max_requests: int | None) -> EpisodeConfig:
     return EpisodeConfig(scenario=scenario or default_scenario_path(), window_s=window_s, split=split,
                          heldout_fraction=heldout_fraction, max_requests=max_requests)
+
+
+def integer_action(action, n_parts: int, allowed: str) -> list[int]:
+    """The entries of a discrete action as Python ints, for any array-like that holds exactly
+    ``n_parts`` whole numbers (integer or bool arrays, Python ints, floats with no fractional
+    part; any shape, flattened).
+
+    Raises:
+        ConfigError: naming ``action``, its value and ``allowed`` when it is not numeric, has
+            another number of entries, or an entry is not a whole number (1.7 is refused, not
+            truncated to 1; NaN and infinities too). Range checks are the caller's.
+    """
+    try:
+        a = np.asarray(action)
+        ok = a.size == n_parts and a.dtype.kind in "biuf"
+    except (TypeError, ValueError):
+        ok = False
+    if ok and a.dtype.kind == "f":
+        ok = bool(np.all(np.isfinite(a)) and np.all(a == np.floor(a)))
+    require(ok, "action", action, allowed)
+    return a.astype(np.int64).reshape(-1).tolist()

@@ -158,7 +158,8 @@ class KnobEnv(gym.Env):
         """The parameter values of ``action`` (see the class docstring).
 
         Raises:
-            ConfigError: wrong shape, or an entry outside [-1, 1] or not finite.
+            ConfigError: not numbers, wrong number of entries, or an entry outside [-1, 1] or not
+                finite.
         """
         if type(action) is np.ndarray:  # the usual case: a 1-D float array, whose tolist() is exact
             a = action.tolist()
@@ -178,8 +179,11 @@ class KnobEnv(gym.Env):
     def _values_checked(self, action) -> dict:
         """:meth:`values` for any array-like: converted to float64 (the same numbers as the fast
         path's for float arrays), then checked entry by entry."""
-        a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
-        if len(a) != len(self.knobs):
+        try:
+            a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
+        except (TypeError, ValueError):  # not numbers (text, ragged lists, None)
+            a = None
+        if a is None or len(a) != len(self.knobs):
             require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
         out = {}
         for x, (name, lo, span, mult) in zip(a, self._spans):

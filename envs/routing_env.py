@@ -13,8 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import (build_cluster, check_steppable, episode_config, queued_prefill_tokens, reference,
-                                 step_info, unfinished)
+from kvsched.envs.common import (build_cluster, check_steppable, episode_config, integer_action, queued_prefill_tokens,
+                                 reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
@@ -133,9 +133,10 @@ class RoutingEnv(gym.Env):
     def step(self, action):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
-        a = action if type(action) is int else int(np.asarray(action).reshape(-1)[0])
+        allowed = f"an instance index in [0, {self.n_instances})"
+        a = action if type(action) is int else integer_action(action, 1, allowed)[0]
         if not 0 <= a < self.n_instances:
-            require(False, "action", action, f"an instance index in [0, {self.n_instances})")
+            require(False, "action", action, allowed)
         if self._point is not None and self._point.kind == "route":
             self.cluster.apply(route_to=a)
             self.decisions += 1

@@ -14,7 +14,8 @@ from gymnasium import spaces
 
 from kvsched.envs.action import (CHUNK_BINS_TOKENS, PREEMPTION_MODES, VICTIM_RULES, AgentDecision, AgentPolicy,
                                  mode_mask)
-from kvsched.envs.common import build_cluster, check_steppable, episode_config, reference, step_info, unfinished
+from kvsched.envs.common import (build_cluster, check_steppable, episode_config, integer_action, reference, step_info,
+                                 unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
@@ -181,13 +182,13 @@ class SchedulingEnv(gym.Env):
         if type(action) is np.ndarray and action.ndim == 1 and action.dtype.kind == "i":  # usual: no conversion
             a = action.tolist()
         else:
-            a = np.asarray(action, dtype=np.int64).reshape(-1).tolist()
+            a = integer_action(action, len(self._nvec), f"{len(self._nvec)} integers below {list(self._nvec)}")
         nvec = self._nvec
         ok = len(a) == len(nvec)
         for x, n in zip(a, nvec):
             ok = ok and 0 <= x < n
         if not ok:
-            require(False, "action", action, f"integers below {list(nvec)}")
+            require(False, "action", action, f"{len(nvec)} integers below {list(nvec)}")
         invalid = False
         slot = a[0]
         n_shown = len(self._shown_ids)

@@ -64,10 +64,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="routers see instance state refreshed every S simulated seconds (default 0: live)")
     s.add_argument("--window", nargs=2, type=cli_types.number(0.0, strict=False), action=cli_types.Window,
                    metavar=("START_S", "END_S"),
-                   help="serve only requests arriving in [START_S, END_S)")
+                   help="serve only requests arriving in [START_S, END_S) of the trace's own seconds "
+                        "(cut before --rate-scale; rebased to 0)")
     s.add_argument("--rate-scale", type=cli_types.number(0.0, strict=True),
-                   help="multiply the request rate (compress arrivals; > 0)")
-    s.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests")
+                   help="multiply the request rate (compress arrivals; > 0; after --window)")
+    s.add_argument("--max-requests", type=cli_types.count,
+                   help="serve only the first N requests (after --window and --rate-scale)")
     s.add_argument("--seed", type=cli_types.seed, help="seed for synthetic workloads (default 0)")
     s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
     s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
@@ -404,12 +406,18 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_presets(console: Console) -> int:
+    from kvsched.envs.sim.shared_kv import CMX_400G
     from kvsched.envs.sim.specs import presets_rows
 
-    for title, rows in presets_rows().items():
+    tables = presets_rows()
+    # the cluster KV tier's default network is a link name too (`shared_kv: {network: cmx-400g}`)
+    tables["links"].append({"name": CMX_400G.name, "GB_per_s": round(CMX_400G.bytes_per_s / 1e9, 2),
+                            "latency_us": round(CMX_400G.latency_s * 1e6, 1)})
+    for title, rows in tables.items():
         if not rows:
             continue
-        table = Table(title=title)
+        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)"
+                                            if title == "links" else None))
         for j, col in enumerate(rows[0]):
             # names never wrap; numeric headers may
             table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")

@@ -31,9 +31,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=int, default=1, help="parallel environments (default 1)")
     t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
-    t.add_argument("--checkpoint-every", type=int, default=10_000, help="steps between checkpoints")
-    t.add_argument("--eval-every", type=int, default=10_000, help="steps between held-out evaluations")
-    t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per evaluation")
+    t.add_argument("--checkpoint-every", type=int, default=10_000,
+                   help="steps between checkpoints (default 10,000: a shorter run writes none)")
+    t.add_argument("--eval-every", type=int, default=10_000,
+                   help="steps between held-out evaluations (default 10,000: a shorter run makes none)")
+    t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
     t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -173,7 +173,7 @@ class Scenario:
                 elif isinstance(v, dict):
                     try:
                         built[k] = SLO(**v)
-                    except TypeError as e:
+                    except (TypeError, ConfigError) as e:
                         raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r}: {e}") from None
                 else:
                     raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r} must be a mapping")
@@ -183,7 +183,10 @@ class Scenario:
                 raise ConfigError(f"scenario {self.source}: metrics.percentiles={m['percentiles']!r} must be a "
                                   "list of numbers in (0, 100]")
             m["percentiles"] = tuple(m["percentiles"])
-        return MetricsConfig(**m)
+        try:
+            return MetricsConfig(**m)
+        except ConfigError as e:
+            raise ConfigError(f"scenario {self.source}: metrics: {e}") from None
 
     def check_slo_classes(self, workload: Workload) -> None:
         """Every SLO class in ``metrics.slos`` must be a length class or a workload SLO class.

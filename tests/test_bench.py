@@ -186,3 +186,30 @@ def test_env_throughput_measures_steps_and_splits_simulator_from_overhead():
         assert (r["sim_us_per_step"] + r["overhead_us_per_step"]) * 25 / 1e6 == pytest.approx(r["cpu_s"])
     with pytest.raises(ValueError, match="Scheduling-v0"):
         throughput.measure("kvsched/Routing-v0", "fcfs", steps=1)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--steps", "-5"], "--steps -5 is not allowed: expected an integer >= 1"),
+    (["--envs", "kvsched/Nope-v0"], "--envs: unknown environment(s) ['kvsched/Nope-v0']; allowed: kvsched/Scheduling-v0"),
+    (["--agents", "random,bogus"], "--agents: unknown agent(s) ['bogus']; allowed: random, "),  # then the policies
+])
+def test_env_throughput_command_line_refuses_bad_flags(argv, fragment, capsys):
+    """`python -m kvsched.agents.throughput` exits 2 naming the flag (it raised a traceback, or for
+    an unknown environment id Gymnasium's NameNotFound)."""
+    from kvsched.agents import throughput
+
+    with pytest.raises(SystemExit) as e:
+        throughput.main(argv)
+    assert e.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_env_throughput_says_which_agent_pairs_it_skips(capsys):
+    """A policy agent asked for on an environment it cannot act in is named on stderr, not
+    dropped silently (it printed nothing and exited 0)."""
+    from kvsched.agents import throughput
+
+    throughput.main(["--steps", "2", "--envs", "kvsched/Routing-v0", "--agents", "random,lars", "--json"])
+    cap = capsys.readouterr()
+    rows = json.loads(cap.out.strip().splitlines()[-1])
+    assert [(r["env"], r["agent"], r["steps"]) for r in rows] == [("kvsched/Routing-v0", "random", 2)]
+    assert "not measured (policy agents act only in kvsched/Scheduling-v0): lars on kvsched/Routing-v0" in cap.err

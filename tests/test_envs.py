@@ -220,6 +220,37 @@ def test_masked_action_falls_back_and_is_flagged():
         env.step(np.array([16, 0, 0, 0]))
 
 
+def test_actions_that_are_not_whole_numbers_are_refused_not_truncated():
+    """A fractional Scheduling-v0 / Routing-v0 action used to be cast to int (0.7 -> 0, 1.9 -> 1,
+    [0, 1] -> 0), and text raised a bare ValueError; both now name the action and what is allowed.
+    Whole numbers in any numeric form still decode as before."""
+    env = SchedulingEnv(k=16, **SMALL)
+    env.reset(seed=0)
+    ref = env.decode(np.array([0, 1, 0, 0]))[0]
+    for same in ([0, 1, 0, 0], np.array([0.0, 1.0, 0.0, 0.0]), np.array([[0, 1, 0, 0]], dtype=np.int32)):
+        d = env.decode(same)[0]
+        assert (d.first_request_id, d.chunk_tokens, d.victim_rule, d.mode) == \
+            (ref.first_request_id, ref.chunk_tokens, ref.victim_rule, ref.mode) == (None, 128, "reference", "reference")
+    for bad in (np.array([0.7, 1.9, 0.0, 0.0]), [0, 1, 0, float("nan")], "ab", [0, 1], None):
+        with pytest.raises(ConfigError, match=r"action=.* is not allowed: expected 4 integers below \[16, 7, 5, 4\]"):
+            env.decode(bad)
+    renv = RoutingEnv(n_instances=3, **SMALL)
+    renv.reset(seed=0)
+    for bad in (1.7, np.array([0, 1]), "x", -1, 3):
+        with pytest.raises(ConfigError, match=r"action=.* is not allowed: expected an instance index in \[0, 3\)"):
+            renv.step(bad)
+    renv.step(np.float64(2.0))
+    renv.step(np.array([2]))
+    insts = renv.cluster.instances
+    assert renv.decisions == 2 and all(len(i.waiting) + len(i.running) == 0 for i in insts[:2])
+    assert len(insts[2].waiting) + len(insts[2].running) >= 1
+    kenv = KnobEnv(**SMALL)
+    kenv.reset(seed=0)
+    for bad in ("abc", [[0.0, 0.0], [0.0]], None):
+        with pytest.raises(ConfigError, match=r"action=.* is not allowed: expected 4 numbers in \[-1, 1\]"):
+            kenv.values(bad)
+
+
 def test_slot_action_mode_is_discrete():
     env = SchedulingEnv(action_mode="slot", k=4, **SMALL)
     assert isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.n == 4
