@@ -171,6 +171,13 @@ class Scenario:
                 if isinstance(v, SLO):
                     built[k] = v
                 elif isinstance(v, dict):
+                    unknown_slo = sorted(set(v) - {"ttft_s", "tpot_s", "e2e_s"}, key=str)
+                    missing_slo = [n for n in ("ttft_s", "tpot_s") if n not in v]
+                    if unknown_slo or missing_slo:
+                        what = "; ".join(([f"unknown keys {unknown_slo}"] if unknown_slo else [])
+                                         + ([f"missing {missing_slo}"] if missing_slo else []))
+                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r}: {what}; allowed: "
+                                          "ttft_s, tpot_s (required), e2e_s (optional), all in seconds")
                     try:
                         built[k] = SLO(**v)
                     except (TypeError, ConfigError) as e:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import ConfigError
 
-from .cli_types import seed
+from .cli_types import count, seed
 from .consoles import stderr_console
 
 
@@ -25,17 +25,17 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--constraint", action="append", default=[],
                    help="METRIC[:CLASS]<=BOUND or >=BOUND on the mean over runs, e.g. 'ttft_p99_s:short<=1.0' "
                         "(repeatable)")
-    t.add_argument("--trials", type=int, default=20, help="finished trials the study should hold (default 20)")
+    t.add_argument("--trials", type=count, default=20, help="finished trials the study should hold (default 20)")
     t.add_argument("--sampler", choices=("tpe", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
     t.add_argument("--study", help="study name (default <policy>-<scenario name>)")
     t.add_argument("--storage", help="journal:PATH, PATH.journal, sqlite:///FILE or postgresql://... "
                                      "(default: in memory)")
-    t.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
-    t.add_argument("--windows", type=int, default=3,
+    t.add_argument("--workers", type=count, default=1, help="worker processes on this machine (default 1)")
+    t.add_argument("--windows", type=count, default=3,
                    help="windows per trial, spread evenly over the scenario's arrivals (default 3; unlike "
                         "compare --windows they need not cover the whole workload)")
     t.add_argument("--window-s", type=float, default=60.0, help="length of each window, s (default 60)")
-    t.add_argument("--seeds", type=int, default=2, help="seeds per window: scenario seed, +1, ... (default 2)")
+    t.add_argument("--seeds", type=count, default=2, help="seeds per window: scenario seed, +1, ... (default 2)")
     t.add_argument("--holdout-seeds", type=int, default=0,
                    help="re-evaluate baseline and best on this many unseen seeds (default 0)")
     t.add_argument("--tune-engine", action="store_true",

@@ -72,15 +72,21 @@ def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     (["compare", "--policies", "fcfs", "--seeds", "0"], "--seeds"),
     (["compare", "--policies", "fcfs", "--windows", "two"], "--windows"),
     (["compare", "--policies", "fcfs", "--instances", "0"], "--instances"),
+    # tune's counts were checked only after it printed its "tuning ... 0 trials" banner
+    (["tune", "--policy", "lars", "--trials", "0"], "--trials"),
+    (["tune", "--policy", "lars", "--workers", "-1"], "--workers"),
+    (["tune", "--policy", "lars", "--windows", "0"], "--windows"),
+    (["tune", "--policy", "lars", "--seeds", "0"], "--seeds"),
 ])
 def test_count_flags_below_one_name_the_flag(argv, flag, capsys):
     """A count given on the command line is checked as the flag (argparse, exit status 2), not
     as the scenario field it overrides."""
     with pytest.raises(SystemExit) as e:
         main(argv + ["--no-progress"])
-    err = capsys.readouterr().err
+    cap = capsys.readouterr()
+    err = cap.err
     assert e.value.code == 2 and f"argument {flag}:" in err and "expected an integer >= 1" in err
-    assert "scenario" not in err.split("error:")[-1]
+    assert "scenario" not in err.split("error:")[-1] and "tuning" not in cap.out + err
 
 
 @pytest.mark.parametrize("argv, flag, allowed", [
@@ -167,6 +173,8 @@ def test_out_path_that_is_a_file_fails_before_simulating(tmp_path, capsys):
     # a value error says where it is (it used to be only "SLO.ttft_s=-1 ...")
     ("metrics:\n  slos:\n    long: {ttft_s: -1, tpot_s: 0.1}\n", "s.yaml: metrics.slos.long="),
     ("metrics:\n  long_prompt_tokens: 0\n", "s.yaml: metrics: MetricsConfig.long_prompt_tokens=0"),
+    ("metrics:\n  slos:\n    short: {ttft: 1.0, tpot_s: 0.1}\n",
+     "unknown keys ['ttft']; missing ['ttft_s']; allowed: ttft_s, tpot_s (required), e2e_s (optional)"),
 ])
 def test_malformed_scenario_values_are_clean_errors(tmp_path, capsys, body, fragment):
     p = tmp_path / "s.yaml"
