@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import numbers
 
 import gymnasium as gym
 import numpy as np
@@ -158,8 +159,8 @@ class KnobEnv(gym.Env):
         """The parameter values of ``action`` (see the class docstring).
 
         Raises:
-            ConfigError: not numbers, wrong number of entries, or an entry outside [-1, 1] or not
-                finite.
+            ConfigError: wrong shape, an entry outside [-1, 1] or not finite, or entries that
+                are not real numbers (see :meth:`_values_checked`).
         """
         if type(action) is np.ndarray:  # the usual case: a 1-D float array, whose tolist() is exact
             a = action.tolist()
@@ -177,18 +178,27 @@ class KnobEnv(gym.Env):
         return self._values_checked(action)
 
     def _values_checked(self, action) -> dict:
-        """:meth:`values` for any array-like: converted to float64 (the same numbers as the fast
-        path's for float arrays), then checked entry by entry."""
+        """:meth:`values` for any array-like of real numbers (float, integer or bool entries):
+        converted to float64 (the same numbers as the fast path's for float arrays), then checked
+        entry by entry. Anything that is not real numbers -- complex (whose imaginary part the
+        conversion would drop), strings, dates, a masked array with masked entries (whose mask it
+        would drop), ragged nesting -- is rejected, not converted."""
+        allowed = f"{len(self.knobs)} numbers in [-1, 1]"
         try:
-            a = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
-        except (TypeError, ValueError):  # not numbers (text, ragged lists, None)
-            a = None
-        if a is None or len(a) != len(self.knobs):
-            require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
+            arr = np.asarray(action)
+        except (TypeError, ValueError):  # ragged nesting
+            require(False, "action", action, allowed)
+        kind = arr.dtype.kind
+        if not (kind in "biuf" or (kind == "O" and all(isinstance(x, numbers.Real) for x in arr.flat))) \
+                or np.ma.is_masked(action):
+            require(False, "action", action, allowed)
+        a = arr.astype(np.float64).reshape(-1).tolist()
+        if len(a) != len(self.knobs):
+            require(False, "action", action, allowed)
         out = {}
         for x, (name, lo, span, mult) in zip(a, self._spans):
             if not -1.0 <= x <= 1.0:  # NaN fails too
-                require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
+                require(False, "action", action, allowed)
             v = lo + (x + 1.0) / 2.0 * span
             out[name] = int(round(v / mult) * mult) if mult else float(v)
         return out

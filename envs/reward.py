@@ -85,8 +85,8 @@ class SLOReward:
         # (ttft_s, tpot_s, e2e_s or inf) per SLO class and per length class, for is_met
         self._bounds = {name: _bounds(slo) for name, slo in self._slos.items()}
         # the same per record tag as it appears in the records (a str, or None when untagged): the
-        # bounds of the SLO class named str(tag), or False for "judge by length class"; filled
-        # as tags are first seen
+        # bounds of the SLO class named str(tag), or False for "judge by length class" (always
+        # for None); filled as tags are first seen
         self._bounds_by_tag: dict = {}
         self._length_bounds = tuple(_bounds(slo) for slo in self._length_slos)
         self._long_prompt_tokens = metrics.long_prompt_tokens
@@ -113,7 +113,10 @@ class SLOReward:
             if status == "finished":
                 bounds = by_tag.get(slo_class)
                 if bounds is None:  # a tag not seen yet: its configured class's bounds, or False
-                    bounds = by_tag[slo_class] = self._bounds.get(str(slo_class), False)
+                    # (untagged, None: its length class, as judged_slo and summarize -- not a
+                    # class named "None")
+                    bounds = by_tag[slo_class] = False if slo_class is None else \
+                        self._bounds.get(str(slo_class), False)
                 if bounds is False:  # judged by its length class
                     bounds = length_bounds[1 if prompt >= long_tokens else 0]
                 ttft_s, tpot_s, e2e_s = bounds

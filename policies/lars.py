@@ -65,7 +65,7 @@ class LARSParams(PolicyParams):
         tbt_target_s: per-step time target that bounds co-batched decodes' TBT (s). > 0, finite.
         min_chunk_tokens: chunk floor (REFERENCE §1.3 suggests 32; the brief says ~40).
         max_chunk_tokens: chunk ceiling (tokens).
-        chunk_multiple_tokens: chunks are multiples of this (block size 16).
+        chunk_multiple_tokens: chunks are multiples of this (block size 16); <= max_chunk_tokens.
     """
 
     #: ``kvsched tune`` space: kappa, ttft_floor_s, the normalisation (REFERENCE §1.2 "tunable:
@@ -104,7 +104,8 @@ class LARSParams(PolicyParams):
         return super().validator_for(changed)
 
     def _validate_own(self) -> None:
-        """The checks of LARS's own fields (all of them, and min <= max chunk)."""
+        """The checks of LARS's own fields (all of them, min <= max chunk and multiple <= max
+        chunk: together they leave at least one chunk candidate)."""
         # messages are built only on failure, and the common types take one test each: the
         # Knobs-v0 environment builds parameters every step
         for name in ("kappa", "ttft_floor_s", "eps_s", "tbt_target_s"):
@@ -123,6 +124,9 @@ class LARSParams(PolicyParams):
                     require(False, f"LARSParams.{name}", v, "an integer >= 1 (tokens)")
         if self.min_chunk_tokens > self.max_chunk_tokens:
             require(False, "LARSParams.min_chunk_tokens", self.min_chunk_tokens,
+                    f"<= max_chunk_tokens ({self.max_chunk_tokens})")
+        if self.chunk_multiple_tokens > self.max_chunk_tokens:  # else no chunk candidate
+            require(False, "LARSParams.chunk_multiple_tokens", self.chunk_multiple_tokens,
                     f"<= max_chunk_tokens ({self.max_chunk_tokens})")
 
 
@@ -151,9 +155,9 @@ class LARS(SchedulerPolicy):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self.set_params(self.params)
         self._chunk_overhead_s = float(ctx.spec.cost.step_overhead_s)
         self._budget = ctx.spec.token_budget
+        self.set_params(self.params)  # last: a subclass's set_params may read the context's values
 
     def set_params(self, params: LARSParams) -> None:
         """New parameters between decisions: only the chunk candidates derive from them (the

@@ -838,7 +838,10 @@ def summarize(
         duration_s = span if span > 0 else None
 
     lcls = length_class(prompt, cfg)
-    judged = np.where(np.isin(slo_cls, list(cfg.slos.keys())), slo_cls, lcls)
+    # an untagged request (None / NaN) goes by its length class whatever str() makes of the
+    # missing value (pandas 2: "None", pandas 3: NaN), even with a class named "None"
+    tagged = records["slo_class"].notna().to_numpy()
+    judged = np.where(tagged & np.isin(slo_cls, list(cfg.slos.keys())), slo_cls, lcls)
     slo_ttft = np.array([cfg.slos[c].ttft_s for c in judged], dtype=np.float64)
     slo_tpot = np.array([cfg.slos[c].tpot_s for c in judged], dtype=np.float64)
     slo_e2e = np.array([np.inf if cfg.slos[c].e2e_s is None else cfg.slos[c].e2e_s
