@@ -17,6 +17,7 @@ No simulation logic lives here: only which requests an episode serves.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -68,16 +69,46 @@ class EpisodeConfig:
                 "EpisodeConfig.max_requests", self.max_requests, "None or an integer >= 1")
 
 
+def _file_key(path: str) -> str:
+    """The cache key of a scenario file: its path and a hash of its bytes, so that editing the
+    file between two environments of one process (a notebook) is seen, not served stale. A
+    file that cannot be read gets the path alone (``load_scenario`` then raises its error)."""
+    try:
+        return f"{path}\0{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
+    except OSError:
+        return path
+
+
 @lru_cache(maxsize=4)
-def _scenario(path: str):
+def _scenario(path: str, key: str):
+    """The scenario of ``path`` whose content has cache key ``key`` (:func:`_file_key`)."""
     from kvsched.experiments.scenario import load_scenario
 
     return load_scenario(path)
 
 
+class _ScenarioRef:
+    """A loaded scenario, hashed and compared by its file's cache key (equal keys: equal file
+    content, so equal scenarios), so that :func:`_full_workload` can be cached by it."""
+
+    __slots__ = ("key", "scenario")
+
+    def __init__(self, key: str, scenario) -> None:
+        self.key = key
+        self.scenario = scenario
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ScenarioRef) and other.key == self.key
+
+
 @lru_cache(maxsize=8)
-def _full_workload(path: str, seed: int) -> Workload:
-    sc = _scenario(path)
+def _full_workload(ref: _ScenarioRef, seed: int) -> Workload:
+    """The scenario's whole workload for ``seed``, built from the scenario object the caller
+    holds (never re-read from a file that may have changed since)."""
+    sc = ref.scenario
     if sc.synthetic is not None:
         sc = sc.with_overrides(seed=int(seed))
     return sc.workload()
@@ -92,9 +123,11 @@ class EpisodeSource:
 
     def __init__(self, config: EpisodeConfig) -> None:
         self.config = config
-        self.scenario = _scenario(config.scenario)
+        key = _file_key(config.scenario)
+        self.scenario = _scenario(config.scenario, key)
+        self._ref = _ScenarioRef(key, self.scenario)
         self.synthetic = self.scenario.synthetic is not None
-        base = _full_workload(config.scenario, self.scenario.seed)
+        base = _full_workload(self._ref, self.scenario.seed)
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0
         n = int(span_s // config.window_s)
         if n < 1:
@@ -150,7 +183,7 @@ class EpisodeSource:
                 "window_index", window_index, f"an integer in [0, {self.n_windows})")
         require(isinstance(workload_seed, (int, np.integer)) and workload_seed >= 0, "workload_seed",
                 workload_seed, "an integer >= 0")
-        full = _full_workload(self.config.scenario, int(workload_seed) if self.synthetic else self.scenario.seed)
+        full = _full_workload(self._ref, int(workload_seed) if self.synthetic else self.scenario.seed)
         lo = window_index * self.config.window_s
         w = traces.window(full, lo, lo + self.config.window_s)
         if self.config.max_requests is not None:

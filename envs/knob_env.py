@@ -21,7 +21,7 @@ from kvsched.envs.common import (build_cluster, check_steppable, episode_config,
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward
 from kvsched.envs.sim.cluster import DecisionWatch
-from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.errors import ConfigError, require
 
 #: tunable parameters per heuristic: (field, low, high, integer multiple or None). The action
 #: ``a`` in [-1, 1] maps affinely to [low, high]; integer fields are rounded to the multiple.
@@ -153,7 +153,30 @@ class KnobEnv(gym.Env):
         self._mask.flags.writeable = False  # action_masks returns this same array: nothing to mask
         #: (field, low, high - low, multiple or None) per knob: the affine map's terms, computed once
         self._spans = tuple((name, lo, hi - lo, mult) for name, lo, hi, mult in self.knobs)
+        self._check_knob_box()
         self.cluster = None
+
+    def _check_knob_box(self) -> None:
+        """Build the scenario's parameters at every corner of the knob box (each knob at its low
+        and its high end) and validate them, so that a scenario whose fixed parameters conflict
+        with a knob range (e.g. LARS ``min_chunk_tokens`` 512 against the ``max_chunk_tokens``
+        range's low end 256) fails here, not in the middle of a training run at the first
+        action that reaches the conflict. The checks of the parameter classes are bounds on
+        single fields and on the order of two of them, so the corners cover the whole box.
+
+        Raises:
+            ConfigError: naming the scenario, the knob corner and the parameter class's message.
+        """
+        import itertools
+
+        build = ParamsBuilder(reference(self.heuristic, None, self.source).params, [n for n, *_ in self.knobs])
+        for corner in itertools.product((-1.0, 1.0), repeat=len(self.knobs)):
+            values = self.values(np.array(corner))
+            try:
+                build(values)
+            except ConfigError as e:
+                raise ConfigError(f"Knobs-v0 on scenario {self.source.scenario.name!r}: its {self.heuristic} "
+                                  f"parameters conflict with the knob ranges at {values}: {e}") from None
 
     def values(self, action) -> dict:
         """The parameter values of ``action`` (see the class docstring).

@@ -498,6 +498,23 @@ def test_knob_env_validates_every_new_value():
         iv({"kappa": -3.0})
 
 
+def test_episode_source_sees_an_edited_scenario_file(tmp_path):
+    """Scenarios and workloads are cached per process by path *and* content: a scenario file
+    edited between two environments (a notebook) is read again, not served stale."""
+    sc = tmp_path / "s.yaml"
+    text = open(default_scenario_path()).read()
+    sc.write_text(text)
+    a = EpisodeSource(EpisodeConfig(str(sc), window_s=60.0))
+    sc.write_text(text.replace("rate_per_s: 4.0", "rate_per_s: 2.0").replace("policy: fcfs", "policy: lars"))
+    b = EpisodeSource(EpisodeConfig(str(sc), window_s=60.0))
+    assert (a.scenario.policy, b.scenario.policy) == ("fcfs", "lars")
+    wa, _ = a.choose(np.random.default_rng(0), {"window_index": 0, "workload_seed": 0})
+    wb, _ = b.choose(np.random.default_rng(0), {"window_index": 0, "workload_seed": 0})
+    assert len(wb) < 0.75 * len(wa)  # half the rate: about half the requests in the same window
+    sc.write_text(text)
+    assert EpisodeSource(EpisodeConfig(str(sc), window_s=60.0)).scenario == a.scenario
+
+
 def test_episode_split_is_disjoint_and_errors_name_fields():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
     assert set(src.train_windows).isdisjoint(src.heldout_windows)
@@ -589,7 +606,12 @@ def test_knob_env_parameters_equal_dataclasses_replace_and_are_validated(tmp_pat
     sc = tmp_path / "big-min-chunk.yaml"
     sc.write_text(open(default_scenario_path()).read().replace("policy: fcfs", "policy: lars\npolicy_params:\n"
                                                                                "  min_chunk_tokens: 512"))
-    env = KnobEnv(scenario=str(sc), window_s=10.0, max_requests=20, split="all")
+    # the scenario's min_chunk_tokens 512 is above the max_chunk_tokens knob's low end 256: an
+    # error at construction (naming both), not at the first action that reaches it mid-episode
+    with pytest.raises(ConfigError, match=r"knob ranges at .*'max_chunk_tokens': 256.*min_chunk_tokens=512"):
+        KnobEnv(scenario=str(sc), window_s=10.0, max_requests=20, split="all")
+    sc.write_text(sc.read_text().replace("min_chunk_tokens: 512", "min_chunk_tokens: 256"))
+    env = KnobEnv(scenario=str(sc), window_s=10.0, max_requests=20, split="all")  # 256 <= 256: every corner valid
     env.reset(seed=0)
-    with pytest.raises(ConfigError, match="min_chunk_tokens"):
-        env.step(np.array([0.0, 0.0, 0.0, -1.0], dtype=np.float32))  # max_chunk_tokens 256 < 512
+    env.step(np.array([1.0, -1.0, 1.0, -1.0], dtype=np.float32))
+    assert env.cluster.instances[0].policy.params.max_chunk_tokens == 256
