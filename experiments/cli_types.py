@@ -11,36 +11,37 @@ import argparse
 import math
 
 
-def count(text: str) -> int:
-    """argparse type of a count flag (``--instances``, ``--max-requests``, ``--seeds``,
-    ``--windows``): an integer >= 1, so that a bad value names the flag, not the scenario field
-    it overrides."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected an integer >= 1") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not allowed: expected an integer >= 1")
-    return v
+def integer(minimum: int, maximum: int | None = None):
+    """argparse type of an integer flag in [``minimum``, ``maximum``] (no upper bound when
+    ``maximum`` is None), checked as the flag, so that a bad value names it."""
+    allowed = f"an integer >= {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
 
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
+        if v < minimum or (maximum is not None and v > maximum):
+            raise argparse.ArgumentTypeError(f"{v} is not allowed: expected {allowed}")
+        return v
+
+    parse.__name__ = "integer"  # argparse names the type in some messages
+    return parse
+
+
+#: argparse type of a count flag (``--instances``, ``--max-requests``, ``--seeds``, ``--windows``,
+#: tune's ``--trials`` and ``--workers``): an integer >= 1, so that a bad value names the flag,
+#: not the scenario field it overrides
+count = integer(1)
 
 #: the largest ``--seed``: NumPy's legacy seeding (which Stable-Baselines3 calls) takes seeds
 #: below 2**32, and the seeds derived from a flag's value (``seed + k`` per worker or
 #: environment, ``seed + 10_000`` for evaluation) must stay below it too
 MAX_SEED = 2**31 - 1
 
-
-def seed(text: str) -> int:
-    """argparse type of a ``--seed`` flag: an integer in [0, :data:`MAX_SEED`] (non-negative:
-    Gymnasium's ``reset(seed=...)``, NumPy and Optuna's samplers reject negative seeds)."""
-    allowed = f"an integer in [0, {MAX_SEED}]"
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
-    if not 0 <= v <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{v} is not allowed: expected {allowed}")
-    return v
+#: argparse type of a ``--seed`` flag: an integer in [0, :data:`MAX_SEED`] (non-negative:
+#: Gymnasium's ``reset(seed=...)``, NumPy and Optuna's samplers reject negative seeds)
+seed = integer(0, MAX_SEED)
 
 
 def number(minimum: float, strict: bool):

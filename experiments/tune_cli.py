@@ -61,8 +61,6 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     from .tune import Constraint, MetricRef, TuneConfig, even_windows, tune, write_results
 
     sc = load_scenario(a.scenario)
-    if a.seeds < 1:
-        raise ConfigError(f"--seeds={a.seeds} must be >= 1")
     cfg = TuneConfig(policy=a.policy, objective=MetricRef.parse(a.objective),
                      constraints=tuple(Constraint.parse(c) for c in a.constraint),
                      windows_s=even_windows(sc, a.windows, a.window_s),
