@@ -183,29 +183,30 @@ class KnobEnv(gym.Env):
 
         Raises:
             ConfigError: wrong shape, an entry outside [-1, 1] or not finite, or entries that
-                are not real numbers (see :meth:`_values_checked`).
+                are not real numbers (see :meth:`_real_entries`).
         """
-        if type(action) is np.ndarray:  # the usual case: a 1-D float array, whose tolist() is exact
-            a = action.tolist()
-            if type(a) is list and len(a) == len(self._spans):
-                out = {}
-                for x, (name, lo, span, mult) in zip(a, self._spans):
-                    # a Python float in [-1, 1] (NaN fails); anything else (an integer or bool
-                    # array's entries, nested lists) takes the general path below
-                    if type(x) is not float or not -1.0 <= x <= 1.0:
-                        break
-                    v = lo + (x + 1.0) / 2.0 * span
-                    out[name] = int(round(v / mult) * mult) if mult else v
-                else:
-                    return out
-        return self._values_checked(action)
+        # the usual case, a 1-D float array: tolist() gives its entries as Python floats, exactly
+        a = action.tolist() if type(action) is np.ndarray else None
+        if type(a) is not list or len(a) != len(self._spans) or not all(type(x) is float for x in a):
+            a = self._real_entries(action)
+        out = {}
+        for x, (name, lo, span, mult) in zip(a, self._spans):
+            if not -1.0 <= x <= 1.0:  # NaN fails too
+                require(False, "action", action, f"{len(self.knobs)} numbers in [-1, 1]")
+            v = lo + (x + 1.0) / 2.0 * span
+            out[name] = int(round(v / mult) * mult) if mult else v
+        return out
 
-    def _values_checked(self, action) -> dict:
-        """:meth:`values` for any array-like of real numbers (float, integer or bool entries):
-        converted to float64 (the same numbers as the fast path's for float arrays), then checked
-        entry by entry. Anything that is not real numbers -- complex (whose imaginary part the
+    def _real_entries(self, action) -> list[float]:
+        """The entries of any array-like of real numbers (float, integer or bool entries), as
+        Python floats: converted to float64 (the same numbers as ``tolist()`` gives for a float
+        array), flattened. Anything that is not real numbers -- complex (whose imaginary part the
         conversion would drop), strings, dates, a masked array with masked entries (whose mask it
-        would drop), ragged nesting -- is rejected, not converted."""
+        would drop), ragged nesting -- is rejected, not converted.
+
+        Raises:
+            ConfigError: not real numbers, or not ``d`` of them.
+        """
         allowed = f"{len(self.knobs)} numbers in [-1, 1]"
         try:
             arr = np.asarray(action)
@@ -218,13 +219,7 @@ class KnobEnv(gym.Env):
         a = arr.astype(np.float64).reshape(-1).tolist()
         if len(a) != len(self.knobs):
             require(False, "action", action, allowed)
-        out = {}
-        for x, (name, lo, span, mult) in zip(a, self._spans):
-            if not -1.0 <= x <= 1.0:  # NaN fails too
-                require(False, "action", action, allowed)
-            v = lo + (x + 1.0) / 2.0 * span
-            out[name] = int(round(v / mult) * mult) if mult else float(v)
-        return out
+        return a
 
     def _set(self, values: dict) -> None:
         """Every instance's policy gets parameters with ``values`` (built and validated by its

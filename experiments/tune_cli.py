@@ -10,8 +10,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvsched.envs.sim.errors import ConfigError
-
 from .cli_types import count, seed
 from .consoles import stderr_console
 

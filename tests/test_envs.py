@@ -396,7 +396,7 @@ def test_knob_env_values_fast_path_equals_the_checked_conversion():
     edge = [np.array([-1.0, 1.0, 0.0, 1.0]), np.array([1.0, -1.0, -1.0, -1.0], dtype=np.float32)]
     randoms = [rng.uniform(-1, 1, 4).astype(dt) for dt in (np.float32, np.float64, np.float16) for _ in range(20)]
     for a in edge + randoms:
-        fast, checked = env.values(a), env._values_checked(a)
+        fast, checked = env.values(a), env.values(env._real_entries(a))  # the conversion path
         assert fast == checked and [type(v) for v in fast.values()] == [float, float, float, int]
         assert env.values(a.tolist()) == fast and env.values(a.reshape(1, 4)) == fast  # checked path
     assert env.values(np.array([1, -1, 0, 1])) == env.values(np.array([1.0, -1.0, 0.0, 1.0]))
