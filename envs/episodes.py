@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -79,6 +80,23 @@ def _file_key(path: str) -> str:
         return path
 
 
+def _trace_key(scenario) -> str:
+    """The part of a workload's cache key that a scenario's trace *file* contributes: its path,
+    size and modification time (``os.stat``; nanoseconds), so that a trace file rewritten
+    between two environments of one process is read again. Empty for a synthetic scenario and
+    for a bundled trace (package data, checked against its SHA-256 when loaded). The file's
+    bytes are not hashed: a trace can be hundreds of MB and the key is computed for every
+    environment made. A file that cannot be stat'ed gets its path alone (loading raises)."""
+    trace = scenario.trace
+    if trace is None or trace in traces.BUNDLED_TRACES:
+        return ""
+    try:
+        st = os.stat(trace)
+    except OSError:
+        return f"\0{trace}"
+    return f"\0{os.path.abspath(trace)}\0{st.st_size}\0{st.st_mtime_ns}"
+
+
 @lru_cache(maxsize=4)
 def _scenario(path: str, key: str):
     """The scenario of ``path`` whose content has cache key ``key`` (:func:`_file_key`)."""
@@ -88,8 +106,9 @@ def _scenario(path: str, key: str):
 
 
 class _ScenarioRef:
-    """A loaded scenario, hashed and compared by its file's cache key (equal keys: equal file
-    content, so equal scenarios), so that :func:`_full_workload` can be cached by it."""
+    """A loaded scenario, hashed and compared by its cache key -- its file's (equal keys: equal
+    file content, so equal scenarios) and its trace file's (:func:`_trace_key`) -- so that
+    :func:`_full_workload` can be cached by it."""
 
     __slots__ = ("key", "scenario")
 
@@ -125,7 +144,7 @@ class EpisodeSource:
         self.config = config
         key = _file_key(config.scenario)
         self.scenario = _scenario(config.scenario, key)
-        self._ref = _ScenarioRef(key, self.scenario)
+        self._ref = _ScenarioRef(key + _trace_key(self.scenario), self.scenario)
         self.synthetic = self.scenario.synthetic is not None
         base = _full_workload(self._ref, self.scenario.seed)
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0

@@ -515,6 +515,33 @@ def test_episode_source_sees_an_edited_scenario_file(tmp_path):
     assert EpisodeSource(EpisodeConfig(str(sc), window_s=60.0)).scenario == a.scenario
 
 
+def test_episode_source_sees_a_rewritten_trace_file(tmp_path):
+    """A scenario's trace *file* is part of the workload cache's key (path, size, mtime): a trace
+    rewritten between two environments of one process is read again, while an unchanged one is
+    served from the cache (the same Workload object)."""
+    import os
+
+    def write_trace(output_tokens: int, mtime_ns: int) -> None:
+        rows = "".join(f"2023-11-16 18:00:{s:010.7f},100,{output_tokens}\n" for s in np.arange(0.0, 50.0, 0.5))
+        trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+        os.utime(trace, ns=(mtime_ns, mtime_ns))
+
+    trace = tmp_path / "t.csv"
+    write_trace(7, 1_000_000_000)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"name: t\ntrace: {trace}\ninstance: {{model: Llama-3.1-8B, gpu: H100-SXM}}\n")
+    opts = {"window_index": 0, "workload_seed": 0}
+    a = EpisodeSource(EpisodeConfig(str(sc), window_s=10.0))
+    wa, _ = a.choose(np.random.default_rng(0), opts)
+    assert set(wa.output_tokens.tolist()) == {7}
+    assert EpisodeSource(EpisodeConfig(str(sc), window_s=10.0))._ref == a._ref  # unchanged file: cached
+    write_trace(9, 2_000_000_000)
+    b = EpisodeSource(EpisodeConfig(str(sc), window_s=10.0))
+    assert b._ref != a._ref
+    wb, _ = b.choose(np.random.default_rng(0), opts)
+    assert set(wb.output_tokens.tolist()) == {9}
+
+
 def test_episode_split_is_disjoint_and_errors_name_fields():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
     assert set(src.train_windows).isdisjoint(src.heldout_windows)
