@@ -12,7 +12,7 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import ConfigError
 
-from .cli_types import seed
+from .cli_types import count, integer, number, seed
 
 
 def add_train_arguments(t: argparse.ArgumentParser) -> None:
@@ -21,28 +21,28 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
 
     t.add_argument("--env", required=True, choices=ENV_IDS, help="environment id")
     t.add_argument("--algo", required=True, choices=ALGOS, help="SB3 / sb3-contrib algorithm")
-    t.add_argument("--timesteps", type=int, required=True, help="environment steps to train")
+    t.add_argument("--timesteps", type=count, required=True, help="environment steps to train")
     t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")
     t.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder (default runs/train)")
-    t.add_argument("--window-s", type=float, help="episode window length (s; default 60)")
+    t.add_argument("--window-s", type=number(0.0, strict=True), help="episode window length (s; default 60)")
     t.add_argument("--env-kwargs", default="{}", help="JSON of further environment arguments")
     t.add_argument("--hyperparameters", default="{}", help="JSON of algorithm hyper-parameters")
     t.add_argument("--seed", type=seed, default=0,
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
-    t.add_argument("--n-envs", type=int, default=1, help="parallel environments (default 1)")
+    t.add_argument("--n-envs", type=count, default=1, help="parallel environments (default 1)")
     t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
-    t.add_argument("--checkpoint-every", type=int, default=10_000,
+    t.add_argument("--checkpoint-every", type=count, default=10_000,
                    help="steps between checkpoints (default 10,000: a shorter run writes none)")
-    t.add_argument("--eval-every", type=int, default=10_000,
+    t.add_argument("--eval-every", type=count, default=10_000,
                    help="steps between held-out evaluations (default 10,000: a shorter run makes none)")
-    t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per evaluation (default 4)")
+    t.add_argument("--eval-episodes", type=count, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
-    t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    t.add_argument("--threads", type=count, default=1, help="torch threads (default 1)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument("--max-cpu-s", type=float, help="stop after this many CPU seconds of the training process")
+    t.add_argument("--max-cpu-s", type=number(0.0, strict=True), help="stop after this many CPU seconds of the training process")
     t.add_argument("--backend", choices=("sb3", "rllib"), default="sb3",
                    help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs kvsched[ray]; --algo ppo)")
-    t.add_argument("--num-env-runners", type=int, default=0,
+    t.add_argument("--num-env-runners", type=integer(0), default=0,
                    help="RLlib sampling workers (default 0: sample in the driver)")
     t.add_argument("--address", help="RLlib: a running Ray cluster (HOST:PORT or auto; default: a local Ray)")
 
@@ -51,9 +51,9 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
                    help="comma-separated: checkpoint .zip files, policy names and/or 'random', e.g. ckpt.zip,lars,fcfs")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
-    e.add_argument("--windows", type=int, default=4, help="held-out windows (default 4)")
-    e.add_argument("--seeds", type=int, default=3, help="seeds per window (default 3)")
-    e.add_argument("--window-s", type=float, help="window length (s; default: the checkpoint's)")
+    e.add_argument("--windows", type=count, default=4, help="held-out windows (default 4)")
+    e.add_argument("--seeds", type=count, default=3, help="seeds per window (default 3)")
+    e.add_argument("--window-s", type=number(0.0, strict=True), help="window length (s; default: the checkpoint's)")
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
     e.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="run the episodes here or as Ray tasks (needs kvsched[ray]); same table (default local)")

@@ -46,6 +46,10 @@ def test_table_output_names_the_setup(capsys):
     assert "Qwen2.5-7B" in out and "TTFT p99 ms" in out and "goodput" in out
 
 
+#: the flags every `kvsched train` needs
+TRAIN = ["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo"]
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["simulate", "--model", "llama-9b"], "Llama-3.1-8B"),           # lists known models
     (["simulate", "--gpu", "H900"], "H100-SXM"),                     # lists known GPUs
@@ -77,6 +81,12 @@ def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     (["tune", "--policy", "lars", "--workers", "-1"], "--workers"),
     (["tune", "--policy", "lars", "--windows", "0"], "--windows"),
     (["tune", "--policy", "lars", "--seeds", "0"], "--seeds"),
+    (TRAIN + ["--timesteps", "0"], "--timesteps"),
+    (TRAIN + ["--timesteps", "10", "--n-envs", "0"], "--n-envs"),
+    (TRAIN + ["--timesteps", "10", "--threads", "0"], "--threads"),
+    (TRAIN + ["--timesteps", "10", "--eval-episodes", "0"], "--eval-episodes"),
+    (["evaluate", "--agents", "fcfs", "--windows", "0"], "--windows"),
+    (["evaluate", "--agents", "fcfs", "--seeds", "-1"], "--seeds"),
 ])
 def test_count_flags_below_one_name_the_flag(argv, flag, capsys):
     """A count given on the command line is checked as the flag (argparse, exit status 2), not
@@ -105,6 +115,22 @@ def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
         main(["simulate", *argv, "--no-progress"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"kvsched simulate: error: argument {flag}: " in err and allowed in err
+
+
+@pytest.mark.parametrize("argv, flag, allowed", [
+    (TRAIN + ["--timesteps", "10", "--window-s", "-1"], "--window-s", "-1 is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--max-cpu-s", "nan"], "--max-cpu-s", "nan is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--num-env-runners", "-1"], "--num-env-runners",
+     "-1 is not allowed: expected an integer >= 0"),
+    (["evaluate", "--agents", "fcfs", "--window-s", "0"], "--window-s", "0 is not allowed: expected a finite number > 0"),
+])
+def test_train_and_evaluate_flags_name_the_flag(argv, flag, allowed, capsys):
+    """train's and evaluate's numbers are checked as flags (the episode window used to be
+    reported as ``EpisodeConfig.window_s``, the field the flag reaches)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"kvsched {argv[0]}: error: argument {flag}: {allowed}" in err
 
 
 @pytest.mark.parametrize("argv", [
