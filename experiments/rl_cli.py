@@ -39,7 +39,8 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
     t.add_argument("--threads", type=count, default=1, help="torch threads (default 1)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument("--max-cpu-s", type=number(0.0, strict=True), help="stop after this many CPU seconds of the training process")
+    t.add_argument("--max-cpu-s", type=number(0.0, strict=True),
+                   help="stop after this many CPU seconds of the training process")
     t.add_argument("--backend", choices=("sb3", "rllib"), default="sb3",
                    help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs kvsched[ray]; --algo ppo)")
     t.add_argument("--num-env-runners", type=integer(0), default=0,

@@ -118,11 +118,14 @@ def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
 
 
 @pytest.mark.parametrize("argv, flag, allowed", [
-    (TRAIN + ["--timesteps", "10", "--window-s", "-1"], "--window-s", "-1 is not allowed: expected a finite number > 0"),
-    (TRAIN + ["--timesteps", "10", "--max-cpu-s", "nan"], "--max-cpu-s", "nan is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--window-s", "-1"], "--window-s",
+     "-1 is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--max-cpu-s", "nan"], "--max-cpu-s",
+     "nan is not allowed: expected a finite number > 0"),
     (TRAIN + ["--timesteps", "10", "--num-env-runners", "-1"], "--num-env-runners",
      "-1 is not allowed: expected an integer >= 0"),
-    (["evaluate", "--agents", "fcfs", "--window-s", "0"], "--window-s", "0 is not allowed: expected a finite number > 0"),
+    (["evaluate", "--agents", "fcfs", "--window-s", "0"], "--window-s",
+     "0 is not allowed: expected a finite number > 0"),
 ])
 def test_train_and_evaluate_flags_name_the_flag(argv, flag, allowed, capsys):
     """train's and evaluate's numbers are checked as flags (the episode window used to be
