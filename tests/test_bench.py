@@ -56,6 +56,28 @@ def test_quick_bench_writes_documented_json_and_plot(quick_run):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_plot_points_and_the_empty_instances_panel(quick_run):
+    """The plot shows each case at (requests, wall s) and the multi-instance case on the
+    instances panel; without one, that panel says so instead of showing an empty grid."""
+    import matplotlib.pyplot as plt
+
+    _, doc = quick_run
+    fig = bench.plot_figure(doc["cases"])
+    ax1, ax2 = fig.axes
+    points = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax1.get_lines()}
+    by = {e["case"]: e for e in doc["cases"]}
+    assert points["azure-1k"] == ([by["azure-1k"]["requests"]], [by["azure-1k"]["sim_wall_s"]])
+    assert points["BLIS itself (quoted)"] == ([10_000], [23.0])
+    m = by["mooncake-4i-500"]
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax2.get_lines()] == \
+        [([m["instances"]], [m["sim_wall_s"]])]
+    assert not ax2.texts
+    plt.close(fig)
+    fig = bench.plot_figure([e for e in doc["cases"] if e["instances"] == 1])
+    assert not fig.axes[1].get_lines() and "no multi-instance case" in fig.axes[1].texts[0].get_text()
+    plt.close(fig)
+
+
 def test_quick_bench_counts_requests(quick_run):
     _, doc = quick_run
     for e in doc["cases"]:
