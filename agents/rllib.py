@@ -187,7 +187,8 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
         progress: optional ``progress(steps_sampled, timesteps)``.
 
     Raises:
-        ConfigError: Ray missing, an unknown env id, bad counts.
+        ConfigError: Ray missing, an unknown env id, bad counts, an ``address`` at which no Ray
+            cluster answers (:func:`kvsched.experiments.ray_connect.check_reachable`).
     """
     ray = _ray()
     for name, v in (("timesteps", timesteps),):
@@ -203,10 +204,9 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     kw = rllib_env_kwargs(env_id, kw)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 ignore_reinit_error=True)
+    from kvsched.experiments.ray_connect import init_ray
+
+    started_here = init_ray(ray, address)
     try:
         register_envs()
         algo = ppo_config(env_id, {**kw, "split": "train"}, seed, num_env_runners, hyperparameters).build_algo()

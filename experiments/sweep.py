@@ -175,12 +175,10 @@ def map_tasks(fn: Callable[..., Any], args: Sequence[tuple], backend: str = "loc
             if progress is not None:
                 progress(i + 1, total)
         return out
+    from .ray_connect import init_ray
+
     ray = _ray()
-    started_here = False
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, ignore_reinit_error=True)
-        started_here = True
+    started_here = init_ray(ray, address)
     try:
         task = ray.remote(num_cpus=1)(fn)
         refs = [task.remote(*a) for a in args]

@@ -126,6 +126,33 @@ def _stop_cluster(temp_dir: str) -> None:
             p.kill()
 
 
+def test_an_address_nothing_answers_at_is_refused_at_once(capsys):
+    """`ray.init(address=HOST:PORT)` with nothing listening retries for as long as one waits (a
+    new user's compare ran for ten minutes); kvsched refuses the address after a TCP check."""
+    import time
+
+    from kvsched.experiments.cli import main
+    from kvsched.experiments.ray_connect import host_port
+
+    _need_ray()
+    port = _free_port()  # bound and closed again: nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"--address='127.0.0.1:{port}': no Ray cluster answers there"):
+        run_cells([Cell(SC, "fcfs")], backend="ray", address=f"127.0.0.1:{port}")
+    scenario = Path(__file__).parents[1] / "experiments" / "scenarios" / "mixed-long-short.yaml"
+    assert main(["compare", "--scenario", str(scenario), "--policies", "fcfs", "--max-requests", "20",
+                 "--no-progress", "--backend", "ray", "--address", f"127.0.0.1:{port}"]) == 2
+    assert "no Ray cluster answers there" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 60  # refused, not retried (a connection refused takes milliseconds)
+    import ray
+    assert not ray.is_initialized()
+    assert host_port("ray://head.example:10001") == ("head.example", 10001)
+    assert host_port("[::1]:6379") == ("::1", 6379) and host_port("auto") is None
+    for bad in ("6379", "host:", "host:0", "host:70000", "host:port"):
+        with pytest.raises(ConfigError, match="expected HOST:PORT"):
+            host_port(bad)
+
+
 def test_a_real_ray_cluster_by_address_gives_the_local_table():
     _need_ray()
     temp_dir = tempfile.mkdtemp(prefix="kvray-", dir="/tmp")  # Ray's socket paths must stay < 108 bytes
