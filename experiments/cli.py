@@ -34,6 +34,7 @@ from kvsched.envs.sim.specs import TP_DEGREES
 
 from . import cli_types
 from .consoles import stderr_console, stdout_console
+from .outputs import prepare_out_dir
 from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 
 
@@ -192,7 +193,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if a.format == "parquet" and not a.out:
         raise KvschedError("--format parquet needs --out DIR (records are only written with --out)")
     if a.out:
-        _prepare_out(a.out)
+        prepare_out_dir(a.out)
     sc = _scenario_from_args(a)
     spec = sc.instance_spec()
     workload = sc.workload()
@@ -275,19 +276,6 @@ def _print_routing(summary: dict, console: Console) -> None:
                       highlight=False)
 
 
-def _prepare_out(out: Path) -> None:
-    """Create the output folder before simulating, with a clear error if that is impossible."""
-    if out.exists() and not out.is_dir():
-        raise KvschedError(f"--out {out}: exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".kvsched-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise KvschedError(f"--out {out}: cannot write there ({e.strerror})") from None
-
-
 def _run_identity(sc: Scenario, workload, spec) -> dict:
     """What was simulated (deterministic: no wall time), included in summary.json and --json."""
     ident = {
@@ -364,7 +352,7 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         params = parse_policy_params(a.policy_params, policies)
         names = policies
     if a.out:
-        _prepare_out(a.out)
+        prepare_out_dir(a.out)
     sc = load_scenario(a.scenario)
     if a.instances is not None:
         sc = sc.with_overrides(n_instances=a.instances)

@@ -92,6 +92,20 @@ def check_keys(engine: str, config: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- loading a trial
+def _sqlite_file(storage_url: str) -> str | None:
+    """The database file of a ``sqlite://`` storage URL (SQLAlchemy's ``make_url``), ``None`` for
+    any other URL and for an in-memory SQLite database."""
+    if not storage_url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        db = make_url(storage_url).database
+    except Exception:  # not a URL: make_storage names the form
+        return None
+    return db if db and db != ":memory:" else None
+
+
 def trial_config(study_name: str, storage_url: str, trial: int | None = None) -> dict:
     """Policy, full parameters, engine overrides, resolved spec and provenance of one trial.
 
@@ -106,6 +120,9 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
     jp = journal_path(storage_url)
     if jp is not None and not Path(jp).is_file():  # opening it would create an empty journal
         raise ConfigError(f"--storage {storage_url}: no such journal file {jp!r}")
+    db = _sqlite_file(storage_url)
+    if db is not None and not Path(db).is_file():  # opening it would create an empty database
+        raise ConfigError(f"--storage {_redact(storage_url)}: no such SQLite database file {db!r}")
     study = open_study(study_name, storage_url)
     if "tune_config" not in study.user_attrs:
         raise ConfigError(f"study {study_name!r} was not created by kvsched tune (no tune_config)")

@@ -441,7 +441,7 @@ def make_storage(url: str | None):
     anything with ``://`` -> RDBStorage (heartbeat 10 s, grace 30 s, a killed trial retried once).
 
     Raises:
-        ConfigError: another form.
+        ConfigError: another form, or a journal path naming a file that is not an Optuna journal.
     """
     import optuna
     from optuna.storages import JournalStorage
@@ -452,7 +452,12 @@ def make_storage(url: str | None):
     path = journal_path(url)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
+        try:  # JournalStorage replays the file's log lines (JSON) when opened
+            return JournalStorage(JournalFileBackend(str(path)))
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, foreign JSON
+            why = str(e).splitlines()[0] if str(e) else repr(e)
+            raise ConfigError(f"--storage={url!r}: {path!r} is not an Optuna journal file ({type(e).__name__}: "
+                              f"{why}); give a journal that kvsched tune wrote, or a new file name") from None
     if "://" in url:
         return _rdb_storage(rdb_url(url))
     raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "

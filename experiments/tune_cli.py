@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .cli_types import count, seed
 from .consoles import stderr_console
+from .outputs import prepare_out_dir, prepare_out_file
 
 
 def add_tune_arguments(t: argparse.ArgumentParser) -> None:
@@ -66,6 +67,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
                      sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
     name = a.study or f"{a.policy}-{sc.name}"
     out = a.out or Path("runs") / "tune" / name
+    prepare_out_dir(out)  # before the trials (minutes), not when their results are written
     err = stderr_console()
     err.print(f"tuning {a.policy} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
@@ -126,6 +128,7 @@ def _p(v):
 def cmd_export(a: argparse.Namespace, console: Console) -> int:
     from .export import export_study
 
+    prepare_out_file(a.out)  # before the study is read and its target simulated
     res = export_study(a.study, a.storage, a.target, a.out, trial=a.trial)
     pv = res.provenance
     console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False)

@@ -164,6 +164,28 @@ def test_export_refuses_a_missing_journal_without_creating_it(tmp_path):
     assert not missing.exists()
 
 
+def test_export_refuses_a_missing_sqlite_file_and_a_file_that_is_no_journal(tmp_path):
+    """A missing SQLite database is refused without being created (SQLAlchemy would create an
+    empty one), and a file that is not an Optuna journal (here a text file) is named, not a
+    JSONDecodeError traceback."""
+    db = tmp_path / "nope.db"
+    with pytest.raises(ConfigError, match="no such SQLite database file"):
+        ex.export_study("exp", f"sqlite:///{db}", "vllm", tmp_path / "v.yaml")
+    assert not db.exists()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a journal\nat all\n")
+    with pytest.raises(ConfigError, match="is not an Optuna journal file"):
+        ex.export_study("exp", f"journal:{text}", "vllm", tmp_path / "v.yaml")
+    assert text.read_text() == "not a journal\nat all\n"
+
+
+def test_export_out_that_is_a_folder_fails_before_the_study_is_read(study, tmp_path, capsys, monkeypatch):
+    """`export --out DIR` used to fail after the study was read and the target simulated."""
+    monkeypatch.setattr(ex, "export_study", lambda *a, **k: pytest.fail("export ran"))
+    assert main(["export", "--study", "exp", "--storage", study, "--target", "vllm", "--out", str(tmp_path)]) == 2
+    assert "it is a folder; give a file name" in capsys.readouterr().err
+
+
 def test_engine_values_have_the_engines_types_and_units(study, tmp_path):
     res = ex.export_study("exp", study, "vllm", tmp_path / "v.yaml", simulate_target=False)
     c = res.config

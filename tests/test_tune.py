@@ -279,3 +279,16 @@ def test_windows_spread_over_the_arrivals():
     # the unscaled one, so the last window still ends at the last arrival
     scaled = sc.with_overrides(rate_scale=2.0, max_requests=20)
     assert even_windows(scaled, 3, 10.0) == ws
+
+
+def test_tune_out_that_is_a_file_fails_before_any_trial(tmp_path, capsys, monkeypatch):
+    """`tune --out FILE` used to fail when the results were written, after every trial."""
+    import kvsched.experiments.tune as tune_mod
+    from kvsched.experiments.cli import main
+
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: pytest.fail("trials ran"))
+    f = tmp_path / "results.txt"
+    f.write_text("keep")
+    scen = Path(__file__).parents[1] / "experiments" / "scenarios" / "mixed-long-short.yaml"
+    assert main(["tune", "--policy", "lars", "--scenario", str(scen), "--trials", "1", "--out", str(f)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err and f.read_text() == "keep"

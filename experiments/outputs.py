@@ -1,0 +1,56 @@
+"""Checks of the command line's output paths, made before the work that fills them.
+
+A tuning study, a bench run or an export's simulation can take minutes; an ``--out`` that
+cannot be written must fail before it starts, naming the flag and why, not as an ``OSError``
+traceback after it (which loses the results).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsched.envs.sim.errors import KvschedError
+
+
+def prepare_out_dir(out: Path, flag: str = "--out") -> None:
+    """Create the output folder ``out`` and check that a file can be written in it.
+
+    Raises:
+        KvschedError: ``out`` exists and is not a folder, or it cannot be made or written.
+    """
+    if out.exists() and not out.is_dir():
+        raise KvschedError(f"{flag} {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvsched-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise KvschedError(f"{flag} {out}: cannot write there ({e.strerror})") from None
+
+
+def prepare_out_file(path: Path | None, flag: str = "--out") -> None:
+    """Create the folder of the output file ``path`` and refuse a path that cannot be written as
+    a file (nothing to do for ``None``). The file itself is neither created nor truncated.
+
+    Raises:
+        KvschedError: naming the flag, the path and why (the folder cannot be made, the path is
+            a folder, or the folder cannot be written).
+    """
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: {str(path.parent)!r} is not a folder") from None
+    except OSError as e:
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be made ({e.strerror})") from None
+    if path.is_dir():
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: it is a folder; give a file name")
+    probe = path.parent / f".{path.name}.kvsched-write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be written ({e.strerror})") \
+            from None
