@@ -71,12 +71,15 @@ class EpisodeConfig:
 
 
 def _file_key(path: str) -> str:
-    """The cache key of a scenario file: its path and a hash of its bytes, so that editing the
-    file between two environments of one process (a notebook) is seen, not served stale. A
-    file that cannot be read gets the path alone (``load_scenario`` then raises its error)."""
+    """The cache key of a scenario file (a path or a bundled scenario's name): its path and a
+    hash of its bytes, so that editing the file between two environments of one process (a
+    notebook) is seen, not served stale. A file that cannot be found or read gets the path alone
+    (``load_scenario`` then raises its error)."""
+    from kvsched.experiments.scenario import scenario_path
+
     try:
-        return f"{path}\0{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
-    except OSError:
+        return f"{path}\0{hashlib.sha256(scenario_path(path).read_bytes()).hexdigest()}"
+    except (OSError, ConfigError):
         return path
 
 

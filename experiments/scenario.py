@@ -275,15 +275,42 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, d
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read a scenario YAML file.
+#: the folder of the scenarios shipped with the package (``experiments/scenarios/*.yaml``)
+BUNDLED_SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+def bundled_scenarios() -> list[str]:
+    """Names of the bundled scenarios (file stems of :data:`BUNDLED_SCENARIO_DIR`), sorted."""
+    return sorted(p.stem for p in BUNDLED_SCENARIO_DIR.glob("*.yaml"))
+
+
+def scenario_path(path: str | Path) -> Path:
+    """The file of a scenario given as a path, or as the name of a bundled scenario
+    (``mixed-long-short`` or ``mixed-long-short.yaml``: usable outside a checkout, since the
+    scenarios ship inside the package). An existing path always wins over a bundled name.
 
     Raises:
-        ConfigError: unreadable YAML, unknown keys, or invalid values (naming the file).
+        ConfigError: neither an existing path nor a bundled name (the message lists the names).
     """
     p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"scenario file {str(p)!r} does not exist")
+    if p.exists():
+        return p
+    if len(p.parts) == 1:
+        q = BUNDLED_SCENARIO_DIR / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
+        if q.is_file():
+            return q
+    raise ConfigError(f"scenario file {str(p)!r} does not exist, nor is it a bundled scenario; bundled (give the "
+                      f"name): {', '.join(bundled_scenarios())}")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario YAML file, given by path or by bundled name (:func:`scenario_path`).
+
+    Raises:
+        ConfigError: no such file or bundled name, unreadable YAML, an empty file, unknown keys,
+            or invalid values (naming the file).
+    """
+    p = scenario_path(path)
     if not p.is_file():
         raise ConfigError(f"scenario file {str(p)!r} is not a file (give a .yaml file)")
     try:
@@ -294,6 +321,9 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(f"scenario file {p}: invalid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
+    if not data:  # almost surely the wrong file: do not run every default in its name
+        raise ConfigError(f"scenario file {p}: the file is empty; give at least its workload (`trace:` a bundled "
+                          "trace name or a file, or `synthetic:`); every other key has a default")
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed
     if unknown:

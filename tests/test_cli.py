@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -44,6 +45,25 @@ def test_table_output_names_the_setup(capsys):
     assert main(["simulate", "--max-requests", "100", "--no-progress", "--model", "Qwen2.5-7B"]) == 0
     out = capsys.readouterr().out
     assert "Qwen2.5-7B" in out and "TTFT p99 ms" in out and "goodput" in out
+
+
+def test_a_bundled_scenario_by_name_from_any_folder_and_an_empty_file(tmp_path, monkeypatch, capsys):
+    """The scenarios ship in the package: `--scenario NAME` finds one outside a checkout (the
+    same run as by path); an unknown name lists the bundled ones; an empty file is refused
+    rather than run with every default."""
+    path = Path(__file__).parents[1] / "experiments" / "scenarios" / "mixed-long-short.yaml"
+    monkeypatch.chdir(tmp_path)
+    args = ["simulate", "--max-requests", "30", "--no-progress", "--json"]
+    assert main(args + ["--scenario", str(path)]) == 0
+    by_path = capsys.readouterr().out
+    assert main(args + ["--scenario", "mixed-long-short"]) == 0
+    assert capsys.readouterr().out == by_path
+    assert main(args + ["--scenario", "mixed-long"]) == 2
+    err = capsys.readouterr().err
+    assert "nor is it a bundled scenario" in err and "mixed-long-short" in err and "short-only" in err
+    (tmp_path / "empty.yaml").write_text("")
+    assert main(args + ["--scenario", "empty.yaml"]) == 2
+    assert "the file is empty" in capsys.readouterr().err
 
 
 #: the flags every `kvsched train` needs
