@@ -375,8 +375,10 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     agg = aggregate(result.runs, result.policies)
     seeds = result.seeds
     what = (f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else "") + ", ".join(names)
-    console.print(rich_table(agg, f"{sc.name}: {what}; seeds {seeds[0]}..{seeds[-1]} "
-                                  f"(mean{' ± std' if len(seeds) > 1 else ''})"))
+    per = len(seeds) * max(a.windows, 1)  # runs per policy (or router), which the ± is over
+    where = f"seeds {seeds[0]}..{seeds[-1]}" + (f" x {a.windows} windows" if a.windows > 1 else "")
+    console.print(rich_table(agg, f"{sc.name}: {what}; {where} "
+                                  f"({f'mean ± std over {per} runs' if per > 1 else 'one run'})"))
     if sc.trace is not None and len(seeds) > 1:
         err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
                   "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)

@@ -115,6 +115,17 @@ def test_unknown_policy_fails_fast_listing_the_known_ones(scenario_file, tmp_pat
         run_compare(load_scenario(scenario_file), ["fcfs", "nope"])
 
 
+def test_title_says_what_the_spread_is_over(scenario_file, capsys):
+    """The table's ± is over every run of a policy (seeds x windows): the title says so, and
+    names the windows (it used to read "seeds 0..0 (mean)" above cells with a ± over windows)."""
+    assert main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "30",
+                 "--windows", "2", "--no-progress"]) == 0
+    assert "seeds 4..4 x 2 windows (mean ± std over 2 runs)" in capsys.readouterr().out  # the scenario's seed 4
+    assert main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "30",
+                 "--no-progress"]) == 0
+    assert "seeds 4..4 (one run)" in capsys.readouterr().out
+
+
 def test_bad_policy_params_are_named():
     with pytest.raises(ConfigError, match="invalid JSON"):
         parse_policy_params("{ewsjf:", ["ewsjf"])
