@@ -471,6 +471,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvschedError as e:
         stderr_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
+    except OSError as e:
+        # a path given on the command line that the system refuses (a name too long, no
+        # permission, a full disk) and no check above named: the path and the system's reason,
+        # not a traceback
+        if e.filename is None:
+            raise
+        stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(e.strerror or str(e))}",
+                               highlight=False)
+        return 2
     return 1
 
 

@@ -293,8 +293,11 @@ def scenario_path(path: str | Path) -> Path:
         ConfigError: neither an existing path nor a bundled name (the message lists the names).
     """
     p = Path(path)
-    if p.exists():
-        return p
+    try:
+        if p.exists():
+            return p
+    except OSError as e:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"scenario file {str(p)!r}: cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
         q = BUNDLED_SCENARIO_DIR / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():

@@ -66,6 +66,18 @@ def test_a_bundled_scenario_by_name_from_any_folder_and_an_empty_file(tmp_path, 
     assert "the file is empty" in capsys.readouterr().err
 
 
+def test_output_to_a_file_keeps_table_titles_and_errors_on_one_line(capsys):
+    """Off a terminal (pytest captures: not a tty) a table's title is one line above the table,
+    not wrapped to the table's width, and an error is one line however long."""
+    assert main(["simulate", "--max-requests", "30", "--no-progress"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "default: fcfs on 1 x Llama-3.1-8B / H100-SXM TP1"
+    for flag in ("--scenario", "--trace", "--out"):  # a name longer than the file system allows
+        assert main(["simulate", flag, "x" * 300 + ".yaml", "--max-requests", "10", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "x" * 300 in err and "Traceback" not in err
+
+
 #: the flags every `kvsched train` needs
 TRAIN = ["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo"]
 
