@@ -205,6 +205,11 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
             err.print(f"[yellow]note:[/] {first[:240]}{' ...' if len(first) > 240 or chr(10) in note else ''}",
                       highlight=False)
     options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
+    routing_flags = [f for f, v in (("--router", a.router), ("--router-params", a.router_params),
+                                    ("--router-delay", a.router_delay)) if v is not None]
+    if sc.n_instances == 1 and routing_flags and not a.json:
+        err.print(f"[yellow]note:[/] {', '.join(routing_flags)} has no effect on 1 instance (a router picks among "
+                  "instances; give --instances N)", highlight=False)
     if not a.json:
         err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "

@@ -78,6 +78,17 @@ def test_output_to_a_file_keeps_table_titles_and_errors_on_one_line(capsys):
         assert len(err.strip().splitlines()) == 1 and "x" * 300 in err and "Traceback" not in err
 
 
+def test_router_flags_on_one_instance_are_noted(capsys):
+    """A router only acts with several instances: on one, its flags are said to have no effect
+    rather than passing unremarked."""
+    assert main(["simulate", "--router", "cache-affinity", "--max-requests", "10", "--no-progress"]) == 0
+    assert "note: --router has no effect on 1 instance" in capsys.readouterr().err
+    assert main(["simulate", "--router", "cache-affinity", "--instances", "2", "--max-requests", "10",
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "no effect" not in err and "router cache-affinity" in err
+
+
 #: the flags every `kvsched train` needs
 TRAIN = ["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo"]
 
