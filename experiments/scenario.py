@@ -80,7 +80,8 @@ class Scenario:
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
-        where = f"scenario {self.source}"
+        # what errors name: the scenario file, or the command line's flags, or the study
+        where = f"scenario {self.source}" if self.source not in ("command line", "<defaults>") else self.source
         if (self.trace is None) == (self.synthetic is None):
             raise ConfigError(f"{where}: give exactly one of 'trace' and 'synthetic' "
                               f"(trace={self.trace!r}, synthetic={'set' if self.synthetic else None})")
@@ -100,7 +101,10 @@ class Scenario:
             raise ConfigError(f"{where}: policy_params={self.policy_params!r} must be a mapping of the "
                               f"policy's parameters")
         from kvsched.policies.base import make_policy
-        make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
+        try:
+            make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
+        except ConfigError as e:
+            raise type(e)(f"{where}: {e}") from None
         if not isinstance(self.router, str):
             raise ConfigError(f"{where}: router={self.router!r} must be a router name")
         if not isinstance(self.router_params, dict):
@@ -255,6 +259,8 @@ def _build(cls, d: dict | None, where: str):
         return cls(**d)
     except TypeError as e:
         raise ConfigError(f"{where}: {e}") from None
+    except ConfigError as e:  # a value the class refuses: say which file (or flags) it came from
+        raise type(e)(f"{where}: {e}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -89,6 +89,22 @@ def test_router_flags_on_one_instance_are_noted(capsys):
     assert "no effect" not in err and "router cache-affinity" in err
 
 
+def test_scenario_value_errors_name_the_file_or_the_command_line(tmp_path, capsys):
+    """A bad value inside a scenario's `synthetic:` or `policy_params:` names the file it came
+    from; one from the flags says "command line" (not "scenario command line")."""
+    bad = {"synthetic": "name: t\nsynthetic: {rate_per_s: -1, duration_s: 10}\n",
+           "policy_params": "name: t\nsynthetic: {rate_per_s: 1, duration_s: 10}\npolicy: lars\n"
+                            "policy_params: {kappa: -1}\n"}
+    for key, text in bad.items():
+        f = tmp_path / f"{key}.yaml"
+        f.write_text(text)
+        assert main(["simulate", "--scenario", str(f), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert str(f) in err and ("rate_per_s=-1" in err or "kappa=-1" in err), err
+    assert main(["simulate", "--policy", "lars", "--policy-params", '{"kappa": -1}', "--no-progress"]) == 2
+    assert "error: command line: LARSParams.kappa=-1 is not allowed" in capsys.readouterr().err
+
+
 #: the flags every `kvsched train` needs
 TRAIN = ["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo"]
 
