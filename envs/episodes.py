@@ -147,6 +147,10 @@ class EpisodeSource:
         self._ref = _ScenarioRef(key + _trace_key(self.scenario), self.scenario)
         self.synthetic = self.scenario.synthetic is not None
         base = _full_workload(self._ref, self.scenario.seed)
+        # a trace scenario's requests stay with the source: reloaded after the cache evicted them,
+        # a relative trace path would be read from the current working folder (and a rewritten
+        # file read anew) under this source's key, for it and for later sources
+        self._trace_workload = None if self.synthetic else base
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0
         n = int(span_s // config.window_s)
         if n < 1:
@@ -156,10 +160,12 @@ class EpisodeSource:
         if n_heldout >= n:
             n_heldout = n - 1
         self.n_windows = n
-        self.train_windows = tuple(range(0, n - n_heldout))
-        self.heldout_windows = tuple(range(n - n_heldout, n))
+        # ranges, not tuples: a tiny window_s makes billions of windows (a tuple of them was a
+        # MemoryError when the source was made)
+        self.train_windows = range(0, n - n_heldout)
+        self.heldout_windows = range(n - n_heldout, n)
         self.windows = {"train": self.train_windows, "heldout": self.heldout_windows,
-                        "all": tuple(range(n))}[config.split]
+                        "all": range(n)}[config.split]
         if not self.windows:
             raise ConfigError(f"EpisodeConfig.split={config.split!r} has no windows: the span of "
                               f"{config.scenario} holds {n} windows of {config.window_s:g} s, {n_heldout} held out; "
@@ -202,7 +208,9 @@ class EpisodeSource:
                 "window_index", window_index, f"an integer in [0, {self.n_windows})")
         require(isinstance(workload_seed, (int, np.integer)) and workload_seed >= 0, "workload_seed",
                 workload_seed, "an integer >= 0")
-        full = _full_workload(self._ref, int(workload_seed) if self.synthetic else self.scenario.seed)
+        full = self._trace_workload
+        if full is None:
+            full = _full_workload(self._ref, int(workload_seed))
         lo = window_index * self.config.window_s
         w = traces.window(full, lo, lo + self.config.window_s)
         if self.config.max_requests is not None:

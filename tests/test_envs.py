@@ -542,6 +542,46 @@ def test_episode_source_sees_a_rewritten_trace_file(tmp_path):
     assert set(wb.output_tokens.tolist()) == {9}
 
 
+def test_episode_source_keeps_its_trace_after_a_cwd_change_and_cache_eviction(tmp_path, monkeypatch):
+    """A scenario naming its trace by a relative path, two folders each with a trace of that
+    name. The source made in folder A keeps serving A's trace after the process moves to B and
+    other environments' workloads evict it from the workload cache: it was reloaded relative to
+    the new working folder (B's requests under A's cache key), and a new source made back in A
+    was then served B's trace from the cache."""
+    def write_trace(folder, output_tokens: int) -> None:
+        folder.mkdir()
+        rows = "".join(f"2023-11-16 18:00:{s:010.7f},100,{output_tokens}\n" for s in np.arange(0.0, 50.0, 0.5))
+        (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+
+    write_trace(tmp_path / "a", 7)
+    write_trace(tmp_path / "b", 9)
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: t\ntrace: t.csv\ninstance: {model: Llama-3.1-8B, gpu: H100-SXM}\n")
+    cfg = EpisodeConfig(str(sc), window_s=10.0)
+    monkeypatch.chdir(tmp_path / "a")
+    a = EpisodeSource(cfg)
+    monkeypatch.chdir(tmp_path / "b")
+    synthetic = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
+    for seed in range(8):  # the workload cache holds 8: A's whole trace is evicted
+        synthetic.workload(seed, 0)
+    assert set(a.workload(0, 0).output_tokens.tolist()) == {7}
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {9}
+    monkeypatch.chdir(tmp_path / "a")
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {7}
+
+
+def test_a_tiny_episode_window_is_a_clean_error_not_a_memory_error():
+    """``--window-s 1e-9`` passes the flag's check (> 0) and makes ~6e11 windows of the bundled
+    scenario: the source keeps them as ranges (a tuple of them was a MemoryError traceback
+    when the environment was made); an episode's empty window is then a ConfigError."""
+    src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=1e-9, split="all"))
+    assert src.n_windows > 10**11 and len(src.windows) == src.n_windows
+    assert len(src.train_windows) + len(src.heldout_windows) == src.n_windows
+    assert src.heldout_windows[0] == len(src.train_windows) and 0 <= src.draw(np.random.default_rng(0))[1] < src.n_windows
+    with pytest.raises(ConfigError, match="holds no requests"):
+        src.workload(0, 0)
+
+
 def test_episode_split_is_disjoint_and_errors_name_fields():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
     assert set(src.train_windows).isdisjoint(src.heldout_windows)
