@@ -163,6 +163,23 @@ def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeyp
     assert "pyinstrument" in err and "kvsched[profile]" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+@pytest.mark.parametrize("where", ["under a file", "a folder"])
+def test_an_unwritable_output_fails_before_any_case_runs(capsys, monkeypatch, tmp_path, flag, where):
+    """--out / --plot under a file, or naming a folder, was a traceback (FileExistsError,
+    IsADirectoryError) after every case had run: minutes of results lost."""
+    def no_case(*a, **k):
+        raise AssertionError("a case ran")
+
+    monkeypatch.setattr(bench, "run_case_subprocess", no_case)
+    (tmp_path / "f").write_text("")
+    path = tmp_path / "f" / "x.json" if where == "under a file" else tmp_path
+    assert main(["bench", "--cases", "blis-1k", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    why = "is not a folder" if where == "under a file" else "it is a folder"
+    assert f"{flag} {str(path)!r} is not allowed" in err.replace("\n", "") and why in err and "Traceback" not in err
+
+
 def test_list_names_every_case(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
