@@ -82,11 +82,15 @@ def _file_key(path: str) -> str:
 
 def _trace_key(scenario) -> str:
     """The part of a workload's cache key that a scenario's trace *file* contributes: its path,
-    size and modification time (``os.stat``; nanoseconds), so that a trace file rewritten
-    between two environments of one process is read again. Empty for a synthetic scenario and
-    for a bundled trace (package data, checked against its SHA-256 when loaded). The file's
-    bytes are not hashed: a trace can be hundreds of MB and the key is computed for every
-    environment made. A file that cannot be stat'ed gets its path alone (loading raises)."""
+    device and inode, size, and modification and status-change times (``os.stat``, following
+    symlinks; nanoseconds), so that a trace file rewritten between two environments of one
+    process is read again -- also when a copy carried the old modification time over (``cp
+    -p``, ``rsync -t``, ``touch -r``: the kernel sets ctime at every write and ``utime``) or a
+    symlink now points to another file. Empty for a synthetic scenario and for a bundled trace
+    (package data, checked against its SHA-256 when loaded). The file's bytes are not hashed: a
+    trace can be hundreds of MB and the key is computed for every environment made (a rewrite
+    within the file system's timestamp granularity, with the same size, stays unseen). A file
+    that cannot be stat'ed gets its path alone (loading raises)."""
     trace = scenario.trace
     if trace is None or trace in traces.BUNDLED_TRACES:
         return ""
@@ -94,7 +98,7 @@ def _trace_key(scenario) -> str:
         st = os.stat(trace)
     except OSError:
         return f"\0{trace}"
-    return f"\0{os.path.abspath(trace)}\0{st.st_size}\0{st.st_mtime_ns}"
+    return f"\0{os.path.abspath(trace)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
 
 
 @lru_cache(maxsize=4)
