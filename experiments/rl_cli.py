@@ -77,6 +77,9 @@ def _json_arg(text: str, flag: str) -> dict:
 
 
 def cmd_train(args, console) -> int:
+    from .cli import _prepare_out
+
+    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
     if args.backend == "rllib":
         return _train_rllib(args, console)
     if args.num_env_runners or args.address:
@@ -124,6 +127,10 @@ def _train_rllib(args, console) -> int:
 
 def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate
+
+    from .cli import _prepare_out
+
+    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
 
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     run = lambda progress=None: evaluate(  # noqa: E731

@@ -80,6 +80,15 @@ def test_evaluate_names_an_unknown_agent_before_checking_windows(tmp_path, capsy
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv", [TRAIN + ["--timesteps", "10"], ["evaluate", "--agents", "fcfs"]])
+def test_train_and_evaluate_out_that_cannot_be_written_is_a_clean_error(argv, tmp_path, capsys):
+    """--out under a file was a NotADirectoryError traceback (simulate and compare said so)."""
+    (tmp_path / "f").write_text("")
+    rc = main(argv + ["--out", str(tmp_path / "f" / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--out {tmp_path / 'f' / 'run'}: cannot write there" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["simulate", "--max-requests", "0"], "--max-requests"),
     (["simulate", "--instances", "-2"], "--instances"),
