@@ -234,7 +234,9 @@ class Cluster:
 
         Args:
             until_s: also stop (kind ``"time"``) before the first event later than this
-                simulated time (s), without taking it from the queue.
+                simulated time (s), without taking it from the queue. No fast-forwarded stretch
+                runs past it, so the instances' state there (blocks in use, queues) is the
+                state stepping one by one has.
 
         Returns:
             The decision point, or ``None`` when the workload is served. At a ``"route"`` or
