@@ -249,6 +249,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     for c in ckpts:
         if not c.exists():
             raise ConfigError(f"checkpoint {str(c)!r} does not exist")
+    known = set(policy_names())
+    for a in agents:  # before the windows are checked: a typo must not be reported as --windows
+        if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known):
+            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
+                              f"policy; known: {sorted(known)}")
     trained = _sidecar(ckpts[0])["env_kwargs"] if ckpts else {}
     if window_s is None:
         window_s = float(trained.get("window_s", 60.0))
@@ -262,7 +267,6 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
                 for w in source.heldout_windows[:windows] for s in range(seeds)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    known = set(policy_names())
     random_kw = {k: v for k, v in trained.items() if k in ("max_requests", "heldout_fraction", "k", "reference_policy")}
     jobs: list[tuple[str, tuple]] = []  # (agent name, arguments of one episode's task), in table order
     for a in agents:
@@ -274,11 +278,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
             jobs += [(name, ("learned", a, ep, scen, window_s, False, None, None)) for ep in episodes]
         elif a == "random":
             jobs += [(a, ("random", a, ep, scen, window_s, False, random_kw, None)) for ep in episodes]
-        elif a in known:
+        else:  # a policy name (checked above)
             jobs += [(a, ("heuristic", a, ep, scen, window_s, False, None, source)) for ep in episodes]
-        else:
-            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
-                              f"policy; known: {sorted(known)}")
     from kvsched.experiments.sweep import map_tasks
 
     outs = map_tasks(_one_episode, [j for _, j in jobs], backend=backend, address=address, progress=progress)

@@ -94,6 +94,40 @@ def env_kwargs_for(env_id: str, algo: str, scenario: str | None, window_s: float
     return kw
 
 
+def _check_names(given: dict[str, Any], allowed: list[str], flag: str, what: str) -> None:
+    """Refuse names in ``given`` that are not in ``allowed`` (they reached the environment's or
+    the algorithm's constructor as a TypeError traceback)."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{flag}: {unknown} not allowed: expected {what} ({', '.join(allowed)})")
+
+
+def _env_parameters(env_id: str) -> list[str]:
+    """The keyword arguments of ``env_id``'s constructor that ``--env-kwargs`` may set (not
+    ``split``, which train sets itself: train and held-out)."""
+    import importlib
+    import inspect
+
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+
+    ep = gym.spec(env_id).entry_point
+    if isinstance(ep, str):
+        module, name = ep.split(":")
+        ep = getattr(importlib.import_module(module), name)
+    return [p for p in inspect.signature(ep).parameters if p != "split"]
+
+
+def _algo_parameters(cls) -> list[str]:
+    """The constructor arguments of an SB3 algorithm that ``--hyperparameters`` may set (not
+    those train sets itself)."""
+    import inspect
+
+    own = {"self", "policy", "env", "tensorboard_log", "verbose", "seed", "device", "_init_setup_model"}
+    return [p for p in inspect.signature(cls.__init__).parameters if p not in own]
+
+
 def default_hyperparameters(algo: str, n_envs: int) -> dict[str, Any]:
     """Hyper-parameters used unless overridden (small rollouts: an env step is a simulated
     scheduler decision, ~1-10 ms of CPU)."""
@@ -127,13 +161,21 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                     ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
+    cpus = os.cpu_count() or 1
+    if threads > cpus:  # torch.set_num_threads(100_000) crashed the process (segmentation fault)
+        raise ConfigError(f"--threads={threads!r} is not allowed: expected an integer in [1, {cpus}] "
+                          "(this machine's CPUs)")
+    if resume is not None and not (Path(resume).is_file() or Path(f"{resume}.zip").is_file()):
+        raise ConfigError(f"--resume {str(resume)!r} does not exist (expected a checkpoint .zip)")
+    cls = _algo_class(algo)
+    _check_names(env_kwargs or {}, _env_parameters(env_id), "--env-kwargs", f"arguments of {env_id}")
+    _check_names(hyperparameters or {}, _algo_parameters(cls), "--hyperparameters", f"arguments of {cls.__name__}")
     torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     kw = env_kwargs_for(env_id, algo, scenario, window_s, env_kwargs)
     venv = make_vec_env(env_id, {**kw, "split": "train"}, n_envs=n_envs, seed=seed, subprocess=subprocess)
     eval_env = make_vec_env(env_id, {**kw, "split": "heldout"}, n_envs=1, seed=seed + 10_000)
-    cls = _algo_class(algo)
     hp = default_hyperparameters(algo, n_envs)
     hp.update(hyperparameters or {})
     if resume is not None:
@@ -143,8 +185,12 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                          **(hyperparameters or {}))
         reset = False
     else:
-        model = cls("MlpPolicy", venv, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose, device="cpu",
-                    **hp)
+        try:
+            model = cls("MlpPolicy", venv, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose,
+                        device="cpu", **hp)
+        except (AssertionError, TypeError, ValueError) as e:  # Stable-Baselines3 checks its arguments so
+            raise ConfigError(f"--hyperparameters {json.dumps(hyperparameters or {})}: {cls.__name__} refused "
+                              f"{hp}: {e}") from None
         reset = True
     if algo == "maskable_ppo":
         from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as EvalCB

@@ -85,11 +85,15 @@ def _file_key(path: str) -> str:
 
 def _trace_key(scenario) -> str:
     """The part of a workload's cache key that a scenario's trace *file* contributes: its path,
-    size and modification time (``os.stat``; nanoseconds), so that a trace file rewritten
-    between two environments of one process is read again. Empty for a synthetic scenario and
-    for a bundled trace (package data, checked against its SHA-256 when loaded). The file's
-    bytes are not hashed: a trace can be hundreds of MB and the key is computed for every
-    environment made. A file that cannot be stat'ed gets its path alone (loading raises)."""
+    device and inode, size, and modification and status-change times (``os.stat``, following
+    symlinks; nanoseconds), so that a trace file rewritten between two environments of one
+    process is read again -- also when a copy carried the old modification time over (``cp
+    -p``, ``rsync -t``, ``touch -r``: the kernel sets ctime at every write and ``utime``) or a
+    symlink now points to another file. Empty for a synthetic scenario and for a bundled trace
+    (package data, checked against its SHA-256 when loaded). The file's bytes are not hashed: a
+    trace can be hundreds of MB and the key is computed for every environment made (a rewrite
+    within the file system's timestamp granularity, with the same size, stays unseen). A file
+    that cannot be stat'ed gets its path alone (loading raises)."""
     trace = scenario.trace
     if trace is None or trace in traces.BUNDLED_TRACES:
         return ""
@@ -97,7 +101,7 @@ def _trace_key(scenario) -> str:
         st = os.stat(trace)
     except OSError:
         return f"\0{trace}"
-    return f"\0{os.path.abspath(trace)}\0{st.st_size}\0{st.st_mtime_ns}"
+    return f"\0{os.path.abspath(trace)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
 
 
 @lru_cache(maxsize=4)
@@ -150,6 +154,10 @@ class EpisodeSource:
         self._ref = _ScenarioRef(key + _trace_key(self.scenario), self.scenario)
         self.synthetic = self.scenario.synthetic is not None
         base = _full_workload(self._ref, self.scenario.seed)
+        # a trace scenario's requests stay with the source: reloaded after the cache evicted them,
+        # a relative trace path would be read from the current working folder (and a rewritten
+        # file read anew) under this source's key, for it and for later sources
+        self._trace_workload = None if self.synthetic else base
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0
         n = int(span_s // config.window_s)
         if n < 1:
@@ -159,10 +167,12 @@ class EpisodeSource:
         if n_heldout >= n:
             n_heldout = n - 1
         self.n_windows = n
-        self.train_windows = tuple(range(0, n - n_heldout))
-        self.heldout_windows = tuple(range(n - n_heldout, n))
+        # ranges, not tuples: a tiny window_s makes billions of windows (a tuple of them was a
+        # MemoryError when the source was made)
+        self.train_windows = range(0, n - n_heldout)
+        self.heldout_windows = range(n - n_heldout, n)
         self.windows = {"train": self.train_windows, "heldout": self.heldout_windows,
-                        "all": tuple(range(n))}[config.split]
+                        "all": range(n)}[config.split]
         if not self.windows:
             raise ConfigError(f"EpisodeConfig.split={config.split!r} has no windows: the span of "
                               f"{config.scenario} holds {n} windows of {config.window_s:g} s, {n_heldout} held out; "
@@ -205,7 +215,9 @@ class EpisodeSource:
                 "window_index", window_index, f"an integer in [0, {self.n_windows})")
         require(isinstance(workload_seed, (int, np.integer)) and workload_seed >= 0, "workload_seed",
                 workload_seed, "an integer >= 0")
-        full = _full_workload(self._ref, int(workload_seed) if self.synthetic else self.scenario.seed)
+        full = self._trace_workload
+        if full is None:
+            full = _full_workload(self._ref, int(workload_seed))
         lo = window_index * self.config.window_s
         w = traces.window(full, lo, lo + self.config.window_s)
         if self.config.max_requests is not None:

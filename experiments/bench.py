@@ -856,16 +856,37 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--plot", type=Path, help="write the log-log plot here (default: --out with .png)")
     b.add_argument("--peer", choices=("vidur",),
                    help="compare with a peer simulator on its configuration (runs it; minutes)")
-    b.add_argument("--peer-requests", type=int, default=10_000, help="requests of the peer comparison (10000)")
-    b.add_argument("--qps", type=float, nargs="+", default=[1.0], help="request rates of the peer comparison (1)")
+    b.add_argument("--peer-requests", type=int, help="requests of the peer comparison (10000; with --peer)")
+    b.add_argument("--qps", type=float, nargs="+", help="request rates of the peer comparison (1; with --peer)")
     b.add_argument("--peer-dir", type=Path, default=None,
                    help=f"Vidur peer folder with run.sh (default $KVSCHED_VIDUR_DIR or {DEFAULT_VIDUR_DIR})")
     b.add_argument("--envs", action="store_true",
                    help="also measure the Gymnasium environments' steps/s and overhead per step (subprocess)")
-    b.add_argument("--env-steps", type=int, default=2000, help="steps per environment and agent with --envs (2000)")
+    b.add_argument("--env-steps", type=int, help="steps per environment and agent with --envs (2000)")
     b.add_argument("--profile", type=Path, metavar="DIR",
                    help="profile each case with pyinstrument, writing DIR/<case>.html and .txt "
                         "(timings of profiled runs are inflated)")
+
+
+def _check_output(flag: str, path: Path | None) -> None:
+    """Make ``path``'s folder and refuse a path that cannot be written as a file.
+
+    Raises:
+        KvschedError: naming the flag, the path and why (the folder cannot be made, or the path
+            is a folder).
+    """
+    from kvsched.envs.sim.errors import KvschedError
+
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: {str(path.parent)!r} is not a folder") from None
+    except OSError as e:
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be made ({e.strerror})") from None
+    if path.is_dir():
+        raise KvschedError(f"{flag} {str(path)!r} is not allowed: it is a folder; give a file name")
 
 
 def cmd_bench(a: argparse.Namespace, console) -> int:
@@ -885,6 +906,15 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         t.add_row("vidur-n<N>-qps<Q>", "", "", "Vidur's configuration in kvsched (used by --peer vidur)")
         console.print(t)
         return 0
+    # options of a part that does not run are refused, not silently ignored
+    unused = [f for f, v in (("--peer-requests", a.peer_requests), ("--qps", a.qps), ("--peer-dir", a.peer_dir))
+              if v is not None and a.peer is None] + (["--env-steps"] if a.env_steps is not None and not a.envs else [])
+    if unused:
+        raise KvschedError(f"{', '.join(unused)}: not allowed here: --peer-requests, --qps and --peer-dir are "
+                           "options of --peer vidur, --env-steps of --envs")
+    a.peer_requests = 10_000 if a.peer_requests is None else a.peer_requests
+    a.qps = [1.0] if a.qps is None else a.qps
+    a.env_steps = 2000 if a.env_steps is None else a.env_steps
     if a.peer_requests < 1:
         raise KvschedError(f"--peer-requests {a.peer_requests} is not allowed: expected an integer >= 1")
     for q in a.qps:
@@ -900,6 +930,8 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
         raise KvschedError("--profile needs pyinstrument, which is not installed: "
                            "pip install 'kvsched[profile]'")
+    for flag, path in (("--out", a.out), ("--plot", a.plot)):
+        _check_output(flag, path)  # before the cases run (minutes), not when their results are written
     err = stderr_console()
     entries = []
     for i, name in enumerate(names, 1):

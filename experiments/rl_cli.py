@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import json
+import os
 from pathlib import Path
 
 from rich.table import Table
@@ -37,7 +38,8 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                    help="steps between held-out evaluations (default 10,000: a shorter run makes none)")
     t.add_argument("--eval-episodes", type=count, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
-    t.add_argument("--threads", type=count, default=1, help="torch threads (default 1)")
+    t.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=1,
+                   help="torch threads, at most this machine's CPUs (default 1; far more crashed torch)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--max-cpu-s", type=number(0.0, strict=True),
                    help="stop after this many CPU seconds of the training process")
@@ -75,6 +77,9 @@ def _json_arg(text: str, flag: str) -> dict:
 
 
 def cmd_train(args, console) -> int:
+    from .cli import _prepare_out
+
+    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
     if args.backend == "rllib":
         return _train_rllib(args, console)
     if args.num_env_runners or args.address:
@@ -122,6 +127,10 @@ def _train_rllib(args, console) -> int:
 
 def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate
+
+    from .cli import _prepare_out
+
+    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
 
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     run = lambda progress=None: evaluate(  # noqa: E731

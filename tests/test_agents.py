@@ -109,3 +109,21 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
                "--env-kwargs", "[1]", "--out", str(out)])
     assert rc == 2 and "--env-kwargs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    # each was a traceback: TypeError from gymnasium.make / the SB3 constructor, SB3's
+    # AssertionError, FileNotFoundError from SB3's load
+    (["--env-kwargs", '{"windw_s": 5}'], "--env-kwargs: ['windw_s'] not allowed: expected arguments of kvsched/Scheduling-v0"),
+    (["--env-kwargs", '{"split": "all"}'], "--env-kwargs: ['split'] not allowed"),  # train sets it (was overridden)
+    (["--hyperparameters", '{"n_step": 64}'], "--hyperparameters: ['n_step'] not allowed: expected arguments of PPO"),
+    (["--hyperparameters", '{"seed": 3}'], "--hyperparameters: ['seed'] not allowed"),  # --seed's job
+    (["--hyperparameters", '{"n_steps": 0}'], "PPO refused"),
+    (["--resume", "no-such-checkpoint.zip"], "--resume 'no-such-checkpoint.zip' does not exist"),
+])
+def test_cli_train_bad_arguments_are_clean_errors(tmp_path, capsys, extra, fragment):
+    rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo", "--timesteps", "32", "--window-s", "10",
+               "--out", str(tmp_path / "run"), "--no-progress", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and fragment in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "final.zip").exists()

@@ -163,6 +163,40 @@ def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeyp
     assert "pyinstrument" in err and "kvsched[profile]" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+@pytest.mark.parametrize("where", ["under a file", "a folder"])
+def test_an_unwritable_output_fails_before_any_case_runs(capsys, monkeypatch, tmp_path, flag, where):
+    """--out / --plot under a file, or naming a folder, was a traceback (FileExistsError,
+    IsADirectoryError) after every case had run: minutes of results lost."""
+    def no_case(*a, **k):
+        raise AssertionError("a case ran")
+
+    monkeypatch.setattr(bench, "run_case_subprocess", no_case)
+    (tmp_path / "f").write_text("")
+    path = tmp_path / "f" / "x.json" if where == "under a file" else tmp_path
+    assert main(["bench", "--cases", "blis-1k", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    why = "is not a folder" if where == "under a file" else "it is a folder"
+    assert f"{flag} {str(path)!r} is not allowed" in err.replace("\n", "") and why in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["--qps", "2"], "--qps"),
+    (["--peer-requests", "500", "--peer-dir", "x"], "--peer-requests, --peer-dir"),
+    (["--env-steps", "50"], "--env-steps"),
+])
+def test_options_of_a_part_that_does_not_run_are_refused(capsys, monkeypatch, argv, flags):
+    """--qps, --peer-requests and --peer-dir without --peer, and --env-steps without --envs,
+    were silently ignored (the run measured something else than asked)."""
+    def no_case(*a, **k):
+        raise AssertionError("a case ran")
+
+    monkeypatch.setattr(bench, "run_case_subprocess", no_case)
+    assert main(["bench", "--cases", "blis-1k", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{flags}: not allowed here" in err and "Traceback" not in err
+
+
 def test_list_names_every_case(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out

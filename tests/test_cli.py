@@ -129,6 +129,25 @@ def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     assert "Traceback" not in err
 
 
+def test_evaluate_names_an_unknown_agent_before_checking_windows(tmp_path, capsys):
+    """A misspelt agent is reported as that agent: it was checked only after the held-out
+    windows, so ``--agents fcfs,lasr`` with the default --windows 4 (the bundled scenario has 3
+    held-out 60 s windows) was reported as ``--windows=4 is more than the 3 held-out windows``."""
+    rc = main(["evaluate", "--agents", "fcfs,lasr", "--no-progress", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "agent 'lasr' is neither a checkpoint" in err and "--windows" not in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [TRAIN + ["--timesteps", "10"], ["evaluate", "--agents", "fcfs"]])
+def test_train_and_evaluate_out_that_cannot_be_written_is_a_clean_error(argv, tmp_path, capsys):
+    """--out under a file was a NotADirectoryError traceback (simulate and compare said so)."""
+    (tmp_path / "f").write_text("")
+    rc = main(argv + ["--out", str(tmp_path / "f" / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--out {tmp_path / 'f' / 'run'}: cannot write there" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["simulate", "--max-requests", "0"], "--max-requests"),
     (["simulate", "--instances", "-2"], "--instances"),
@@ -142,7 +161,6 @@ def test_bad_input_gives_a_clean_error(argv, fragment, capsys):
     (["tune", "--policy", "lars", "--seeds", "0"], "--seeds"),
     (TRAIN + ["--timesteps", "0"], "--timesteps"),
     (TRAIN + ["--timesteps", "10", "--n-envs", "0"], "--n-envs"),
-    (TRAIN + ["--timesteps", "10", "--threads", "0"], "--threads"),
     (TRAIN + ["--timesteps", "10", "--eval-episodes", "0"], "--eval-episodes"),
     (["evaluate", "--agents", "fcfs", "--windows", "0"], "--windows"),
     (["evaluate", "--agents", "fcfs", "--seeds", "-1"], "--seeds"),
@@ -185,6 +203,10 @@ def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
      "-1 is not allowed: expected an integer >= 0"),
     (["evaluate", "--agents", "fcfs", "--window-s", "0"], "--window-s",
      "0 is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--threads", "0"], "--threads", "0 is not allowed: expected an integer in [1, "),
+    # torch.set_num_threads(100_000) was a segmentation fault
+    (TRAIN + ["--timesteps", "10", "--threads", "100000"], "--threads",
+     "100000 is not allowed: expected an integer in [1, "),
 ])
 def test_train_and_evaluate_flags_name_the_flag(argv, flag, allowed, capsys):
     """train's and evaluate's numbers are checked as flags (the episode window used to be

@@ -542,6 +542,81 @@ def test_episode_source_sees_a_rewritten_trace_file(tmp_path):
     assert set(wb.output_tokens.tolist()) == {9}
 
 
+@pytest.mark.parametrize("how", ["in place", "symlink re-pointed"])
+def test_episode_source_sees_a_trace_replaced_with_the_same_size_and_mtime(tmp_path, how):
+    """A trace replaced by one of the same size whose modification time is carried over (``cp
+    -p``, ``rsync -t``, ``tar x``, ``touch -r``), in place or by re-pointing a symlink, is read
+    again: the key has the file's inode and status-change time too (the kernel sets ctime; no
+    tool copies it). It was served stale from the cache."""
+    import os
+
+    def rows(output_tokens: int) -> str:
+        return "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+            f"2023-11-16 18:00:{s:010.7f},100,{output_tokens}\n" for s in np.arange(0.0, 50.0, 0.5))
+
+    trace = tmp_path / "t.csv"
+    if how == "in place":
+        trace.write_text(rows(7))
+    else:
+        (tmp_path / "v1.csv").write_text(rows(7))
+        trace.symlink_to(tmp_path / "v1.csv")
+    mtime_ns = os.stat(trace).st_mtime_ns
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"name: t\ntrace: {trace}\ninstance: {{model: Llama-3.1-8B, gpu: H100-SXM}}\n")
+    cfg = EpisodeConfig(str(sc), window_s=10.0)
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {7}
+    if how == "in place":
+        trace.write_text(rows(9))
+    else:
+        (tmp_path / "v2.csv").write_text(rows(9))
+        os.utime(tmp_path / "v2.csv", ns=(mtime_ns, mtime_ns))
+        trace.unlink()
+        trace.symlink_to(tmp_path / "v2.csv")
+    os.utime(trace, ns=(mtime_ns, mtime_ns))
+    assert os.stat(trace).st_mtime_ns == mtime_ns and os.stat(trace).st_size == len(rows(9))
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {9}
+
+
+def test_episode_source_keeps_its_trace_after_a_cwd_change_and_cache_eviction(tmp_path, monkeypatch):
+    """A scenario naming its trace by a relative path, two folders each with a trace of that
+    name. The source made in folder A keeps serving A's trace after the process moves to B and
+    other environments' workloads evict it from the workload cache: it was reloaded relative to
+    the new working folder (B's requests under A's cache key), and a new source made back in A
+    was then served B's trace from the cache."""
+    def write_trace(folder, output_tokens: int) -> None:
+        folder.mkdir()
+        rows = "".join(f"2023-11-16 18:00:{s:010.7f},100,{output_tokens}\n" for s in np.arange(0.0, 50.0, 0.5))
+        (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+
+    write_trace(tmp_path / "a", 7)
+    write_trace(tmp_path / "b", 9)
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: t\ntrace: t.csv\ninstance: {model: Llama-3.1-8B, gpu: H100-SXM}\n")
+    cfg = EpisodeConfig(str(sc), window_s=10.0)
+    monkeypatch.chdir(tmp_path / "a")
+    a = EpisodeSource(cfg)
+    monkeypatch.chdir(tmp_path / "b")
+    synthetic = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
+    for seed in range(8):  # the workload cache holds 8: A's whole trace is evicted
+        synthetic.workload(seed, 0)
+    assert set(a.workload(0, 0).output_tokens.tolist()) == {7}
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {9}
+    monkeypatch.chdir(tmp_path / "a")
+    assert set(EpisodeSource(cfg).workload(0, 0).output_tokens.tolist()) == {7}
+
+
+def test_a_tiny_episode_window_is_a_clean_error_not_a_memory_error():
+    """``--window-s 1e-9`` passes the flag's check (> 0) and makes ~6e11 windows of the bundled
+    scenario: the source keeps them as ranges (a tuple of them was a MemoryError traceback
+    when the environment was made); an episode's empty window is then a ConfigError."""
+    src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=1e-9, split="all"))
+    assert src.n_windows > 10**11 and len(src.windows) == src.n_windows
+    assert len(src.train_windows) + len(src.heldout_windows) == src.n_windows
+    assert src.heldout_windows[0] == len(src.train_windows) and 0 <= src.draw(np.random.default_rng(0))[1] < src.n_windows
+    with pytest.raises(ConfigError, match="holds no requests"):
+        src.workload(0, 0)
+
+
 def test_episode_split_is_disjoint_and_errors_name_fields():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=60.0))
     assert set(src.train_windows).isdisjoint(src.heldout_windows)

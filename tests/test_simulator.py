@@ -423,3 +423,36 @@ def test_request_state_lives_only_while_in_flight(monkeypatch):
     order = np.lexsort((-step, t))
     max_in_flight = int(np.cumsum(step[order]).max())
     assert Counted.peak <= max_in_flight < 200
+
+
+@pytest.mark.parametrize("n_instances", [1, 2])
+def test_instance_state_at_a_time_point_is_the_same_with_fast_forward(n_instances):
+    """``run_until_decision(until_s=t)`` returns at a "time" point where the caller reads the
+    instances (Knobs-v0 observes HBM in use every interval). A decode stretch planned before t
+    ran past it and had allocated the blocks of its steps after t, so HBM in use there was
+    higher than stepping one by one (Knobs-v0's observation differed with fast-forward). No
+    stretch runs past the caller's stop time now: the state at every time point, and the
+    results, equal stepping one by one, and stretches still run between the points."""
+    from kvsched.envs.sim.cluster import Cluster, DecisionWatch
+    from kvsched.experiments.bench import fixed_length_poisson
+    from kvsched.policies.base import make_policy
+
+    w = fixed_length_poisson(300, 10.0, 800, 400, seed=1, name="blis-300")
+
+    def states(ff):
+        c = Cluster([make_spec()] * n_instances, lambda: make_policy("fcfs"),
+                    options=InstanceOptions(fast_forward=ff))
+        c.start(w, DecisionWatch())
+        seen = []
+        for k in range(1, 200):
+            point = c.run_until_decision(k * 0.37)
+            seen.append([(i.hbm.used_blocks, i.hbm.available_blocks, len(i.running), len(i.waiting))
+                         for i in c.instances])
+            if point is None:
+                break
+        return seen, c.result()
+
+    (fast, fast_res), (slow, slow_res) = states(True), states(False)
+    assert len(fast) > 50 and fast == slow
+    pd.testing.assert_frame_equal(fast_res.records, slow_res.records, check_exact=True)
+    assert fast_res.stats["fast_forward_steps"] > 0.5 * fast_res.stats["steps"]
