@@ -868,32 +868,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
                         "(timings of profiled runs are inflated)")
 
 
-def _check_output(flag: str, path: Path | None) -> None:
-    """Make ``path``'s folder and refuse a path that cannot be written as a file.
-
-    Raises:
-        KvschedError: naming the flag, the path and why (the folder cannot be made, or the path
-            is a folder).
-    """
-    from kvsched.envs.sim.errors import KvschedError
-
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise KvschedError(f"{flag} {str(path)!r} is not allowed: {str(path.parent)!r} is not a folder") from None
-    except OSError as e:
-        raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be made ({e.strerror})") from None
-    if path.is_dir():
-        raise KvschedError(f"{flag} {str(path)!r} is not allowed: it is a folder; give a file name")
-
-
 def cmd_bench(a: argparse.Namespace, console) -> int:
     """``kvsched bench``: run the selected cases (and the peer comparison) and report."""
     from kvsched.envs.sim.errors import KvschedError
 
     from .consoles import stderr_console
+    from .outputs import prepare_out_file
 
     if a.list:
         from rich.table import Table
@@ -931,7 +911,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         raise KvschedError("--profile needs pyinstrument, which is not installed: "
                            "pip install 'kvsched[profile]'")
     for flag, path in (("--out", a.out), ("--plot", a.plot)):
-        _check_output(flag, path)  # before the cases run (minutes), not when their results are written
+        prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
     err = stderr_console()
     entries = []
     for i, name in enumerate(names, 1):

@@ -14,6 +14,7 @@ from rich.table import Table
 from kvsched.envs.sim.errors import ConfigError
 
 from .cli_types import count, integer, number, seed
+from .outputs import prepare_out_dir
 
 
 def add_train_arguments(t: argparse.ArgumentParser) -> None:
@@ -77,9 +78,7 @@ def _json_arg(text: str, flag: str) -> dict:
 
 
 def cmd_train(args, console) -> int:
-    from .cli import _prepare_out
-
-    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
+    prepare_out_dir(args.out)  # an --out that cannot be written was an OSError traceback
     if args.backend == "rllib":
         return _train_rllib(args, console)
     if args.num_env_runners or args.address:
@@ -128,9 +127,7 @@ def _train_rllib(args, console) -> int:
 def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate
 
-    from .cli import _prepare_out
-
-    _prepare_out(args.out)  # an --out that cannot be written was an OSError traceback
+    prepare_out_dir(args.out)  # an --out that cannot be written was an OSError traceback
 
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     run = lambda progress=None: evaluate(  # noqa: E731
