@@ -223,7 +223,11 @@ def _one_episode(kind: str, agent: str, episode: tuple[int, int, int], scenario:
     return run_heuristic(agent, source, [episode])
 
 
-def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, out: str | Path,
+#: held-out windows evaluated when none are asked for (fewer when the scenario holds fewer)
+DEFAULT_WINDOWS = 4
+
+
+def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds: int, out: str | Path,
              window_s: float | None = None, stochastic: bool = False, backend: str = "local",
              address: str | None = None, progress=None) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
@@ -232,6 +236,9 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     ``backend="ray"`` they run as Ray tasks (``address``: a running cluster), with the same
     table as the local run (each episode is seeded on its own). ``progress(done, total)``
     counts finished episodes.
+
+    ``windows=None``: the first :data:`DEFAULT_WINDOWS` held-out windows, or all of them when
+    the scenario holds fewer (an explicit count above what it holds is an error).
 
     Raises:
         ConfigError: no agents, counts < 1, more windows than held out, missing metadata.
@@ -243,6 +250,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     if not agents:
         raise ConfigError("--agents must name at least one agent (checkpoint.zip or policy name)")
     for name, v in (("windows", windows), ("seeds", seeds)):
+        if v is None and name == "windows":
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
     ckpts = [Path(a) for a in agents if a.endswith(".zip") or _is_rllib_checkpoint(a)]
@@ -260,6 +269,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     scen = scenario if scenario is not None else trained.get("scenario")
     source = EpisodeSource(episode_config(scen, window_s, "heldout", trained.get("heldout_fraction", 0.25),
                                           trained.get("max_requests")))
+    if windows is None:
+        windows = min(DEFAULT_WINDOWS, len(source.heldout_windows))
     if windows > len(source.heldout_windows):
         raise ConfigError(f"--windows={windows} is more than the {len(source.heldout_windows)} held-out windows of "
                           f"{window_s:g} s in {source.config.scenario}")
@@ -294,6 +305,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int, seeds: int, 
     table.to_csv(out / "table.csv", index=False)
     (out / "table.md").write_text(format_markdown(table))
     _plots(out, ttft, ckpts)
+    table.attrs["windows"] = windows  # the count evaluated (the default depends on the scenario)
     return table
 
 

@@ -55,7 +55,8 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
                    help="comma-separated: checkpoint .zip files, policy names and/or 'random', e.g. ckpt.zip,lars,fcfs")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
-    e.add_argument("--windows", type=count, default=4, help="held-out windows (default 4)")
+    e.add_argument("--windows", type=count,
+                   help="held-out windows (default 4, or all of them when the scenario holds fewer)")
     e.add_argument("--seeds", type=count, default=3, help="seeds per window (default 3)")
     e.add_argument("--window-s", type=number(0.0, strict=True), help="window length (s; default: the checkpoint's)")
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
@@ -143,7 +144,9 @@ def cmd_evaluate(args, console) -> int:
                       TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
             task = prog.add_task("episodes", total=None)
             table = run(lambda done, total: prog.update(task, completed=done, total=total))
-    t = Table(title=f"held-out evaluation ({args.windows} windows x {args.seeds} seeds; mean ± 95% CI)")
+    nw, ns = table.attrs["windows"], args.seeds
+    t = Table(title=f"held-out evaluation ({nw} window{'s' if nw != 1 else ''} x {ns} seed{'s' if ns != 1 else ''}; "
+                    "mean ± 95% CI)")
     for c in ("agent", "class", "episodes", "SLO attainment", "goodput req/s", "TTFT p99 s"):
         t.add_column(c)
     for _, r in table.iterrows():

@@ -95,6 +95,18 @@ def test_evaluate_learned_and_heuristics_same_episodes(trained, tmp_path):
     assert 0 <= row["slo_attainment"] <= 1 and not math.isnan(row["slo_attainment_ci95"])
 
 
+def test_evaluate_by_default_takes_the_held_out_windows_the_scenario_holds(tmp_path, capsys):
+    """The default scenario (600 s, 60 s windows, a quarter held out) holds 3 held-out windows:
+    `kvsched evaluate --agents fcfs` used to fail on its default of 4; it now evaluates the 3,
+    and an explicit 4 is still an error naming the count."""
+    table = evaluate(["fcfs"], None, None, 1, tmp_path / "a")
+    assert table.attrs["windows"] == 3 and int(table["episodes"].iloc[0]) == 3
+    with pytest.raises(ConfigError, match="--windows=4 is more than the 3 held-out windows"):
+        evaluate(["fcfs"], None, 4, 1, tmp_path / "b")
+    assert main(["evaluate", "--agents", "fcfs", "--seeds", "1", "--out", str(tmp_path / "c"), "--no-progress"]) == 0
+    assert "held-out evaluation (3 windows x 1 seed; mean ± 95% CI)" in capsys.readouterr().out
+
+
 def test_cli_train_and_evaluate(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
