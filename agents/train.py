@@ -181,8 +181,14 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     if resume is not None:
         hp = dict(hyperparameters or {})  # the rest comes from the checkpoint
         # hyper-parameters given now override the saved ones (e.g. n_steps for another n_envs)
-        model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu",
-                         **(hyperparameters or {}))
+        try:
+            model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu",
+                             **(hyperparameters or {}))
+        except (ValueError, KeyError, TypeError) as e:  # not a zip (SB3: ValueError), another env's spaces,
+            # another algorithm's checkpoint
+            raise ConfigError(f"--resume {str(resume)!r} is not a {cls.__name__} checkpoint of {env_id} with "
+                              f"these --env-kwargs ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r})"
+                              ) from None
         reset = False
     else:
         try:

@@ -123,6 +123,20 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert rc == 2 and "--env-kwargs" in capsys.readouterr().err
 
 
+def test_resume_from_a_file_that_is_no_checkpoint_or_of_another_environment(trained, tmp_path, capsys):
+    """Each was a traceback: SB3's ValueError on a file that is not a zip, and on a checkpoint
+    whose spaces are another environment's."""
+    bad = tmp_path / "notes.zip"
+    bad.write_text("not a zip")
+    ckpt = trained[0] / "final.zip"
+    for env, resume in (("kvsched/Scheduling-v0", bad), ("kvsched/Routing-v0", ckpt)):
+        rc = main(["train", "--env", env, "--algo", "maskable_ppo", "--timesteps", "32", "--window-s", "10",
+                   "--out", str(tmp_path / "run"), "--no-progress", "--resume", str(resume)])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"--resume {str(resume)!r} is not a MaskablePPO checkpoint of {env}" in err, err
+        assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("extra, fragment", [
     # each was a traceback: TypeError from gymnasium.make / the SB3 constructor, SB3's
     # AssertionError, FileNotFoundError from SB3's load
