@@ -849,7 +849,8 @@ def envs_table(rows: Sequence[dict]):
 def add_arguments(b: argparse.ArgumentParser) -> None:
     """The ``kvsched bench`` options (wired into :mod:`kvsched.experiments.cli`)."""
     b.add_argument("--cases", nargs="+", metavar="CASE",
-                   help=f"cases to run (default: {' '.join(default_cases())}); see --list")
+                   help=f"cases to run, space- or comma-separated, each once (default: {' '.join(default_cases())}); "
+                        "see --list")
     b.add_argument("--quick", action="store_true", help=f"the small CI-sized set: {' '.join(quick_cases())}")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.add_argument("--out", type=Path, help="write the results as JSON here (and the plot next to it as .png)")
@@ -866,6 +867,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--profile", type=Path, metavar="DIR",
                    help="profile each case with pyinstrument, writing DIR/<case>.html and .txt "
                         "(timings of profiled runs are inflated)")
+
+
+def case_names(args: Sequence[str] | None) -> list[str]:
+    """The case names of ``--cases`` values, space- or comma-separated (``a b`` or ``a,b``, as
+    the other commands' lists), each once, in the order given."""
+    return list(dict.fromkeys(n.strip() for arg in args or () for n in arg.split(",") if n.strip()))
 
 
 def cmd_bench(a: argparse.Namespace, console) -> int:
@@ -904,7 +911,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         raise KvschedError("give either --cases or --quick, not both")
     if a.env_steps < 1:
         raise KvschedError(f"--env-steps {a.env_steps} is not allowed: expected an integer >= 1")
-    names = a.cases or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
+    names = case_names(a.cases) or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:

@@ -148,6 +148,11 @@ def test_unknown_case_is_a_clean_error(capsys):
     assert main(["bench", "--quick", "--cases", "blis-1k"]) == 2
 
 
+def test_case_names_take_spaces_or_commas_each_once():
+    assert bench.case_names(["blis-1k,azure-1k", "blis-1k", "swap-60s,"]) == ["blis-1k", "azure-1k", "swap-60s"]
+    assert bench.case_names(None) == []
+
+
 def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeypatch, tmp_path):
     import importlib.util
 
