@@ -186,9 +186,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                              **(hyperparameters or {}))
         except (ValueError, KeyError, TypeError) as e:  # not a zip (SB3: ValueError), another env's spaces,
             # another algorithm's checkpoint
+            why = str(e).splitlines()[0] if str(e) else repr(e)
             raise ConfigError(f"--resume {str(resume)!r} is not a {cls.__name__} checkpoint of {env_id} with "
-                              f"these --env-kwargs ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r})"
-                              ) from None
+                              f"these --env-kwargs ({type(e).__name__}: {why})") from None
         reset = False
     else:
         try:

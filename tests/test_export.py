@@ -6,7 +6,6 @@ import io
 import json
 import zipfile
 from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 import yaml
