@@ -157,15 +157,34 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
     return {"policy": cfg.policy, "params": params, "engine": engine, "spec": spec, "provenance": prov}
 
 
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether the paths ``a`` and ``b`` are one existing file (also through a symlink or a
+    hard link)."""
+    try:
+        return Path(a).exists() and Path(b).exists() and Path(a).samefile(b)
+    except OSError:
+        return False
+
+
 def export_study(study_name: str, storage_url: str, target: str, out: Path, trial: int | None = None,
                  simulate_target: bool = True) -> ExportResult:
     """Write the ``target`` configuration of a trial (default the best feasible) to ``out``.
 
     For vllm and sglang (``simulate_target``) the provenance also gets
     :func:`target_objective`: what the exported file alone is expected to achieve.
+
+    Raises:
+        ConfigError: an unknown target, ``out`` being the study's own journal or SQLite file
+            (writing it would destroy the study), or a study :func:`trial_config` refuses.
     """
     if target not in TARGETS:
         raise ConfigError(f"--target={target!r}: allowed {', '.join(TARGETS)}")
+    from .tune import _redact, journal_path
+
+    store = journal_path(storage_url) or _sqlite_file(storage_url)
+    if store is not None and _same_file(out, store):
+        raise ConfigError(f"--out {str(out)!r} is not allowed: it is the study's storage ({_redact(storage_url)}); "
+                          "writing the export there would destroy the study; give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
         tc["provenance"].update(target_objective(study_name, storage_url, tc))

@@ -6,6 +6,7 @@ import io
 import json
 import zipfile
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 import yaml
@@ -235,3 +236,23 @@ def test_routed_multi_instance_scenario_round_trips(tmp_path):
         got[router] = json.loads(buf.getvalue())["classes"]["all"]["ttft_s"]["p99"]
     assert got["least-loaded"] != got["round-robin"]  # the router matters here, so the check below can fail
     assert st.trials[0].user_attrs["objective_values"] == [got["least-loaded"]]
+
+
+def test_export_out_that_is_the_study_storage_is_refused_and_the_study_kept(study, tmp_path, capsys):
+    """`export --storage s.journal --out s.journal` overwrote the journal with the export (the
+    study, hours of trials, was gone); also through a symlink, and for a SQLite database."""
+    journal = Path(study[len("journal:"):])
+    before = journal.read_bytes()
+    assert main(["export", "--study", "exp", "--storage", study, "--target", "kvsched", "--out", str(journal)]) == 2
+    assert "it is the study's storage" in capsys.readouterr().err
+    link = tmp_path / "link.yaml"
+    link.symlink_to(journal)
+    with pytest.raises(ConfigError, match="it is the study's storage"):
+        ex.export_study("exp", study, "kvsched", link)
+    db = tmp_path / "s.db"
+    db.write_bytes(b"")
+    with pytest.raises(ConfigError, match="it is the study's storage"):
+        ex.export_study("exp", f"sqlite:///{db}", "kvsched", db)
+    assert journal.read_bytes() == before
+    res = ex.export_study("exp", study, "kvsched", tmp_path / "k.yaml")  # another file is written as before
+    assert (tmp_path / "k.yaml").read_text() == res.text
