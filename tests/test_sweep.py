@@ -153,6 +153,41 @@ def test_an_address_nothing_answers_at_is_refused_at_once(capsys):
             host_port(bad)
 
 
+def test_an_address_that_accepts_tcp_but_is_not_ray_and_a_bad_ray_address_are_refused(monkeypatch):
+    """A port that accepts TCP but is not Ray (the dashboard's 8265, a web server) passed the TCP
+    check and Ray then waited for its GCS forever (ray:// gave a ConnectionError traceback after
+    30 s); RAY_ADDRESS, which Ray reads when no --address is given, was not checked at all."""
+    import threading
+    import time
+
+    from kvsched.experiments import ray_connect
+
+    _need_ray()
+    import ray
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.extend(server.accept() for _ in range(4)), daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            with pytest.raises(ConfigError, match=rf"--address='{address}': something accepts TCP connections "
+                                                  "there but it is not a Ray cluster"):
+                ray_connect.check_reachable(address, timeout_s=1.0)
+        assert time.monotonic() - t0 < 20
+    finally:
+        server.close()
+    free = _free_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free}")
+    with pytest.raises(ConfigError, match=rf"RAY_ADDRESS='127.0.0.1:{free}': no Ray cluster answers there.*unset "
+                                          "RAY_ADDRESS"):
+        ray_connect.init_ray(ray, None)
+    assert not ray.is_initialized()
+
+
 def test_a_real_ray_cluster_by_address_gives_the_local_table():
     _need_ray()
     temp_dir = tempfile.mkdtemp(prefix="kvray-", dir="/tmp")  # Ray's socket paths must stay < 108 bytes
