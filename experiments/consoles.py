@@ -4,7 +4,7 @@ To a terminal they behave as rich's defaults (its width, wrapping). To a file or
 CI, ``> out.txt``) rich would assume 80 columns: it wraps messages there and truncates table
 cells that do not fit, so a saved table loses digits and a logged error is split over lines.
 These consoles do not: stdout tables get 400 columns, stderr messages are never wrapped, and a
-table's title, which rich wraps to the table's width, is printed as its own line.
+table's title and caption, which rich wraps to the table's width, are printed as lines of their own.
 """
 
 from __future__ import annotations
@@ -18,16 +18,26 @@ from rich.text import Text
 
 
 class _FileConsole(Console):
-    """A console for a file or pipe: a table's title goes on its own line above the table (rich
-    would wrap it to the table's width, splitting a logged title over lines)."""
+    """A console for a file or pipe: a table's title goes on its own line above the table and its
+    caption on its own line below it (rich would wrap them to the table's width, splitting a
+    logged title or caption over lines). A ``str`` title or caption is console markup, as rich's
+    ``Table`` renders it."""
 
     def print(self, *objects, **kwargs) -> None:
-        if len(objects) == 1 and isinstance(objects[0], Table) and objects[0].title is not None:
-            table = copy.copy(objects[0])
-            title, table.title = table.title, None
-            super().print(Text(title) if isinstance(title, str) else title, soft_wrap=True)
-            objects = (table,)
-        super().print(*objects, **kwargs)
+        table = objects[0] if len(objects) == 1 and isinstance(objects[0], Table) else None
+        if table is None or (table.title is None and table.caption is None):
+            super().print(*objects, **kwargs)
+            return
+        table = copy.copy(table)
+        title, caption, table.title, table.caption = table.title, table.caption, None, None
+        if title is not None:
+            super().print(self._line(title), soft_wrap=True)
+        super().print(table, **kwargs)
+        if caption is not None:
+            super().print(self._line(caption), soft_wrap=True)
+
+    def _line(self, text: str | Text) -> Text:
+        return self.render_str(text, highlight=False) if isinstance(text, str) else text
 
 
 def stdout_console() -> Console:

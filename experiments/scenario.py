@@ -323,15 +323,15 @@ def load_scenario(path: str | Path) -> Scenario:
     if not p.is_file():
         raise ConfigError(f"scenario file {str(p)!r} is not a file (give a .yaml file)")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as e:
         raise ConfigError(f"scenario file {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"scenario file {p}: invalid YAML: {e}") from None
-    if not isinstance(data, dict):
+    if data is not None and not isinstance(data, dict):  # `[]` or `false` is not an empty file
         raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
     if not data:  # almost surely the wrong file: do not run every default in its name
-        raise ConfigError(f"scenario file {p}: the file is empty; give at least its workload (`trace:` a bundled "
+        raise ConfigError(f"scenario file {p}: {'the file is empty' if data is None else 'an empty mapping'}; give at least its workload (`trace:` a bundled "
                           "trace name or a file, or `synthetic:`); every other key has a default")
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed

@@ -64,6 +64,12 @@ def test_a_bundled_scenario_by_name_from_any_folder_and_an_empty_file(tmp_path, 
     (tmp_path / "empty.yaml").write_text("")
     assert main(args + ["--scenario", "empty.yaml"]) == 2
     assert "the file is empty" in capsys.readouterr().err
+    for text, why in (("# a comment only\n", "the file is empty"), ("{}\n", "an empty mapping"),
+                      ("[]\n", "top level must be a mapping, got list"),
+                      ("false\n", "top level must be a mapping, got bool")):  # `[]`, `false` were "empty"
+        (tmp_path / "empty.yaml").write_text(text)
+        assert main(args + ["--scenario", "empty.yaml"]) == 2
+        assert why in capsys.readouterr().err
 
 
 def test_output_to_a_file_keeps_table_titles_and_errors_on_one_line(capsys):
@@ -76,6 +82,25 @@ def test_output_to_a_file_keeps_table_titles_and_errors_on_one_line(capsys):
         assert main(["simulate", flag, "x" * 300 + ".yaml", "--max-requests", "10", "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "x" * 300 in err and "Traceback" not in err
+
+
+def test_output_to_a_file_keeps_table_captions_on_one_line_and_renders_title_markup(capsys):
+    """Off a terminal a table's caption was wrapped to the table's width (`kvsched presets`'s
+    links caption over two lines), and a str title's markup was printed as literal text (rich's
+    Table renders it: on a terminal `[bold]` is not shown)."""
+    from rich.table import Table
+
+    from kvsched.experiments.consoles import stdout_console
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "cmx-400g: only for the cluster KV tier's network (shared_kv.network)" in [line.strip() for line in out]
+    t = Table(title="[bold]a title[/] over [0, 1]", caption="[dim]a caption[/] " + "long " * 30)
+    t.add_column("x")
+    t.add_row("1")
+    stdout_console().print(t)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "a title over [0, 1]" and lines[-1].rstrip() == "a caption " + " ".join(["long"] * 30)
 
 
 def test_router_flags_on_one_instance_are_noted(capsys):
