@@ -7,9 +7,19 @@ traceback after it (which loses the results).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from kvsched.envs.sim.errors import KvschedError
+
+
+def _probe(folder: Path) -> None:
+    """Create and remove a file in ``folder`` (raises the ``OSError`` when it cannot be written).
+    The probe has a short name of its own (``tempfile``), so that neither a long output name
+    (a probe named after it could exceed the file system's 255 bytes) nor another process
+    probing the same folder at once makes a writable folder fail the check."""
+    with tempfile.TemporaryFile(dir=folder, prefix=".kvsched-write-test-"):
+        pass
 
 
 def prepare_out_dir(out: Path, flag: str = "--out") -> None:
@@ -22,9 +32,7 @@ def prepare_out_dir(out: Path, flag: str = "--out") -> None:
         raise KvschedError(f"{flag} {out}: exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".kvsched-write-test"
-        probe.write_text("")
-        probe.unlink()
+        _probe(out)
     except OSError as e:
         raise KvschedError(f"{flag} {out}: cannot write there ({e.strerror})") from None
 
@@ -47,10 +55,8 @@ def prepare_out_file(path: Path | None, flag: str = "--out") -> None:
         raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be made ({e.strerror})") from None
     if path.is_dir():
         raise KvschedError(f"{flag} {str(path)!r} is not allowed: it is a folder; give a file name")
-    probe = path.parent / f".{path.name}.kvsched-write-test"
     try:
-        probe.write_text("")
-        probe.unlink()
+        _probe(path.parent)
     except OSError as e:
         raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be written ({e.strerror})") \
             from None

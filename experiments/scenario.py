@@ -293,21 +293,26 @@ def bundled_scenarios() -> list[str]:
 def scenario_path(path: str | Path) -> Path:
     """The file of a scenario given as a path, or as the name of a bundled scenario
     (``mixed-long-short`` or ``mixed-long-short.yaml``: usable outside a checkout, since the
-    scenarios ship inside the package). An existing path always wins over a bundled name.
+    scenarios ship inside the package). An existing file always wins over a bundled name; a
+    folder of a bundled scenario's name does not (``simulate --scenario short-only --out
+    short-only`` makes that folder before the scenario is read).
 
     Raises:
         ConfigError: neither an existing path nor a bundled name (the message lists the names).
     """
     p = Path(path)
     try:
-        if p.exists():
+        if p.is_file():
             return p
+        exists = p.exists()
     except OSError as e:  # e.g. a name longer than the file system allows
         raise ConfigError(f"scenario file {str(p)!r}: cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
         q = BUNDLED_SCENARIO_DIR / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():
             return q
+    if exists:  # a folder or a device: load_scenario says it is not a file
+        return p
     raise ConfigError(f"scenario file {str(p)!r} does not exist, nor is it a bundled scenario; bundled (give the "
                       f"name): {', '.join(bundled_scenarios())}")
 

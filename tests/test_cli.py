@@ -72,6 +72,25 @@ def test_a_bundled_scenario_by_name_from_any_folder_and_an_empty_file(tmp_path, 
         assert why in capsys.readouterr().err
 
 
+def test_an_out_folder_named_as_the_bundled_scenario_does_not_hide_it(tmp_path, monkeypatch, capsys):
+    """`simulate --scenario short-only --out short-only` made the folder short-only/ (before the
+    scenario is read), which then "was" the scenario: 'is not a file', every time; a file of
+    that name still wins over the bundled one."""
+    from kvsched.experiments.scenario import BUNDLED_SCENARIO_DIR, scenario_path
+
+    monkeypatch.chdir(tmp_path)
+    args = ["simulate", "--scenario", "short-only", "--max-requests", "10", "--no-progress"]
+    for _ in range(2):
+        assert main(args + ["--out", "short-only"]) == 0
+        assert (tmp_path / "short-only" / "summary.json").is_file()
+    assert scenario_path("short-only") == BUNDLED_SCENARIO_DIR / "short-only.yaml"
+    (tmp_path / "mixed-long-short.yaml").write_text("name: here\nsynthetic: {rate_per_s: 1, duration_s: 10}\n")
+    assert scenario_path("mixed-long-short.yaml") == Path("mixed-long-short.yaml")
+    (tmp_path / "folder").mkdir()
+    assert main(["simulate", "--scenario", "folder", "--no-progress"]) == 2
+    assert "is not a file" in capsys.readouterr().err
+
+
 def test_output_to_a_file_keeps_table_titles_and_errors_on_one_line(capsys):
     """Off a terminal (pytest captures: not a tty) a table's title is one line above the table,
     not wrapped to the table's width, and an error is one line however long."""
@@ -358,3 +377,22 @@ def test_tables_written_to_a_pipe_are_not_truncated(capsys):
                  "--max-requests", "300", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "max wait s" in out and "…" not in out
+
+
+def test_output_path_checks_accept_a_long_file_name_and_leave_no_probe(tmp_path):
+    """The write probe of an --out file was named after it (`.NAME.kvsched-write-test`): a
+    valid name of 236-255 bytes made the probe's name too long and a writable folder was
+    refused ('its folder cannot be written (File name too long)')."""
+    from kvsched.envs.sim.errors import KvschedError
+    from kvsched.experiments.outputs import prepare_out_dir, prepare_out_file
+
+    long = tmp_path / ("y" * 245 + ".json")
+    prepare_out_file(long)
+    long.write_text("{}")  # the name itself is fine
+    prepare_out_dir(tmp_path / "d")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", long.name] and not any((tmp_path / "d").iterdir())
+    (tmp_path / "f").write_text("")
+    with pytest.raises(KvschedError, match="/f' is not a folder"):
+        prepare_out_file(tmp_path / "f" / "x.json")
+    with pytest.raises(KvschedError, match="exists and is not a directory"):
+        prepare_out_dir(tmp_path / "f")
