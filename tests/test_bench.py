@@ -153,6 +153,15 @@ def test_case_names_take_spaces_or_commas_each_once():
     assert bench.case_names(None) == []
 
 
+def test_cases_that_name_no_case_are_refused_not_the_default_set(capsys, monkeypatch):
+    """`--cases ,` (or an empty string from a script's variable) named no case and the whole
+    default set ran instead (minutes)."""
+    monkeypatch.setattr(bench, "run_case_subprocess", lambda *a: pytest.fail("a case ran"))
+    for cases in (",", "", " , "):
+        assert main(["bench", "--cases", cases]) == 2
+        assert "names no case" in capsys.readouterr().err
+
+
 def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeypatch, tmp_path):
     import importlib.util
 
