@@ -921,6 +921,11 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
                            "pip install 'kvsched[profile]'")
     for flag, path in (("--out", a.out), ("--plot", a.plot)):
         prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
+    if a.out is not None and (a.plot or a.out.with_suffix(".png")).resolve() == a.out.resolve():
+        # the plot would be written over the JSON results
+        raise KvschedError(f"--out {str(a.out)!r} is not allowed: the plot goes to the same file "
+                           f"({'--plot' if a.plot else '--out with .png'}); give another --plot or an --out "
+                           "ending in .json")
     err = stderr_console()
     entries = []
     for i, name in enumerate(names, 1):

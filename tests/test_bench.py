@@ -153,6 +153,16 @@ def test_case_names_take_spaces_or_commas_each_once():
     assert bench.case_names(None) == []
 
 
+def test_an_out_that_the_plot_would_overwrite_is_refused(capsys, monkeypatch, tmp_path):
+    """`bench --out r.png` (the plot defaults to --out with .png) or `--plot` equal to --out
+    wrote the plot over the JSON results."""
+    monkeypatch.setattr(bench, "run_case_subprocess", lambda *a: pytest.fail("a case ran"))
+    for extra in (["--out", str(tmp_path / "r.png")], ["--out", str(tmp_path / "r.json"), "--plot",
+                                                       str(tmp_path / "." / "r.json")]):
+        assert main(["bench", "--cases", "blis-1k", *extra]) == 2
+        assert "the plot goes to the same file" in capsys.readouterr().err
+
+
 def test_cases_that_name_no_case_are_refused_not_the_default_set(capsys, monkeypatch):
     """`--cases ,` (or an empty string from a script's variable) named no case and the whole
     default set ran instead (minutes)."""
