@@ -336,7 +336,8 @@ def load_scenario(path: str | Path) -> Scenario:
     if data is not None and not isinstance(data, dict):  # `[]` or `false` is not an empty file
         raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
     if not data:  # almost surely the wrong file: do not run every default in its name
-        raise ConfigError(f"scenario file {p}: {'the file is empty' if data is None else 'an empty mapping'}; give at least its workload (`trace:` a bundled "
+        what = "the file is empty" if data is None else "an empty mapping"
+        raise ConfigError(f"scenario file {p}: {what}; give at least its workload (`trace:` a bundled "
                           "trace name or a file, or `synthetic:`); every other key has a default")
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed
