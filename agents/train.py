@@ -166,7 +166,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         raise ConfigError(f"--threads={threads!r} is not allowed: expected an integer in [1, {cpus}] "
                           "(this machine's CPUs)")
     if resume is not None and not (Path(resume).is_file() or Path(f"{resume}.zip").is_file()):
-        raise ConfigError(f"--resume {str(resume)!r} does not exist (expected a checkpoint .zip)")
+        what = "is a folder" if Path(resume).is_dir() else "does not exist"
+        raise ConfigError(f"--resume {str(resume)!r} {what} (expected a checkpoint .zip)")
     cls = _algo_class(algo)
     _check_names(env_kwargs or {}, _env_parameters(env_id), "--env-kwargs", f"arguments of {env_id}")
     _check_names(hyperparameters or {}, _algo_parameters(cls), "--hyperparameters", f"arguments of {cls.__name__}")

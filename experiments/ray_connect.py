@@ -92,7 +92,8 @@ def init_ray(ray, address: str | None) -> bool:
     initialised it (the caller then shuts it down).
 
     Raises:
-        ConfigError: an address (or ``RAY_ADDRESS``) nothing answers at, or not a Ray cluster.
+        ConfigError: an address (or ``RAY_ADDRESS``) nothing answers at, or not a Ray cluster;
+            ``auto`` with no Ray cluster running on this machine.
     """
     if ray.is_initialized():
         return False
@@ -100,6 +101,9 @@ def init_ray(ray, address: str | None) -> bool:
         check_reachable(address)
     elif os.environ.get("RAY_ADDRESS"):
         check_reachable(os.environ["RAY_ADDRESS"], flag="RAY_ADDRESS")
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             ignore_reinit_error=True)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 ignore_reinit_error=True)
+    except ConnectionError as e:  # `auto` with no cluster on this machine (Ray: "Could not find any ...")
+        raise ConfigError(f"--address={address!r}: {str(e).splitlines()[0]}") from None
     return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from kvsched.envs.sim.errors import ConfigError  # noqa: E402
 from kvsched.experiments.cli import main  # noqa: E402
 
 SMALL = {"max_requests": 25}
+_HERE = str(Path(__file__).parent)  # a folder that exists wherever pytest runs from
 PPO_TINY = {"n_steps": 32, "batch_size": 32, "n_epochs": 1}
 
 
@@ -146,6 +148,7 @@ def test_resume_from_a_file_that_is_no_checkpoint_or_of_another_environment(trai
     (["--hyperparameters", '{"seed": 3}'], "--hyperparameters: ['seed'] not allowed"),  # --seed's job
     (["--hyperparameters", '{"n_steps": 0}'], "PPO refused"),
     (["--resume", "no-such-checkpoint.zip"], "--resume 'no-such-checkpoint.zip' does not exist"),
+    (["--resume", _HERE], f"--resume {_HERE!r} is a folder (expected a checkpoint .zip)"),
 ])
 def test_cli_train_bad_arguments_are_clean_errors(tmp_path, capsys, extra, fragment):
     rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "ppo", "--timesteps", "32", "--window-s", "10",

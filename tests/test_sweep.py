@@ -213,3 +213,22 @@ def test_a_real_ray_cluster_by_address_gives_the_local_table():
         shutil.rmtree(temp_dir, ignore_errors=True)
     local = _grid()
     pd.testing.assert_frame_equal(local.runs, remote.runs)
+
+
+def test_address_auto_without_a_cluster_is_a_config_error():
+    """`--address auto` with no Ray cluster on the machine: Ray's ConnectionError becomes a
+    ConfigError naming the address (it was a traceback). A stand-in for Ray, so that a cluster
+    another process runs on this machine cannot change the outcome."""
+    from kvsched.experiments.ray_connect import init_ray
+
+    class NoCluster:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(**kw):
+            raise ConnectionError("Could not find any running Ray instance. Please specify ...")
+
+    with pytest.raises(ConfigError, match=r"--address='auto': Could not find any running Ray instance"):
+        init_ray(NoCluster, "auto")
