@@ -76,6 +76,7 @@ class RoutingEnv(gym.Env):
         require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n_instances", n_instances,
                 "an integer >= 1")
         self.n_instances = n
+        self._action_allowed = f"an instance index in [0, {n})"  # for errors; built once, not per step
         self.policy = sc.policy if policy is None else policy
         reference(self.policy, None, self.source)  # validate early
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
@@ -133,10 +134,9 @@ class RoutingEnv(gym.Env):
     def step(self, action):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
-        allowed = f"an instance index in [0, {self.n_instances})"
-        a = action if type(action) is int else integer_action(action, 1, allowed)[0]
+        a = action if type(action) is int else integer_action(action, 1, self._action_allowed)[0]
         if not 0 <= a < self.n_instances:
-            require(False, "action", action, allowed)
+            require(False, "action", action, self._action_allowed)
         if self._point is not None and self._point.kind == "route":
             self.cluster.apply(route_to=a)
             self.decisions += 1
