@@ -911,9 +911,10 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         raise KvschedError("give either --cases or --quick, not both")
     if a.env_steps < 1:
         raise KvschedError(f"--env-steps {a.env_steps} is not allowed: expected an integer >= 1")
-    if a.cases is not None and not case_names(a.cases):  # `--cases ,` or `--cases ""`: not the default set
+    given = case_names(a.cases)
+    if a.cases is not None and not given:  # `--cases ,` or `--cases ""`: not the default set
         raise KvschedError(f"--cases {' '.join(a.cases)!r} names no case; see --list")
-    names = case_names(a.cases) or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
+    names = given or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
