@@ -232,7 +232,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
              address: str | None = None, progress=None) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
 
-    Every (agent, episode) pair is one task (:func:`kvsched.experiments.sweep.map_tasks`): with
+    Every (agent, episode) pair is one task (:func:`kvsched.runner.sweep.map_tasks`): with
     ``backend="ray"`` they run as Ray tasks (``address``: a running cluster), with the same
     table as the local run (each episode is seeded on its own). ``progress(done, total)``
     counts finished episodes.
@@ -291,7 +291,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
             jobs += [(a, ("random", a, ep, scen, window_s, False, random_kw, None)) for ep in episodes]
         else:  # a policy name (checked above)
             jobs += [(a, ("heuristic", a, ep, scen, window_s, False, None, source)) for ep in episodes]
-    from kvsched.experiments.sweep import map_tasks
+    from kvsched.runner.sweep import map_tasks
 
     outs = map_tasks(_one_episode, [j for _, j in jobs], backend=backend, address=address, progress=progress)
     rows, parts = [], {}

@@ -188,7 +188,7 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
 
     Raises:
         ConfigError: Ray missing, an unknown env id, bad counts, an ``address`` at which no Ray
-            cluster answers (:func:`kvsched.experiments.ray_connect.check_reachable`).
+            cluster answers (:func:`kvsched.runner.ray_connect.check_reachable`).
     """
     ray = _ray()
     for name, v in (("timesteps", timesteps),):
@@ -204,7 +204,7 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     kw = rllib_env_kwargs(env_id, kw)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from kvsched.experiments.ray_connect import init_ray
+    from kvsched.runner.ray_connect import init_ray
 
     started_here = init_ray(ray, address)
     try:

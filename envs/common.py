@@ -31,8 +31,10 @@ def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_
     n = sc.n_instances if n_instances is None else n_instances
     spec = sc.instance_spec()
     counter = iter(range(n))
+    from kvsched.policies.routing import make_router
+
     return Cluster([spec] * n, lambda: policy_for(next(counter)), metrics=sc.metrics_config(),
-                   router=sc.router, router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                   router=make_router(sc.router, dict(sc.router_params)), router_delay_s=sc.router_delay_s,
                    shared_kv=sc.shared_kv_spec(), seed=sc.seed if seed is None else seed,
                    options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
 

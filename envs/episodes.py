@@ -75,7 +75,7 @@ def _file_key(path: str) -> str:
     hash of its bytes, so that editing the file between two environments of one process (a
     notebook) is seen, not served stale. A file that cannot be found or read gets the path alone
     (``load_scenario`` then raises its error)."""
-    from kvsched.experiments.scenario import scenario_path
+    from kvsched.runner.scenario import scenario_path
 
     try:
         return f"{path}\0{hashlib.sha256(scenario_path(path).read_bytes()).hexdigest()}"
@@ -107,7 +107,7 @@ def _trace_key(scenario) -> str:
 @lru_cache(maxsize=4)
 def _scenario(path: str, key: str):
     """The scenario of ``path`` whose content has cache key ``key`` (:func:`_file_key`)."""
-    from kvsched.experiments.scenario import load_scenario
+    from kvsched.runner.scenario import load_scenario
 
     return load_scenario(path)
 

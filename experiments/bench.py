@@ -272,7 +272,7 @@ def _trace(name: str, n_instances: int, max_requests: int | None = None) -> Call
 
 def _scenario_file(stem: str, window_s: tuple[float, float] | None = None) -> Callable[[], Prepared]:
     def build() -> Prepared:
-        from .scenario import load_scenario
+        from kvsched.runner.scenario import load_scenario
 
         sc = load_scenario(Path(__file__).parent / "scenarios" / f"{stem}.yaml")
         if window_s is not None:
@@ -446,7 +446,7 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
     ``process_wall_s``, which only the parent can measure). Prefer :func:`run_case_subprocess`
     for timings and memory that belong to the case alone."""
     import kvsched  # noqa: F401  (imports counted in the baseline)
-    from kvsched.envs.sim.cluster import simulate
+    from kvsched.runner.simulate import simulate
     from kvsched.envs.sim.instance import InstanceOptions
     from kvsched.envs.sim.metrics import MetricsConfig, summary_to_json
 

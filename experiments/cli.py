@@ -35,7 +35,7 @@ from kvsched.envs.sim.specs import TP_DEGREES
 from . import cli_types
 from .consoles import stderr_console, stdout_console
 from .outputs import prepare_out_dir
-from .scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
+from kvsched.runner.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,7 +187,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
 
 
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
-    from kvsched.envs.sim.cluster import simulate
+    from kvsched.runner.simulate import simulate
     from kvsched.envs.sim.instance import InstanceOptions
 
     if a.format == "parquet" and not a.out:

@@ -45,7 +45,7 @@ import pandas as pd
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 
-from .scenario import Scenario
+from kvsched.runner.scenario import Scenario
 
 #: Class rows of the table, in order ("all" first, then the length classes present).
 CLASS_ORDER: tuple[str, ...] = ("all",) + tuple(LENGTH_CLASSES)
@@ -236,7 +236,7 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
         fast_forward: the simulator's fast-forward option (results are identical either way).
         progress: optional ``progress(finished_runs, total_runs)``.
         windows: cut the workload into this many consecutive windows of equal simulated time,
-            each served separately (:func:`kvsched.experiments.sweep.cell_workload`); >= 1.
+            each served separately (:func:`kvsched.runner.sweep.cell_workload`); >= 1.
         backend: ``"local"`` or ``"ray"`` (one Ray task per run; identical results).
         address: Ray cluster address (``backend="ray"`` only; ``None`` = a local Ray).
         routers: compare these routers (``scenario.router`` is then ignored).
@@ -253,7 +253,7 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     from kvsched.policies.base import make_policy
     from kvsched.policies.routing import make_router
 
-    from .sweep import Cell, run_cells
+    from kvsched.runner.sweep import Cell, run_cells
 
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")

@@ -49,8 +49,8 @@ def _case(name: str, fast_forward: bool = True) -> Callable[[], tuple]:
 def _scenario(stem: str, policy: str | None = None, params: dict | None = None, fast_forward: bool = True,
               spec_over: dict | None = None, **over) -> Callable[[], tuple]:
     def build():
-        from kvsched.experiments.cli import _cluster_kwargs
-        from kvsched.experiments.scenario import load_scenario
+        from kvsched.runner.simulate import scenario_cluster_kwargs as _cluster_kwargs
+        from kvsched.runner.scenario import load_scenario
 
         kw = dict(over)
         if policy:
@@ -122,17 +122,17 @@ def run(name: str) -> dict:
     Raises:
         KeyError: unknown run name.
     """
-    from kvsched.envs.sim.cluster import Cluster
     from kvsched.envs.sim.instance import InstanceOptions
     from kvsched.envs.sim.metrics import MetricsConfig, summary_to_json
     from kvsched.policies.base import make_policy
+    from kvsched.runner.simulate import build_cluster
 
     workload, spec, n, policy, metrics, oracle, ff, kw = RUNS[name]()
     kw = dict(kw)
     params = make_policy(policy, kw.pop("policy_params", None)).params  # as simulate() validates them once
     t0 = time.perf_counter()
-    cluster = Cluster([spec] * n, lambda: make_policy(policy, params), metrics=metrics or MetricsConfig(),
-                      options=InstanceOptions(fast_forward=ff, oracle_lengths=oracle), **kw)
+    cluster = build_cluster([spec] * n, policy, params, metrics=metrics or MetricsConfig(),
+                            options=InstanceOptions(fast_forward=ff, oracle_lengths=oracle), **kw)
     r = cluster.run(workload)
     wall = time.perf_counter() - t0
     itl = {k: {f: v for f, v in h.to_dict().items() if f not in ("sum_s", "mean_s")}

@@ -30,7 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import MetricsConfig
 from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model

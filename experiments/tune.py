@@ -80,7 +80,7 @@ from kvsched.envs.sim.metrics import LENGTH_CLASSES
 from kvsched.policies.base import SearchDim, make_policy
 
 from .compare import METRIC_COLUMNS, _metric_row
-from .scenario import Scenario
+from kvsched.runner.scenario import Scenario
 
 #: Engine knobs ``--tune-engine`` adds (InstanceSpec fields = vLLM flags of the same names).
 #: Ranges: kvsched choice around the vLLM defaults for >= 70 GiB GPUs (token budget 8192,
@@ -291,8 +291,8 @@ def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, pol
     ``window`` is relative to the scenario's own ``window_s`` (if any). A policy with a
     ``seed`` parameter gets ``seed`` unless ``policy_params`` sets it (as ``kvsched compare``).
     """
-    from kvsched.envs.sim.cluster import Cluster
     from kvsched.envs.sim.instance import InstanceOptions
+    from kvsched.runner.simulate import build_cluster
 
     sc = scenario_for(scenario, window, seed, engine)
     key = (tuple(window), seed)
@@ -307,11 +307,10 @@ def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, pol
     spec = sc.instance_spec()
     # the cluster `kvsched simulate` builds for this scenario: router, its state delay, shared
     # KV tier and seed included (a --policy-file round trip must see the same cluster)
-    cluster = Cluster([spec] * sc.n_instances, lambda: make_policy(policy, dict(params)),
-                      metrics=sc.metrics_config(),
-                      options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths),
-                      router=sc.router, router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
-                      shared_kv=sc.shared_kv_spec(), seed=sc.seed)
+    cluster = build_cluster([spec] * sc.n_instances, policy, dict(params), metrics=sc.metrics_config(),
+                            options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths),
+                            router=sc.router, router_params=dict(sc.router_params),
+                            router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed)
     res = cluster.run(workload)
     res.summary["workload_sha256"] = workload.content_sha256()
     return res.summary

@@ -56,7 +56,7 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune(a: argparse.Namespace, console: Console) -> int:
-    from .scenario import load_scenario
+    from kvsched.runner.scenario import load_scenario
     from .tune import Constraint, MetricRef, TuneConfig, even_windows, tune, write_results
 
     sc = load_scenario(a.scenario)

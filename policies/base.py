@@ -40,8 +40,10 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
-from kvsched.envs.sim.errors import UnknownPresetError, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 from kvsched.envs.sim.features import FeatureTable
+from kvsched.envs.sim.policy_api import PolicyContext
+from kvsched.envs.sim.registry import Registry
 
 from .preemption import ADMISSION_PREEMPTION_MODES
 
@@ -161,24 +163,12 @@ class PolicyParams:
         return cls.__post_init__
 
 
-@dataclass(frozen=True)
-class PolicyContext:
-    """What a policy may know about the system it schedules (handed over by ``bind``).
-
-    Attributes:
-        spec: the instance's :class:`~kvsched.envs.sim.specs.InstanceSpec`.
-        cost: its :class:`~kvsched.envs.sim.cost_model.CostModel` (for predicted prefill
-            times, T-hat in Medha's LARS).
-        instance_id: index of the instance in its cluster.
-    """
-
-    spec: Any
-    cost: Any
-    instance_id: int = 0
-
-
 class SchedulerPolicy:
-    """Base class: FCFS admission, vLLM's default preemption victim, no other changes."""
+    """Base class: FCFS admission, vLLM's default preemption victim, no other changes.
+
+    Implements the core's :class:`kvsched.envs.sim.policy_api.SchedulerPolicy` protocol with
+    vLLM V1's behaviour at every decision; a reference policy overrides the decisions it changes.
+    """
 
     name = "base"
     params_cls: type = PolicyParams
@@ -327,18 +317,13 @@ class SchedulerPolicy:
         """Feedback when a request completes (times in s)."""
 
 
-_REGISTRY: dict[str, Callable[..., SchedulerPolicy]] = {}
+POLICIES: Registry[type] = Registry("policy", sort_names=True)
+"""The registered scheduler policies by name (filled when :mod:`kvsched.policies` is imported)."""
 
 
 def register(name: str) -> Callable[[type], type]:
-    """Class decorator adding a policy to the registry under ``name``."""
-
-    def deco(cls: type) -> type:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return deco
+    """Class decorator adding a policy to :data:`POLICIES` under ``name``."""
+    return POLICIES.register(name)
 
 
 def make_policy(name: str, params: PolicyParams | dict | None = None) -> SchedulerPolicy:
@@ -350,19 +335,16 @@ def make_policy(name: str, params: PolicyParams | dict | None = None) -> Schedul
     """
     from kvsched import policies as _p  # noqa: F401  (registers the built-in policies)
 
-    if name not in _REGISTRY:
-        raise UnknownPresetError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    cls = _REGISTRY[name]
+    cls = POLICIES.get(name)
     if isinstance(params, dict):
         from dataclasses import fields
-
-        from kvsched.envs.sim.errors import ConfigError
 
         pcls = getattr(cls, "params_cls", PolicyParams)
         allowed = {f.name for f in fields(pcls)}
         unknown = set(params) - allowed
         if unknown:
-            raise ConfigError(f"policy {name!r}: unknown parameters {sorted(unknown)}; allowed: {sorted(allowed)}")
+            raise ConfigError(f"policy {name!r}: unknown parameters {bounded_repr(sorted(unknown))}; "
+                              f"allowed: {sorted(allowed)}")
         params = pcls(**params)
     return cls(params)
 
@@ -371,4 +353,4 @@ def policy_names() -> list[str]:
     """Names of the registered policies."""
     from kvsched import policies as _p  # noqa: F401
 
-    return sorted(_REGISTRY)
+    return POLICIES.names()

@@ -31,8 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError, UnknownPresetError, require
-from kvsched.envs.sim.routing import RouterTable
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim.registry import Registry
+from kvsched.envs.sim.routing import RoundRobinPlacement, RouterTable
 
 
 def _real(owner: str, name: str, v: object, ok: Callable[[float], bool], allowed: str) -> None:
@@ -46,7 +47,8 @@ class RouterParams:
 
 
 class Router:
-    """Base class: ``route(table)`` returns the row of the chosen instance."""
+    """Base class: ``route(table)`` returns the row of the chosen instance (implements the core's
+    :class:`kvsched.envs.sim.policy_api.Router` protocol)."""
 
     name = "base"
     params_cls: type = RouterParams
@@ -137,19 +139,13 @@ def _check_tracking(owner: str, track: object, ttl: object) -> None:
     _real(owner, "routed_prefix_ttl_s", ttl, lambda x: x > 0, "a number of seconds > 0")
 
 
-_REGISTRY: dict[str, type] = {}
-_ALIASES = {"rr": "round-robin"}
+ROUTERS: Registry[type] = Registry("router", aliases=None, sort_names=True)
+"""The registered cluster routers by name (alias ``rr`` for ``round-robin``)."""
 
 
 def register_router(name: str) -> Callable[[type], type]:
-    """Class decorator adding a router to the registry under ``name``."""
-
-    def deco(cls: type) -> type:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return deco
+    """Class decorator adding a router to :data:`ROUTERS` under ``name``."""
+    return ROUTERS.register(name)
 
 
 def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
@@ -160,17 +156,15 @@ def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
         ConfigError: unknown parameter names or invalid values.
     """
     if not isinstance(name, str):
-        raise ConfigError(f"router={name!r} is not allowed: expected a router name ({', '.join(router_names())})")
-    key = _ALIASES.get(name, name)
-    if key not in _REGISTRY:
-        raise UnknownPresetError(f"unknown router {name!r}; known: {', '.join(router_names())}")
-    cls = _REGISTRY[key]
+        raise ConfigError(f"router={bounded_repr(name)} is not allowed: expected a router name "
+                          f"({', '.join(router_names())})")
+    cls = ROUTERS.get(name)
     if params is None or isinstance(params, dict):
         given = dict(params or {})
         allowed = {f.name for f in fields(cls.params_cls)}
         unknown = sorted(set(given) - allowed)
         if unknown:
-            raise ConfigError(f"router {name!r}: unknown parameters {unknown}; allowed: {sorted(allowed)}")
+            raise ConfigError(f"router {name!r}: unknown parameters {bounded_repr(unknown)}; allowed: {sorted(allowed)}")
         try:
             params = cls.params_cls(**given)
         except TypeError as e:
@@ -183,19 +177,26 @@ def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
 
 def router_names() -> list[str]:
     """Registered router names (aliases not included)."""
-    return sorted(_REGISTRY)
+    return ROUTERS.names()
 
 
 # ------------------------------------------------------------------------------ round-robin
 @register_router("round-robin")
 class RoundRobin(Router):
     """Instances in turn, ignoring their state (vLLM production-stack ``roundrobin``; the
-    cluster's previous default)."""
+    cluster's default placement, :class:`kvsched.envs.sim.routing.RoundRobinPlacement`, which this
+    router runs)."""
+
+    def __init__(self, params: RouterParams | None = None) -> None:
+        super().__init__(params)
+        self._placement = RoundRobinPlacement()
+
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        super().bind(n_instances, seed)
+        self._placement.bind(n_instances, seed)
 
     def route(self, table: RouterTable) -> int:
-        i = self._tie % len(table)
-        self._tie += 1
-        return i
+        return self._placement.route(table)
 
     def arrivals_until(self, index: int, n_instances: int) -> int:
         """Arrivals still to come before the one routed to instance ``index`` (0: the next).
@@ -203,7 +204,7 @@ class RoundRobin(Router):
         The cluster uses it as that instance's fast-forward horizon (arrivals to the others
         cannot change its batch).
         """
-        return (index - self._tie) % n_instances
+        return self._placement.arrivals_until(index, n_instances)
 
 
 # ----------------------------------------------------------------------------- least-loaded
@@ -528,3 +529,6 @@ class DynamoKV(Router):
         z = -(logit / top if top > 0 else logit) / t
         w = np.exp(z - z.max())
         return int(self._rng.choice(len(w), p=w / w.sum()))
+
+
+ROUTERS.add_alias("rr", "round-robin")

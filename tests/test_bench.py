@@ -13,7 +13,7 @@ import pytest
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.experiments import bench
 from kvsched.experiments.cli import main
-from kvsched.experiments.scenario import load_scenario
+from kvsched.runner.scenario import load_scenario
 
 # simulated results of a case: everything but timings and memory
 SIMULATED_KEYS = ("requests", "instances", "finished", "rejected", "simulated_s", "events", "steps",

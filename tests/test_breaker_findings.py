@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.errors import ConfigError, KvschedError, TraceFormatError
 from kvsched.envs.sim.features import FeatureTable
 from kvsched.envs.sim.instance import InstanceOptions
@@ -34,7 +34,7 @@ from kvsched.envs.sim.request import Request, RequestState, Workload
 from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
 from kvsched.envs.workload import traces
 from kvsched.experiments.cli import main
-from kvsched.experiments.scenario import load_scenario
+from kvsched.runner.scenario import load_scenario
 from kvsched.policies.base import SchedulerPolicy, register
 
 MODEL = get_model("Llama-3.1-8B")
@@ -526,7 +526,7 @@ def test_promise_cross_process_determinism_with_prefix_hashes_swap_and_instances
     two instances (the existing test only covers the Azure trace on one instance)."""
     code = (
         "from kvsched.envs.workload.synthetic import generate, mixed_traffic_config\n"
-        "from kvsched.envs.sim.cluster import simulate\n"
+        "from kvsched.runner.simulate import simulate\n"
         "from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model\n"
         "from kvsched.envs.sim.metrics import summary_to_json\n"
         "w = generate(mixed_traffic_config(rate_per_s=40.0, num_requests=150, long_fraction=0.05,"

@@ -19,7 +19,7 @@ import pytest
 
 from kvsched.envs.sim.calibration import (CalibrationFile, FitParam, calibrated_cost_params, calibration_path,
                                           fit_cost_params, load_calibration, save_calibration)
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.cost_model import CostModel
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.request import Request, Workload

@@ -76,14 +76,14 @@ def test_an_out_folder_named_as_the_bundled_scenario_does_not_hide_it(tmp_path, 
     """`simulate --scenario short-only --out short-only` made the folder short-only/ (before the
     scenario is read), which then "was" the scenario: 'is not a file', every time; a file of
     that name still wins over the bundled one."""
-    from kvsched.experiments.scenario import BUNDLED_SCENARIO_DIR, scenario_path
+    from kvsched.runner.scenario import bundled_scenario_dir, scenario_path
 
     monkeypatch.chdir(tmp_path)
     args = ["simulate", "--scenario", "short-only", "--max-requests", "10", "--no-progress"]
     for _ in range(2):
         assert main(args + ["--out", "short-only"]) == 0
         assert (tmp_path / "short-only" / "summary.json").is_file()
-    assert scenario_path("short-only") == BUNDLED_SCENARIO_DIR / "short-only.yaml"
+    assert scenario_path("short-only") == bundled_scenario_dir() / "short-only.yaml"
     (tmp_path / "mixed-long-short.yaml").write_text("name: here\nsynthetic: {rate_per_s: 1, duration_s: 10}\n")
     assert scenario_path("mixed-long-short.yaml") == Path("mixed-long-short.yaml")
     (tmp_path / "folder").mkdir()

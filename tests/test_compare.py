@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
 from kvsched.experiments.cli import main
 from kvsched.experiments.compare import (METRIC_COLUMNS, OUTPUT_FILES, _params_for, aggregate,
                                          parse_policy_params, run_compare)
-from kvsched.experiments.scenario import load_scenario
+from kvsched.runner.scenario import load_scenario
 
 SCENARIO = """\
 name: tiny-mixed

@@ -21,7 +21,8 @@ from kvsched.envs.episodes import EpisodeConfig, EpisodeSource  # noqa: E402
 from kvsched.envs.knob_env import KnobEnv  # noqa: E402
 from kvsched.envs.routing_env import RoutingEnv  # noqa: E402
 from kvsched.envs.scheduling_env import SchedulingEnv  # noqa: E402
-from kvsched.envs.sim.cluster import DecisionWatch, simulate  # noqa: E402
+from kvsched.envs.sim.cluster import DecisionWatch
+from kvsched.runner.simulate import simulate  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402
 from kvsched.envs.sim.metrics import summary_to_json  # noqa: E402
 

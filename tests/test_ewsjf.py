@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from kvsched.envs.sim.cluster import Cluster, simulate
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.cost_model import CostModel
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.features import FeatureTable

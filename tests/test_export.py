@@ -214,7 +214,7 @@ def test_sglang_hicache_size_is_whole_gb_per_rank_and_said_so():
 
 def test_routed_multi_instance_scenario_round_trips(tmp_path):
     """Trials run the cluster `simulate` runs: the scenario's router (not round-robin) and its seed."""
-    from kvsched.experiments.scenario import Scenario
+    from kvsched.runner.scenario import Scenario
 
     syn = dict(small_scenario().synthetic, rate_per_s=8.0)
     sc = Scenario(name="routed", trace=None, synthetic=syn, seed=0, n_instances=2, router="least-loaded")

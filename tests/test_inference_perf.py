@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig, generate, stage_of

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from kvsched.envs.sim.cluster import Cluster, simulate
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.cost_model import CostModel
 from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
 from kvsched.envs.sim.instance import InstanceOptions

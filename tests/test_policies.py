@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
 from kvsched.envs.sim.request import Request, Workload
 from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from kvsched.envs.sim.cluster import Cluster, simulate
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.runner.simulate import build_cluster, simulate
 from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import summary_to_json
@@ -20,7 +21,7 @@ from kvsched.envs.sim.specs import CostParams, InstanceSpec, LinkSpec, get_gpu, 
 from kvsched.envs.workload.traces import load_trace, window
 from kvsched.experiments.cli import main
 from kvsched.experiments.compare import aggregate, run_compare
-from kvsched.experiments.scenario import Scenario
+from kvsched.runner.scenario import Scenario
 from kvsched.policies.base import make_policy
 from kvsched.policies.routing import DynamoKV, Router, make_router, router_names
 
@@ -38,7 +39,7 @@ def make_spec(**kw) -> InstanceSpec:
 
 def cluster(n, router="round-robin", spec=None, check=True, fast_forward=True, **kw) -> Cluster:
     spec = spec or make_spec(hbm_kv_blocks=8192, max_num_batched_tokens=2048)
-    return Cluster([spec] * n, lambda: make_policy("fcfs"), router=router,
+    return Cluster([spec] * n, lambda: make_policy("fcfs"), router=make_router(router) if isinstance(router, str) else router,
                    options=InstanceOptions(check_invariants=check, fast_forward=fast_forward), **kw)
 
 
@@ -392,8 +393,8 @@ def test_bad_router_input():
     with pytest.raises(ConfigError, match="returned 7 for request 0; expected an instance row 0..1"):
         cluster(2, Bad()).run(w)
     with pytest.raises(ConfigError, match="router_params only apply"):
-        cluster(2, make_router("rr"), router_params={})
-    with pytest.raises(ConfigError, match="expected a router name or an object"):
+        build_cluster([make_spec()] * 2, router=make_router("rr"), router_params={})
+    with pytest.raises(ConfigError, match="expected an object with"):
         cluster(2, object())
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.cost_model import CostModel
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import summary_to_json
@@ -321,8 +321,8 @@ def test_request_that_can_never_fit_is_rejected_and_counted():
 
 def test_same_seed_same_summary_bytes_across_processes(tmp_path):
     code = (
-        "from kvsched.experiments.scenario import Scenario\n"
-        "from kvsched.envs.sim.cluster import simulate\n"
+        "from kvsched.runner.scenario import Scenario\n"
+        "from kvsched.runner.simulate import simulate\n"
         "from kvsched.envs.sim.metrics import summary_to_json\n"
         "sc = Scenario(max_requests=400)\n"
         "r = simulate(sc.workload(), sc.instance_spec(), sc.policy, sc.metrics_config())\n"

@@ -14,7 +14,7 @@ import pytest
 
 from kvsched.envs.sim.cluster import Cluster
 from kvsched.envs.sim.instance import SWAPPED, InstanceOptions
-from kvsched.experiments.scenario import Scenario
+from kvsched.runner.scenario import Scenario
 from kvsched.policies.base import make_policy
 
 POLICIES = ("fcfs", "priority", "sarathi", "lars", "ewsjf", "nonpreemptive")

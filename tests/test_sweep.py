@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsched.envs.sim.cluster import simulate
+from kvsched.runner.simulate import simulate
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.experiments.compare import aggregate, run_compare
-from kvsched.experiments.scenario import Scenario
-from kvsched.experiments.sweep import Cell, cell_workload, run_cells
+from kvsched.runner.scenario import Scenario
+from kvsched.runner.sweep import Cell, cell_workload, run_cells
 
 SC = Scenario(name="tiny", trace=None, synthetic={"rate_per_s": 8.0, "duration_s": 12, "long_fraction": 0.1,
                                                    "long_min_tokens": 8192, "long_max_tokens": 16384},
@@ -132,7 +132,7 @@ def test_an_address_nothing_answers_at_is_refused_at_once(capsys):
     import time
 
     from kvsched.experiments.cli import main
-    from kvsched.experiments.ray_connect import host_port
+    from kvsched.runner.ray_connect import host_port
 
     _need_ray()
     port = _free_port()  # bound and closed again: nothing listens there
@@ -160,7 +160,7 @@ def test_an_address_that_accepts_tcp_but_is_not_ray_and_a_bad_ray_address_are_re
     import threading
     import time
 
-    from kvsched.experiments import ray_connect
+    from kvsched.runner import ray_connect
 
     _need_ray()
     import ray
@@ -219,7 +219,7 @@ def test_address_auto_without_a_cluster_is_a_config_error():
     """`--address auto` with no Ray cluster on the machine: Ray's ConnectionError becomes a
     ConfigError naming the address (it was a traceback). A stand-in for Ray, so that a cluster
     another process runs on this machine cannot change the outcome."""
-    from kvsched.experiments.ray_connect import init_ray
+    from kvsched.runner.ray_connect import init_ray
 
     class NoCluster:
         @staticmethod

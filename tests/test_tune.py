@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.envs.sim.errors import ConfigError
-from kvsched.experiments.scenario import Scenario
+from kvsched.runner.scenario import Scenario
 from kvsched.experiments.tune import (Constraint, MetricRef, TuneConfig, baseline_params, make_storage,
                                       metric_value, open_study, run_scenario, tune)
 from kvsched.policies.base import SearchDim, make_policy, policy_names

@@ -1,10 +1,10 @@
 """Calibration files of the cost model, and the least-squares fit that produces them.
 
 A calibration file (JSON, ``format = "kvsched-calibration/1"``) holds the full
-:class:`~kvsched.envs.sim.specs.CostParams` of one GPU preset, which of them were fitted and on
+:class:`~kvsched.envs.sim.cost_params.CostParams` of one GPU preset, which of them were fitted and on
 which experiments, the fit's loss and provenance. Files shipped in
 ``envs/sim/calibration/<GPU preset>.json`` are the GPU's default cost parameters
-(:func:`~kvsched.envs.sim.specs.default_cost_params`); ``kvsched calibrate`` writes them and
+(:func:`default_cost_params`); ``kvsched calibrate`` writes them and
 ``kvsched validate`` reads them. Nothing here reads a clock or a global random generator.
 
 :func:`fit_cost_params` keeps the roofline structure of :mod:`~kvsched.envs.sim.cost_model` and
@@ -29,10 +29,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .errors import ConfigError
-from .specs import CostParams
+from .cost_params import CostParams
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "CalibrationFile", "FitParam", "FitResult",
-           "calibrated_cost_params", "calibration_path", "fit_cost_params", "load_calibration",
+           "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
            "save_calibration"]
 
 CALIBRATION_FORMAT = "kvsched-calibration/1"
@@ -222,6 +222,20 @@ def calibrated_cost_params(gpu: str) -> CostParams | None:
     if cal.gpu != gpu:
         raise ConfigError(f"{p}: calibrates gpu={cal.gpu!r}, expected {gpu!r}")
     return cal.cost
+
+
+def default_cost_params(gpu: Any) -> CostParams:
+    """The GPU's default :class:`CostParams`: its calibration file if kvsched ships one
+    (``envs/sim/calibration/<GPU preset>.json``), else the literature defaults of :class:`CostParams`.
+
+    Args:
+        gpu: a :class:`~kvsched.envs.sim.hardware.GPUSpec` or a GPU preset name.
+
+    Raises:
+        ConfigError: a shipped calibration file that does not parse or validate.
+    """
+    name = getattr(gpu, "name", None) or str(gpu)
+    return calibrated_cost_params(name) or CostParams()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
 from .recorder import Recorder
 from .request import RequestState, Workload
-from .routing import RouterTable, StateProvider
+from .policy_api import check_router
+from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
-from .specs import InstanceSpec
+from .instance_spec import InstanceSpec
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,10 @@ class Cluster:
         specs: one :class:`InstanceSpec` per instance (heterogeneous allowed).
         policy_factory: called once per instance to build its scheduler policy.
         metrics: the metrics configuration.
-        router: a router name (``kvsched.policies.routing.router_names()``) or a router object
-            with ``bind(n_instances, seed)`` and ``route(table) -> row``; default round-robin.
-            Not called with a single instance.
+        router: a router object (:class:`~.policy_api.Router`: ``bind(n_instances, seed)`` and
+            ``route(table) -> row``; build a named one with
+            :func:`kvsched.policies.routing.make_router`); default
+            :class:`~.routing.RoundRobinPlacement`. Not called with a single instance.
             A router whose choice depends only on how many requests it has routed may expose
             ``router.arrivals_until(index, n_instances)`` (arrivals still to come before the
             one routed to ``index``): without a shared KV tier, a fast-forwarded stretch of that
@@ -101,20 +103,19 @@ class Cluster:
             (round-robin does; same results).
         options: simulation options shared by all instances.
         progress: optional callback ``progress(n_requests_done)`` called every 1,000 requests.
-        router_params: parameters of a named router (dict of its parameter fields).
         router_delay_s: staleness of the state routers see (s, >= 0; :mod:`.routing`).
         shared_kv: the cluster KV tier shared by all instances (:mod:`.shared_kv`), or ``None``.
         seed: handed to the router's ``bind`` (routers with a sampler seed it from their params).
 
     Raises:
-        ConfigError: front-end parameters that differ between instances, an unknown router or
-            invalid router parameters, a negative delay, instances that cannot share a KV tier.
+        ConfigError: front-end parameters that differ between instances, a router without
+            ``bind``/``route``, a negative delay, instances that cannot share a KV tier.
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], policy_factory: Callable[[], object],
                  metrics: MetricsConfig = MetricsConfig(), router=None,
                  options: InstanceOptions = InstanceOptions(),
-                 progress: Callable[[int], None] | None = None, router_params: dict | None = None,
+                 progress: Callable[[int], None] | None = None,
                  router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0) -> None:
         if not specs:
             raise ValueError("a cluster needs at least one instance spec")
@@ -130,15 +131,9 @@ class Cluster:
         self.metrics = metrics
         self.instances = [Instance(spec, policy_factory(), self.recorder, i, options)
                           for i, spec in enumerate(specs)]
-        from kvsched.policies.routing import make_router
-
-        if router is None or isinstance(router, str):
-            router = make_router(router or "round-robin", router_params)
-        elif router_params is not None:
-            raise ConfigError("router_params only apply to a router given by name; got a router object")
-        if not callable(getattr(router, "route", None)) or not callable(getattr(router, "bind", None)):
-            raise ConfigError(f"router={router!r} is not allowed: expected a router name or an object with "
-                              "bind(n_instances, seed) and route(table) -> row")
+        if router is None:
+            router = RoundRobinPlacement()
+        check_router(router)
         router.bind(len(self.instances), seed)
         self.router = router
         self.state_provider = StateProvider(router_delay_s)
@@ -462,26 +457,3 @@ class Cluster:
             stats["shared_kv"] = self.shared_kv.stats()
         return SimulationResult(records=records, summary=summary, occupancy=occupancy, stats=stats)
 
-
-def simulate(workload: Workload, spec: InstanceSpec, policy: str = "fcfs",
-             metrics: MetricsConfig = MetricsConfig(), options: InstanceOptions = InstanceOptions(),
-             n_instances: int = 1, progress: Callable[[int], None] | None = None,
-             policy_params: dict | None = None, router: str = "round-robin", router_params: dict | None = None,
-             router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0) -> SimulationResult:
-    """Run ``workload`` on ``n_instances`` copies of ``spec`` with the named policy and router.
-
-    ``policy_params`` (a dict of the policy's parameter fields) is validated once and used for
-    every instance. ``router``, ``router_params``, ``router_delay_s``, ``shared_kv`` and
-    ``seed``: see :class:`Cluster`.
-
-    Raises:
-        UnknownPresetError: unknown policy or router name.
-        ConfigError: invalid spec, policy or router parameters, or request fields.
-    """
-    from kvsched.policies.base import make_policy
-
-    params = make_policy(policy, policy_params).params  # fail early on an unknown name or field
-    cluster = Cluster([spec] * n_instances, lambda: make_policy(policy, params), metrics=metrics,
-                      options=options, progress=progress, router=router, router_params=router_params,
-                      router_delay_s=router_delay_s, shared_kv=shared_kv, seed=seed)
-    return cluster.run(workload)

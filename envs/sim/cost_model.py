@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from .specs import InstanceSpec, LinkSpec
+from .hardware import LinkSpec
+from .instance_spec import InstanceSpec
 
 ACTIVATION_BYTES = 2.0
 """Bytes per activation element in TP all-reduces (bf16 activations, also with fp8 weights)."""

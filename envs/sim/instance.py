@@ -58,10 +58,10 @@ import numpy as np
 
 from .cost_model import CostModel
 from .features import FeatureTable
-from kvsched.policies.base import PolicyContext
+from .policy_api import PolicyContext
 from .kv_cache import BlockPool, LinkQueue
 from .request import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, RequestState
-from .specs import InstanceSpec
+from .instance_spec import InstanceSpec
 
 TRANSFER_EVENT = "transfer"
 _ADMITTED, _SKIP, _STOP = 0, 1, 2

@@ -274,3 +274,34 @@ class StateProvider:
             self._next_refresh_s = (math.floor(now_s / self.delay_s) + 1.0) * self.delay_s
             self.refreshes += 1
         return self._snapshot
+
+
+class RoundRobinPlacement:
+    """The cluster's default placement: instances in turn, ignoring their state (vLLM
+    production-stack ``roundrobin``). The ``round-robin`` router of :mod:`kvsched.policies.routing`
+    is this placement; the core uses it when no router is given.
+
+    Implements the :class:`~kvsched.envs.sim.policy_api.Router` protocol, plus
+    :meth:`arrivals_until` (fast-forward look-ahead: arrivals to other instances cannot change an
+    instance's batch).
+    """
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.n_instances = 0
+        self._turn = 0
+
+    def bind(self, n_instances: int, seed: int = 0) -> None:
+        """Called once by the cluster before the first request (``seed`` is not used)."""
+        self.n_instances = int(n_instances)
+
+    def route(self, table: RouterTable) -> int:
+        """The next instance in turn."""
+        i = self._turn % len(table)
+        self._turn += 1
+        return i
+
+    def arrivals_until(self, index: int, n_instances: int) -> int:
+        """Arrivals still to come before the one routed to instance ``index`` (0: the next)."""
+        return (index - self._turn) % n_instances

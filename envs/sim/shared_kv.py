@@ -69,7 +69,7 @@ from typing import Any, Mapping, Sequence
 from .errors import ConfigError, UnknownPresetError, require
 from .kv_cache import LinkQueue
 from .request import RequestState
-from .specs import LINK_PRESETS, LinkSpec, get_link
+from .hardware import LINK_PRESETS, LinkSpec, get_link
 
 #: Instance event kind for a finished shared-tier fetch (handled by the cluster).
 FETCH_EVENT = "shared_fetch"
@@ -137,7 +137,8 @@ class SharedKVSpec:
         Raises:
             ConfigError: not a mapping, unknown or missing keys, invalid values.
         """
-        from .specs import _as_float, _preset_or_inline
+        from .spec_io import _preset_or_inline
+        from .spec_validation import as_float as _as_float
 
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source} must be a mapping of SharedKVSpec fields, got {type(d).__name__}")

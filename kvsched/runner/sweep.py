@@ -110,20 +110,18 @@ def run_cell(cell: Cell) -> CellResult:
     Raises:
         ConfigError / UnknownPresetError: invalid scenario, policy or parameters.
     """
-    from kvsched.envs.sim.cluster import Cluster
     from kvsched.envs.sim.instance import InstanceOptions
-    from kvsched.policies.base import make_policy
+
+    from .simulate import build_cluster
 
     sc = cell.scenario
     workload = cell_workload(cell)
     sc.check_slo_classes(workload)
-    params = dict(cell.params)
-    make_policy(cell.policy, params)  # validate before building the cluster
     options = InstanceOptions(fast_forward=cell.fast_forward, oracle_lengths=sc.oracle_lengths)
-    cluster = Cluster([sc.instance_spec()] * sc.n_instances, lambda: make_policy(cell.policy, dict(params)),
-                      metrics=sc.metrics_config(), options=options, router=sc.router,
-                      router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
-                      shared_kv=sc.shared_kv_spec(), seed=sc.seed)
+    cluster = build_cluster([sc.instance_spec()] * sc.n_instances, cell.policy, dict(cell.params),
+                            metrics=sc.metrics_config(), options=options, router=sc.router,
+                            router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                            shared_kv=sc.shared_kv_spec(), seed=sc.seed)
     res = cluster.run(workload)
     return CellResult(cell=cell, summary=res.summary, records=res.records, occupancy=res.occupancy)
 

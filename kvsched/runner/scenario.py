@@ -281,13 +281,17 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, d
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
-#: the folder of the scenarios shipped with the package (``experiments/scenarios/*.yaml``)
-BUNDLED_SCENARIO_DIR = Path(__file__).parent / "scenarios"
+def bundled_scenario_dir() -> Path:
+    """The folder of the scenarios shipped with the package: ``experiments/scenarios/*.yaml`` in a
+    checkout, package data of ``kvsched.experiments.scenarios`` when installed."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("kvsched.experiments") / "scenarios"))
 
 
 def bundled_scenarios() -> list[str]:
-    """Names of the bundled scenarios (file stems of :data:`BUNDLED_SCENARIO_DIR`), sorted."""
-    return sorted(p.stem for p in BUNDLED_SCENARIO_DIR.glob("*.yaml"))
+    """Names of the bundled scenarios (file stems in :func:`bundled_scenario_dir`), sorted."""
+    return sorted(p.stem for p in bundled_scenario_dir().glob("*.yaml"))
 
 
 def scenario_path(path: str | Path) -> Path:
@@ -308,7 +312,7 @@ def scenario_path(path: str | Path) -> Path:
     except OSError as e:  # e.g. a name longer than the file system allows
         raise ConfigError(f"scenario file {str(p)!r}: cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
-        q = BUNDLED_SCENARIO_DIR / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
+        q = bundled_scenario_dir() / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():
             return q
     if exists:  # a folder or a device: load_scenario says it is not a file

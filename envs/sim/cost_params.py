@@ -1,0 +1,96 @@
+"""Cost parameters: the efficiencies and overheads of the roofline step-time model.
+
+The model itself is :mod:`kvsched.envs.sim.cost_model`; a GPU's default parameters come from its
+calibration file where kvsched ships one (:func:`kvsched.envs.sim.calibration.default_cost_params`).
+Sources: REFERENCE ``shared/design/REFERENCE.md`` §5.2-5.3 and the ground truth, cited per field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .spec_validation import non_negative, real_in
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3) and the
+    front-end overheads a client measures on top of the engine's steps.
+
+    The defaults below are the literature values; :func:`~kvsched.envs.sim.calibration.default_cost_params` replaces them by a
+    calibration file where one exists for the GPU (``envs/sim/calibration/``, written by
+    ``kvsched calibrate``).
+
+    Attributes:
+        mfu_max: asymptotic model-FLOPs utilisation, 0 < mfu_max <= 1 (§5.2: ≈ 0.6).
+        mfu_half_tokens: tokens in a step at which MFU reaches half of mfu_max, >= 0; the model is
+            ``MFU(n) = mfu_max · n / (n + mfu_half_tokens)`` (§5.2: c_half ≈ 64). 0 = constant MFU.
+        mbu: memory-bandwidth utilisation, 0 < mbu <= 1 (§5.2: 0.75 for decode).
+        step_overhead_s: fixed CPU/launch cost per step, >= 0 (§5.2: 0.5-2 ms with CUDA graphs).
+        allreduce_latency_s: fixed latency of one all-reduce under TP, >= 0 (§5.3: ~10 µs).
+        allreduce_bw_efficiency: achieved share of ``GPUSpec.nvlink_bytes_per_s`` in the TP
+            all-reduces of a step, 0 < η <= 1. Default 1.0 (REFERENCE §5.3 uses the link rate
+            as is); NCCL ring all-reduces of the 0.1-10 MB activations of a serving step reach
+            well below the link's peak, which a calibration measures.
+        request_overhead_s: per-request front-end delay before the engine sees a request, s, >= 0:
+            HTTP handling, request validation and hand-off from the API-server process to the
+            engine core (vLLM V1 ``AsyncLLM`` -> ZMQ -> ``EngineCore``). Default 10 ms: the
+            "10-15 ms of API/queueing per request" of the groundtruth README (replaying, step 4),
+            close to the α0 fitted by the inference-sim/training repo (9.3 ms, ``pre_queueing``)
+            and BLIS's blackbox α0 for Llama-3.1-8B/H100/vLLM 0.11 (10.3 ms).
+        prompt_token_overhead_s: per prompt token of the same delay (tokenisation), s, >= 0.
+            Default 4.2 µs: median of the α1 (queueing time per input token) of BLIS's 99 H100
+            blackbox coefficient sets (groundtruth ``blis/defaults_blackbox_coeffs_at_90522ded_
+            parent.yaml``; inter-quartile range 1.7-8.1 µs).
+        output_token_overhead_s: delay between the end of the step that produced a token and
+            the client receiving it (engine-core output -> API server detokenisation -> streamed
+            chunk), s, >= 0. It shifts the first and last token times (TTFT, E2E), not the gaps
+            between tokens: the API server processes outputs while the engine runs the next step.
+            Default 45.9 µs: BLIS trained-physics α2 (groundtruth README §3).
+        first_chunk_delay_tokens: how many inter-token gaps after its first token a streaming
+            client sees its first text, >= 0 (the recorder adds this many of the request's mean
+            gaps, ``(finish − first token)/(tokens − 1)``, to its first-token time; E2E is
+            unchanged). Default 0 (the client sees the first token at once). The real H100 runs
+            need about one gap: their TTFT exceeds front-end delay + wait + prefill by about one
+            decode step for every model and TP degree. Streaming detokenisation explains such a
+            delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
+            multi-byte character, and the runs generate random-token text); a calibration measures it.
+
+    The front-end overheads are latencies, not GPU time: the engine is not busy during them
+    (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
+
+    Raises:
+        ConfigError: a value outside the ranges above.
+    """
+
+    mfu_max: float = 0.6
+    mfu_half_tokens: float = 64.0
+    mbu: float = 0.75
+    step_overhead_s: float = 1e-3
+    allreduce_latency_s: float = 10e-6
+    allreduce_bw_efficiency: float = 1.0
+    request_overhead_s: float = 10e-3
+    prompt_token_overhead_s: float = 4.2e-6
+    output_token_overhead_s: float = 45.9e-6
+    first_chunk_delay_tokens: float = 0.0
+
+    def __post_init__(self) -> None:
+        real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        non_negative("CostParams", "mfu_half_tokens", self.mfu_half_tokens)
+        real_in("CostParams", "mbu", self.mbu, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        non_negative("CostParams", "step_overhead_s", self.step_overhead_s)
+        non_negative("CostParams", "allreduce_latency_s", self.allreduce_latency_s)
+        real_in("CostParams", "allreduce_bw_efficiency", self.allreduce_bw_efficiency, lambda x: 0 < x <= 1,
+              "a number in (0, 1]")
+        non_negative("CostParams", "request_overhead_s", self.request_overhead_s)
+        non_negative("CostParams", "prompt_token_overhead_s", self.prompt_token_overhead_s)
+        non_negative("CostParams", "output_token_overhead_s", self.output_token_overhead_s)
+        non_negative("CostParams", "first_chunk_delay_tokens", self.first_chunk_delay_tokens)
+
+    def server_delay_s(self, prompt_tokens: Any) -> Any:
+        """Front-end delay (s) from the client's send to the engine seeing the request:
+        ``request_overhead_s + prompt_token_overhead_s · prompt_tokens`` (scalar or array)."""
+        return self.request_overhead_s + self.prompt_token_overhead_s * np.asarray(prompt_tokens, dtype=np.float64)

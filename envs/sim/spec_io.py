@@ -1,0 +1,338 @@
+"""Specs to and from plain dicts and YAML files, and the rows of the presets table.
+
+:func:`instance_spec_from_dict` accepts preset names or inline mappings for the model, GPU,
+links, PNM device and extra tiers, checks keys and types before construction, and names the
+source and the key in every error; :func:`save_instance_spec` writes a self-contained YAML file
+(every preset inlined) that :func:`load_instance_spec` reads back to an equal spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import yaml
+
+from .calibration import default_cost_params
+from .cost_params import CostParams
+from .errors import ConfigError, UnknownPresetError, bounded_repr
+from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec, LinkSpec, PNMSpec, get_gpu,
+                       get_link, get_pnm)
+from .instance_spec import InstanceSpec
+from .model_spec import MODEL_PRESETS, ModelSpec, get_model
+from .spec_validation import as_float, is_int, is_real
+from .tiers import TierSpec
+
+_INSTANCE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstanceSpec) if f.init)
+
+
+def _plain(value: Any) -> Any:
+    """NumPy scalars -> Python scalars (YAML-safe)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    return {f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.init}
+
+
+def _tier_dict(t: TierSpec) -> dict[str, Any]:
+    d = _spec_dict(t)
+    d["holds"] = list(t.holds)
+    d["write_link"] = _spec_dict(t.write_link)
+    d["read_link"] = _spec_dict(t.read_link)
+    return d
+
+
+def _tier_from(value: Any, where: str) -> TierSpec:
+    """A :class:`TierSpec` from a mapping; links are link preset names or inline LinkSpec mappings.
+
+    Raises:
+        ConfigError: not a mapping, unknown or missing keys, bad values.
+    """
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping of TierSpec fields, got {type(value).__name__}")
+    allowed = [f.name for f in dataclasses.fields(TierSpec)]
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(allowed)}")
+    missing = [k for k in ("name", "capacity_bytes", "write_link", "read_link") if k not in value]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+    kw = dict(value)
+    kw["capacity_bytes"] = as_float(kw["capacity_bytes"], f"{where}.capacity_bytes")
+    for key in ("write_link", "read_link"):
+        kw[key] = _preset_or_inline(kw[key], get_link, LinkSpec, f"{where}.{key}")
+    if "holds" in kw:
+        if not isinstance(kw["holds"], (list, tuple)):
+            raise ConfigError(f"{where}.holds={bounded_repr(kw['holds'])} is not allowed: expected a list")
+        kw["holds"] = tuple(kw["holds"])
+    try:
+        return TierSpec(**kw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
+    """Plain-type dict of ``spec``; model, gpu, links and cost are inline dicts (self-contained).
+
+    A ``pcie`` link derived from the GPU is written as None so it stays tied to the GPU.
+    """
+    out: dict[str, Any] = {}
+    for name in _INSTANCE_FIELDS:
+        value = getattr(spec, name)
+        if name == "pcie" and spec._pcie_auto:
+            out[name] = None
+        elif name == "pnm" and value is not None:
+            out[name] = {**_spec_dict(value), "link": _spec_dict(value.link)}
+        elif name == "extra_tiers":
+            out[name] = [_tier_dict(t) for t in value]
+        elif dataclasses.is_dataclass(value):
+            out[name] = _spec_dict(value)
+        else:
+            out[name] = _plain(value)
+    return out
+
+
+_INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_num_partial_prefills",
+               "max_long_partial_prefills")
+_OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+_FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
+_STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode")
+_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
+
+
+
+
+def _build(cls: type, d: Any, where: str) -> Any:
+    """Construct dataclass ``cls`` from mapping ``d`` with key and type checks."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in d if k not in fields]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(fields)}")
+    missing = [n for n, f in fields.items()
+               if n not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+    kw: dict[str, Any] = {}
+    for k, v in d.items():
+        if fields[k].type in ("str", str):
+            if not isinstance(v, str):
+                raise ConfigError(f"{where}.{k}={bounded_repr(v)} is not allowed: expected a string")
+            kw[k] = v
+        elif fields[k].type in ("int", int):
+            if not is_int(v):
+                raise ConfigError(f"{where}.{k}={bounded_repr(v)} is not allowed: expected an integer")
+            kw[k] = v
+        else:
+            kw[k] = as_float(v, f"{where}.{k}")
+    try:
+        return cls(**kw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _preset_or_inline(value: Any, getter: Callable[[str], Any], cls: type, where: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return getter(value)
+        except UnknownPresetError as e:
+            raise UnknownPresetError(f"{where}: {e}") from None
+    return _build(cls, value, where)
+
+
+
+
+def _pnm_from(value: Any, where: str) -> PNMSpec:
+    """A PNM tier from a preset name, or an inline mapping of :class:`PNMSpec` fields.
+
+    An inline mapping may name a ``preset`` and override some of its fields (e.g.
+    ``{preset: cxl-pnm-ocp2025, n_devices: 2}``); ``link`` is a link preset name or an inline
+    LinkSpec mapping (default: the preset's link, else :data:`CXL_LINK`).
+    """
+    if isinstance(value, str):
+        try:
+            return get_pnm(value)
+        except UnknownPresetError as e:
+            raise UnknownPresetError(f"{where}: {e}") from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a PNM preset name or a mapping, got {type(value).__name__}")
+    d = dict(value)
+    base: dict[str, Any] = {}
+    if "preset" in d:
+        try:
+            base = _spec_dict(get_pnm(d.pop("preset")))
+        except UnknownPresetError as e:
+            raise UnknownPresetError(f"{where}: {e}") from None
+    link = d.pop("link", base.pop("link", CXL_LINK))
+    if not isinstance(link, LinkSpec):
+        link = _preset_or_inline(link, get_link, LinkSpec, f"{where}.link")
+    merged = {**base, **d}
+    merged.pop("link", None)
+    allowed = {f.name for f in dataclasses.fields(PNMSpec)} - {"link"}
+    unknown = [k for k in merged if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {bounded_repr(unknown[0])}; allowed keys: preset, link, "
+                          f"{', '.join(sorted(allowed))}")
+    for k in ("capacity_bytes", "mem_bytes_per_s", "attn_flops_per_s", "mbu", "rpc_latency_s"):
+        if k in merged:
+            merged[k] = as_float(merged[k], f"{where}.{k}")
+    if "n_devices" in merged and not is_int(merged["n_devices"]):
+        raise ConfigError(f"{where}.n_devices={bounded_repr(merged['n_devices'])} is not allowed: expected an integer")
+    missing = [k for k in ("name", "capacity_bytes", "mem_bytes_per_s", "attn_flops_per_s") if k not in merged]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} (or give a preset)")
+    try:
+        return PNMSpec(link=link, **merged)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> InstanceSpec:
+    """Build an :class:`InstanceSpec` from a dict (e.g. parsed YAML).
+
+    ``model``, ``gpu``, ``pcie``, ``nvme_read`` and ``nvme_write`` may be preset names or inline
+    dicts of the spec's fields; ``extra_tiers`` is a list of :class:`TierSpec` mappings (links as
+    preset names or inline); ``cost`` is a dict of :class:`CostParams` fields whose omitted keys
+    take the GPU's default (:func:`default_cost_params`). Other omitted keys take the dataclass
+    defaults; ``model`` and ``gpu`` are required.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key (the message names the key, ``source`` and the
+            allowed keys), a missing model/gpu, a value of the wrong type, or an invalid spec.
+        UnknownPresetError: an unknown preset name.
+    """
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{source}: an instance spec must be a mapping, got {type(d).__name__}")
+    unknown = [k for k in d if k not in _INSTANCE_FIELDS]
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(_INSTANCE_FIELDS)}")
+    for key in ("model", "gpu"):
+        if key not in d:
+            raise ConfigError(f"{source}: missing key {key!r} (a preset name or an inline dict)")
+    kw: dict[str, Any] = {
+        "model": _preset_or_inline(d["model"], get_model, ModelSpec, f"{source}: model"),
+        "gpu": _preset_or_inline(d["gpu"], get_gpu, GPUSpec, f"{source}: gpu"),
+    }
+    for key in ("pcie", "nvme_read", "nvme_write"):
+        if key in d and not (key == "pcie" and d[key] is None):
+            kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}: {key}")
+    if "pnm" in d and d["pnm"] is not None:
+        kw["pnm"] = _pnm_from(d["pnm"], f"{source}: pnm")
+    if "extra_tiers" in d and d["extra_tiers"] is not None:
+        if not isinstance(d["extra_tiers"], (list, tuple)):
+            raise ConfigError(f"{source}: extra_tiers={bounded_repr(d['extra_tiers'])} is not allowed: "
+                              "expected a list of tier mappings")
+        kw["extra_tiers"] = tuple(_tier_from(t, f"{source}: extra_tiers[{i}]") for i, t in enumerate(d["extra_tiers"]))
+    if "cost" in d and d["cost"] is not None:
+        # omitted cost keys take the GPU's default (calibrated where a calibration file exists)
+        given = d["cost"]
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"{source}: cost must be a mapping of CostParams fields, got {type(given).__name__}")
+        base = _spec_dict(default_cost_params(kw["gpu"]))
+        unknown = [k for k in given if k not in base]
+        if unknown:
+            raise ConfigError(f"{source}: cost: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(base)}")
+        kw["cost"] = _build(CostParams, {**base, **given}, f"{source}: cost")
+    for key in _INT_FIELDS + _OPT_INT_FIELDS:
+        if key in d:
+            v = d[key]
+            if v is None and key in _OPT_INT_FIELDS:
+                kw[key] = None
+            elif not is_int(v):
+                raise ConfigError(f"{source}: {key}={bounded_repr(v)} is not allowed: expected an integer"
+                                  + (" or null" if key in _OPT_INT_FIELDS else ""))
+            else:
+                kw[key] = int(v)
+    for key in _FLOAT_FIELDS:
+        if key in d:
+            kw[key] = as_float(d[key], f"{source}: {key}")
+    for key in _STR_FIELDS:
+        if key in d:
+            if not isinstance(d[key], str):
+                raise ConfigError(f"{source}: {key}={bounded_repr(d[key])} is not allowed: expected a string")
+            kw[key] = d[key]
+    for key in _BOOL_FIELDS:
+        if key in d:
+            if not isinstance(d[key], bool):
+                raise ConfigError(f"{source}: {key}={bounded_repr(d[key])} is not allowed: expected true or false")
+            kw[key] = d[key]
+    try:
+        return InstanceSpec(**kw)
+    except ConfigError as e:
+        if isinstance(e, UnknownPresetError):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_instance_spec(path: str | Path) -> InstanceSpec:
+    """Read an :class:`InstanceSpec` from a YAML file.
+
+    Raises:
+        ConfigError: invalid YAML or spec (the message names the file).
+        OSError: the file cannot be read.
+    """
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    return instance_spec_from_dict(data, source=str(p))
+
+
+def save_instance_spec(spec: InstanceSpec, path: str | Path) -> None:
+    """Write ``spec`` as a self-contained YAML file (see :func:`instance_spec_to_dict`)."""
+    text = yaml.safe_dump(instance_spec_to_dict(spec), sort_keys=False, default_flow_style=False,
+                          allow_unicode=True)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def presets_rows() -> dict[str, list[dict[str, Any]]]:
+    """Rows for a presets table: ``{"models": [...], "gpus": [...], "links": [...], "pnm": [...]}``.
+
+    Model rows carry KV bytes/token at bf16 (REFERENCE §5.1 column) and bf16 weights in GB.
+    """
+    models = [
+        {
+            "name": m.name,
+            "layers": m.n_layers,
+            "hidden": m.hidden_size,
+            "heads": m.n_heads,
+            "kv_heads": m.n_kv_heads,
+            "head_dim": m.head_dim,
+            "params_B": round(m.n_params / 1e9, 2),
+            "weights_GB_bf16": round(m.weight_bytes(2.0) / 1e9, 1),
+            "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2.0)),
+            "max_context_tokens": m.max_context_tokens,
+        }
+        for m in MODEL_PRESETS.values()
+    ]
+    gpus = [
+        {
+            "name": g.name,
+            "hbm_GB": round(g.hbm_bytes / 1e9, 1),
+            "hbm_TB_per_s": round(g.hbm_bytes_per_s / 1e12, 3),
+            "bf16_TFLOPS": round(g.bf16_flops_per_s / 1e12, 1),
+            "fp8_TFLOPS": round(g.fp8_flops_per_s / 1e12, 1),
+            "nvlink_GB_per_s": round(g.nvlink_bytes_per_s / 1e9, 1),
+            "pcie_GB_per_s": round(g.pcie_bytes_per_s / 1e9, 1),
+        }
+        for g in GPU_PRESETS.values()
+    ]
+    links = [
+        {"name": lk.name, "GB_per_s": round(lk.bytes_per_s / 1e9, 2), "latency_us": round(lk.latency_s * 1e6, 1)}
+        for lk in LINK_PRESETS.values()
+    ]
+    pnm = [
+        {"name": p.name, "devices": p.n_devices, "capacity_TB": round(p.total_capacity_bytes / 1e12, 2),
+         "mem_TB_per_s": round(p.n_devices * p.mem_bytes_per_s / 1e12, 3),
+         "attn_TFLOPS": round(p.n_devices * p.attn_flops_per_s / 1e12, 1),
+         "link_GB_per_s": round(p.link.bytes_per_s / 1e9, 1)}
+        for p in PNM_PRESETS.values()
+    ]
+    return {"models": models, "gpus": gpus, "links": links, "pnm": pnm}

@@ -1,0 +1,67 @@
+"""Validation helpers shared by the spec dataclasses and their YAML/dict readers.
+
+Each helper raises :class:`~kvsched.envs.sim.errors.ConfigError` naming ``owner.name``, the
+(bounded) value and what is allowed (:func:`~kvsched.envs.sim.errors.require`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import ConfigError, bounded_repr, require
+
+__all__ = ["as_float", "int_at_least", "is_int", "is_real", "non_negative", "positive", "real_in", "string"]
+
+
+def is_int(v: object) -> bool:
+    """True for a Python or NumPy integer (not a bool)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_real(v: object) -> bool:
+    """True for a finite Python or NumPy real number (not a bool)."""
+    return (
+        isinstance(v, (int, float, np.integer, np.floating))
+        and not isinstance(v, (bool, np.bool_))
+        and math.isfinite(float(v))
+    )
+
+
+def int_at_least(owner: str, name: str, value: object, minimum: int) -> None:
+    """Require an integer ``value >= minimum``."""
+    require(is_int(value) and int(value) >= minimum, f"{owner}.{name}", value, f"an integer >= {minimum}")
+
+
+def real_in(owner: str, name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:
+    """Require a finite real ``value`` with ``ok(value)`` true; ``allowed`` describes the range."""
+    require(is_real(value) and ok(float(value)), f"{owner}.{name}", value, allowed)
+
+
+def positive(owner: str, name: str, value: object) -> None:
+    """Require a finite number > 0."""
+    real_in(owner, name, value, lambda x: x > 0, "a finite number > 0")
+
+
+def non_negative(owner: str, name: str, value: object) -> None:
+    """Require a finite number >= 0."""
+    real_in(owner, name, value, lambda x: x >= 0, "a finite number >= 0")
+
+
+def string(owner: str, name: str, value: object) -> None:
+    """Require a string."""
+    require(isinstance(value, str), f"{owner}.{name}", value, "a string")
+
+
+def as_float(value: Any, where: str) -> float:
+    """A real number; numeric strings are accepted because YAML 1.1 reads ``1e9`` as a string."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if not is_real(value):
+        raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a finite number")
+    return value
