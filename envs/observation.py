@@ -159,7 +159,7 @@ def build_observation(inst, table: FeatureTable, states: list, order: np.ndarray
         # column 4 (ttft_slack) of the shown rows; np.tanh, not math.tanh: NumPy's SIMD tanh differs
         # from libm's in the last bit for ~14 % of inputs, and the observations stay byte-identical
         obs[4:len(vals):nf] = np.tanh(slack)
-    dram, nvme = inst.dram, inst.nvme
+    dram, nvme = inst.kv.by_name["dram"].pool, inst.kv.by_name["nvme"].pool
     dram_cap, nvme_cap = dram.capacity_blocks, nvme.capacity_blocks
     n_partial = 0
     for st in inst.running:  # is_partial_prefill, inlined

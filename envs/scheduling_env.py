@@ -120,7 +120,7 @@ class SchedulingEnv(gym.Env):
         self.agent_policy: AgentPolicy = self.inst.policy
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self._ttft_slo_s = ttft_slo_by_length_class(self.slo_reward)
-        self._mode_mask = mode_mask(self.inst.dram.capacity_blocks, self.inst.nvme.capacity_blocks)
+        self._mode_mask = mode_mask(self.inst.spec.num_dram_blocks, self.inst.spec.num_nvme_blocks)
         self._mode_ok = tuple(self._mode_mask.tolist())
         # the mask for each number of shown candidates (action_masks returns a copy)
         if self.action_mode == "multi":
@@ -151,7 +151,7 @@ class SchedulingEnv(gym.Env):
     def _observe(self, now_s: float) -> np.ndarray:
         inst = self.inst
         cands, running = candidates(inst, now_s)
-        table = FeatureTable(cands, now_s, inst.options.oracle_lengths, running=running)
+        table = inst.feature_table(cands, now_s, running=running)
         order = reference_order(self.agent_policy.reference, table, inst.policy.stall_free)
         self._table = table
         self._cands = cands
@@ -261,8 +261,7 @@ class SchedulingEnv(gym.Env):
         p = self._other[1]
         rows = np.flatnonzero(np.isin(self._table.request_id, self._shown_ids))
         shown = [self._cands[int(r)] for r in rows]
-        t = FeatureTable(shown, self._table.now_s, self.inst.options.oracle_lengths,
-                         running=self._table.running[rows])
+        t = self.inst.feature_table(shown, self._table.now_s, running=self._table.running[rows])
         order = reference_order(p, t, self.inst.policy.stall_free)
         first_id = int(t.request_id[0 if order is None else order[0]])
         a[0] = int(np.flatnonzero(self._shown_ids == first_id)[0])

@@ -1,5 +1,5 @@
 """Breaker tests for the fold of a prompt-completing step into the decode stretch after it
-(``Instance._fold_into_stretch``, commits c975293..).
+(``StretchPlanner.fold``, commits c975293..).
 
 The promise: results (records, summary JSON, occupancy frame, ITL histogram bins) are
 byte-identical with the fold, without it (``_fold_into_stretch`` returning the single step's
@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as hst
 
 from kvsched.envs.sim.cluster import Cluster
-from kvsched.envs.sim.instance import Instance, InstanceOptions
+from kvsched.envs.sim.fast_forward import StretchPlanner
+from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import summary_to_json
 from kvsched.envs.sim.request import Request, Workload
 from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
@@ -58,9 +59,9 @@ def build(rows, seg_tokens=32) -> Workload:
 
 def run(w, specs, policy="fcfs", params=None, ff=True, fold=True, check=False, oracle=False):
     """One run; returns (result, ITL histograms as (count, bin counts bytes, min, max))."""
-    orig = Instance._fold_into_stretch
+    orig = StretchPlanner.fold
     if not fold:
-        Instance._fold_into_stretch = lambda self, start, end1, *a: end1
+        StretchPlanner.fold = lambda self, start, end1, *a: end1
     try:
         pp = make_policy(policy, params).params
         c = Cluster(specs, lambda: make_policy(policy, pp),
@@ -72,7 +73,7 @@ def run(w, specs, policy="fcfs", params=None, ff=True, fold=True, check=False, o
         itl = {k: (h.count, h._counts.tobytes(), h.min, h.max) for k, h in c.recorder.itl.items()}
         return res, itl
     finally:
-        Instance._fold_into_stretch = orig
+        StretchPlanner.fold = orig
 
 
 def assert_same(a, b):

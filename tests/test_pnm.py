@@ -260,7 +260,7 @@ def test_tier_aware_preemption_migrates_long_decoding_victims_to_pnm():
         st.generated = gen
         st.private_blocks = -(-ctx // 16)
         states.append(st)
-    costs = inst._preemption_costs(states)
+    costs = inst.preemptor.costs(states)
     assert set(costs) == {"recompute", "migrate"}
     assert np.isinf(costs["migrate"][[0, 2]]).all()  # prefill-phase rows
     assert costs["migrate"][1] < costs["recompute"][1] / 10

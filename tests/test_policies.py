@@ -219,7 +219,7 @@ def test_tier_aware_costs_make_recompute_cheaper_for_short_and_offload_for_long_
         st.computed = ctx
         st.private_blocks = -(-ctx // 16)
         states.append(st)
-    costs = inst._preemption_costs(states)
+    costs = inst.preemptor.costs(states)
     assert set(costs) == {"recompute", "offload"}
     assert costs["recompute"][0] < costs["offload"][0]
     assert costs["offload"][1] < costs["recompute"][1]

@@ -113,8 +113,8 @@ def test_stretch_runs_through_completions_when_nothing_waits():
 
 
 def _no_fold(monkeypatch):
-    from kvsched.envs.sim.instance import Instance
-    monkeypatch.setattr(Instance, "_fold_into_stretch", lambda self, start, end1, *a: end1)
+    from kvsched.envs.sim.fast_forward import StretchPlanner
+    monkeypatch.setattr(StretchPlanner, "fold", lambda self, start, end1, *a: end1)
 
 
 @pytest.mark.parametrize("with_prefixes", [False, True])
@@ -231,11 +231,11 @@ def test_accounting_conservation_and_fast_forward_equivalence(rows, hbm_blocks, 
 @example(rows=[(4.5, 1, 2, 0), (4.09375, 1, 59, 0)], hbm_blocks=110, budget=8, mode="recompute", max_seqs=2,
          policy="fcfs")
 def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budget, mode, max_seqs, policy):
-    """Instance._schedule_decodes (all running requests decode: one batched KV allocation) gives
+    """StepComposer.schedule_decodes (all running requests decode: one batched KV allocation) gives
     the same records, summary and occupancy as the request-by-request running loop, including
     when KV runs out (it then declines and the loop preempts), with prefix caching, and in the
     stall-free (Sarathi-Serve) composer."""
-    from kvsched.envs.sim.instance import Instance
+    from kvsched.envs.sim.step_plan import StepComposer as Instance
 
     w = build_workload(rows)
     spec = make_spec(hbm_kv_blocks=hbm_blocks, max_num_batched_tokens=budget,
@@ -243,19 +243,19 @@ def test_decode_fast_path_equals_request_by_request_loop(rows, hbm_blocks, budge
                      preemption_mode=mode, max_num_seqs=max_seqs)
     fast = run(w, spec, check=True, policy=policy)
     calls = {"n": 0}
-    orig = Instance._schedule_decodes
+    orig = Instance.schedule_decodes
 
     def counting(self, *a):
         calls["n"] += 1
         return orig(self, *a)
 
     try:
-        Instance._schedule_decodes = counting
+        Instance.schedule_decodes = counting
         run(w, spec, fast_forward=False, check=False, policy=policy)  # every decode step planned
-        Instance._schedule_decodes = lambda self, *a: False  # always the loop
+        Instance.schedule_decodes = lambda self, *a: False  # always the loop
         slow = run(w, spec, check=True, policy=policy)
     finally:
-        Instance._schedule_decodes = orig
+        Instance.schedule_decodes = orig
     if any(o >= 2 and p + o <= hbm_blocks * 16 for _, p, o, _ in rows):  # something decodes
         assert calls["n"] > 0
     pd.testing.assert_frame_equal(fast.records, slow.records, check_exact=True)

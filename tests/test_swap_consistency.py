@@ -13,7 +13,8 @@ import itertools
 import pytest
 
 from kvsched.envs.sim.cluster import Cluster
-from kvsched.envs.sim.instance import SWAPPED, InstanceOptions
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.request import SWAPPED
 from kvsched.runner.scenario import Scenario
 from kvsched.policies.base import make_policy
 
@@ -65,15 +66,15 @@ def test_preempted_while_loading_goes_back_on_its_lower_copy():
         c.run_until_decision(until_s=t)
         loading = next((s for s in inst.running if s.lower_blocks), None)
     assert loading is not None, "no swap-in in flight: the workload no longer exercises the case"
-    dram_before = inst.dram.used_blocks
+    dram_before = inst.kv.by_name["dram"].pool.used_blocks
     landing = loading.swap_in_end_s
     assert landing >= t
-    inst._preempt(loading, t)
+    inst.preemptor.preempt(loading, t)
     assert loading.status == SWAPPED and loading in inst.swapped
-    assert inst.dram.used_blocks == dram_before  # no second copy out: its DRAM copy is reused
+    assert inst.kv.by_name["dram"].pool.used_blocks == dram_before  # no second copy out: its DRAM copy is reused
     assert loading.hbm_blocks == 0
     inst.complete_transfer(loading, landing)  # the cancelled copy lands: ignored
-    assert loading.lower_blocks > 0 and inst.dram.used_blocks == dram_before
+    assert loading.lower_blocks > 0 and inst.kv.by_name["dram"].pool.used_blocks == dram_before
     inst.check()
 
 

@@ -414,6 +414,14 @@ class Cluster:
             inst.schedule_pending = True
             self.events.push(t, SCHEDULE, inst)
 
+    def _link_bytes(self) -> dict[str, int]:
+        """Bytes moved per link queue name, summed over instances (every name any instance has,
+        in tier order)."""
+        names: list[str] = []
+        for inst in self.instances:
+            names += [n for n in inst.links if n not in names]
+        return {name: sum(i.links[name].bytes_moved for i in self.instances if name in i.links) for name in names}
+
     def result(self) -> SimulationResult:
         """Records, summary and counters of the served workload (after the loop ended).
 
@@ -447,8 +455,7 @@ class Cluster:
             "admission_preemptions": sum(i.admission_preemptions for i in self.instances),
             "mean_batch_size": (sum(i.sum_batch for i in self.instances)
                                 / max(1, sum(i.steps for i in self.instances))),
-            "link_bytes": {name: sum(i.links[name].bytes_moved for i in self.instances)
-                           for name in ("pcie_d2h", "pcie_h2d", "nvme_write", "nvme_read", "pnm_link")},
+            "link_bytes": self._link_bytes(),
             "pnm_migrations": sum(i.pnm_migrations for i in self.instances),
             "evicted_prefix_segments": sum(i.hbm.evicted_segments for i in self.instances),
             "routed_requests": [int(x) for x in self.routed_requests],

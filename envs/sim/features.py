@@ -19,6 +19,8 @@ import numpy as np
 
 from .request import RequestState
 
+#: Tier codes of the standard tier list (the index in ``InstanceSpec.tiers``; -1: none). An
+#: instance with extra tiers passes its own (``KVManager.tier_codes``).
 TIER_CODES = {"hbm": 0, "dram": 1, "nvme": 2, "pnm": 3, "": -1}
 
 
@@ -50,20 +52,26 @@ class FeatureTable:
         states: the requests (waiting, running or swapped) the decision is about.
         now_s: simulated time in seconds.
         oracle_lengths: expose true output lengths (scenario flag ``oracle_lengths``).
+        running: the ``running`` column when the caller knows it (default: from the states).
+        tier_codes: tier name -> code of the ``tier`` column (default :data:`TIER_CODES`; the
+            index of the tier in the instance's tier list).
 
     Columns (each ``np.ndarray`` of shape ``(len(states),)``): ``request_id`` (int64),
     ``arrival_s``, ``wait_s`` (now - arrival), ``prompt_tokens``, ``computed_tokens``,
     ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``,
-    ``running`` (bool), ``tier`` (0 HBM, 1 DRAM, 2 NVMe, 3 PNM), ``pnm_blocks`` (KV blocks in the
-    PNM tier), ``preemptions``, ``output_tokens`` (-1 unless oracle).
+    ``running`` (bool), ``tier`` (where its KV lives: the tier's index in the instance's tier
+    list, 0 HBM, 1 DRAM, 2 NVMe, then extra tiers, then PNM; 3 for PNM with the standard list),
+    ``pnm_blocks`` (KV blocks in the PNM tier), ``preemptions``, ``output_tokens`` (-1 unless
+    oracle).
     """
 
     def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False,
-                 running: np.ndarray | None = None):
+                 running: np.ndarray | None = None, tier_codes: dict[str, int] | None = None):
         self._states = states  # private: policies read the columns, never the raw states
         self.now_s = now_s
         self.oracle_lengths = oracle_lengths
         self._running = running
+        self._tier_codes = TIER_CODES if tier_codes is None else tier_codes
 
     @cached_column
     def running(self) -> np.ndarray:
@@ -118,7 +126,9 @@ class FeatureTable:
 
     @cached_column
     def tier(self) -> np.ndarray:
-        return np.fromiter((3 if s.on_pnm else TIER_CODES[s.lower_tier] if s.lower_tier else 0
+        codes = self._tier_codes
+        pnm = codes["pnm"]
+        return np.fromiter((pnm if s.on_pnm else codes[s.lower_tier] if s.lower_tier else 0
                             for s in self._states), np.int8, count=len(self._states))
 
     @cached_column

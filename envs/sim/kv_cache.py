@@ -23,8 +23,10 @@ Mechanisms and sources:
   then join the LRU as one anonymous run in free order instead of the free pool: allocation
   takes never-used blocks first, then pops the LRU head, evicting a cached segment only when
   the head is one. So long outputs push cached prompts out of a small cache.
-- **Lower tiers** (DRAM, NVMe) hold swapped or offloaded requests' blocks privately (no prefix
-  cache there yet).
+- **Lower tiers** (DRAM, NVMe, extra tiers, PNM) hold swapped, offloaded or PNM-resident
+  requests' blocks privately (no prefix cache there yet); which tier holds what, and the links
+  between them, is :mod:`kvsched.envs.sim.tiers`; :mod:`kvsched.envs.sim.kv_manager` composes
+  one pool per tier.
 
 Invariant, checked by :meth:`BlockPool.check`: in every tier at every event
 ``free_blocks + evictable_blocks + used_blocks == capacity_blocks``.
@@ -103,6 +105,44 @@ class BlockPool:
         if sum(self._lru.values()) != self.evictable_blocks:
             raise AssertionError(f"{self.name}: LRU holds {sum(self._lru.values())} blocks, "
                                  f"evictable_blocks says {self.evictable_blocks}")
+
+    def referenced_blocks(self) -> int:
+        """Blocks of cached segments that at least one request references."""
+        return sum(seg.n_blocks for seg in self.segments.values() if seg.refs > 0)
+
+    def total_refs(self) -> int:
+        """Sum of the segments' reference counts (one per holder and segment)."""
+        return sum(seg.refs for seg in self.segments.values())
+
+    def segment_refs(self, h: int) -> int:
+        """References to cached segment ``h`` (KeyError when not cached)."""
+        return self.segments[h].refs
+
+    def segment_blocks(self, h: int) -> int:
+        """Blocks of cached segment ``h`` (KeyError when not cached)."""
+        return self.segments[h].n_blocks
+
+    def segment_creator(self, h: int) -> int:
+        """Request id that computed cached segment ``h`` (KeyError when not cached)."""
+        return self.segments[h].creator_id
+
+    def evictable_blocks_of(self, hashes) -> int:
+        """Blocks of the cached segments among ``hashes`` that nobody references (evictable now)."""
+        segs = self.segments
+        return sum(segs[h].n_blocks for h in hashes if segs[h].refs == 0)
+
+    def blocks_before_evicting(self, protected: set, wanted: int) -> int:
+        """Blocks an allocation may take before it evicts one of the ``protected`` segments.
+
+        Free blocks first, then LRU entries in eviction order up to the first protected segment,
+        stopping once ``wanted`` blocks are reachable (a lower bound of what is allowed).
+        """
+        limit = self.free_blocks
+        for h, nb in self._lru.items():
+            if h in protected or limit >= wanted:
+                break
+            limit += nb
+        return limit
 
     def cached_prefix_segments(self, hashes: list[int] | tuple[int, ...], max_segments: int) -> int:
         """Length of the leading run of ``hashes[:max_segments]`` cached in this tier."""

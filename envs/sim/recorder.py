@@ -8,9 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .metrics import LENGTH_CLASSES, RECORD_COLUMNS, LogHistogram, MetricsConfig
+from .metrics import BYTE_COLUMNS, LENGTH_CLASSES, RECORD_COLUMNS, LogHistogram, MetricsConfig
 from .occupancy import OccupancyTracker
 from .request import FINISHED, RequestState
+from .tiers import STANDARD_TIERS
+
+_STANDARD_BYTES = tuple(c[len("bytes_"):] for c in BYTE_COLUMNS)
 
 class Recorder:
     """Sink for the simulator's measurements.
@@ -42,6 +45,19 @@ class Recorder:
         self._buffered = 0
         self.rows: list[tuple] = []
         self.occupancy = OccupancyTracker(occupancy_interval_s)
+        #: byte counters of the records beyond the standard ones (extra tiers' ``hbm_to_<tier>``
+        #: and ``<tier>_to_hbm``), in the order their tiers were registered
+        self.extra_bytes: list[str] = []
+
+    def register_instance(self, instance_id: int, tier_names: list[str], capacity_blocks: tuple[int, ...]) -> None:
+        """Declare an instance's tiers (HBM first) and their capacity in blocks: its occupancy is
+        tracked per tier, and an extra tier's bytes get record columns. Call before any record."""
+        self.occupancy.register(instance_id, tier_names, capacity_blocks)
+        for name in tier_names:
+            if name not in STANDARD_TIERS:
+                for key in (f"hbm_to_{name}", f"{name}_to_hbm"):
+                    if key not in self.extra_bytes:
+                        self.extra_bytes.append(key)
 
     def length_class(self, prompt_tokens: int) -> int:
         """0 for short, 1 for long (``prompt_tokens >= long_prompt_tokens``)."""
@@ -57,15 +73,18 @@ class Recorder:
             # never after the last token: the final chunk flushes all pending text
             first = min(first + self.first_chunk_delay_tokens * (st.finish_s - st.first_token_s)
                         / (st.generated - 1), st.finish_s)
+        tb = st.tier_bytes
+        if tb is None:
+            moved = (0,) * (len(_STANDARD_BYTES) + len(self.extra_bytes))
+        else:
+            moved = tuple(tb.get(k, 0) for k in _STANDARD_BYTES) + tuple(tb.get(k, 0) for k in self.extra_bytes)
         self.rows.append((
             st.rid, st.instance_id, st.arrival_s, st.prompt_tokens, st.output_tokens,
             st.req.slo_class, LENGTH_CLASSES[st.length_class],
             "finished" if st.status == FINISHED else "rejected",
             st.reject_reason, st.first_scheduled_s, first + d, st.finish_s + d, st.generated,
             st.preemptions, st.recomputed_tokens, st.prefix_hit_tokens, st.max_itl_s,
-            st.bytes_hbm_to_dram, st.bytes_dram_to_hbm, st.bytes_hbm_to_nvme,
-            st.bytes_nvme_to_hbm, st.bytes_hbm_to_pnm,
-        ))
+        ) + moved)
 
     def add_itl(self, first_gaps: np.ndarray, classes: np.ndarray, shared_gaps: np.ndarray | None) -> None:
         """Add inter-token gaps (s).
@@ -121,19 +140,17 @@ class Recorder:
         self._flush_itl()
         return self._itl
 
-    def occupancy_change(self, inst, t: float, hbm_used: int | None = None, pnm_used: int | None = None) -> None:
-        """Blocks in use per tier of ``inst`` from time ``t`` (s) on (``hbm_used`` / ``pnm_used``
-        override HBM / PNM: blocks reserved ahead for a fast-forwarded stretch are not in use yet)."""
-        self.occupancy.change(
-            inst.instance_id, t,
-            (inst.hbm.used_blocks if hbm_used is None else hbm_used, inst.dram.used_blocks, inst.nvme.used_blocks,
-             inst.pnm.used_blocks if pnm_used is None else pnm_used),
-            (inst.hbm.capacity_blocks, inst.dram.capacity_blocks, inst.nvme.capacity_blocks,
-             inst.pnm.capacity_blocks))
+    def occupancy_change(self, inst, t: float, used: tuple[int, ...] | None = None) -> None:
+        """Blocks in use per tier of ``inst`` from time ``t`` (s) on (``used``: per tier, in the
+        instance's tier order; default what its pools hold now -- a fast-forwarded stretch passes
+        its own, since blocks reserved ahead for later steps are not in use yet)."""
+        self.occupancy.change(inst.instance_id, t, inst.kv.used_blocks() if used is None else used)
 
     def records_frame(self) -> pd.DataFrame:
-        """Per-request records sorted by request id (columns :data:`RECORD_COLUMNS`)."""
-        df = pd.DataFrame.from_records(self.rows, columns=list(RECORD_COLUMNS))
+        """Per-request records sorted by request id (columns :data:`RECORD_COLUMNS`, then
+        ``bytes_<key>`` for each of :attr:`extra_bytes`)."""
+        cols = list(RECORD_COLUMNS) + [f"bytes_{k}" for k in self.extra_bytes]
+        df = pd.DataFrame.from_records(self.rows, columns=cols)
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
     def occupancy_frame(self) -> pd.DataFrame:

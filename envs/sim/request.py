@@ -318,7 +318,8 @@ class RequestState:
 
     KV holdings: ``shared`` lists the prefix-cache segments (hashes) it references in HBM,
     ``private_blocks`` counts its other blocks in ``tier``; ``lower_blocks`` are blocks it
-    holds in ``lower_tier`` (DRAM or NVMe) while swapped out or being swapped back in;
+    holds in ``lower_tier`` (a tier holding swapped blocks: DRAM, NVMe or an extra tier) while
+    swapped out or being swapped back in;
     ``pnm_blocks`` are blocks it holds in the PNM tier (``on_pnm``: its KV lives there and its
     decode attention runs there; ``pnm_migrating``: a GPU->PNM copy is in flight).
     """
@@ -329,9 +330,8 @@ class RequestState:
         "tier", "shared", "shared_blocks", "private_blocks", "next_seg", "lower_tier",
         "lower_blocks", "ready_s", "first_scheduled_s", "first_token_s", "last_token_s",
         "finish_s", "preemptions", "recomputed_tokens", "lost_tokens", "prefix_hit_tokens",
-        "self_hit_tokens", "max_itl_s", "bytes_hbm_to_dram", "bytes_dram_to_hbm",
-        "bytes_hbm_to_nvme", "bytes_nvme_to_hbm", "reject_reason", "admissions",
-        "pnm_blocks", "on_pnm", "pnm_migrating", "bytes_hbm_to_pnm", "swap_in_end_s",
+        "self_hit_tokens", "max_itl_s", "tier_bytes", "reject_reason", "admissions",
+        "pnm_blocks", "on_pnm", "pnm_migrating", "swap_in_end_s",
         "admission_preemptions",
     )
 
@@ -375,10 +375,9 @@ class RequestState:
         self.prefix_hit_tokens = 0
         self.self_hit_tokens = 0
         self.max_itl_s = NAN
-        self.bytes_hbm_to_dram = 0
-        self.bytes_dram_to_hbm = 0
-        self.bytes_hbm_to_nvme = 0
-        self.bytes_nvme_to_hbm = 0
+        # KV bytes moved between HBM and other tiers, "hbm_to_<tier>" / "<tier>_to_hbm" -> bytes
+        # (the records' bytes_* columns); None until the first move
+        self.tier_bytes: dict[str, int] | None = None
         self.reject_reason = ""
         self.admissions = 0
         self.admission_preemptions = 0  # times preempted for a blocked waiting request
@@ -387,7 +386,6 @@ class RequestState:
         self.pnm_blocks = 0
         self.on_pnm = False
         self.pnm_migrating = False
-        self.bytes_hbm_to_pnm = 0
         # when the swap-in copy in flight lands (s); a landing event at another time is stale
         # (the request was preempted again while loading)
         self.swap_in_end_s = -1.0

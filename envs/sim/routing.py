@@ -22,7 +22,8 @@ request, before any instance scheduler acts, and sends the request to instance
   ``capacity_blocks_hbm``       int64, HBM KV blocks of the instance
   ``free_blocks_hbm``           int64, HBM blocks an allocation could take (free + evictable cache)
   ``free_blocks_dram``          int64, same for the DRAM tier (0 when absent)
-  ``free_blocks_nvme``          int64, same for the NVMe tier (0 when absent)
+  ``free_blocks_nvme``          int64, same for the NVMe tier (0 when absent); an extra tier
+                                ``<t>`` adds ``free_blocks_<t>`` (0 on instances without it)
   ``used_blocks_hbm``           int64, HBM blocks referenced by requests (Dynamo's active blocks)
   ``kv_utilization``            float64, ``used_blocks_hbm / capacity_blocks_hbm`` in [0, 1]
                                 (vLLM's ``gpu_cache_usage_perc``, what llm-d's kv-cache scorer reads)
@@ -72,6 +73,18 @@ INSTANCE_COLUMNS: tuple[str, ...] = (
 )
 
 
+def instance_columns(instances: Sequence) -> tuple[str, ...]:
+    """Instance column names of a router table over ``instances``: :data:`INSTANCE_COLUMNS` plus
+    ``free_blocks_<tier>`` of every extra tier any instance has (tiers as data)."""
+    extra: list[str] = []
+    for inst in instances:
+        for t in inst.kv.tiers[1:]:
+            col = f"free_blocks_{t.name}"
+            if col not in INSTANCE_COLUMNS and col not in extra and t.name != "pnm":
+                extra.append(col)
+    return INSTANCE_COLUMNS + tuple(extra)
+
+
 def leading_run(keys: Sequence[int], cached: Mapping | frozenset | set, limit: int) -> int:
     """Length of the leading run of ``keys[:limit]`` that are in ``cached``."""
     n = 0
@@ -97,12 +110,23 @@ class InstanceStateView:
         self._instances = instances
         self._shared = shared_kv
         self.now_s = float(now_s)
+        #: every column name: :data:`INSTANCE_COLUMNS` plus ``free_blocks_<tier>`` of extra tiers
+        self.columns = instance_columns(instances)
         if frozen:
-            for name in INSTANCE_COLUMNS:
+            for name in self.columns:
                 getattr(self, name)
             self.prefix_sets = [frozenset(inst.hbm.segments) for inst in instances]
         else:
             self.prefix_sets = [inst.hbm.segments for inst in instances]
+
+    def __getattr__(self, name: str):
+        # ``free_blocks_<tier>`` of a lower tier: computed on first access, then cached
+        if name.startswith("free_blocks_") and name in self.__dict__.get("columns", ()):
+            tier = name[len("free_blocks_"):]
+            col = self._ints(lambda i: i.kv.by_name[tier].pool.available_blocks if tier in i.kv.by_name else 0)
+            self.__dict__[name] = col
+            return col
+        raise AttributeError(name)
 
     def _ints(self, fn) -> np.ndarray:
         return np.fromiter((fn(i) for i in self._instances), np.int64, count=len(self._instances))
@@ -138,14 +162,6 @@ class InstanceStateView:
     @cached_property
     def free_blocks_hbm(self) -> np.ndarray:
         return self._ints(lambda i: i.hbm.available_blocks)
-
-    @cached_property
-    def free_blocks_dram(self) -> np.ndarray:
-        return self._ints(lambda i: i.dram.available_blocks)
-
-    @cached_property
-    def free_blocks_nvme(self) -> np.ndarray:
-        return self._ints(lambda i: i.nvme.available_blocks)
 
     @cached_property
     def used_blocks_hbm(self) -> np.ndarray:
@@ -213,9 +229,9 @@ class RouterTable:
         return len(self._view._instances)
 
     def __getattr__(self, name: str):
-        if name in INSTANCE_COLUMNS:
+        if name in self._view.columns:
             return getattr(self._view, name)
-        raise AttributeError(f"RouterTable has no column {name!r}; instance columns: {', '.join(INSTANCE_COLUMNS)}")
+        raise AttributeError(f"RouterTable has no column {name!r}; instance columns: {', '.join(self._view.columns)}")
 
     @cached_property
     def prefix_overlap_segments(self) -> np.ndarray:

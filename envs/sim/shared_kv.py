@@ -309,7 +309,7 @@ class SharedKVPool:
     def try_fetch_admit(self, inst, st: RequestState, hit: int, max_seg: int, now_s: float) -> bool:
         """Admit ``st`` on ``inst`` with the segments after its ``hit`` local ones fetched from the pool.
 
-        Called by :meth:`Instance._try_admit` after the local prefix lookup (``hit`` leading
+        Called by :meth:`~.admission.Admitter.try_admit` after the local prefix lookup (``hit`` leading
         segments in HBM, at most ``max_seg`` usable). Returns ``True`` when the request was
         admitted with a fetch (it holds its blocks and waits for the copy), ``False`` when the
         instance should admit it the usual way (nothing to fetch, recompute is cheaper, or no
@@ -330,19 +330,12 @@ class SharedKVPool:
             if fetch_s >= recompute_s:
                 self.recompute_chosen += 1
                 return False
-        hbm = inst.hbm
+        kv = inst.kv
         hit_hashes = st.hashes[:hit]
-        evictable_hit = sum(hbm.segments[h].n_blocks for h in hit_hashes if hbm.segments[h].refs == 0)
-        if need > hbm.available_blocks - evictable_hit:
+        if need > kv.hbm.available_blocks - kv.evictable_hit_blocks(hit_hashes):
             return False
         first_admission = st.admissions == 0
-        for h in hit_hashes:  # the local hits, counted as the instance counts them
-            creator = hbm.segments[h].creator_id
-            hbm.acquire_segment(h)
-            if first_admission and creator != st.rid:
-                st.prefix_hit_tokens += seg
-            else:
-                st.self_hit_tokens += seg
+        kv.acquire_prefix(st, hit_hashes)  # the local hits, counted as the instance counts them
         for h in st.hashes[hit:hit + f]:
             e = self._entries[h]
             self._entries.move_to_end(h)
@@ -350,7 +343,7 @@ class SharedKVPool:
                 self.hit_tokens += seg
             else:
                 self.self_hit_tokens += seg
-        ok = hbm.allocate(need)
+        ok = kv.allocate(need)
         assert ok, "shared_kv: fetch allocation failed after the availability check"
         pool_t = float(self.spec.pool_read.transfer_time_s(nbytes))
         _, t1 = self.pool_read.reserve(now_s, pool_t, nbytes)
@@ -360,7 +353,7 @@ class SharedKVPool:
         self.bytes_fetched += nbytes
         covered = (hit + f) * seg
         # next_seg = hit: the fetched segments join the prefix cache at the request's next step
-        inst._take_residency(st, hit_hashes, hit * seg_blocks, need, hit, covered, now_s)
+        inst.admitter.take_residency(st, hit_hashes, hit * seg_blocks, need, hit, covered, now_s)
         st.ready_s = ready
         inst.pending_events.append((ready, FETCH_EVENT, st))
         return True

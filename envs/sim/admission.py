@@ -1,0 +1,164 @@
+"""Admission: waiting requests given cache residency and their first chunk, in the policy's order.
+
+vLLM V1 ``Scheduler.schedule`` (REFERENCE §4.1): waiting requests are taken in order while the
+token budget, ``max_num_seqs`` and the KV cache last; the prefix cache is looked up first
+(``KVCacheManager.get_computed_blocks``: the leading cached blocks, at least one token left to
+compute), and the rest is allocated all-or-nothing (``allocate_slots``). When a request cannot
+get its blocks, admission stops (head-of-line: later requests do not jump it), unless the
+policy lets it preempt a running request (:meth:`~.preemption.Preemptor.preempt_for_admission`).
+A request whose chunk would leave one partial prefill too many is skipped for this step and
+later ones may go.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .request import RUNNING, WAITING, RequestState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .instance import Instance
+    from .step_plan import StepBuild
+
+#: outcomes of :meth:`Admitter.try_admit`
+ADMITTED, SKIP, STOP = 0, 1, 2
+
+
+class Admitter:
+    """Admits waiting requests of one instance (see the module docstring).
+
+    Args:
+        inst: the :class:`~.instance.Instance` (queues, KV manager, composer, preemptor).
+    """
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+
+    def admit_in_order(self, cands: list, step: StepBuild, now: float, keep_queue_order: bool) -> None:
+        """Admit waiting requests in the given order until budget, seats or KV run out."""
+        inst = self.inst
+        admitted: list[RequestState] = []
+        for st in cands:
+            if step.budget <= 0 or len(inst.running) >= inst.spec.max_seqs:
+                break
+            r = self.try_admit(st, step, now)
+            if r == ADMITTED:
+                admitted.append(st)
+            elif r == STOP:
+                break
+        if admitted:
+            if keep_queue_order and all(a is b for a, b in zip(admitted, inst.waiting)):
+                for _ in admitted:
+                    inst.waiting.popleft()
+            else:
+                self.drop_admitted(admitted, step)
+
+    def admit_prefills(self, ordered: list, was_running: set, step: StepBuild, now: float) -> None:
+        """Stall-free batching's prefill pass: running partial prefills get their next chunk and
+        waiting requests are admitted, in one order (``was_running``: ids of the partial runs)."""
+        inst = self.inst
+        admitted: list[RequestState] = []
+        stop_admitting = False
+        for st in ordered:
+            if step.budget <= 0:
+                break
+            if st.status == RUNNING:
+                if st.rid not in step.planned:
+                    inst.composer.schedule_running(st, step, now)
+            elif id(st) in was_running:
+                continue  # preempted earlier in this step's loop (swapped or back to waiting): not re-admitted now
+            elif not stop_admitting:
+                r = self.try_admit(st, step, now)
+                if r == ADMITTED:
+                    admitted.append(st)
+                elif r == STOP:
+                    stop_admitting = True
+        if admitted:
+            self.drop_admitted(admitted, step)
+
+    def drop_admitted(self, admitted: list[RequestState], step: StepBuild) -> None:
+        """Take this step's admitted requests out of the waiting queue.
+
+        One that was preempted again later in the same step (recompute puts it back at the queue
+        head) stays there once; admission-preemption victims come back via ``step.displaced``.
+        """
+        inst = self.inst
+        gone = {id(a) for a in admitted}
+        shown = {id(d) for d in step.displaced}
+        requeued = [a for a in admitted if a.status == WAITING and id(a) not in shown]
+        inst.waiting = deque(s for s in inst.waiting if id(s) not in gone)
+        if requeued:
+            inst.waiting.extendleft(reversed(requeued))
+
+    def try_admit(self, st: RequestState, step: StepBuild, now: float) -> int:
+        """Try to give a waiting request cache residency and its first chunk.
+
+        Returns ``ADMITTED``, ``SKIP`` (not now; later requests may go) or ``STOP`` (allocation
+        failed: vLLM stops admitting, head-of-line).
+        """
+        inst = self.inst
+        if len(inst.running) >= inst.spec.max_seqs or step.budget <= 0:
+            return STOP
+        kv = inst.kv
+        total_tokens = st.prompt_tokens + st.generated
+        hit, max_seg = kv.cached_prefix(st, total_tokens)
+        if max_seg and inst.shared_kv is not None and inst.shared_kv.try_fetch_admit(inst, st, hit, max_seg, now):
+            return ADMITTED  # the rest of the prefix comes from the cluster KV tier
+        hit_tokens = hit * st.seg_tokens
+        to_compute = total_tokens - hit_tokens
+        st_computed = st.computed
+        st.computed = hit_tokens  # chunk_limit sees the tokens already cached
+        n = inst.composer.chunk(st, to_compute, step)
+        st.computed = st_computed
+        if n <= 0:
+            return STOP
+        leaves_partial = n < to_compute
+        if inst.composer.partial_blocked(st, leaves_partial, step):
+            return SKIP
+        hit_hashes = st.hashes[:hit]
+        hit_blocks = hit * (st.seg_tokens // kv.bs) if hit else 0
+        need = kv.blocks_for(hit_tokens + n) - hit_blocks
+        if not self._room_for(st, need, hit_hashes, n, step, now):
+            inst._blocked_hit_hashes = hit_hashes
+            return STOP
+        kv.acquire_prefix(st, hit_hashes)
+        kv.allocate(need)
+        self.take_residency(st, hit_hashes, hit_blocks, need, hit, hit_tokens, now)
+        inst.composer.count(st, n, leaves_partial, step)
+        return ADMITTED
+
+    def _room_for(self, st: RequestState, need: int, hit_hashes, chunk: int, step: StepBuild, now: float) -> bool:
+        """Whether ``need`` new HBM blocks can be had for ``st`` (its own cached hits pinned),
+        preempting a running request for it when the policy allows (admission preemption)."""
+        inst = self.inst
+        kv = inst.kv
+        evictable_hit = kv.evictable_hit_blocks(hit_hashes)
+        if need <= kv.hbm.available_blocks - evictable_hit:
+            return True
+        if inst.admission_preemption and inst.preemptor.preempt_for_admission(st, chunk, evictable_hit, step, now):
+            # the victim may have released segments of this request's own hit: they are
+            # evictable now, but it pins them, so they are no room for it
+            evictable_hit = kv.evictable_hit_blocks(hit_hashes)
+        return need <= kv.hbm.available_blocks - evictable_hit
+
+    def take_residency(self, st: RequestState, hit_hashes, shared_blocks: int, private_blocks: int,
+                       next_seg: int, computed_tokens: int, now: float) -> None:
+        """Make admitted ``st`` a running HBM resident holding ``hit_hashes`` (``shared_blocks``)
+        and ``private_blocks``, with ``computed_tokens`` already in its KV (blocks already
+        allocated by the caller). Recompute after a preemption is counted here: what it lost
+        beyond the tokens found again."""
+        st.shared = list(hit_hashes)
+        st.shared_blocks = shared_blocks
+        st.private_blocks = private_blocks
+        st.next_seg = next_seg
+        st.computed = computed_tokens
+        st.tier = "hbm"
+        if st.lost_tokens:
+            st.recomputed_tokens += max(0, st.lost_tokens - computed_tokens)
+            st.lost_tokens = 0
+        if st.first_scheduled_s != st.first_scheduled_s:  # NaN: first admission
+            st.first_scheduled_s = now
+        st.admissions += 1
+        st.status = RUNNING
+        self.inst.running.append(st)

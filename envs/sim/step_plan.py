@@ -1,0 +1,306 @@
+"""The batch of one step: which requests run how many tokens under the token budget.
+
+In the spirit of vLLM V1's ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``): a
+:class:`StepBuild` collects ``(request, tokens)`` pairs and the batch totals the cost model
+prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it the way
+``Scheduler.schedule`` does (REFERENCE §4.1):
+
+- running requests first, in admission order (vLLM), or decodes first and then every prefill
+  in the policy's order (Sarathi-Serve's stall-free batching, OSDI '24 §4);
+- a prefill's chunk is capped by ``long_prefill_token_threshold``, the per-prefill share of the
+  budget with several partial prefills (``partial_prefill_budget_lookup_list``), the policy's
+  ``chunk_limit`` and the budget left;
+- with ``max_num_partial_prefills = k > 1`` at most ``k`` requests (``max_long_partial_prefills``
+  long ones) may be left with an unfinished prefill by one step; ``k = 1`` limits nothing;
+- KV blocks for the new tokens are allocated all-or-nothing; when HBM runs out the
+  :mod:`.preemption` mechanism makes room.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .request import RUNNING, RequestState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .instance import Instance
+
+
+class StepBuild:
+    """Mutable state while one step's batch is composed.
+
+    Attributes:
+        budget: tokens left in the step's token budget.
+        prefill_slot: the most tokens one prefill may take (per-prefill share of the budget).
+        plan: ``(request, tokens)`` in batch order; ``planned``: their request ids.
+        partial, long_partial: requests (long ones) this step leaves with an unfinished prefill.
+        preempted: a running request was preempted while composing (vLLM then admits nobody).
+        n_tokens, attn2, kv_tokens: the batch so far in the cost model's terms (``attn2`` is twice
+            the attention pairs, so integers stay exact).
+        admission_order: waiting candidates in admission order (for admission preemption).
+        displaced: requests preempted for a blocked waiting one (recompute): they re-enter the
+            queue head after this step's admissions.
+    """
+
+    __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
+                 "kv_tokens", "prefill_slot", "admission_order", "displaced")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.prefill_slot = budget
+        self.plan: list[tuple[RequestState, int]] = []
+        self.planned: set[int] = set()
+        self.partial = 0
+        self.long_partial = 0
+        self.preempted = False
+        self.n_tokens = 0
+        self.attn2 = 0
+        self.kv_tokens = 0
+        self.admission_order: list[RequestState] = []
+        self.displaced: list[RequestState] = []
+
+    def drop(self, victim: RequestState) -> bool:
+        """Take ``victim`` out of the plan (a preemption); returns whether it was planned."""
+        if victim.rid not in self.planned:
+            return False
+        for k, (s_, _) in enumerate(self.plan):
+            if s_ is victim:
+                del self.plan[k]
+                break
+        self.planned.discard(victim.rid)
+        return True
+
+
+class StepComposer:
+    """Fills a :class:`StepBuild` for one instance (see the module docstring).
+
+    Args:
+        inst: the :class:`~.instance.Instance` whose queues, KV manager and policy it uses.
+    """
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+
+    # --------------------------------------------------------------------- whole step
+    def compose(self, step: StepBuild, now: float) -> tuple[int, bool]:
+        """vLLM order: running requests, then swapped ones resume, then waiting ones are admitted
+        (only when nothing was preempted and, vLLM V0, nobody is swapped out).
+
+        Returns ``(n_decodes, waiting_blocked_static)``: ``n_decodes > 0`` when the plan starts
+        with one decode of every running request (the fast path); whether a waiting queue left
+        behind stays blocked while the batch does not change (the policy's order is static).
+        """
+        inst = self.inst
+        running = inst.running
+        n_decodes = 0
+        blocked_static = True
+        if running and self.schedule_decodes(running, step, now):
+            n_decodes = len(running)
+        else:
+            for st in list(running):
+                if step.budget <= 0:
+                    break
+                if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
+                    self.schedule_running(st, step, now)
+        if not step.preempted:
+            inst.preemptor.resume_swapped(now)
+            if (not inst.swapped or inst.admit_while_swapped) and inst.waiting and step.budget > 0 \
+                    and len(running) < inst.spec.max_seqs:
+                order = inst.policy.order_waiting(inst.feature_table(inst.waiting, now))
+                cands = list(inst.waiting) if order is None else [inst.waiting[int(r)] for r in order]
+                step.admission_order = cands
+                inst.admitter.admit_in_order(cands, step, now, keep_queue_order=order is None)
+                blocked_static = inst.policy.order_is_static
+        return n_decodes, blocked_static
+
+    def compose_stall_free(self, step: StepBuild, now: float) -> tuple[int, bool]:
+        """Sarathi-Serve stall-free batching: running decodes first, then every prefill (running
+        partial ones and waiting ones together) in the policy's ``order_prefills``. Returns as
+        :meth:`compose`."""
+        inst = self.inst
+        running = inst.running
+        n_decodes = 0
+        if running and self.schedule_decodes(running, step, now):
+            n_decodes = len(running)
+        else:
+            for st in list(running):
+                if step.budget <= 0:
+                    break
+                if (st.status == RUNNING and st.ready_s <= now
+                        and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
+                    self.schedule_running(st, step, now)
+        if not step.preempted:
+            inst.preemptor.resume_swapped(now)
+        partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now
+                        and st.rid not in step.planned]
+        admit = not step.preempted and (not inst.swapped or inst.admit_while_swapped)
+        cands = partial_runs + (list(inst.waiting) if admit else [])
+        if cands and step.budget > 0:
+            is_running = np.zeros(len(cands), dtype=bool)
+            is_running[:len(partial_runs)] = True
+            order = inst.policy.order_prefills(inst.feature_table(cands, now, running=is_running))
+            ordered = cands if order is None else [cands[int(r)] for r in order]
+            if inst.admission_preemption:  # the waiting candidates (partial runs are RUNNING)
+                step.admission_order = [c for c in ordered if c.status != RUNNING]
+            inst.admitter.admit_prefills(ordered, {id(s) for s in partial_runs}, step, now)
+            return n_decodes, inst.policy.order_is_static
+        return n_decodes, True
+
+    # ---------------------------------------------------------------- chunking rules
+    def prefill_slot_budget(self, now: float) -> int:
+        """Per-prefill share of the token budget with several partial prefills.
+
+        vLLM (``Scheduler._chunk_new_tokens_to_schedule`` with
+        ``partial_prefill_budget_lookup_list``): with ``max_num_partial_prefills = k > 1`` and
+        ``m`` prefills that could run, each prefill gets at most ``budget // min(m, k)`` tokens,
+        so a long prompt cannot take the whole budget from short ones.
+        """
+        inst = self.inst
+        k = inst.spec.max_num_partial_prefills
+        if k <= 1 or not inst.chunked:
+            return inst.budget
+        m = sum(1 for st in inst.running
+                if st.status == RUNNING and st.ready_s <= now and st.prompt_tokens + st.generated - st.computed > 1)
+        m += len(inst.waiting) if (not inst.swapped or inst.admit_while_swapped) else 0
+        return max(1, inst.budget // max(1, min(m, k)))
+
+    def chunk(self, st: RequestState, to_compute: int, step: StepBuild) -> int:
+        """Tokens a prefill may take this step: threshold, per-prefill slot, policy limit, budget."""
+        n = to_compute
+        if to_compute > 1 and n > step.prefill_slot:
+            n = step.prefill_slot
+        long_threshold = self.inst.long_threshold
+        if long_threshold > 0 and n > long_threshold:
+            n = long_threshold
+        if to_compute > 1:
+            lim = self.inst.policy.chunk_limit(st.prompt_tokens, st.computed, step.n_tokens, step.attn2 / 2.0,
+                                               step.kv_tokens)
+            if lim is not None and n > lim:
+                n = max(1, int(lim))
+        if n > step.budget:
+            n = step.budget
+        return n
+
+    def partial_blocked(self, st: RequestState, leaves_partial: bool, step: StepBuild) -> bool:
+        """Whether a chunk that leaves ``st``'s prefill unfinished is refused this step."""
+        if not leaves_partial:
+            return False
+        inst = self.inst
+        if not inst.chunked:
+            return True  # an unchunked prefill runs whole or not at all
+        spec = inst.spec
+        if spec.max_num_partial_prefills <= 1:
+            return False  # concurrent partial prefills are only limited when enabled (> 1)
+        is_long = inst.long_threshold > 0 and st.prompt_tokens > inst.long_threshold
+        return (step.partial >= spec.max_num_partial_prefills
+                or (is_long and step.long_partial >= spec.max_long_partial_prefills))
+
+    def count(self, st: RequestState, n: int, leaves_partial: bool, step: StepBuild) -> None:
+        """Add ``(st, n)`` to the plan and the batch totals."""
+        step.plan.append((st, n))
+        step.planned.add(st.rid)
+        step.budget -= n
+        p = st.computed
+        step.n_tokens += n
+        if st.on_pnm:
+            pass  # PNM: its attention runs near memory, not in the GPU step's attention terms
+        elif n == 1 and st.generated > 0 and p == st.prompt_tokens + st.generated - 1:
+            step.attn2 += 2 * p
+            step.kv_tokens += p
+        else:
+            step.attn2 += n * (2 * p + n)
+            step.kv_tokens += p + n
+        if leaves_partial:
+            step.partial += 1
+            long_threshold = self.inst.long_threshold
+            if long_threshold > 0 and st.prompt_tokens > long_threshold:
+                step.long_partial += 1
+
+    def recount(self, step: StepBuild) -> None:
+        """Recompute a step's budget and batch counters from its plan (after a victim left it)."""
+        plan = step.plan
+        step.plan, step.planned = [], set()
+        step.budget = self.inst.budget
+        step.partial = step.long_partial = step.n_tokens = step.attn2 = step.kv_tokens = 0
+        for st, n in plan:
+            to_compute = st.prompt_tokens + st.generated - st.computed
+            self.count(st, n, n < to_compute, step)
+
+    # -------------------------------------------------------------- running requests
+    def schedule_running(self, st: RequestState, step: StepBuild, now: float) -> None:
+        """Give a running request its tokens for this step, preempting others if KV runs out."""
+        to_compute = st.prompt_tokens + st.generated - st.computed
+        n = self.chunk(st, to_compute, step)
+        if n <= 0:
+            return
+        leaves_partial = n < to_compute
+        if self.partial_blocked(st, leaves_partial, step):
+            return
+        inst = self.inst
+        kv = inst.kv
+        if st.on_pnm:  # PNM: its KV grows in the PNM pool; a full pool preempts it (recompute)
+            need = kv.blocks_for(st.computed + n) - st.pnm_blocks
+            if need > 0 and not kv.pnm.allocate(need):
+                # frees no HBM, so unlike an HBM preemption it does not stop this step's admissions
+                # (the request itself may be re-admitted at once)
+                inst.pnm_migrator.preempt_resident(st)
+                return
+            if need > 0:
+                st.pnm_blocks += need
+            self.count(st, n, leaves_partial, step)
+            return
+        need = kv.blocks_for(st.computed + n) - st.shared_blocks - st.private_blocks
+        if need < 0:
+            need = 0
+        if need > 0 and not kv.allocate(need):
+            step.preempted = True
+            survived = inst.preemptor.make_room(st, need, now, step)
+            step.budget = inst.budget - sum(n_ for _, n_ in step.plan)
+            if not survived:
+                return  # st preempted itself
+        st.private_blocks += need
+        self.count(st, n, leaves_partial, step)
+
+    def schedule_decodes(self, running: list[RequestState], step: StepBuild, now: float) -> bool:
+        """Fast path of the running loop when every running request is a ready decode.
+
+        Gives each one token at once when the token budget covers them all and HBM has the new
+        blocks they need (one allocation of the sum: evicts the same LRU segments as one
+        allocation per request). Returns ``False`` without changing anything otherwise, and the
+        caller runs the request-by-request loop (which may preempt). Same plan, counters and
+        blocks as that loop: a decode's chunk is 1 token, never partial.
+        """
+        n = len(running)
+        kv = self.inst.kv
+        if n > step.budget or kv.pnm.capacity_blocks:  # PNM: the per-request loop knows PNM residents
+            return False
+        bs = kv.bs
+        need_total = 0
+        ctx_total = 0
+        needy = []  # (request, new blocks) of those that need any
+        running_status = RUNNING
+        for st in running:
+            c = st.computed
+            g = st.generated
+            if st.status != running_status or st.ready_s > now or g <= 0 or c != st.prompt_tokens + g - 1:
+                return False
+            if not c % bs:  # it holds >= ceil(c / bs) blocks: only at a block boundary can it need one
+                need = c // bs + 1 - st.shared_blocks - st.private_blocks  # ceil((c + 1) / bs) - held
+                if need > 0:
+                    needy.append((st, need))
+                    need_total += need
+            ctx_total += c
+        if need_total:
+            if not kv.allocate(need_total):
+                return False
+            for st, need in needy:
+                st.private_blocks += need
+        step.plan.extend([(st, 1) for st in running])
+        step.planned.update([st.rid for st in running])
+        step.budget -= n
+        step.n_tokens += n
+        step.attn2 += 2 * ctx_total
+        step.kv_tokens += ctx_total
+        return True
