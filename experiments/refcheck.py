@@ -49,7 +49,7 @@ def _case(name: str, fast_forward: bool = True) -> Callable[[], tuple]:
 def _scenario(stem: str, policy: str | None = None, params: dict | None = None, fast_forward: bool = True,
               spec_over: dict | None = None, **over) -> Callable[[], tuple]:
     def build():
-        from kvsched.experiments.cli import _cluster_kwargs
+        from kvsched.experiments.simulate_cli import _cluster_kwargs
         from kvsched.experiments.scenario import load_scenario
 
         kw = dict(over)
