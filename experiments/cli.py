@@ -1,12 +1,30 @@
-"""The ``kvsched`` command line.
+"""The ``kvsched`` command line: builds the parser from the command table and dispatches.
 
 ``kvsched simulate`` is the main job: serve a bundled real trace (default: the Azure LLM
 inference 2023 conversation trace) on a simulated vLLM-like instance (default Llama-3.1-8B on
-one H100) and print TTFT/TPOT/ITL/E2E, SLO attainment and goodput per length class.
-``kvsched presets`` lists the model, GPU and link presets; ``kvsched traces`` the bundled
-traces; ``kvsched bench`` measures the simulator's speed and memory (:mod:`.bench`). ``kvsched calibrate`` fits the cost parameters to real vLLM runs and ``kvsched validate``
-scores the simulator against them (:mod:`kvsched.experiments.calibrate`,
-:mod:`kvsched.experiments.validate`).
+one H100) and print TTFT/TPOT/ITL/E2E, SLO attainment and goodput per length class. The
+subcommands are listed, with the module holding each one's options and handler, in
+:data:`kvsched.experiments.commands.COMMANDS`.
+
+How the table becomes a parser: every subcommand gets its argparse sub-parser and its help line
+up front (``kvsched --help`` lists them all), but a sub-parser's options are added only when
+argparse selects it (:class:`_CommandParser`), by importing the command's module then. So
+``kvsched --help`` imports no command module, and ``kvsched simulate`` imports none of the
+heavy ones (torch and Stable-Baselines3 behind ``train``/``evaluate``, Optuna behind
+``tune``/``export``, Ray, pandas-heavy ``compare``/``validate``...). We chose this over keeping
+every command's options in a light module apart from its heavy implementation because
+
+* options stay beside their handler in the module that implements the command, including
+  modules whose option help is computed from their own data (``bench`` lists its case table,
+  ``calibrate`` its fit schedule), which a light options module would have to import anyway
+  or duplicate;
+* argparse itself picks the subcommand (the sub-parser is filled in from its own
+  ``parse_known_args``, called by argparse with the subcommand's arguments), so there is no
+  second, hand-written reading of ``argv`` that a future top-level option could fool;
+* it uses only public argparse hooks (``add_subparsers(parser_class=...)``, ``set_defaults``).
+
+Dispatch: the filled-in sub-parser sets ``func`` (the command's handler) by ``set_defaults``,
+and :func:`main` calls ``args.func(args, console)`` under the command line's error handling.
 
 Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress bar).
 """
@@ -14,465 +32,76 @@ Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress ba
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import resource
 import sys
-import time
-from pathlib import Path
 from typing import Sequence
 
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 import kvsched
-from kvsched.envs.sim.errors import KvschedError
-from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
-from kvsched.envs.sim.specs import TP_DEGREES
 
-from . import cli_types
+from .commands import COMMANDS, Command
 from .consoles import stderr_console, stdout_console
-from .outputs import prepare_out_dir
-from kvsched.runner.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 
 
-def _parser() -> argparse.ArgumentParser:
+class _CommandParser(argparse.ArgumentParser):
+    """The sub-parser of one :class:`~kvsched.experiments.commands.Command`. Its options and its
+    ``func`` default (the handler) are added the first time it parses or formats its help, which
+    imports the command's module then and not before."""
+
+    def __init__(self, *args, command: Command, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._command: Command | None = command
+
+    def _fill(self) -> None:
+        """Import the command's module, add its options and set ``func`` to its handler (once)."""
+        if self._command is None:
+            return
+        command, self._command = self._command, None
+        add_arguments, run = command.load()
+        if add_arguments is not None:
+            add_arguments(self)
+        self.set_defaults(func=run)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Fill in the command (:meth:`_fill`), then parse as :class:`argparse.ArgumentParser`."""
+        self._fill()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        """The usage line, with the command's options."""
+        self._fill()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        """The help text, with the command's options."""
+        self._fill()
+        return super().format_help()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvsched`` parser: one sub-parser per entry of
+    :data:`~kvsched.experiments.commands.COMMANDS`, in its order, each filled in when selected."""
     p = argparse.ArgumentParser(
         prog="kvsched",
         description="kvsched: LLM-serving scheduling as a KV-cache residency problem. "
                     "`kvsched simulate` serves a real trace on a simulated vLLM-like instance.")
     p.add_argument("--version", action="version", version=f"kvsched {kvsched.__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("simulate", help="serve a trace on a simulated instance and report latency metrics")
-    s.add_argument("--scenario", help="scenario YAML file (flags below override its fields)")
-    s.add_argument("--trace", help=f"bundled trace name or path (default {DEFAULT_TRACE}); see `kvsched traces`")
-    s.add_argument("--model", help=f"model preset (default {DEFAULT_MODEL}); see `kvsched presets`")
-    s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
-    s.add_argument("--tp", type=int, choices=TP_DEGREES, help="tensor-parallel degree (1, 2, 4, 8)")
-    s.add_argument("--policy", help="scheduler policy (default fcfs)")
-    s.add_argument("--policy-params", metavar="JSON",
-                   help='policy parameters, merged over the scenario\'s, e.g. '
-                        '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
-    s.add_argument("--instances", type=cli_types.count, help="number of instances (default 1)")
-    s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
-                                    "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
-                                    "llm-d, dynamo")
-    s.add_argument("--router-params", metavar="JSON", help='router parameters, e.g. \'{"cache_threshold": 0.5}\'')
-    s.add_argument("--router-delay", type=cli_types.number(0.0, strict=False), metavar="S",
-                   help="routers see instance state refreshed every S simulated seconds (default 0: live)")
-    s.add_argument("--window", nargs=2, type=cli_types.number(0.0, strict=False), action=cli_types.Window,
-                   metavar=("START_S", "END_S"),
-                   help="serve only requests arriving in [START_S, END_S) of the trace's own seconds "
-                        "(cut before --rate-scale; rebased to 0)")
-    s.add_argument("--rate-scale", type=cli_types.number(0.0, strict=True),
-                   help="multiply the request rate (compress arrivals; > 0; after --window)")
-    s.add_argument("--max-requests", type=cli_types.count,
-                   help="serve only the first N requests (after --window and --rate-scale)")
-    s.add_argument("--seed", type=cli_types.seed, help="seed for synthetic workloads (default 0)")
-    s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
-    s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    s.add_argument("--no-fast-forward", action="store_true",
-                   help="advance every step one by one (same results, slower; for checking)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--policy-file", type=Path,
-                   help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON")
-
-    t = sub.add_parser("tune", help="Bayesian tuning of a policy's parameters (Optuna); see README 'Tuning'")
-    from .tune_cli import add_tune_arguments, add_export_arguments
-    add_tune_arguments(t)
-    e = sub.add_parser("export", help="export a tuned trial as vLLM / SGLang / llm-d / kvsched configuration")
-    add_export_arguments(e)
-
-    b = sub.add_parser("bench", help="measure simulator speed and memory on reference cases (see --list)")
-    from .bench import add_arguments as add_bench_arguments
-    add_bench_arguments(b)
-
-    c = sub.add_parser("compare", help="run several policies on the same workload and seeds; table, CSV and plots")
-    c.add_argument("--scenario", required=True,
-                   help="scenario YAML file (its `policy` is ignored, or its `router` with --routers)")
-    c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
-    c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
-                                     "rr,least-loaded,cache-affinity), each with the scenario's policy")
-    c.add_argument("--instances", type=cli_types.count, help="override the scenario's n_instances")
-    c.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests of the workload "
-                                                    "(overrides the scenario's max_requests)")
-    c.add_argument("--router-params", metavar="JSON",
-                   help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
-    c.add_argument("--seeds", type=cli_types.count, default=1,
-                   help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
-                        "a trace is the same for every seed) (default 1)")
-    c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
-    c.add_argument("--policy-params", metavar="JSON",
-                   help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
-    c.add_argument("--windows", type=cli_types.count, default=1,
-                   help="cut the workload into this many consecutive windows of equal time, each served "
-                        "separately from a cold start (default 1)")
-    c.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="run the grid here, one run after another, or as Ray tasks (needs kvsched[ray]); "
-                        "results are identical (default local)")
-    c.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray; default: "
-                                     "start a local Ray)")
-    c.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    from . import rl_cli
-    rl_cli.add_train_arguments(sub.add_parser(
-        "train", help="train an RL agent (SB3 / sb3-contrib) on a kvsched environment (needs the rl extra)"))
-    rl_cli.add_evaluate_arguments(sub.add_parser(
-        "evaluate", help="learned vs heuristic agents on held-out windows: table with 95%% CIs, plots"))
-    sub.add_parser("presets", help="list model, GPU and link presets")
-    sub.add_parser("traces", help="list bundled traces")
-
-    from . import calibrate, validate
-
-    calibrate.add_arguments(sub.add_parser(
-        "calibrate", help="fit the cost model's efficiency and overhead parameters to real vLLM runs"))
-    validate.add_arguments(sub.add_parser(
-        "validate", help="replay the real vLLM runs and score kvsched beside its peers"))
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
+    for command in COMMANDS:
+        sub.add_parser(command.name, help=command.help, command=command)
     return p
-
-
-def _scenario_from_args(a: argparse.Namespace) -> Scenario:
-    sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
-    over: dict = {}
-    if a.trace:
-        over["trace"], over["synthetic"] = a.trace, None
-    inst = dict(sc.instance)
-    for key, val in (("model", a.model), ("gpu", a.gpu), ("tp", a.tp)):
-        if val is not None:
-            inst[key] = val
-    over["instance"] = inst
-    if a.policy is not None and a.policy != sc.policy:
-        over["policy_params"] = {}  # the scenario's parameters belong to its own policy
-    if a.router is not None and a.router != sc.router:
-        over["router"], over["router_params"] = a.router, {}  # the scenario's parameters belong to its router
-    if a.router_params is not None:
-        try:
-            rp = json.loads(a.router_params)
-        except json.JSONDecodeError as e:
-            raise KvschedError(f"--router-params: invalid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(rp, dict):
-            raise KvschedError(f"--router-params={a.router_params!r}: must be a JSON object of the router's parameters")
-        over["router_params"] = rp
-    if a.router_delay is not None:
-        over["router_delay_s"] = a.router_delay
-    for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
-                     ("max_requests", a.max_requests), ("seed", a.seed)):
-        if val is not None:
-            over[key] = val
-    if a.window:
-        over["window_s"] = tuple(a.window)
-    if getattr(a, "policy_file", None) is not None:
-        from .export import load_policy_file
-
-        pf = load_policy_file(a.policy_file)
-        if a.policy is not None and a.policy != pf["policy"]:
-            raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
-                               f"(policy {pf['policy']!r}); give one of them")
-        over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
-        over["instance"] = {**over["instance"], **pf["engine"]}
-    if getattr(a, "policy_params", None) is not None:
-        try:
-            pp = json.loads(a.policy_params)
-        except json.JSONDecodeError as e:
-            raise KvschedError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(pp, dict):
-            raise KvschedError(f"--policy-params={a.policy_params!r}: must be a JSON object of the policy's "
-                               "parameters")
-        over["policy_params"] = {**over.get("policy_params", sc.policy_params), **pp}
-    return sc.with_overrides(**over)
-
-
-def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
-    from kvsched.runner.simulate import simulate
-    from kvsched.envs.sim.instance import InstanceOptions
-
-    if a.format == "parquet" and not a.out:
-        raise KvschedError("--format parquet needs --out DIR (records are only written with --out)")
-    if a.out:
-        prepare_out_dir(a.out)
-    sc = _scenario_from_args(a)
-    spec = sc.instance_spec()
-    workload = sc.workload()
-    sc.check_slo_classes(workload)
-    err = stderr_console()
-    if not a.json:
-        for note in workload.notes:
-            first = note.splitlines()[0]
-            err.print(f"[yellow]note:[/] {first[:240]}{' ...' if len(first) > 240 or chr(10) in note else ''}",
-                      highlight=False)
-    options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
-    routing_flags = [f for f, v in (("--router", a.router), ("--router-params", a.router_params),
-                                    ("--router-delay", a.router_delay)) if v is not None]
-    if sc.n_instances == 1 and routing_flags and not a.json:
-        err.print(f"[yellow]note:[/] {', '.join(routing_flags)} has no effect on 1 instance (a router picks among "
-                  "instances; give --instances N)", highlight=False)
-    if not a.json:
-        err.print(
-        f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
-        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
-        f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
-        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}"
-        + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
-           + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
-        highlight=False)
-    t0 = time.perf_counter()
-    show = not (a.no_progress or a.json) and sys.stderr.isatty()
-    if show:
-        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as prog:
-            task = prog.add_task("sim", total=len(workload))
-            result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                              progress=lambda n: prog.update(task, completed=n), **_cluster_kwargs(sc))
-    else:
-        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                          **_cluster_kwargs(sc))
-    wall_s = time.perf_counter() - t0
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    summary = result.summary
-    summary["run"] = _run_identity(sc, workload, spec)
-    if a.json:
-        print(summary_to_json(summary))
-    else:
-        rows = format_summary_rows(summary)
-        table = Table(title=f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
-                            f"{spec.gpu.name} TP{spec.tp}")
-        table.add_column("metric")
-        for r in rows:  # one column per class (all, short, long): fits a narrow terminal
-            table.add_column(r[0], justify="right")
-        for j, header in enumerate(SUMMARY_ROW_HEADERS[1:], start=1):
-            table.add_row(header, *[r[j] for r in rows])
-        console.print(table)
-        _print_routing(summary, console)
-        st = result.stats
-        console.print(
-            f"simulated {summary['duration_s'] or 0.0:.1f} s in {wall_s:.2f} s wall "
-            f"({len(workload) / max(wall_s, 1e-9):,.0f} requests/s, {st['events']:,} events, "
-            f"{st['steps']:,} steps of which {st['fast_forward_steps']:,} fast-forwarded in "
-            f"{st['fast_forward_stretches']:,} stretches; peak RSS {peak_rss_mib:,.0f} MiB)",
-            highlight=False)
-    if a.out:
-        _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
-    return 0
-
-
-def _cluster_kwargs(sc: Scenario) -> dict:
-    """Policy, router and shared-tier arguments of :func:`simulate` from a scenario."""
-    return {"policy_params": sc.policy_params, "router": sc.router, "router_params": sc.router_params,
-            "router_delay_s": sc.router_delay_s, "shared_kv": sc.shared_kv_spec(), "seed": sc.seed}
-
-
-def _print_routing(summary: dict, console: Console) -> None:
-    """One line on routing (load share, prefix hits) and one on the shared KV tier, when present."""
-    r = summary.get("routing")
-    if r:
-        hit = summary["classes"]["all"]["prefix"]["hit_rate"]
-        share = ", ".join(f"{100 * x:.0f}" for x in r["load_share"])
-        console.print(f"router {r['router']}: prefix hit rate {100 * (hit or 0):.1f} %, load share % per instance "
-                      f"[{share}], imbalance (max/mean) {r['load_imbalance']:.2f}", highlight=False)
-    k = summary.get("shared_kv")
-    if k:
-        console.print(f"shared KV tier: {k['fetches']:,} fetches, {k['bytes_fetched'] / 1e9:,.1f} GB fetched, "
-                      f"{k['hit_tokens']:,} hit tokens, {k['recompute_chosen']:,} recomputed instead, "
-                      f"{k['bytes_written'] / 1e9:,.1f} GB written, {k['evicted_segments']:,} segments evicted",
-                      highlight=False)
-
-
-def _run_identity(sc: Scenario, workload, spec) -> dict:
-    """What was simulated (deterministic: no wall time), included in summary.json and --json."""
-    ident = {
-        "kvsched_version": kvsched.__version__,
-        "scenario": sc.name,
-        "scenario_sha256": sc.sha256(),
-        "workload": workload.name,
-        "workload_sha256": workload.content_sha256(),
-        "requests": len(workload),
-        "model": spec.model.name,
-        "gpu": spec.gpu.name,
-        "tp": spec.tp,
-        "n_instances": sc.n_instances,
-        "policy": sc.policy,
-        "seed": sc.seed,
-    }
-    if sc.n_instances > 1:  # the router only acts with several instances
-        ident.update(router=sc.router, router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv is not None)
-    return ident
-
-
-def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console) -> None:
-    from kvsched.envs.sim.specs import instance_spec_to_dict
-
-    out: Path = a.out
-    if a.format == "parquet":
-        try:
-            result.records.to_parquet(out / "records.parquet", index=False)
-        except ImportError as e:
-            raise KvschedError(f"--format parquet needs pyarrow ({e}); install kvsched[parquet]") from None
-    else:
-        result.records.to_csv(out / "records.csv", index=False)
-    (out / "summary.json").write_text(summary_to_json(result.summary) + "\n")
-    result.occupancy.to_csv(out / "occupancy.csv", index=False)
-    run = {
-        "kvsched_version": kvsched.__version__,
-        "scenario": sc.to_dict(),
-        "scenario_sha256": sc.sha256(),
-        "workload": {"name": workload.name, "requests": len(workload),
-                     "source_sha256": workload.source_sha256,
-                     "content_sha256": workload.content_sha256(), "notes": list(workload.notes)},
-        "instance": instance_spec_to_dict(spec),
-        "stats": result.stats,
-        "wall_s": wall_s,
-        "peak_rss_mib": peak_rss_mib,
-        "python": platform.python_version(),
-    }
-    (out / "run.json").write_text(json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
-    if not a.json:
-        console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)
-
-
-def cmd_compare(a: argparse.Namespace, console: Console) -> int:
-    from kvsched.policies.base import policy_names
-
-    from .compare import (aggregate, parse_policies, parse_policy_params, parse_router_params, parse_routers,
-                          rich_table, run_compare, write_outputs)
-
-    routers = None
-    rparams: dict = {}
-    if a.routers is not None:
-        if a.policies is not None or a.policy_params is not None:
-            raise KvschedError("--routers compares routers under the scenario's policy; drop --policies / "
-                               "--policy-params (set `policy:` in the scenario)")
-        routers = parse_routers(a.routers)
-        rparams = parse_router_params(a.router_params, routers)
-        policies = None
-        params: dict = {}
-        names = routers
-    else:
-        if a.router_params is not None:
-            raise KvschedError("--router-params needs --routers")
-        policies = parse_policies(a.policies if a.policies is not None else policy_names())
-        params = parse_policy_params(a.policy_params, policies)
-        names = policies
-    if a.out:
-        prepare_out_dir(a.out)
-    sc = load_scenario(a.scenario)
-    if a.instances is not None:
-        sc = sc.with_overrides(n_instances=a.instances)
-    if a.max_requests is not None:
-        sc = sc.with_overrides(max_requests=a.max_requests)
-    err = stderr_console()
-    show = not a.no_progress and sys.stderr.isatty()
-    n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)
-    t0 = time.perf_counter()
-    run = lambda progress=None: run_compare(sc, policies, a.seeds, params, progress=progress,  # noqa: E731
-                                            windows=a.windows, backend=a.backend, address=a.address,
-                                            routers=routers, router_params=rparams)
-    if show:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as prog:
-            task = prog.add_task(f"comparing ({a.backend})", total=n_runs)
-            result = run(lambda done, total: prog.update(task, completed=done))
-    else:
-        result = run()
-    agg = aggregate(result.runs, result.policies)
-    seeds = result.seeds
-    what = (f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else "") + ", ".join(names)
-    per = len(seeds) * max(a.windows, 1)  # runs per policy (or router), which the ± is over
-    where = f"seeds {seeds[0]}..{seeds[-1]}" + (f" x {a.windows} windows" if a.windows > 1 else "")
-    console.print(rich_table(agg, f"{sc.name}: {what}; {where} "
-                                  f"({f'mean ± std over {per} runs' if per > 1 else 'one run'})"))
-    if sc.trace is not None and len(seeds) > 1:
-        err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
-                  "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
-    def count(n: int, one: str, many: str) -> str:
-        return f"{n} {one if n == 1 else many}"
-
-    what = ("router", "routers") if routers else ("policy", "policies")
-    console.print(f"{count(n_runs, 'run', 'runs')} ({count(len(names), *what)} x {count(len(seeds), 'seed', 'seeds')}"
-                  f" x {count(a.windows, 'window', 'windows')}, backend {a.backend})"
-                  f" in {time.perf_counter() - t0:.1f} s wall", highlight=False)
-    if a.out:
-        files = write_outputs(result, agg, sc, a.out)
-        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    return 0
-
-
-def cmd_presets(console: Console) -> int:
-    from kvsched.envs.sim.shared_kv import CMX_400G
-    from kvsched.envs.sim.specs import presets_rows
-
-    tables = presets_rows()
-    # the cluster KV tier's default network is a link name too (`shared_kv: {network: cmx-400g}`)
-    tables["links"].append({"name": CMX_400G.name, "GB_per_s": round(CMX_400G.bytes_per_s / 1e9, 2),
-                            "latency_us": round(CMX_400G.latency_s * 1e6, 1)})
-    for title, rows in tables.items():
-        if not rows:
-            continue
-        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)"
-                                            if title == "links" else None))
-        for j, col in enumerate(rows[0]):
-            # names never wrap; numeric headers may
-            table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")
-        for r in rows:
-            table.add_row(*[str(v) for v in r.values()])
-        console.print(table)
-    return 0
-
-
-def cmd_traces(console: Console) -> int:
-    from kvsched.envs.workload.traces import list_traces
-
-    rows = list_traces()
-    table = Table(title="bundled traces")
-    for col in rows[0]:
-        table.add_column(str(col))
-    for r in rows:
-        table.add_row(*[str(v) for v in r.values()])
-    console.print(table)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvsched`` console script. Returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from kvsched.envs.sim.errors import KvschedError  # after parsing: `kvsched --help` needs no simulator
+
     # to a file or pipe: wide enough that tables print at their full width (rich truncates a
     # cell that does not fit, and a saved comparison table would lose digits)
     console = stdout_console()
     try:
-        if args.command == "simulate":
-            return cmd_simulate(args, console)
-        if args.command == "bench":
-            from .bench import cmd_bench
-            return cmd_bench(args, console)
-        if args.command == "compare":
-            return cmd_compare(args, console)
-        if args.command == "tune":
-            from .tune_cli import cmd_tune
-            return cmd_tune(args, console)
-        if args.command == "export":
-            from .tune_cli import cmd_export
-            return cmd_export(args, console)
-        if args.command == "train":
-            from .rl_cli import cmd_train
-            return cmd_train(args, console)
-        if args.command == "evaluate":
-            from .rl_cli import cmd_evaluate
-            return cmd_evaluate(args, console)
-        if args.command == "presets":
-            return cmd_presets(console)
-        if args.command == "traces":
-            return cmd_traces(console)
-        if args.command == "calibrate":
-            from .calibrate import cmd_calibrate
-
-            return cmd_calibrate(args, console)
-        if args.command == "validate":
-            from .validate import cmd_validate
-
-            return cmd_validate(args, console)
+        return args.func(args, console)
     except KvschedError as e:
         stderr_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -485,7 +114,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(e.strerror or str(e))}",
                                highlight=False)
         return 2
-    return 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -396,3 +399,54 @@ def test_output_path_checks_accept_a_long_file_name_and_leave_no_probe(tmp_path)
         prepare_out_file(tmp_path / "f" / "x.json")
     with pytest.raises(KvschedError, match="exists and is not a directory"):
         prepare_out_dir(tmp_path / "f")
+
+
+def test_every_command_of_the_table_is_in_the_help_and_has_a_handler(capsys, monkeypatch):
+    """The command table is the parser: each registered subcommand is listed by `kvsched --help`
+    with its help line, loads its options function and handler, its sub-parser dispatches to
+    that handler and prints its own help; the parser has no subcommand the table lacks."""
+    from kvsched.experiments.cli import build_parser
+    from kvsched.experiments.commands import COMMANDS
+
+    monkeypatch.setenv("COLUMNS", "300")  # argparse wraps help to the terminal width
+    names = [c.name for c in COMMANDS]
+    assert len(set(names)) == len(names)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    help_lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert "{" + ",".join(names) + "}" in help_lines
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == names
+    for c in COMMANDS:
+        assert f"{c.name} {c.help.replace('%%', '%')}" in help_lines
+        add_arguments, run = c.load()
+        assert callable(run) and (add_arguments is None or callable(add_arguments))
+        sub.choices[c.name].format_usage()  # fills the sub-parser in
+        assert sub.choices[c.name].get_default("func") is run
+        with pytest.raises(SystemExit) as exit_:
+            main([c.name, "--help"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: kvsched {c.name} ")
+
+
+def test_help_and_parsing_simulate_import_no_heavy_library():
+    """`kvsched --help` imports no command module, and neither it nor parsing `simulate` imports
+    torch, Stable-Baselines3, Optuna or Ray (they stay behind train / evaluate / tune / compare)."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from kvsched.experiments.cli import build_parser, main\n"
+        "from kvsched.experiments.commands import COMMANDS\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        "after_help = sorted(c.module for c in COMMANDS if c.module in sys.modules)\n"
+        "args = build_parser().parse_args(['simulate', '--max-requests', '5', '--no-progress'])\n"
+        "assert args.func.__name__ == 'cmd_simulate' and args.max_requests == 5\n"
+        "heavy = sorted(m for m in ('torch', 'stable_baselines3', 'sb3_contrib', 'optuna', 'ray') if m in sys.modules)\n"
+        "print(json.dumps({'after_help': after_help, 'heavy': heavy}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"after_help": [], "heavy": []}

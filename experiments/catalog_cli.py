@@ -1,0 +1,46 @@
+"""``kvsched presets`` and ``kvsched traces``: list what ships with kvsched (model, GPU and link
+presets; bundled traces). Neither command takes options."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+
+def cmd_presets(a: argparse.Namespace, console: Console) -> int:
+    """Print the model, GPU and link presets, one table each."""
+    from kvsched.envs.sim.shared_kv import CMX_400G
+    from kvsched.envs.sim.specs import presets_rows
+
+    tables = presets_rows()
+    # the cluster KV tier's default network is a link name too (`shared_kv: {network: cmx-400g}`)
+    tables["links"].append({"name": CMX_400G.name, "GB_per_s": round(CMX_400G.bytes_per_s / 1e9, 2),
+                            "latency_us": round(CMX_400G.latency_s * 1e6, 1)})
+    for title, rows in tables.items():
+        if not rows:
+            continue
+        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)"
+                                            if title == "links" else None))
+        for j, col in enumerate(rows[0]):
+            # names never wrap; numeric headers may
+            table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")
+        for r in rows:
+            table.add_row(*[str(v) for v in r.values()])
+        console.print(table)
+    return 0
+
+
+def cmd_traces(a: argparse.Namespace, console: Console) -> int:
+    """Print the bundled traces as a table."""
+    from kvsched.envs.workload.traces import list_traces
+
+    rows = list_traces()
+    table = Table(title="bundled traces")
+    for col in rows[0]:
+        table.add_column(str(col))
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    console.print(table)
+    return 0

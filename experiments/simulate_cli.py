@@ -1,0 +1,266 @@
+"""``kvsched simulate``: serve a trace on a simulated vLLM-like instance (or cluster) and report
+TTFT/TPOT/ITL/E2E, SLO attainment and goodput per length class.
+
+Holds the command's options (:func:`add_arguments`) beside its handler (:func:`cmd_simulate`);
+:mod:`kvsched.experiments.cli` wires them in through :mod:`kvsched.experiments.commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import kvsched
+from kvsched.envs.sim.errors import KvschedError
+from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
+from kvsched.envs.sim.specs import TP_DEGREES
+
+from . import cli_types
+from .consoles import stderr_console
+from .outputs import prepare_out_dir
+from kvsched.runner.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
+from kvsched.runner.simulate import scenario_cluster_kwargs
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    """The ``kvsched simulate`` options (flags override the ``--scenario`` file's fields)."""
+    s.add_argument("--scenario", help="scenario YAML file (flags below override its fields)")
+    s.add_argument("--trace", help=f"bundled trace name or path (default {DEFAULT_TRACE}); see `kvsched traces`")
+    s.add_argument("--model", help=f"model preset (default {DEFAULT_MODEL}); see `kvsched presets`")
+    s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
+    s.add_argument("--tp", type=int, choices=TP_DEGREES, help="tensor-parallel degree (1, 2, 4, 8)")
+    s.add_argument("--policy", help="scheduler policy (default fcfs)")
+    s.add_argument("--policy-params", metavar="JSON",
+                   help='policy parameters, merged over the scenario\'s, e.g. '
+                        '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
+    s.add_argument("--instances", type=cli_types.count, help="number of instances (default 1)")
+    s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
+                                    "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
+                                    "llm-d, dynamo")
+    s.add_argument("--router-params", metavar="JSON", help='router parameters, e.g. \'{"cache_threshold": 0.5}\'')
+    s.add_argument("--router-delay", type=cli_types.number(0.0, strict=False), metavar="S",
+                   help="routers see instance state refreshed every S simulated seconds (default 0: live)")
+    s.add_argument("--window", nargs=2, type=cli_types.number(0.0, strict=False), action=cli_types.Window,
+                   metavar=("START_S", "END_S"),
+                   help="serve only requests arriving in [START_S, END_S) of the trace's own seconds "
+                        "(cut before --rate-scale; rebased to 0)")
+    s.add_argument("--rate-scale", type=cli_types.number(0.0, strict=True),
+                   help="multiply the request rate (compress arrivals; > 0; after --window)")
+    s.add_argument("--max-requests", type=cli_types.count,
+                   help="serve only the first N requests (after --window and --rate-scale)")
+    s.add_argument("--seed", type=cli_types.seed, help="seed for synthetic workloads (default 0)")
+    s.add_argument("--out", type=Path, help="write records, summary.json, occupancy and run.json here")
+    s.add_argument("--format", choices=("csv", "parquet"), default="csv", help="per-request records format")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    s.add_argument("--no-fast-forward", action="store_true",
+                   help="advance every step one by one (same results, slower; for checking)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--policy-file", type=Path,
+                   help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON")
+
+
+def _scenario_from_args(a: argparse.Namespace) -> Scenario:
+    """The scenario to run: the ``--scenario`` file (or the defaults) with the flags given applied over it."""
+    sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
+    over: dict = {}
+    if a.trace:
+        over["trace"], over["synthetic"] = a.trace, None
+    inst = dict(sc.instance)
+    for key, val in (("model", a.model), ("gpu", a.gpu), ("tp", a.tp)):
+        if val is not None:
+            inst[key] = val
+    over["instance"] = inst
+    if a.policy is not None and a.policy != sc.policy:
+        over["policy_params"] = {}  # the scenario's parameters belong to its own policy
+    if a.router is not None and a.router != sc.router:
+        over["router"], over["router_params"] = a.router, {}  # the scenario's parameters belong to its router
+    if a.router_params is not None:
+        try:
+            rp = json.loads(a.router_params)
+        except json.JSONDecodeError as e:
+            raise KvschedError(f"--router-params: invalid JSON ({e.msg} at char {e.pos})") from None
+        if not isinstance(rp, dict):
+            raise KvschedError(f"--router-params={a.router_params!r}: must be a JSON object of the router's parameters")
+        over["router_params"] = rp
+    if a.router_delay is not None:
+        over["router_delay_s"] = a.router_delay
+    for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
+                     ("max_requests", a.max_requests), ("seed", a.seed)):
+        if val is not None:
+            over[key] = val
+    if a.window:
+        over["window_s"] = tuple(a.window)
+    if getattr(a, "policy_file", None) is not None:
+        from .export import load_policy_file
+
+        pf = load_policy_file(a.policy_file)
+        if a.policy is not None and a.policy != pf["policy"]:
+            raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
+                               f"(policy {pf['policy']!r}); give one of them")
+        over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
+        over["instance"] = {**over["instance"], **pf["engine"]}
+    if getattr(a, "policy_params", None) is not None:
+        try:
+            pp = json.loads(a.policy_params)
+        except json.JSONDecodeError as e:
+            raise KvschedError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos})") from None
+        if not isinstance(pp, dict):
+            raise KvschedError(f"--policy-params={a.policy_params!r}: must be a JSON object of the policy's "
+                               "parameters")
+        over["policy_params"] = {**over.get("policy_params", sc.policy_params), **pp}
+    return sc.with_overrides(**over)
+
+
+def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
+    """``kvsched simulate``: run the scenario, print its summary (table or ``--json``) and write
+    ``--out``; returns the exit code."""
+    from kvsched.runner.simulate import simulate
+    from kvsched.envs.sim.instance import InstanceOptions
+
+    if a.format == "parquet" and not a.out:
+        raise KvschedError("--format parquet needs --out DIR (records are only written with --out)")
+    if a.out:
+        prepare_out_dir(a.out)
+    sc = _scenario_from_args(a)
+    spec = sc.instance_spec()
+    workload = sc.workload()
+    sc.check_slo_classes(workload)
+    err = stderr_console()
+    if not a.json:
+        for note in workload.notes:
+            first = note.splitlines()[0]
+            err.print(f"[yellow]note:[/] {first[:240]}{' ...' if len(first) > 240 or chr(10) in note else ''}",
+                      highlight=False)
+    options = InstanceOptions(fast_forward=not a.no_fast_forward, oracle_lengths=sc.oracle_lengths)
+    routing_flags = [f for f, v in (("--router", a.router), ("--router-params", a.router_params),
+                                    ("--router-delay", a.router_delay)) if v is not None]
+    if sc.n_instances == 1 and routing_flags and not a.json:
+        err.print(f"[yellow]note:[/] {', '.join(routing_flags)} has no effect on 1 instance (a router picks among "
+                  "instances; give --instances N)", highlight=False)
+    if not a.json:
+        err.print(
+        f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
+        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
+        f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
+        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}"
+        + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
+           + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
+        highlight=False)
+    t0 = time.perf_counter()
+    show = not (a.no_progress or a.json) and sys.stderr.isatty()
+    if show:
+        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as prog:
+            task = prog.add_task("sim", total=len(workload))
+            result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
+                              progress=lambda n: prog.update(task, completed=n), **scenario_cluster_kwargs(sc))
+    else:
+        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
+                          **scenario_cluster_kwargs(sc))
+    wall_s = time.perf_counter() - t0
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    summary = result.summary
+    summary["run"] = _run_identity(sc, workload, spec)
+    if a.json:
+        print(summary_to_json(summary))
+    else:
+        rows = format_summary_rows(summary)
+        table = Table(title=f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
+                            f"{spec.gpu.name} TP{spec.tp}")
+        table.add_column("metric")
+        for r in rows:  # one column per class (all, short, long): fits a narrow terminal
+            table.add_column(r[0], justify="right")
+        for j, header in enumerate(SUMMARY_ROW_HEADERS[1:], start=1):
+            table.add_row(header, *[r[j] for r in rows])
+        console.print(table)
+        _print_routing(summary, console)
+        st = result.stats
+        console.print(
+            f"simulated {summary['duration_s'] or 0.0:.1f} s in {wall_s:.2f} s wall "
+            f"({len(workload) / max(wall_s, 1e-9):,.0f} requests/s, {st['events']:,} events, "
+            f"{st['steps']:,} steps of which {st['fast_forward_steps']:,} fast-forwarded in "
+            f"{st['fast_forward_stretches']:,} stretches; peak RSS {peak_rss_mib:,.0f} MiB)",
+            highlight=False)
+    if a.out:
+        _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
+    return 0
+
+
+
+
+def _print_routing(summary: dict, console: Console) -> None:
+    """One line on routing (load share, prefix hits) and one on the shared KV tier, when present."""
+    r = summary.get("routing")
+    if r:
+        hit = summary["classes"]["all"]["prefix"]["hit_rate"]
+        share = ", ".join(f"{100 * x:.0f}" for x in r["load_share"])
+        console.print(f"router {r['router']}: prefix hit rate {100 * (hit or 0):.1f} %, load share % per instance "
+                      f"[{share}], imbalance (max/mean) {r['load_imbalance']:.2f}", highlight=False)
+    k = summary.get("shared_kv")
+    if k:
+        console.print(f"shared KV tier: {k['fetches']:,} fetches, {k['bytes_fetched'] / 1e9:,.1f} GB fetched, "
+                      f"{k['hit_tokens']:,} hit tokens, {k['recompute_chosen']:,} recomputed instead, "
+                      f"{k['bytes_written'] / 1e9:,.1f} GB written, {k['evicted_segments']:,} segments evicted",
+                      highlight=False)
+
+
+def _run_identity(sc: Scenario, workload, spec) -> dict:
+    """What was simulated (deterministic: no wall time), included in summary.json and --json."""
+    ident = {
+        "kvsched_version": kvsched.__version__,
+        "scenario": sc.name,
+        "scenario_sha256": sc.sha256(),
+        "workload": workload.name,
+        "workload_sha256": workload.content_sha256(),
+        "requests": len(workload),
+        "model": spec.model.name,
+        "gpu": spec.gpu.name,
+        "tp": spec.tp,
+        "n_instances": sc.n_instances,
+        "policy": sc.policy,
+        "seed": sc.seed,
+    }
+    if sc.n_instances > 1:  # the router only acts with several instances
+        ident.update(router=sc.router, router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv is not None)
+    return ident
+
+
+def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console) -> None:
+    """Write the records (CSV or Parquet), summary.json, occupancy.csv and run.json into ``--out``."""
+    from kvsched.envs.sim.specs import instance_spec_to_dict
+
+    out: Path = a.out
+    if a.format == "parquet":
+        try:
+            result.records.to_parquet(out / "records.parquet", index=False)
+        except ImportError as e:
+            raise KvschedError(f"--format parquet needs pyarrow ({e}); install kvsched[parquet]") from None
+    else:
+        result.records.to_csv(out / "records.csv", index=False)
+    (out / "summary.json").write_text(summary_to_json(result.summary) + "\n")
+    result.occupancy.to_csv(out / "occupancy.csv", index=False)
+    run = {
+        "kvsched_version": kvsched.__version__,
+        "scenario": sc.to_dict(),
+        "scenario_sha256": sc.sha256(),
+        "workload": {"name": workload.name, "requests": len(workload),
+                     "source_sha256": workload.source_sha256,
+                     "content_sha256": workload.content_sha256(), "notes": list(workload.notes)},
+        "instance": instance_spec_to_dict(spec),
+        "stats": result.stats,
+        "wall_s": wall_s,
+        "peak_rss_mib": peak_rss_mib,
+        "python": platform.python_version(),
+    }
+    (out / "run.json").write_text(json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
+    if not a.json:
+        console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)
