@@ -48,7 +48,9 @@ Summary layout (one block C per class: "all", and "short" / "long" when they hav
         (finished requests; output = generated_tokens, total = prompt + generated)
     preemptions: {total, requests_preempted, recomputed_tokens}
     prefix: {hit_tokens, prompt_tokens, hit_rate}  (finished requests)
-    bytes_moved: {hbm_to_dram, dram_to_hbm, hbm_to_nvme, nvme_to_hbm, hbm_to_pnm, total}
+    bytes_moved: {<from>_to_<to>: bytes for every bytes_<from>_to_<to> column of the records
+        (frame order: hbm_to_dram, dram_to_hbm, hbm_to_nvme, nvme_to_hbm, hbm_to_pnm, then
+        those of user-defined tiers), total}
     starvation: {max_queueing_delay_s, starved, threshold_factor}
 
 A request meets its SLO when it finished, TTFT <= ttft_s, TPOT <= tpot_s (a single-token
@@ -74,7 +76,7 @@ from .metrics_config import LENGTH_CLASSES, SLO, MetricsConfig, SLOTable, is_pos
 from .metrics_format import SUMMARY_ROW_HEADERS, format_summary_rows
 from .metrics_format import format_number as _fmt  # noqa: F401  (its former name here)
 from .metrics_stats import itl_stats, json_scalar, occupancy_summary, rate, sample_stats
-from .records import (BYTE_COLUMN_PREFIX, BYTE_COLUMNS, RECORD_COLUMNS, STATUSES,
+from .records import (BYTE_COLUMN_PREFIX, BYTE_COLUMNS, RECORD_COLUMNS, STATUSES, byte_columns,
                       check_records, length_class)
 
 __all__ = [
@@ -114,7 +116,7 @@ class _Requests:
     preemptions: np.ndarray
     recomputed: np.ndarray  # recomputed tokens
     prefix_hits: np.ndarray  # prefix-cache hit tokens
-    link_bytes: dict[str, np.ndarray]  # "<from>_to_<to>" -> bytes, BYTE_COLUMNS order
+    link_bytes: dict[str, np.ndarray]  # "<from>_to_<to>" -> bytes, frame column order
     length_class: np.ndarray  # "short" / "long"
     ttft_s: np.ndarray
     tpot_s: np.ndarray  # NaN unless `multi`
@@ -155,7 +157,7 @@ def _request_arrays(records: pd.DataFrame, cfg: MetricsConfig) -> _Requests:
         recomputed=records["recomputed_tokens"].to_numpy(dtype=np.int64),
         prefix_hits=records["prefix_hit_tokens"].to_numpy(dtype=np.int64),
         link_bytes={c[len(BYTE_COLUMN_PREFIX):]: records[c].to_numpy(dtype=np.int64)
-                    for c in BYTE_COLUMNS},
+                    for c in byte_columns(records)},
         length_class=lcls, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queueing_s=qdelay, multi=multi,
         scheduled=scheduled, met=met, starved=starved)
 
@@ -279,7 +281,7 @@ def _prefix_block(req: _Requests, mask: np.ndarray) -> dict[str, Any]:
 
 
 def _bytes_block(req: _Requests, mask: np.ndarray) -> dict[str, int]:
-    """``bytes_moved``: bytes per link (:data:`BYTE_COLUMNS` order) and ``total``."""
+    """``bytes_moved``: bytes per link (every ``bytes_*`` column, frame order) and ``total``."""
     moved = {k: int(v[mask].sum()) for k, v in req.link_bytes.items()}
     moved["total"] = int(sum(moved.values()))
     return moved
@@ -322,7 +324,7 @@ def summarize(
 
     Args:
         records: per-request records with (at least) the columns of :data:`RECORD_COLUMNS`,
-            one row per arrived request.
+            one row per arrived request; extra ``bytes_<from>_to_<to>`` columns are reported.
         itl: length class name ("short"/"long") -> :class:`LogHistogram` of that class's
             inter-token gaps (s). An "all" entry is used for the "all" class if present;
             otherwise "all" is the merge of every entry. ``None`` or missing classes give
@@ -345,7 +347,7 @@ def summarize(
         SLO rules are in the module docstring ("Summary layout").
 
     Raises:
-        ConfigError: missing columns, an unknown status,
+        ConfigError: missing columns, a malformed byte column name, an unknown status,
             inconsistent timestamps of a finished request, a non-positive ``duration_s``, an
             ``itl`` entry that is not a LogHistogram, or malformed ``occupancy``.
     """

@@ -2,14 +2,17 @@
 
 The simulator writes one row per arrived request (``envs/sim/recorder.py``) into a
 :class:`pandas.DataFrame` whose columns are :data:`RECORD_COLUMNS`; this module names those
-columns, the allowed :data:`STATUSES`, the per-link byte counters (:data:`BYTE_COLUMNS`), the
-length class of a request (:func:`length_class`) and validates a frame before it is summarised
-(:func:`check_records`). Definitions follow REFERENCE.md §6 (Metrics).
+columns, the allowed :data:`STATUSES`, the length class of a request (:func:`length_class`), the
+per-link byte counters of a frame (:func:`byte_columns`: the standard :data:`BYTE_COLUMNS` plus
+any ``bytes_<from>_to_<to>`` column of a user-defined KV tier) and validates a frame before it
+is summarised (:func:`check_records`). Definitions follow REFERENCE.md §6 (Metrics).
 
 Times are seconds from the start of the workload; token counts and bytes are integers.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -23,11 +26,12 @@ __all__ = [
     "STATUSES",
     "BYTE_COLUMN_PREFIX",
     "length_class",
+    "byte_columns",
     "check_records",
 ]
 
-#: Per-link byte counters of a records frame, in order (``bytes_hbm_to_pnm``: KV migrated
-#: GPU->PNM).
+#: Per-link byte counters every records frame has, in order (``bytes_hbm_to_pnm``: KV migrated
+#: GPU->PNM). A frame may add ``bytes_<from>_to_<to>`` columns for user-defined tiers.
 BYTE_COLUMNS: tuple[str, ...] = (
     "bytes_hbm_to_dram",
     "bytes_dram_to_hbm",
@@ -38,6 +42,9 @@ BYTE_COLUMNS: tuple[str, ...] = (
 
 #: Prefix of every per-link byte column; the rest of the name is ``<from>_to_<to>``.
 BYTE_COLUMN_PREFIX = "bytes_"
+
+# tier names are lower case [a-z][a-z0-9_]* (TierSpec.name)
+_BYTE_COLUMN = re.compile(r"bytes_[a-z][a-z0-9_]*_to_[a-z][a-z0-9_]*")
 
 #: Columns of the per-request records DataFrame, in order. Times are seconds from the start of
 #: the workload; token counts and bytes are integers.
@@ -88,11 +95,21 @@ def length_class(prompt_tokens: np.ndarray, cfg: MetricsConfig) -> np.ndarray:
     return np.where(p >= cfg.long_prompt_tokens, "long", "short")
 
 
+def byte_columns(records: pd.DataFrame) -> list[str]:
+    """The per-link byte columns of ``records``: every column named ``bytes_*``, frame order.
+
+    Besides the standard :data:`BYTE_COLUMNS` these are the columns of user-defined KV tiers
+    (e.g. ``bytes_hbm_to_cxl``). Names are not checked here (:func:`check_records` does).
+    """
+    return [c for c in records.columns if str(c).startswith(BYTE_COLUMN_PREFIX)]
+
+
 def check_records(records: pd.DataFrame) -> None:
     """Validate a records frame before it is summarised.
 
     Raises:
         ConfigError: ``records`` is not a DataFrame, misses a column of :data:`RECORD_COLUMNS`,
+            has a ``bytes_*`` column not named ``bytes_<from>_to_<to>`` (lower-case tier names),
             has a status outside :data:`STATUSES`, or a row with a non-finite ``arrival_s`` or,
             for a finished request, timestamps not ordered arrival <= first_scheduled <=
             first_token <= finish or fewer than one generated token.
@@ -103,6 +120,9 @@ def check_records(records: pd.DataFrame) -> None:
     missing = [c for c in RECORD_COLUMNS if c not in records.columns]
     require(not missing, "records columns", missing,
             f"all of RECORD_COLUMNS {list(RECORD_COLUMNS)}")
+    bad_names = [c for c in byte_columns(records) if not _BYTE_COLUMN.fullmatch(str(c))]
+    require(not bad_names, "records byte columns", bad_names,
+            "bytes_<from>_to_<to> with lower-case tier names [a-z][a-z0-9_]*")
     status = records["status"].astype(str).to_numpy()
     bad = ~np.isin(status, STATUSES)
     if bad.any():
