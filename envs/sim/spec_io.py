@@ -22,7 +22,7 @@ from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
 from .model_spec import MODEL_PRESETS, ModelSpec, get_model
-from .spec_validation import as_float, is_int, is_real
+from .spec_validation import as_float, is_int
 from .tiers import TierSpec
 
 _INSTANCE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstanceSpec) if f.init)
@@ -105,8 +105,6 @@ _STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode")
 _BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
 
 
-
-
 def _build(cls: type, d: Any, where: str) -> Any:
     """Construct dataclass ``cls`` from mapping ``d`` with key and type checks."""
     if not isinstance(d, Mapping):
@@ -144,8 +142,6 @@ def _preset_or_inline(value: Any, getter: Callable[[str], Any], cls: type, where
         except UnknownPresetError as e:
             raise UnknownPresetError(f"{where}: {e}") from None
     return _build(cls, value, where)
-
-
 
 
 def _pnm_from(value: Any, where: str) -> PNMSpec:
