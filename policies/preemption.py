@@ -146,33 +146,78 @@ def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndar
     rows = np.flatnonzero(eligible & (freed_blocks + available_blocks >= waiting_blocks[0]))
     if rows.size == 0:
         return None
-    modes = [m for m in _MODES if m in costs_s]
-    if p.tier_aware_preemption:
-        cost = np.vstack([costs_s[m] for m in modes])
-        pick = np.argmin(cost, axis=0)
-        mode_of = [modes[int(k)] for k in pick]
-        reload_s = cost[pick, np.arange(cost.shape[1])]
-    else:
-        # as _preempt: a swap (offload) that finds no room falls back to NVMe, then to recompute
-        chain = {"swap": ("swap", "offload", "recompute"), "offload": ("offload", "recompute")}.get(
-            default_mode, ("recompute",))
-        mode_of, reload_s = {}, np.empty(len(running))
-        for r in rows.tolist():  # only the candidates' modes are ever used
-            m = next(m for m in chain if m in costs_s and np.isfinite(costs_s[m][r]))
-            mode_of[r] = m
-            reload_s[r] = costs_s[m][r]
+    mode_of, reload_s = _reload_modes(p.tier_aware_preemption, rows, len(running), costs_s, default_mode)
     if p.admission_preemption == "always":
         r = int(rows[np.argmax(freed_blocks[rows])])  # the largest holder: frees the most
         return r, mode_of[r]
 
-    cost_model = policy.ctx.cost
-    history = policy.output_history
     # the waiting requests each candidate's blocks would admit now (admission order)
     cum = np.cumsum(waiting_blocks)
     ks = np.minimum(np.searchsorted(cum, available_blocks + freed_blocks[rows], side="right"), seats + 1)
     kmax = int(ks.max())
     if kmax == 0:
         return None
+    t_run, t_wait = _remaining_times(policy, running, waiting, kmax)
+    n_running, n_waiting = len(running), len(waiting)
+    best, best_gain = None, 0.0
+    for r, k in zip(rows.tolist(), ks.tolist()):
+        if k == 0:
+            continue
+        removed = _delay_removed(r, t_run, freed_blocks, cum[:k] - available_blocks)
+        added = _delay_added(mode_of[r], reload_s[r], float(t_wait[:k].max()), n_running, n_waiting,
+                             p.prefetch)
+        gain = removed - added
+        if gain > best_gain:
+            best, best_gain = int(r), gain
+    return None if best is None else (best, mode_of[best])
+
+
+def _reload_modes(tier_aware: bool, rows: np.ndarray, n_running: int, costs_s: dict[str, np.ndarray],
+                  default_mode: str) -> tuple:
+    """How each candidate row would be preempted and what bringing it back costs.
+
+    Args:
+        tier_aware: ``PolicyParams.tier_aware_preemption``: the cheapest mode per row; otherwise
+            ``default_mode`` with the instance's fallbacks (as ``_preempt``: a swap (offload)
+            that finds no room falls back to NVMe, then to recompute).
+        rows: candidate rows of ``running``, int array.
+        n_running: rows of ``running``.
+        costs_s: seconds per mode and row (``inf``: infeasible), each of shape ``(n_running,)``.
+        default_mode: the spec's ``preemption_mode``.
+
+    Returns:
+        ``(mode_of, reload_s)``: the mode of row ``r`` is ``mode_of[r]`` (a list over every row
+        when tier-aware, else a dict over the candidates) and its reload cost ``reload_s[r]``
+        (s, float64 array of shape ``(n_running,)``, set for the candidates).
+    """
+    modes = [m for m in _MODES if m in costs_s]
+    if tier_aware:
+        cost = np.vstack([costs_s[m] for m in modes])
+        pick = np.argmin(cost, axis=0)
+        return [modes[int(k)] for k in pick], cost[pick, np.arange(cost.shape[1])]
+    chain = {"swap": ("swap", "offload", "recompute"), "offload": ("offload", "recompute")}.get(
+        default_mode, ("recompute",))
+    mode_of, reload_s = {}, np.empty(n_running)
+    for r in rows.tolist():  # only the candidates' modes are ever used
+        m = next(m for m in chain if m in costs_s and np.isfinite(costs_s[m][r]))
+        mode_of[r] = m
+        reload_s[r] = costs_s[m][r]
+    return mode_of, reload_s
+
+
+def _remaining_times(policy, running: FeatureTable, waiting: FeatureTable,
+                     kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted seconds until each running request and each of the first ``kmax`` waiting
+    requests finishes (:func:`remaining_time_s` at the current batch's decode step time).
+
+    Remaining output is exact under oracle lengths (at least one token for a waiting request),
+    else the policy's :class:`OutputLengthHistory` estimate.
+
+    Returns:
+        ``(t_run, t_wait)``: float64 arrays of shapes ``(len(running),)`` and ``(kmax,)``.
+    """
+    cost_model = policy.ctx.cost
+    history = policy.output_history
     w_total = (waiting.prompt_tokens + waiting.generated_tokens)[:kmax]
     w_generated = waiting.generated_tokens[:kmax]
     if running.oracle_lengths:
@@ -186,30 +231,46 @@ def choose_admission_preemption(policy, running: FeatureTable, eligible: np.ndar
     t_run = remaining_time_s(cost_model, running.prompt_tokens + running.generated_tokens, ctx, rem_run,
                              decode_step_s)
     t_wait = remaining_time_s(cost_model, w_total, waiting.computed_tokens[:kmax], rem_wait, decode_step_s)
-    n_running, n_waiting = len(running), len(waiting)
-    best, best_gain = None, 0.0
-    for r, k in zip(rows.tolist(), ks.tolist()):
-        if k == 0:
-            continue
-        # without preemption: request j waits until finishing requests free its shortfall
-        others = np.delete(np.arange(n_running), r)
-        order = others[np.argsort(t_run[others], kind="stable")]
-        freed_by = np.concatenate([[0], np.cumsum(freed_blocks[order])])
-        finish_s = np.concatenate([[0.0], t_run[order]])
-        # r itself frees its blocks when it finishes, too
-        short = cum[:k] - available_blocks
-        idx = np.searchsorted(freed_by, short, side="left")
-        wait_s = np.where(idx < freed_by.size, finish_s[np.minimum(idx, freed_by.size - 1)], np.inf)
-        wait_s = np.minimum(np.where(short > 0, wait_s, 0.0), t_run[r])
-        removed = float(wait_s.sum())
-        m = mode_of[r]
-        if m == "recompute":
-            collateral = reload_s[r] * (n_running - 1 + n_waiting)
-        else:
-            half = reload_s[r] / 2.0
-            collateral = half * (n_running - 1) * (1 if p.prefetch else 2)
-        added = float(t_wait[:k].max()) + reload_s[r] + collateral
-        gain = removed - added
-        if gain > best_gain:
-            best, best_gain = int(r), gain
-    return None if best is None else (best, mode_of[best])
+    return t_run, t_wait
+
+
+def _delay_removed(r: int, t_run: np.ndarray, freed_blocks: np.ndarray, short: np.ndarray) -> float:
+    """Request-seconds of waiting saved by preempting running row ``r`` now.
+
+    Without the preemption, waiting request ``j`` waits until the other running requests,
+    finishing in order of their remaining times ``t_run`` (s), have freed its shortfall
+    ``short[j]`` (blocks; <= 0: it fits now), and at most until ``r`` itself finishes and frees
+    its blocks (``t_run[r]``).
+
+    Args:
+        r: the candidate victim's row.
+        t_run: remaining seconds of every running request, shape ``(n_running,)``.
+        freed_blocks: HBM blocks each running request frees, shape ``(n_running,)``.
+        short: blocks each waiting request the victim would admit still lacks, shape ``(k,)``.
+    """
+    others = np.delete(np.arange(len(t_run)), r)
+    order = others[np.argsort(t_run[others], kind="stable")]
+    freed_by = np.concatenate([[0], np.cumsum(freed_blocks[order])])
+    finish_s = np.concatenate([[0.0], t_run[order]])
+    idx = np.searchsorted(freed_by, short, side="left")
+    wait_s = np.where(idx < freed_by.size, finish_s[np.minimum(idx, freed_by.size - 1)], np.inf)
+    wait_s = np.minimum(np.where(short > 0, wait_s, 0.0), t_run[r])
+    return float(wait_s.sum())
+
+
+def _delay_added(mode: str, reload_s: float, displacement_s: float, n_running: int, n_waiting: int,
+                 prefetch: bool) -> float:
+    """Request-seconds of delay a preemption in ``mode`` adds (see the module doc).
+
+    The victim's displacement ``displacement_s`` (the longest predicted service time of the
+    requests it admits) plus its reload ``reload_s`` (s) plus the reload borne by others: a
+    recompute delays every other running and waiting request by its prefill; a swap delays the
+    other running requests by its copy out and, without prefetch, its copy back in (half the
+    reload each).
+    """
+    if mode == "recompute":
+        collateral = reload_s * (n_running - 1 + n_waiting)
+    else:
+        half = reload_s / 2.0
+        collateral = half * (n_running - 1) * (1 if prefetch else 2)
+    return displacement_s + reload_s + collateral

@@ -333,6 +333,39 @@ def test_bad_records_raise():
         summarize(df, {}, None, MetricsConfig())
 
 
+def test_bytes_moved_follows_the_records_byte_columns():
+    # a user-defined CXL tier adds a column pair after the standard five: r0 (short) wrote 300
+    # bytes to it and read 100 back, r2 (long) wrote 40; the standard columns are as in
+    # four_requests (all: 2012 bytes, long: 12)
+    df = four_requests()
+    df["bytes_hbm_to_cxl"] = [300, 0, 40, 0]
+    df["bytes_cxl_to_hbm"] = [100, 0, 0, 0]
+    s = summarize(df, {}, None, MetricsConfig())
+    a = s["classes"]["all"]["bytes_moved"]
+    assert list(a) == ["hbm_to_dram", "dram_to_hbm", "hbm_to_nvme", "nvme_to_hbm", "hbm_to_pnm",
+                       "hbm_to_cxl", "cxl_to_hbm", "total"]
+    assert a["hbm_to_cxl"] == 340 and a["cxl_to_hbm"] == 100
+    assert a["total"] == 2012 + 440
+    assert s["classes"]["short"]["bytes_moved"]["hbm_to_cxl"] == 300
+    assert s["classes"]["short"]["bytes_moved"]["total"] == 2000 + 400
+    assert s["classes"]["long"]["bytes_moved"] == {
+        "hbm_to_dram": 0, "dram_to_hbm": 0, "hbm_to_nvme": 7, "nvme_to_hbm": 5, "hbm_to_pnm": 0,
+        "hbm_to_cxl": 40, "cxl_to_hbm": 0, "total": 52}
+    # without the extra columns the summary is what it was
+    base = summarize(four_requests(), {}, None, MetricsConfig())
+    assert "hbm_to_cxl" not in base["classes"]["all"]["bytes_moved"]
+
+
+def test_standard_byte_columns_stay_required_and_extra_ones_are_named_by_link():
+    with pytest.raises(ConfigError, match="records columns"):
+        summarize(four_requests().drop(columns=["bytes_hbm_to_pnm"]), {}, None, MetricsConfig())
+    for bad in ("bytes_total", "bytes_hbm", "bytes_HBM_to_cxl"):
+        df = four_requests()
+        df[bad] = 0
+        with pytest.raises(ConfigError, match="records byte columns"):
+            summarize(df, {}, None, MetricsConfig())
+
+
 def test_empty_records():
     s = summarize(_frame([]), {}, None, MetricsConfig())
     assert s["duration_s"] is None

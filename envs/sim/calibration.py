@@ -293,6 +293,25 @@ def fit_cost_params(residual_fn: Callable[[CostParams], np.ndarray], base: CostP
     """
     from scipy.optimize import least_squares
 
+    names, lo, hi, z0 = _log_space_start(params, base, x0)
+    fun = _LoggedResiduals(residual_fn, base, names)
+    sol = least_squares(fun, z0, bounds=(lo, hi), method="trf", loss=loss, f_scale=f_scale,
+                        diff_step=diff_step, max_nfev=max_nfev, x_scale=1.0, xtol=xtol, ftol=ftol)
+    return FitResult(cost=fun.cost_of(sol.x), values=fun.values_of(sol.x), loss=float(sol.cost),
+                     residuals=np.asarray(sol.fun), n_evaluations=len(fun.history), status=int(sol.status),
+                     message=str(sol.message), history=tuple(fun.history))
+
+
+def _log_space_start(params: Sequence[FitParam], base: CostParams,
+                     x0: Mapping[str, float] | None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Names, log bounds and log starting point of the fitted fields, each array of shape ``(k,)``.
+
+    The start is ``x0[name]`` where given, else ``base``'s value, clipped into the bounds and then
+    nudged 1e-9 inside them (scipy needs a strictly feasible start).
+
+    Raises:
+        ConfigError: no parameters, or duplicate names.
+    """
     names = [p.name for p in params]
     if not names:
         raise ConfigError("fit_cost_params: params is empty; expected at least one FitParam")
@@ -304,27 +323,43 @@ def fit_cost_params(residual_fn: Callable[[CostParams], np.ndarray], base: CostP
     z0 = np.array([math.log(min(max(float(start.get(p.name, getattr(base, p.name))), p.lo), p.hi))
                    for p in params])
     z0 = np.clip(z0, lo + 1e-9, hi - 1e-9)
-    history: list[tuple[dict[str, float], float]] = []
-    n_res: list[int] = []
+    return names, lo, hi, z0
 
-    def cost_of(z: np.ndarray) -> CostParams:
-        return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(names, z)})
 
-    def fun(z: np.ndarray) -> np.ndarray:
-        r = np.asarray(residual_fn(cost_of(z)), dtype=np.float64).ravel()
-        if not n_res:
+class _LoggedResiduals:
+    """``residual_fn`` as a function of log parameters, logging every evaluation.
+
+    Calling it with ``z`` (log values of ``names``, shape ``(k,)``) returns the residuals of
+    ``base`` with those fields set to ``exp(z)``, non-finite entries replaced by 10 (a failed
+    prediction counts as a large error), and appends ``(values, 0.5 * |r|^2)`` to ``history``.
+
+    Raises (on call):
+        ConfigError: the first residual vector is empty or not finite, or a later one changes
+            length.
+    """
+
+    def __init__(self, residual_fn: Callable[[CostParams], np.ndarray], base: CostParams,
+                 names: list[str]) -> None:
+        self.residual_fn, self.base, self.names = residual_fn, base, names
+        self.history: list[tuple[dict[str, float], float]] = []
+        self.n_res: int | None = None  # residual length, fixed by the first call
+
+    def values_of(self, z: np.ndarray) -> dict[str, float]:
+        """Field name -> value (``exp`` of the log value)."""
+        return {n: float(math.exp(v)) for n, v in zip(self.names, z)}
+
+    def cost_of(self, z: np.ndarray) -> CostParams:
+        """``base`` with the fitted fields set from log values ``z``."""
+        return dataclasses.replace(self.base, **self.values_of(z))
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        r = np.asarray(self.residual_fn(self.cost_of(z)), dtype=np.float64).ravel()
+        if self.n_res is None:
             if r.size == 0 or not np.all(np.isfinite(r)):
                 raise ConfigError(f"fit_cost_params: residuals at the start are empty or not finite: {r}")
-            n_res.append(r.size)
-        elif r.size != n_res[0]:
-            raise ConfigError(f"fit_cost_params: residual length changed from {n_res[0]} to {r.size}")
+            self.n_res = r.size
+        elif r.size != self.n_res:
+            raise ConfigError(f"fit_cost_params: residual length changed from {self.n_res} to {r.size}")
         r = np.where(np.isfinite(r), r, 10.0)  # a failed prediction counts as a large error
-        history.append(({n: float(math.exp(v)) for n, v in zip(names, z)}, 0.5 * float(r @ r)))
+        self.history.append((self.values_of(z), 0.5 * float(r @ r)))
         return r
-
-    sol = least_squares(fun, z0, bounds=(lo, hi), method="trf", loss=loss, f_scale=f_scale,
-                        diff_step=diff_step, max_nfev=max_nfev, x_scale=1.0, xtol=xtol, ftol=ftol)
-    cost = cost_of(sol.x)
-    return FitResult(cost=cost, values={n: float(math.exp(v)) for n, v in zip(names, sol.x)},
-                     loss=float(sol.cost), residuals=np.asarray(sol.fun), n_evaluations=len(history),
-                     status=int(sol.status), message=str(sol.message), history=tuple(history))

@@ -22,7 +22,7 @@ from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
 from .model_spec import MODEL_PRESETS, ModelSpec, get_model
-from .spec_validation import as_float, is_int, is_real
+from .spec_validation import as_float, is_int
 from .tiers import TierSpec
 
 _INSTANCE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstanceSpec) if f.init)
@@ -105,8 +105,6 @@ _STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode")
 _BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
 
 
-
-
 def _build(cls: type, d: Any, where: str) -> Any:
     """Construct dataclass ``cls`` from mapping ``d`` with key and type checks."""
     if not isinstance(d, Mapping):
@@ -144,8 +142,6 @@ def _preset_or_inline(value: Any, getter: Callable[[str], Any], cls: type, where
         except UnknownPresetError as e:
             raise UnknownPresetError(f"{where}: {e}") from None
     return _build(cls, value, where)
-
-
 
 
 def _pnm_from(value: Any, where: str) -> PNMSpec:
@@ -207,6 +203,25 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
             allowed keys), a missing model/gpu, a value of the wrong type, or an invalid spec.
         UnknownPresetError: an unknown preset name.
     """
+    _check_instance_keys(d, source)
+    kw = _component_kwargs(d, source)
+    if "cost" in d and d["cost"] is not None:
+        kw["cost"] = _cost_from(d["cost"], kw["gpu"], source)
+    kw.update(_scalar_kwargs(d, source))
+    try:
+        return InstanceSpec(**kw)
+    except ConfigError as e:
+        if isinstance(e, UnknownPresetError):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _check_instance_keys(d: Any, source: str) -> None:
+    """``d`` is a mapping of :class:`InstanceSpec` fields naming a model and a GPU.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, or no ``model`` / ``gpu``.
+    """
     if not isinstance(d, Mapping):
         raise ConfigError(f"{source}: an instance spec must be a mapping, got {type(d).__name__}")
     unknown = [k for k in d if k not in _INSTANCE_FIELDS]
@@ -215,6 +230,17 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
     for key in ("model", "gpu"):
         if key not in d:
             raise ConfigError(f"{source}: missing key {key!r} (a preset name or an inline dict)")
+
+
+def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The spec objects of ``d``: model, gpu, links, PNM device and extra tiers (those given).
+
+    ``pcie: null`` is left out (the link then follows the GPU), as are ``pnm`` and
+    ``extra_tiers`` when null.
+
+    Raises:
+        ConfigError: a malformed inline spec or tier list; UnknownPresetError: an unknown preset.
+    """
     kw: dict[str, Any] = {
         "model": _preset_or_inline(d["model"], get_model, ModelSpec, f"{source}: model"),
         "gpu": _preset_or_inline(d["gpu"], get_gpu, GPUSpec, f"{source}: gpu"),
@@ -225,20 +251,40 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
     if "pnm" in d and d["pnm"] is not None:
         kw["pnm"] = _pnm_from(d["pnm"], f"{source}: pnm")
     if "extra_tiers" in d and d["extra_tiers"] is not None:
-        if not isinstance(d["extra_tiers"], (list, tuple)):
-            raise ConfigError(f"{source}: extra_tiers={bounded_repr(d['extra_tiers'])} is not allowed: "
+        tiers = d["extra_tiers"]
+        if not isinstance(tiers, (list, tuple)):
+            raise ConfigError(f"{source}: extra_tiers={bounded_repr(tiers)} is not allowed: "
                               "expected a list of tier mappings")
-        kw["extra_tiers"] = tuple(_tier_from(t, f"{source}: extra_tiers[{i}]") for i, t in enumerate(d["extra_tiers"]))
-    if "cost" in d and d["cost"] is not None:
-        # omitted cost keys take the GPU's default (calibrated where a calibration file exists)
-        given = d["cost"]
-        if not isinstance(given, Mapping):
-            raise ConfigError(f"{source}: cost must be a mapping of CostParams fields, got {type(given).__name__}")
-        base = _spec_dict(default_cost_params(kw["gpu"]))
-        unknown = [k for k in given if k not in base]
-        if unknown:
-            raise ConfigError(f"{source}: cost: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(base)}")
-        kw["cost"] = _build(CostParams, {**base, **given}, f"{source}: cost")
+        kw["extra_tiers"] = tuple(_tier_from(t, f"{source}: extra_tiers[{i}]") for i, t in enumerate(tiers))
+    return kw
+
+
+def _cost_from(given: Any, gpu: GPUSpec, source: str) -> CostParams:
+    """:class:`CostParams` from a mapping of some of its fields; omitted keys take the GPU's
+    default (calibrated where a calibration file exists, :func:`default_cost_params`).
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, or a bad value.
+    """
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{source}: cost must be a mapping of CostParams fields, got {type(given).__name__}")
+    base = _spec_dict(default_cost_params(gpu))
+    unknown = [k for k in given if k not in base]
+    if unknown:
+        raise ConfigError(f"{source}: cost: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(base)}")
+    return _build(CostParams, {**base, **given}, f"{source}: cost")
+
+
+def _scalar_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The integer, float, string and boolean fields of ``d`` that are given, type-checked.
+
+    Integers become ``int`` (``null`` allowed for the optional ones), floats go through
+    :func:`as_float`; strings and booleans are taken as they are.
+
+    Raises:
+        ConfigError: a value of the wrong type (the message names ``source`` and the key).
+    """
+    kw: dict[str, Any] = {}
     for key in _INT_FIELDS + _OPT_INT_FIELDS:
         if key in d:
             v = d[key]
@@ -262,12 +308,7 @@ def instance_spec_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Ins
             if not isinstance(d[key], bool):
                 raise ConfigError(f"{source}: {key}={bounded_repr(d[key])} is not allowed: expected true or false")
             kw[key] = d[key]
-    try:
-        return InstanceSpec(**kw)
-    except ConfigError as e:
-        if isinstance(e, UnknownPresetError):
-            raise
-        raise ConfigError(f"{source}: {e}") from None
+    return kw
 
 
 def load_instance_spec(path: str | Path) -> InstanceSpec:
