@@ -295,8 +295,9 @@ def fit_cost_params(residual_fn: Callable[[CostParams], np.ndarray], base: CostP
 
     names, lo, hi, z0 = _log_space_start(params, base, x0)
     fun = _LoggedResiduals(residual_fn, base, names)
-    sol = least_squares(fun, z0, bounds=(lo, hi), method="trf", loss=loss, f_scale=f_scale,
-                        diff_step=diff_step, max_nfev=max_nfev, x_scale=1.0, xtol=xtol, ftol=ftol)
+    sol = least_squares(fun, z0, bounds=(lo, hi), method="trf", loss=loss,  # type: ignore[arg-type]
+                        f_scale=f_scale, diff_step=diff_step,  # type: ignore[arg-type]  # a scalar broadcasts
+                        max_nfev=max_nfev, x_scale=1.0, xtol=xtol, ftol=ftol)
     return FitResult(cost=fun.cost_of(sol.x), values=fun.values_of(sol.x), loss=float(sol.cost),
                      residuals=np.asarray(sol.fun), n_evaluations=len(fun.history), status=int(sol.status),
                      message=str(sol.message), history=tuple(fun.history))

@@ -119,13 +119,13 @@ class Cluster:
                  router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0) -> None:
         if not specs:
             raise ValueError("a cluster needs at least one instance spec")
-        front = {(s.cost.request_overhead_s, s.cost.prompt_token_overhead_s, s.cost.output_token_overhead_s,
-                  s.cost.first_chunk_delay_tokens) for s in specs}
+        front = {(s.cost_params.request_overhead_s, s.cost_params.prompt_token_overhead_s,
+                  s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens) for s in specs}
         if len(front) > 1:
             raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
                               "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s and "
                               f"first_chunk_delay_tokens; got {sorted(front)}")
-        self.front_end = specs[0].cost
+        self.front_end = specs[0].cost_params
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)
         self.metrics = metrics
@@ -320,6 +320,7 @@ class Cluster:
         self._until_s = until_s
         ev = self.events
         workload = self._workload
+        assert workload is not None  # start() was called (run_until_decision checks it)
         n = self._n
         instances = self.instances
         rec = self.recorder
@@ -339,7 +340,7 @@ class Cluster:
             if kind == STEP_END:
                 inst = payload
                 inst.complete_step(t)
-                if check_pool:
+                if check_pool and self.shared_kv is not None:
                     self.shared_kv.check()
                 self._wake(inst, t)
             elif kind == ARRIVAL:
@@ -362,7 +363,8 @@ class Cluster:
             else:  # SCHEDULE
                 inst = payload
                 inst.schedule_pending = False
-                if inst is sched_inst and not inst.busy and (sched_filter is None or sched_filter(inst, t)):
+                if sched_inst is not None and inst is sched_inst and not inst.busy \
+                        and (sched_filter is None or sched_filter(inst, t)):
                     self._pending = (t, SCHEDULE, inst)
                     return DecisionPoint("schedule", t, inst.instance_id, None)
                 self._schedule(inst, t)
@@ -430,6 +432,8 @@ class Cluster:
                 loop that has not reached its end).
         """
         workload = self._workload
+        if workload is None:
+            raise RuntimeError("call Cluster.start(workload) first")
         rec = self.recorder
         records = rec.records_frame()
         if len(records) != len(workload):

@@ -84,7 +84,7 @@ class CostModel:
     """
 
     def __init__(self, spec: InstanceSpec) -> None:
-        m, g, c, tp = spec.model, spec.gpu, spec.cost, spec.tp
+        m, g, c, tp = spec.model, spec.gpu, spec.cost_params, spec.tp
         self.spec = spec
         self.matmul_params_per_gpu = m.matmul_params / tp
         self.weight_bytes_per_gpu = spec.weight_bytes_per_gpu

@@ -162,7 +162,7 @@ class StretchPlanner:
         plan = inst._plan
         self.steps = None
         self.end_used = None
-        if xs is None:
+        if xs is None or rems is None:
             xs = [st.computed for st, _ in plan]  # KV tokens each request reads in step 1
             rems = [st.output_tokens - st.generated for st, _ in plan]
         k_rem = min(rems)
@@ -513,6 +513,7 @@ class StretchPlanner:
         """Make the folded step the stretch's first: its end time, occupancy, and the steps of
         members that finish at ``end1`` (one) or later (one more than planned)."""
         live_steps = self.steps
+        assert self.used is not None and self.ends is not None  # plan_stretch just set them
         used = self.used - freed1 if freed1 else self.used
         self.used = np.concatenate(([used1], used))
         if live is not None or live_steps is not None:  # members run different numbers of steps
@@ -524,6 +525,7 @@ class StretchPlanner:
                 for j, i in enumerate(live):
                     steps[i] = (live_steps[j] if live_steps is not None else k_live) + 1
             else:
+                assert live_steps is not None
                 steps = [ki + 1 for ki in live_steps]
             self.steps = steps
         self.joined = n_join
@@ -628,6 +630,7 @@ class StretchPlanner:
         used = np.empty(k, dtype=np.int64)
         used[0] = used0
         if k > 1:
+            assert extra is not None  # computed for every stretch of more than one step
             used[1:] = used0 + extra[:k - 1]
         if n_new:
             ok = pool.allocate(n_new)
@@ -640,6 +643,7 @@ class StretchPlanner:
         the order stepping one by one finishes them."""
         inst = self.inst
         ends = self.ends
+        assert ends is not None and self.used is not None  # a stretch is in flight
         k = len(ends)
         inst.steps += k
         self.stretches += 1

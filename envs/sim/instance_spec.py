@@ -256,7 +256,7 @@ class InstanceSpec:
         o = "InstanceSpec"
         kv_block = self._kv_bytes_per_block
         hbm_blocks = self._derive_hbm_blocks()
-        pcie = self.pcie
+        pcie = self.pcie_link
         tiers = [TierSpec("hbm", hbm_blocks * kv_block, ("running", "prefix"), ""),
                  TierSpec("dram", self.dram_kv_bytes, ("swapped",), "hbm", pcie, pcie, "pcie_d2h", "pcie_h2d", "swap"),
                  TierSpec("nvme", self.nvme_kv_bytes, ("swapped",), "dram", self.nvme_write, self.nvme_read,
@@ -424,6 +424,18 @@ class InstanceSpec:
         shrinks so presets with 128k contexts run on small GPUs.)
         """
         return self._model_len_limit
+
+    @property
+    def cost_params(self) -> CostParams:
+        """The cost parameters in force (``cost``, or the GPU's default when it was None)."""
+        assert self.cost is not None  # set in __post_init__
+        return self.cost
+
+    @property
+    def pcie_link(self) -> LinkSpec:
+        """The GPU<->host link in force (``pcie``, or the GPU's when it was None)."""
+        assert self.pcie is not None  # set in __post_init__
+        return self.pcie
 
     @property
     def tiers(self) -> tuple[TierSpec, ...]:

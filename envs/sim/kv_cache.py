@@ -83,7 +83,7 @@ class BlockPool:
         self.used_blocks = 0
         self.evictable_blocks = 0
         self.segments: dict[int, Segment] = {}
-        self._lru: OrderedDict[int, int] = OrderedDict()
+        self._lru: OrderedDict[int | tuple[str, int], int] = OrderedDict()  # segment hash or a released private run
         self.evicted_segments = 0
         self.single_free_queue = bool(single_free_queue and prefix_caching)
         self._next_anon = 0
@@ -169,7 +169,7 @@ class BlockPool:
             h, nb = self._lru.popitem(last=False)
             self.evictable_blocks -= nb
             self.free_blocks += nb
-            if self.segments.pop(h, None) is not None:
+            if not isinstance(h, tuple) and self.segments.pop(h, None) is not None:  # a tuple: released private blocks
                 self.evicted_segments += 1
         self.free_blocks -= n_blocks
         self.used_blocks += n_blocks

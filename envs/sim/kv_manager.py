@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .hardware import LinkSpec
 from .kv_cache import BlockPool, LinkQueue
 from .request import RequestState
 from .tiers import TierSpec, tier_path
@@ -42,7 +43,7 @@ class KVTier:
         path: the tiers a copy from HBM to this one lands in, top down (HBM excluded; empty for HBM).
     """
 
-    __slots__ = ("spec", "index", "name", "pool", "write_q", "read_q", "path")
+    __slots__ = ("spec", "index", "name", "pool", "write_q", "read_q", "write_link", "read_link", "path")
 
     def __init__(self, spec: TierSpec, index: int, pool: BlockPool) -> None:
         self.spec = spec
@@ -51,7 +52,24 @@ class KVTier:
         self.pool = pool
         self.write_q: LinkQueue | None = None
         self.read_q: LinkQueue | None = None
+        self.write_link = spec.write_link
+        self.read_link = spec.read_link
         self.path: list[KVTier] = []
+
+    def write(self, ready_s: float, duration_s: float, n_bytes: int) -> float:
+        """Queue a copy into this tier on its write link; returns when it lands (s)."""
+        assert self.write_q is not None, "HBM has no link to a tier above it"
+        return self.write_q.reserve(ready_s, duration_s, n_bytes)[1]
+
+    def read(self, ready_s: float, duration_s: float, n_bytes: int) -> float:
+        """Queue a copy out of this tier on its read link; returns when it lands (s)."""
+        assert self.read_q is not None, "HBM has no link to a tier above it"
+        return self.read_q.reserve(ready_s, duration_s, n_bytes)[1]
+
+    def links(self) -> tuple[LinkSpec, LinkSpec]:
+        """``(write_link, read_link)`` of a tier below HBM."""
+        assert self.write_link is not None and self.read_link is not None, "HBM has no link to a tier above it"
+        return self.write_link, self.read_link
 
 
 class KVManager:
@@ -254,7 +272,7 @@ class KVManager:
         first_end = now
         ready = now
         for k, hop in enumerate(target.path):
-            _, ready = hop.write_q.reserve(ready, transfer(n_blocks, hop.spec.write_link), nbytes)
+            ready = hop.write(ready, transfer(n_blocks, hop.links()[0]), nbytes)
             if k == 0:
                 first_end = ready
         st.ready_s = ready
@@ -273,7 +291,7 @@ class KVManager:
         ready = now if now > st.ready_s else st.ready_s  # the swap-out copy must have landed
         transfer = self.cost.transfer_time_s
         for hop in reversed(tier.path):
-            _, ready = hop.read_q.reserve(ready, transfer(n_blocks, hop.spec.read_link), nbytes)
+            ready = hop.read(ready, transfer(n_blocks, hop.links()[1]), nbytes)
         add_tier_bytes(st, tier.name + "_to_hbm", nbytes)
         return ready
 
@@ -298,7 +316,7 @@ class KVManager:
         rt: dict[int, Any] = {0: 0.0}
         out: dict[str, np.ndarray] = {}
         for tier in self.tiers[1:]:
-            w, r = tier.spec.write_link, tier.spec.read_link
+            w, r = tier.links()
             acc = rt[self.by_name[tier.spec.parent].index]
             if w == r:
                 leg = 2.0 * (w.latency_s + blocks * per_block * bs / w.bytes_per_s)

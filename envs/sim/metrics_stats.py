@@ -104,7 +104,7 @@ def itl_stats(h: LogHistogram | None, percentiles: tuple[float, ...], decode_spa
     return out
 
 
-def rate(n: float, duration_s: float | None) -> float | None:
+def rate(n: float | np.integer, duration_s: float | None) -> float | None:
     """``n / duration_s`` (per second), ``None`` when the duration is unknown."""
     return None if duration_s is None else json_scalar(n / duration_s)
 

@@ -81,8 +81,7 @@ class PNMMigrator:
             return False
         tier = kv.by_name["pnm"]
         nbytes = n_blocks * kv.block_bytes
-        t = inst.cost.transfer_time_s(n_blocks, tier.spec.write_link)
-        _, end = tier.write_q.reserve(now, t, nbytes)
+        end = tier.write(now, inst.cost.transfer_time_s(n_blocks, tier.links()[0]), nbytes)
         add_tier_bytes(st, "hbm_to_pnm", nbytes)
         st.pnm_blocks = n_blocks
         st.ready_s = end
@@ -138,6 +137,6 @@ class PNMMigrator:
                                 for c in candidates), bool, count=len(candidates))
         need = -(-tokens // bs)
         room = -(-(tokens + 1) // bs)  # as migrate: its next token must fit too
-        link = kv.by_name["pnm"].spec.write_link
+        link = kv.by_name["pnm"].links()[0]
         mig = link.latency_s + need * inst.cost.kv_bytes_per_token_per_gpu * bs / link.bytes_per_s
         return np.where(decoding & (need >= 1) & (room <= kv.pnm.available_blocks), mig, np.inf)

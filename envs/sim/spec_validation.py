@@ -7,7 +7,7 @@ Each helper raises :class:`~kvsched.envs.sim.errors.ConfigError` naming ``owner.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 import numpy as np
 
@@ -16,12 +16,12 @@ from .errors import ConfigError, bounded_repr, require
 __all__ = ["as_float", "int_at_least", "is_int", "is_real", "non_negative", "positive", "real_in", "string"]
 
 
-def is_int(v: object) -> bool:
+def is_int(v: object) -> TypeGuard[int | np.integer]:
     """True for a Python or NumPy integer (not a bool)."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def is_real(v: object) -> bool:
+def is_real(v: object) -> TypeGuard[int | float | np.integer | np.floating]:
     """True for a finite Python or NumPy real number (not a bool)."""
     return (
         isinstance(v, (int, float, np.integer, np.floating))
@@ -64,4 +64,4 @@ def as_float(value: Any, where: str) -> float:
             pass
     if not is_real(value):
         raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a finite number")
-    return value
+    return value  # type: ignore[return-value]  # the real number as given (an int stays an int)

@@ -271,6 +271,7 @@ def _bounded_pareto(rng: np.random.Generator, n: int, lo: int, hi: int, alpha: f
 def _gaps(cfg: SyntheticConfig, rng: np.random.Generator, k: int) -> np.ndarray:
     if cfg.arrival == "poisson":
         return rng.exponential(1.0 / cfg.rate_per_s, k)
+    assert cfg.burstiness_cv is not None  # SyntheticConfig requires it for gamma arrivals
     shape = 1.0 / cfg.burstiness_cv ** 2
     return rng.gamma(shape, 1.0 / (cfg.rate_per_s * shape), k)
 
@@ -278,16 +279,18 @@ def _gaps(cfg: SyntheticConfig, rng: np.random.Generator, k: int) -> np.ndarray:
 def _arrivals(cfg: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
     if cfg.num_requests is not None:
         return np.cumsum(_gaps(cfg, rng, cfg.num_requests))
-    m = cfg.rate_per_s * cfg.duration_s
+    duration_s = cfg.duration_s
+    assert duration_s is not None  # SyntheticConfig requires num_requests or duration_s
+    m = cfg.rate_per_s * duration_s
     cv = cfg.burstiness_cv or 1.0
     chunk = int(m + 6.0 * cv * math.sqrt(m) + 64)
     parts, t = [], 0.0
-    while t < cfg.duration_s:
+    while t < duration_s:
         c = t + np.cumsum(_gaps(cfg, rng, chunk))
         parts.append(c)
         t = float(c[-1])
     arr = np.concatenate(parts)
-    return arr[arr < cfg.duration_s]
+    return arr[arr < duration_s]
 
 
 # =============================================================================================

@@ -140,7 +140,7 @@ def _bad(file: str, line: int, field: str, column: str, value: Any, allowed: str
         f"{file}: line {line}: field {field!r}{col} has value {value!r}; expected {allowed}{more}")
 
 
-def _check_numbers(num: np.ndarray, raw: Sequence[Any], lines: np.ndarray, file: str, field: str,
+def _check_numbers(num: np.ndarray, raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: str, field: str,
                    column: str, *, integer: bool, minimum: float, strict: bool) -> None:
     """Raise on the first NaN / infinite / non-integral / out-of-range entry of ``num``.
 
@@ -192,7 +192,7 @@ def _numbers_from_json(vals: list, lines: np.ndarray, file: str, field: str,
     return np.asarray(vals, dtype=np.float64)
 
 
-def _token_column(num: np.ndarray, raw: Sequence[Any], lines: np.ndarray, file: str, field: str,
+def _token_column(num: np.ndarray, raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: str, field: str,
                   column: str) -> np.ndarray:
     _check_numbers(num, raw, lines, file, field, column, integer=True, minimum=1, strict=False)
     if num.size and num.max() > 2**62:
@@ -230,7 +230,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
         session = np.full(n, -1, dtype=np.int64)
     if slo_codes is None:
         slo_codes = np.zeros(n, dtype=np.int16)
-    if hash_lens is None:
+    if hash_lens is None or hashes is None:
         offsets = np.zeros(n + 1, dtype=np.int64)
         hashes = np.zeros(0, dtype=np.int64)
     else:
@@ -601,7 +601,7 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
     if fmt == "csv":
         wanted = list(dict.fromkeys(columns.values()))
         cols, lines, notes = _read_csv_rows(data, file, wanted)
-        raw = {f: cols[c] for f, c in columns.items()}
+        raw: dict[str, Any] = {f: cols[c] for f, c in columns.items()}
         if time_unit == "datetime":
             arrival, t0 = _datetime_seconds(raw["arrival_s"], lines, file, "arrival_s",
                                             columns["arrival_s"], slice26=False)
@@ -649,9 +649,9 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
         arrival = arrival * _TIME_UNITS[time_unit]
         head_note += f", time unit {time_unit})"
         if rebase_time and len(arrival):
-            t0 = float(arrival.min())
-            arrival = arrival - t0
-            head_note += f"; arrivals rebased by -{t0:g} s to start at 0"
+            t_min = float(arrival.min())
+            arrival = arrival - t_min
+            head_note += f"; arrivals rebased by -{t_min:g} s to start at 0"
     notes.insert(0, head_note)
     if has_hashes:
         assert hash_lens is not None
@@ -663,7 +663,8 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
         session, note = _session_column(sess_raw, empty, lines, file, columns["session_id"])
         if note:
             notes.append(note)
-    slo_codes, slo_names = None, ("default",)
+    slo_codes: np.ndarray | None = None
+    slo_names: tuple[str, ...] = ("default",)
     if slo_raw is not None:
         names: dict[str, int] = {}
         codes = np.empty(len(slo_raw), dtype=np.int16)
