@@ -118,11 +118,13 @@ class Admitter:
             return SKIP
         hit_hashes = st.hashes[:hit]
         hit_blocks = hit * (st.seg_tokens // kv.bs) if hit else 0
-        need = kv.blocks_for(hit_tokens + n) - hit_blocks
-        if not self._room_for(st, need, hit_hashes, n, step, now):
+        need = -(-(hit_tokens + n) // kv.bs) - hit_blocks
+        if need > kv.hbm.free_blocks + kv.hbm.evictable_blocks - (kv.evictable_hit_blocks(hit_hashes) if hit else 0) \
+                and not self._room_for(st, need, hit_hashes, n, step, now):
             inst._blocked_hit_hashes = hit_hashes
             return STOP
-        kv.acquire_prefix(st, hit_hashes)
+        if hit:
+            kv.acquire_prefix(st, hit_hashes)
         kv.allocate(need)
         self.take_residency(st, hit_hashes, hit_blocks, need, hit, hit_tokens, now)
         inst.composer.count(st, n, leaves_partial, step)

@@ -81,7 +81,7 @@ class StretchPlanner:
         inst._plan = plan
         if (inst.options.fast_forward and not step.preempted and not inst.swapped
                 and len(plan) == len(running)
-                and (not inst.waiting or (blocked_static and inst.shared_kv is None and not inst.admission_preemption))
+                and (not inst.waiting or (blocked_static and inst._shared_kv is None and not inst.admission_preemption))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             return self.plan_stretch(start, horizon_s)
@@ -101,10 +101,13 @@ class StretchPlanner:
     def in_use_now(self) -> tuple[int, ...]:
         """Blocks in use per tier at the step's start (blocks reserved ahead for a stretch are
         not in use yet)."""
-        used = list(self.inst.kv.used_blocks())
-        used[0] -= self.reserved
-        used[-1] -= self.pnm_reserved  # PNM is the last tier
-        return tuple(used)
+        used = self.inst.kv.used_blocks()
+        if not (self.reserved or self.pnm_reserved):
+            return used
+        out = list(used)
+        out[0] -= self.reserved
+        out[-1] -= self.pnm_reserved  # PNM is the last tier
+        return tuple(out)
 
     def plan_single(self, start: float) -> float:
         """End time of a single step of ``inst._plan`` (PNM residents' attention near memory)."""
@@ -170,7 +173,7 @@ class StretchPlanner:
         ends = self.stretch_end_times(start, horizon_s, len(plan), sum(xs), k_rem)
         k = len(ends)
         if (k == k_rem and ends[-1] < horizon_s and inst.stretch_through_finishes and not inst.waiting
-                and inst.shared_kv is None and k_rem < max(rems)
+                and inst._shared_kv is None and k_rem < max(rems)
                 and self.growth_blocks(xs, k - 1) < inst.kv.hbm.free_blocks):
             end = self.plan_stretch_through(start, horizon_s, xs, rems, ends, seg_refs)
             if end is not None:
@@ -241,7 +244,10 @@ class StretchPlanner:
         segments (its hit shrinks, and with it the blocks it needs). The stretch therefore
         stops before evicting the first such segment in LRU order.
         """
-        return self.inst.kv.block_limit_protecting(self.inst._blocked_hit_hashes, wanted)
+        protect = self.inst._blocked_hit_hashes
+        if not protect:
+            return self.inst.kv.hbm.available_blocks
+        return self.inst.kv.block_limit_protecting(protect, wanted)
 
     def stretch_end_times(self, start: float, horizon_s: float, n: int, s0: int, k_rem: int) -> list[float]:
         """End times of up to ``k_rem`` decode steps of ``n`` requests reading ``s0`` KV tokens

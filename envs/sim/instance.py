@@ -128,6 +128,10 @@ class Instance:
         self.cost = CostModel(spec)
         self.bs = spec.block_size_tokens
         self.kv = KVManager(spec, self.cost)
+        #: the HBM and PNM :class:`~.kv_cache.BlockPool` and the link queues (the KV manager's)
+        self.hbm = self.kv.hbm
+        self.pnm = self.kv.pnm
+        self.links = self.kv.links
         self.long_threshold = effective_long_prefill_threshold(spec)
         policy.bind(PolicyContext(spec=spec, cost=self.cost, instance_id=instance_id))
         self._configure_from_policy(policy, spec)
@@ -183,21 +187,6 @@ class Instance:
         self.pnm_policy = bool(getattr(policy, "uses_pnm", False)) and spec.num_pnm_blocks > 0
 
     # ----------------------------------------------------------------------- shared state
-    @property
-    def hbm(self):
-        """The HBM :class:`~.kv_cache.BlockPool` (``kv.hbm``)."""
-        return self.kv.hbm
-
-    @property
-    def pnm(self):
-        """The PNM tier's :class:`~.kv_cache.BlockPool` (capacity 0 without a PNM device)."""
-        return self.kv.pnm
-
-    @property
-    def links(self):
-        """Link-queue name -> :class:`~.kv_cache.LinkQueue` (``kv.links``)."""
-        return self.kv.links
-
     @property
     def shared_kv(self):
         """The cluster KV tier (:class:`~.shared_kv.SharedKVPool`) or None."""
@@ -325,7 +314,8 @@ class Instance:
             finished = self.stretch.apply(plan, now)
         else:
             finished = self._apply_single(plan, now)
-        self._finish(finished)
+        if finished:
+            self._finish(finished)
         self.recorder.occupancy_change(self, now)
         if self.options.check_invariants:
             check_instance(self)

@@ -126,6 +126,24 @@ class BlockPool:
         """Request id that computed cached segment ``h`` (KeyError when not cached)."""
         return self.segments[h].creator_id
 
+    def unreferenced_blocks(self, shared, seg_refs: dict[int, int]) -> int:
+        """Blocks of the segments in ``shared`` (one holder's references) that would become
+        unreferenced if that holder released them after the releases already counted in
+        ``seg_refs`` (segment -> references left; updated). Nothing is released."""
+        freed = 0
+        segments = self.segments
+        for h in shared:
+            left = seg_refs.get(h, segments[h].refs) - 1
+            seg_refs[h] = left
+            if left == 0:
+                freed += segments[h].n_blocks
+        return freed
+
+    def sole_holder_blocks(self, shared) -> int:
+        """Blocks of the segments in ``shared`` that only one holder references (freed if it goes)."""
+        segments = self.segments
+        return sum(segments[h].n_blocks for h in shared if segments[h].refs == 1)
+
     def evictable_blocks_of(self, hashes) -> int:
         """Blocks of the cached segments among ``hashes`` that nobody references (evictable now)."""
         segs = self.segments

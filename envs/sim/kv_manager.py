@@ -16,6 +16,7 @@ The manager owns one :class:`~.kv_cache.BlockPool` per tier of ``spec.tiers`` (a
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -28,6 +29,8 @@ from .tiers import TierSpec, tier_path
 if TYPE_CHECKING:  # pragma: no cover
     from .cost_model import CostModel
     from .instance_spec import InstanceSpec
+
+_USED = attrgetter("used_blocks")
 
 
 class KVTier:
@@ -116,6 +119,11 @@ class KVManager:
         self.tier_codes[""] = -1
         self.hbm = self.tiers[0].pool
         self.pnm = self.by_name["pnm"].pool
+        self._pools = [t.pool for t in self.tiers]
+        #: blocks of the given cached segments nobody references (``BlockPool.evictable_blocks_of``)
+        self.evictable_hit_blocks = self.hbm.evictable_blocks_of  # type: ignore[method-assign]
+        #: all-or-nothing HBM allocation (``BlockPool.allocate`` of HBM; see :meth:`allocate`)
+        self.allocate = self.hbm.allocate  # type: ignore[method-assign]  # bound once: no extra call per step
         self.publish: Callable[[int, int, int, float], None] | None = None
         modes = {t.spec.preemption_mode: t.index for t in self.tiers if t.spec.preemption_mode}
         swap = [t for t in self.tiers if t.spec.holds_swapped]
@@ -131,7 +139,7 @@ class KVManager:
     # ------------------------------------------------------------------------ occupancy
     def used_blocks(self) -> tuple[int, ...]:
         """Blocks in use per tier (``tiers`` order)."""
-        return tuple(t.pool.used_blocks for t in self.tiers)
+        return tuple(map(_USED, self._pools))
 
     def capacity_blocks(self) -> tuple[int, ...]:
         """Capacity in blocks per tier (``tiers`` order)."""
@@ -220,19 +228,11 @@ class KVManager:
         """HBM blocks of the prefix segments ``st`` holds the last reference to, as if it were
         released now after the releases already counted in ``seg_refs`` (segment -> references
         left; updated with ``st``'s). Nothing is released."""
-        freed = 0
-        hbm = self.hbm
-        for h in st.shared:
-            left = seg_refs.get(h, hbm.segment_refs(h)) - 1
-            seg_refs[h] = left
-            if left == 0:
-                freed += hbm.segment_blocks(h)
-        return freed
+        return self.hbm.unreferenced_blocks(st.shared, seg_refs)
 
     def freed_by_release(self, st: RequestState) -> int:
         """HBM blocks that releasing ``st`` alone would free (private + segments only it holds)."""
-        hbm = self.hbm
-        return st.private_blocks + sum(hbm.segment_blocks(h) for h in st.shared if hbm.segment_refs(h) == 1)
+        return st.private_blocks + self.hbm.sole_holder_blocks(st.shared)
 
     def block_limit_protecting(self, protect, wanted: int) -> int:
         """HBM blocks an allocation may take without evicting a segment of ``protect`` (a blocked

@@ -27,7 +27,8 @@ TIERS: tuple[str, ...] = STANDARD_TIERS
 
 
 class _InstanceOccupancy:
-    __slots__ = ("names", "capacity", "prev_t", "prev_used", "first_t", "integral", "peak", "last_cell", "pnm")
+    __slots__ = ("names", "capacity", "prev_t", "prev_used", "first_t", "integral", "peak", "last_cell", "pnm",
+                 "lower_in_use")
 
     def __init__(self, names: tuple[str, ...], capacity: tuple[int, ...]) -> None:
         self.names = names
@@ -39,6 +40,7 @@ class _InstanceOccupancy:
         self.peak = [0] * len(names)
         self.last_cell = -1
         self.pnm = names.index("pnm") if "pnm" in names else -1
+        self.lower_in_use = False  # a tier other than HBM holds blocks in prev_used
 
 
 class OccupancyTracker:
@@ -79,18 +81,26 @@ class OccupancyTracker:
         """Occupancy of ``inst_id`` is ``used`` (blocks per tier, its tier order) from time ``t`` (s) on."""
         s = self._inst[inst_id]
         prev_t = s.prev_t
+        prev = s.prev_used
         if prev_t == prev_t:  # not NaN: integrate the previous value over [prev_t, t)
             dt = t - prev_t
             integral = s.integral
-            for i, p in enumerate(s.prev_used):
-                if p:  # x + 0 * dt == x: an empty tier needs no addition
-                    integral[i] = integral[i] + p * dt
+            integral[0] = integral[0] + prev[0] * dt  # HBM
+            if s.lower_in_use:  # x + 0 * dt == x: empty tiers need no addition
+                for i in range(1, len(prev)):
+                    p = prev[i]
+                    if p:
+                        integral[i] = integral[i] + p * dt
         else:
             s.first_t = t
         peak = s.peak
-        for i, u in enumerate(used):
-            if u > peak[i]:
-                peak[i] = u
+        if used[0] > peak[0]:
+            peak[0] = used[0]
+        s.lower_in_use = any(used[1:])
+        if s.lower_in_use:
+            for i in range(1, len(used)):
+                if used[i] > peak[i]:
+                    peak[i] = used[i]
         s.prev_t = t
         s.prev_used = used
         cell = int(t // self.interval_s)
@@ -143,6 +153,7 @@ class OccupancyTracker:
         if pnm_used is not None:
             last[ip] = int(pnm_used[-1])
         s.prev_used = tuple(last)
+        s.lower_in_use = any(s.prev_used[1:])
 
     @staticmethod
     def _integrate(s: _InstanceOccupancy, i: int, acc: np.ndarray, terms: np.ndarray) -> None:
@@ -204,6 +215,7 @@ class OccupancyTracker:
         s.prev_t = prev_t
         row[0] = used[-1]
         s.prev_used = tuple(row)
+        s.lower_in_use = any(s.prev_used[1:])
 
     def frame(self) -> pd.DataFrame:
         """Samples: ``time_s``, ``instance_id``, then ``used_blocks_<tier>``,
