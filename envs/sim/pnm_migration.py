@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .request import RUNNING, WAITING, RequestState
+from .request import RUNNING, RequestState
 
 if TYPE_CHECKING:  # pragma: no cover
     from .instance import Instance
@@ -111,11 +111,7 @@ class PNMMigrator:
         inst.running.remove(st)
         self.release(st)
         inst.preemptor._count(st)
-        st.lost_tokens = st.computed
-        st.computed = 0
-        st.next_seg = 0
-        st.status = WAITING
-        inst.waiting.appendleft(st)
+        inst.preemptor.requeue_for_recompute(st)
 
     def release(self, st: RequestState) -> None:
         """Free ``st``'s PNM blocks; it is GPU-resident again (if it runs again)."""

@@ -129,11 +129,16 @@ class Preemptor:
             victim.status = SWAPPED
             inst.swapped.append(victim)
         else:
-            victim.lost_tokens = victim.computed
-            victim.computed = 0
-            victim.next_seg = 0
-            victim.status = WAITING
-            inst.waiting.appendleft(victim)
+            self.requeue_for_recompute(victim)
+
+    def requeue_for_recompute(self, victim: RequestState) -> None:
+        """Recompute preemption's end: the victim's KV is gone (it recomputes its prompt and the
+        tokens it generated, vLLM issue #18115) and it waits at the head of the queue."""
+        victim.lost_tokens = victim.computed
+        victim.computed = 0
+        victim.next_seg = 0
+        victim.status = WAITING
+        self.inst.waiting.appendleft(victim)
 
     def _count(self, victim: RequestState) -> None:
         victim.preemptions += 1
