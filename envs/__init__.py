@@ -28,6 +28,23 @@ import sys
 
 ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0")
 
+#: environment id -> Gymnasium entry point (module:class; the module loads on ``gymnasium.make``)
+ENTRY_POINTS: dict[str, str] = {
+    "kvsched/Scheduling-v0": "kvsched.envs.scheduling_env:SchedulingEnv",
+    "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
+    "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
+}
+
+
+def register_environments() -> None:
+    """Register every id of :data:`ENTRY_POINTS` not yet in Gymnasium's registry (idempotent;
+    imports Gymnasium)."""
+    import gymnasium
+
+    for env_id, entry_point in ENTRY_POINTS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point=entry_point)
+
 
 class _RegisterAfterGymnasium:
     """A ``sys.meta_path`` finder that registers the environments right after ``gymnasium`` is
@@ -49,9 +66,7 @@ class _RegisterAfterGymnasium:
 
         def exec_module(module):
             run_module(module)
-            from . import registration
-
-            registration.register()
+            register_environments()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -59,9 +74,7 @@ class _RegisterAfterGymnasium:
 
 def _register_when_gymnasium_loads() -> None:
     if "gymnasium" in sys.modules:
-        from . import registration
-
-        registration.register()
+        register_environments()
         return
     if not any(isinstance(f, _RegisterAfterGymnasium) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterGymnasium())

@@ -1,26 +1,20 @@
-"""Registers kvsched's environments with Gymnasium (imports Gymnasium; the core never imports this).
+"""Registers kvsched's environments with Gymnasium when imported (the core never imports this).
 
-Importing this module registers them (``gymnasium.make("kvsched.envs.registration:kvsched/Scheduling-v0")``
-works without any other import); :mod:`kvsched.envs` calls :func:`register` once Gymnasium is
-imported. Registration is by entry-point string: an environment's module loads on ``make``.
+``gymnasium.make("kvsched.envs.registration:kvsched/Scheduling-v0")`` works without any other
+import (Gymnasium's ``module:id`` form); ``import kvsched.envs`` registers too, once Gymnasium is
+imported (:func:`kvsched.envs.register_environments`). Registration is by entry-point string: an
+environment's module loads on ``make``.
 """
 
 from __future__ import annotations
 
-import gymnasium
+import gymnasium  # noqa: F401  (this module is the Gymnasium-facing one)
 
-ENTRY_POINTS: dict[str, str] = {
-    "kvsched/Scheduling-v0": "kvsched.envs.scheduling_env:SchedulingEnv",
-    "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
-    "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
-}
+from . import ENTRY_POINTS, register_environments
 
+__all__ = ["ENTRY_POINTS", "register", "register_environments"]
 
-def register() -> None:
-    """Register every id of :data:`ENTRY_POINTS` not yet in Gymnasium's registry (idempotent)."""
-    for env_id, entry_point in ENTRY_POINTS.items():
-        if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=entry_point)
+#: the registration function (kept under the name earlier releases exported)
+register = register_environments
 
-
-register()
+register_environments()

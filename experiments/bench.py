@@ -1,6 +1,6 @@
 """``kvsched bench``: how fast the simulator serves requests, case by case.
 
-Each case builds a workload and an instance spec, then times :func:`~kvsched.envs.sim.cluster.simulate`
+Each case builds a workload and an instance spec, then times :func:`~kvsched.runner.simulate.simulate`
 in a **fresh Python subprocess** (``python -m kvsched.experiments.bench CASE``), so that peak
 memory is the case's own. Measured per case:
 

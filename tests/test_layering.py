@@ -99,6 +99,9 @@ def test_gymnasium_ids_register_in_either_import_order_and_by_module_id():
     for a, b in (("kvsched.envs", "gymnasium"), ("gymnasium", "kvsched.envs")):
         out = subprocess.run([sys.executable, "-c", code.format(a=a, b=b)], capture_output=True, text=True, cwd=ROOT)
         assert out.stdout.strip() == "True", out.stderr[-1000:]
+    out = subprocess.run([sys.executable, "-c", "import kvsched.envs.registration; import gymnasium as gym; "
+                          "print('kvsched/Knobs-v0' in gym.registry)"], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "True", out.stderr[-1000:]  # importing the registration module alone registers
     out = subprocess.run([sys.executable, "-c", "import gymnasium as gym; "
                           "print(type(gym.make('kvsched.envs.registration:kvsched/Routing-v0').unwrapped).__name__)"],
                          capture_output=True, text=True, cwd=ROOT)

@@ -1,6 +1,6 @@
 """The event loop: arrivals, instances and a router hook. A single instance is a cluster of one.
 
-Data flow (ARCHITECTURE.md): a workload's requests arrive in time order; the router picks an
+Data flow (docs/architecture.md): a workload's requests arrive in time order; the router picks an
 instance from a :class:`~kvsched.envs.sim.routing.RouterTable` of the cluster's state (possibly
 ``router_delay_s`` old); each idle instance plans its next step (or fast-forwarded stretch) with its policy,
 KV manager and cost model; step ends, transfer completions and arrivals are events in one

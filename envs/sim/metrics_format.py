@@ -1,7 +1,7 @@
 """A run summary as table rows: one row of strings per length class.
 
 :func:`format_summary_rows` flattens a :func:`kvsched.envs.sim.metrics.summarize` result into
-the columns :data:`SUMMARY_ROW_HEADERS` (the ``kvsched run`` table): TTFT / TPOT / ITL in
+the columns :data:`SUMMARY_ROW_HEADERS` (the ``kvsched simulate`` table): TTFT / TPOT / ITL in
 milliseconds, E2E in seconds, SLO attainment in percent, goodput in requests per second.
 """
 
