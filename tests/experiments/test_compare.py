@@ -1,0 +1,187 @@
+"""`kvsched compare` (experiments/compare.py): one row per policy x class, numbers that match a
+plain simulation, files written, identical tables for identical seeds, fast failure on unknown
+policies. Small synthetic workloads (~150 requests) keep it fast."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from kvsched.runner.simulate import simulate
+from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
+from kvsched.experiments.cli import main
+from kvsched.experiments.compare import (METRIC_COLUMNS, OUTPUT_FILES, _params_for, aggregate,
+                                         parse_policy_params, run_compare)
+from kvsched.runner.scenario import Scenario, load_scenario
+
+SCENARIO = """\
+name: tiny-mixed
+synthetic:
+  rate_per_s: 10.0
+  duration_s: 15
+  long_fraction: 0.08
+  long_min_tokens: 16384
+  long_max_tokens: 32768
+instance:
+  model: Llama-3.1-8B
+  gpu: H100-SXM
+policy: fcfs
+seed: 4
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("sc") / "tiny.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+@pytest.fixture(scope="module")
+def result(scenario_file):
+    return run_compare(load_scenario(scenario_file), ["fcfs", "ewsjf"], seeds=2,
+                       policy_params={"ewsjf": {"meta_window_s": 5.0}})
+
+
+def test_one_row_per_policy_seed_and_class(result):
+    runs = result.runs
+    assert result.seeds == [4, 5] and result.policies == ["fcfs", "ewsjf"]
+    assert list(runs.columns) == ["policy", "seed", "window", "class", *METRIC_COLUMNS]
+    assert (runs.window == 0).all()
+    keys = set(zip(runs.policy, runs.seed, runs["class"]))
+    assert keys == {(p, s, c) for p in ("fcfs", "ewsjf") for s in (4, 5) for c in ("all", "short", "long")}
+    agg = aggregate(runs, result.policies)
+    assert list(zip(agg.policy, agg["class"])) == [(p, c) for p in ("fcfs", "ewsjf")
+                                                    for c in ("all", "short", "long")]
+    assert (agg.seeds == 2).all()
+    # the seed regenerates the synthetic workload
+    n = runs[(runs.policy == "fcfs") & (runs["class"] == "all")].n.tolist()
+    assert n[0] != n[1]
+    # every policy served the same requests for a given seed
+    for s in (4, 5):
+        sub = runs[(runs.seed == s) & (runs["class"] == "all")]
+        assert sub.n.nunique() == 1
+
+
+def test_numbers_match_a_plain_simulation_and_mean_over_seeds(result, scenario_file):
+    sc = load_scenario(scenario_file).with_overrides(seed=5)
+    summ = simulate(sc.workload(), sc.instance_spec(), "fcfs", sc.metrics_config()).summary["classes"]
+    row = result.runs[(result.runs.policy == "fcfs") & (result.runs.seed == 5)].set_index("class")
+    assert row.loc["short", "ttft_p99_s"] == summ["short"]["ttft_s"]["p99"]
+    assert row.loc["long", "e2e_p50_s"] == summ["long"]["e2e_s"]["p50"]
+    assert row.loc["all", "slo_attainment"] == summ["all"]["slo"]["attainment"]
+    assert row.loc["long", "max_wait_s"] == summ["long"]["starvation"]["max_queueing_delay_s"]
+    assert row.loc["all", "bytes_hbm_to_dram"] == summ["all"]["bytes_moved"]["hbm_to_dram"]
+    agg = aggregate(result.runs).set_index(["policy", "class"])
+    both = result.runs[(result.runs.policy == "fcfs") & (result.runs["class"] == "short")].goodput_rps
+    assert agg.loc[("fcfs", "short"), "goodput_rps"] == pytest.approx(both.mean(), rel=1e-12)
+    assert agg.loc[("fcfs", "short"), "goodput_rps_max"] == both.max()
+    assert agg.loc[("fcfs", "short"), "goodput_rps_std"] == pytest.approx(both.std(ddof=0), rel=1e-12)
+
+
+def test_the_run_seed_seeds_policies_unless_given():
+    assert _params_for("ewsjf", {}, 5)["seed"] == 5
+    assert _params_for("ewsjf", {"seed": 9}, 5)["seed"] == 9
+    assert "seed" not in _params_for("fcfs", {}, 5)
+
+
+def test_cli_writes_files_and_same_seeds_give_identical_tables(scenario_file, tmp_path, capsys):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs,ewsjf", "--seeds", "1",
+                   "--out", str(out), "--no-progress"])
+        assert rc == 0
+    printed = capsys.readouterr().out
+    assert "fcfs" in printed and "ewsjf" in printed and "max wait s" in printed
+    for f in OUTPUT_FILES:
+        assert (outs[0] / f).stat().st_size > 0
+    for f in ("ttft_cdf.png", "kv_occupancy.png", "slo_attainment.png"):
+        assert (outs[0] / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for f in ("compare.csv", "compare_runs.csv", "compare.json"):
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes()
+    table = pd.read_csv(outs[0] / "compare.csv")
+    assert list(zip(table.policy, table["class"])) == [(p, c) for p in ("fcfs", "ewsjf")
+                                                        for c in ("all", "short", "long")]
+
+
+def test_unknown_policy_fails_fast_listing_the_known_ones(scenario_file, tmp_path, capsys):
+    out = tmp_path / "never"
+    rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs,sjf", "--out", str(out),
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'sjf'" in err and "ewsjf" in err and "fcfs" in err
+    assert not out.exists()  # failed before any run or output
+    with pytest.raises(UnknownPresetError, match="known"):
+        run_compare(load_scenario(scenario_file), ["fcfs", "nope"])
+
+
+def test_title_says_what_the_spread_is_over(scenario_file, capsys):
+    """The table's ± is over every run of a policy (seeds x windows): the title says so, and
+    names the windows (it used to read "seeds 0..0 (mean)" above cells with a ± over windows)."""
+    assert main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "30",
+                 "--windows", "2", "--no-progress"]) == 0
+    assert "seeds 4..4 x 2 windows (mean ± std over 2 runs)" in capsys.readouterr().out  # the scenario's seed 4
+    assert main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "30",
+                 "--no-progress"]) == 0
+    assert "seeds 4..4 (one run)" in capsys.readouterr().out
+
+
+def test_bad_policy_params_are_named():
+    with pytest.raises(ConfigError, match="invalid JSON"):
+        parse_policy_params("{ewsjf:", ["ewsjf"])
+    with pytest.raises(ConfigError, match="not compared"):
+        parse_policy_params('{"lars": {}}', ["ewsjf"])
+    with pytest.raises(ConfigError, match="step_size"):
+        parse_policy_params('{"ewsjf": {"step_size": 0}}', ["ewsjf"])
+
+
+def test_cli_max_requests_serves_only_the_first_n(scenario_file, tmp_path, capsys):
+    out = tmp_path / "head"
+    rc = main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "40",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    runs = pd.read_csv(out / "compare_runs.csv")
+    assert len(load_scenario(scenario_file).workload()) > 40
+    assert int(runs.loc[runs["class"] == "all", "n"].iloc[0]) == 40
+    with pytest.raises(SystemExit) as e:  # argparse: exit status 2, the flag named
+        main(["compare", "--scenario", str(scenario_file), "--policies", "fcfs", "--max-requests", "0",
+              "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --max-requests: 0 is not allowed: expected an integer >= 1" in err
+    assert str(scenario_file) not in err  # the value came from the command line, not the file
+
+
+def test_table_shows_the_spread_of_n_over_seeds():
+    """Seeds whose windows hold different request counts: the n column is their mean ± std
+    (100 and 110 arrived -> 105±5), as every metric column is."""
+    import io
+
+    import numpy as np
+    import pandas as pd
+    from rich.console import Console
+
+    from kvsched.experiments.compare import METRIC_COLUMNS, aggregate, rich_table
+
+    rows = []
+    for seed, n in ((0, 100), (1, 110)):
+        row = {m: np.nan for m in METRIC_COLUMNS}
+        row.update(policy="fcfs", seed=seed, n=n, finished=n, slo_attainment=0.5, goodput_rps=1.0)
+        row["class"] = "all"
+        rows.append(row)
+    agg = aggregate(pd.DataFrame(rows))
+    out = io.StringIO()
+    Console(file=out, width=400).print(rich_table(agg, "t"))
+    assert "105±5" in out.getvalue()
+
+
+def test_run_compare_routers_rows():
+    sc = Scenario(trace=None, synthetic={"duration_s": 15, "rate_per_s": 3}, n_instances=2)
+    res = run_compare(sc, routers=["rr", "least-loaded"])
+    assert list(res.runs.columns[:4]) == ["router", "seed", "window", "class"] and res.axis == "router"
+    agg = aggregate(res.runs, res.policies)
+    allrow = agg[(agg["router"] == "rr") & (agg["class"] == "all")].iloc[0]
+    assert allrow["load_imbalance"] >= 1.0 and math.isnan(allrow["shared_kv_bytes_fetched"])
+    with pytest.raises(ConfigError, match="either policies or routers"):
+        run_compare(sc, ["fcfs"], routers=["rr"])

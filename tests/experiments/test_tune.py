@@ -1,0 +1,294 @@
+"""kvsched tune: search spaces, objective, constraints, baseline, resume after a kill, workers, PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.runner.scenario import Scenario
+from kvsched.experiments.tune import (Constraint, MetricRef, TuneConfig, baseline_params, make_storage,
+                                      metric_value, open_study, run_scenario, tune)
+from kvsched.policies.base import SearchDim, make_policy, policy_names
+
+# a small, fast scenario: ~15 s of mixed traffic (one run ~0.1 s)
+SYN = {"rate_per_s": 4.0, "duration_s": 40, "long_fraction": 0.03, "long_min_tokens": 16384,
+       "long_max_tokens": 40000}
+WINDOWS = ((0.0, 12.0), (20.0, 32.0))
+
+
+def small_scenario() -> Scenario:
+    return Scenario(name="tiny-mixed", trace=None, synthetic=dict(SYN), seed=0)
+
+
+def cfg(**kw) -> TuneConfig:
+    d = dict(policy="lars", objective=MetricRef.parse("goodput_rps"), windows_s=WINDOWS, seeds=(0, 1))
+    d.update(kw)
+    return TuneConfig(**d)
+
+
+def test_every_search_space_contains_the_published_defaults():
+    spaces = 0
+    for name in policy_names():
+        pcls = type(make_policy(name)).params_cls
+        defaults = pcls()
+        for field_name, dim in pcls.SEARCH_SPACE.items():
+            spaces += 1
+            assert isinstance(dim, SearchDim)
+            assert dim.contains(getattr(defaults, field_name)), (name, field_name)
+    assert spaces >= 10  # LARS and EWSJF declare theirs
+
+
+def test_bad_specs_name_the_allowed_values():
+    with pytest.raises(ConfigError, match="goodput_rps"):
+        MetricRef.parse("goodput")
+    with pytest.raises(ConfigError, match="METRIC"):
+        Constraint.parse("ttft_p99_s:short < 1")
+    c = Constraint.parse("ttft_p99_s:short<=1.5")
+    assert (c.metric.name, c.metric.cls, c.op, c.bound) == ("ttft_p99_s", "short", "<=", 1.5)
+    assert c.violation(2.0) == pytest.approx(0.5) and c.violation(1.0) == pytest.approx(-0.5)
+    assert Constraint.parse("slo_attainment:all>=0.9").violation(0.8) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="sampler"):
+        cfg(sampler="bogus")
+    with pytest.raises(ConfigError, match="no search space"):
+        cfg(policy="fcfs")
+    with pytest.raises(ConfigError, match="storage"):
+        make_storage("ftp-server")
+    # a class no summary reports would make every trial NaN (objective) or infeasible (constraint)
+    with pytest.raises(ConfigError, match="unknown class 'shrt'; allowed: all, short, long"):
+        MetricRef.parse("ttft_p99_s:shrt")
+    with pytest.raises(ConfigError, match="--constraint.*unknown class 'nope'"):
+        Constraint.parse("ttft_p99_s:nope<=1")
+    with pytest.raises(ConfigError, match="unknown database 'ftp'.*postgresql://"):
+        make_storage("ftp://host/db")
+    for kw, bad, flag in (("n_trials", 0, "--trials=0"), ("n_trials", -3, "--trials=-3"),
+                          ("workers", 0, "--workers=0"), ("holdout_seeds", -1, "--holdout-seeds=-1")):
+        with pytest.raises(ConfigError, match=f"{flag} must be an integer"):
+            tune(small_scenario(), cfg(), "bad", None, **{kw: bad})
+
+
+def test_a_bare_postgresql_url_uses_the_installed_driver():
+    import importlib.util
+
+    from kvsched.experiments.tune import rdb_url
+
+    assert rdb_url("postgresql+psycopg2://u@h:1/db") == "postgresql+psycopg2://u@h:1/db"  # explicit: kept
+    assert rdb_url("sqlite:///x.db") == "sqlite:///x.db"
+    bare = rdb_url("postgresql://u@h:1/db")
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        assert bare == "postgresql+psycopg2://u@h:1/db"  # SQLAlchemy 2.1 would pick the absent psycopg 3
+    else:
+        assert bare == "postgresql://u@h:1/db"
+    import sqlalchemy
+
+    sqlalchemy.engine.make_url(bare).get_dialect().import_dbapi()  # the chosen driver imports
+
+
+def test_one_process_with_the_same_seed_repeats_the_study():
+    c = cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none")
+    a, b = (tune(small_scenario(), c, "det", None, n_trials=4).study for _ in range(2))
+    assert [t.params for t in a.trials] == [t.params for t in b.trials]
+    assert [t.value for t in a.trials] == [t.value for t in b.trials]
+    assert len({str(t.params) for t in a.trials}) == 4  # the sampler did vary them
+    other = tune(small_scenario(), cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none", sampler_seed=1),
+                 "det", None, n_trials=4).study
+    assert [t.params for t in other.trials][1:] != [t.params for t in a.trials][1:]
+
+
+def test_trial_value_is_the_mean_of_its_runs_and_baseline_is_trial_zero():
+    sc = small_scenario()
+    c = cfg(pruner="none")
+    res = tune(sc, c, "t", None, n_trials=3)
+    trials = res.study.trials
+    assert trials[0].user_attrs["baseline"] is True
+    assert trials[0].params == baseline_params(c, sc)
+    assert trials[0].params["kappa"] == 3.0 and trials[0].params["ttft_floor_s"] == 0.25
+    # the value is the mean over windows x seeds, each run reproducible outside the study
+    vals = [metric_value(run_scenario(sc, w, s, "lars", trials[0].params), c.objective)
+            for w in WINDOWS for s in (0, 1)]
+    assert trials[0].user_attrs["objective_values"] == vals
+    assert trials[0].value == pytest.approx(sum(vals) / 4, rel=1e-12)
+    assert trials[0].user_attrs["objective_std"] > 0  # seeds differ: a real spread
+    assert sorted(trials[0].intermediate_values) == [0, 1]  # one report per window
+    rep = res.report
+    assert rep["baseline"]["trial"] == 0
+    assert rep["best"]["objective_mean"] >= rep["baseline"]["objective_mean"]
+    assert rep["trials"]["complete"] == 3
+
+
+def test_constraints_infeasible_bound_and_cmaes_penalty():
+    sc = small_scenario()
+    # no run reaches a 1 microsecond short p99 TTFT: nothing is feasible, so no best is reported
+    c = cfg(constraints=(Constraint.parse("ttft_p99_s:short<=0.000001"),), pruner="none", seeds=(0,))
+    rep = tune(sc, c, "inf", None, n_trials=2).report
+    assert rep["best"] is None and rep["baseline"]["feasible"] is False
+    assert rep["baseline"]["constraints"]["ttft_p99_s:short<=1e-06"] > 0.01
+    # CMA-ES has no constraint support: the told value is penalised, the raw mean kept
+    c2 = cfg(constraints=(Constraint.parse("ttft_p99_s:short<=0.000001"),), pruner="none", seeds=(0,),
+             sampler="cmaes", penalty=10.0)
+    st = tune(sc, c2, "cma", None, n_trials=2).study
+    t0 = st.trials[0]
+    assert t0.value < t0.user_attrs["objective_mean"] - 1.0
+
+
+def test_a_resumed_study_keeps_its_trials_and_objective(tmp_path):
+    sc = small_scenario()
+    url = f"journal:{tmp_path / 's.journal'}"
+    c = cfg(seeds=(0,), pruner="none")
+    first = tune(sc, c, "r", url, n_trials=3).study
+    before = {t.number: t.value for t in first.trials}
+    again = tune(sc, c, "r", url, n_trials=5).study
+    assert len([t for t in again.trials if t.state.name == "COMPLETE"]) == 5
+    assert {t.number: t.value for t in again.trials if t.number in before} == before
+    assert sum(bool(t.user_attrs.get("baseline")) for t in again.trials) == 1  # enqueued once
+    with pytest.raises(ConfigError, match="another objective"):
+        tune(sc, cfg(seeds=(0,), objective=MetricRef.parse("ttft_p99_s:short")), "r", url, n_trials=6)
+
+
+def _complete(url: str, name: str) -> dict[int, float]:
+    st = open_study(name, url)
+    return {t.number: t.value for t in st.trials if t.state.name == "COMPLETE"}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from kvsched.experiments.cli import main; sys.exit(main())", *args]
+
+
+def test_kill_and_restart_loses_no_finished_trial(tmp_path):
+    # ~7-15 s; ~30 s more when the SIGKILL lands inside a journal append (about 1 in 4): the
+    # restart then waits out Optuna's 30 s lock grace period, which is what a user sees too
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: tiny\nsynthetic: {rate_per_s: 4.0, duration_s: 30, long_fraction: 0.03, "
+                    "long_min_tokens: 16384, long_max_tokens: 40000}\npolicy: lars\nseed: 0\n")
+    journal = tmp_path / "k.journal"
+    args = ["tune", "--policy", "lars", "--scenario", str(scen), "--windows", "1", "--window-s", "10",
+            "--seeds", "1", "--study", "k", "--storage", f"journal:{journal}", "--out", str(tmp_path / "o")]
+    proc = subprocess.Popen(_cli(*args, "--trials", "500"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        done: dict = {}
+        while time.time() < deadline:
+            time.sleep(0.5)
+            if journal.exists():
+                done = _complete(f"journal:{journal}", "k")
+                if len(done) >= 3:
+                    break
+        assert len(done) >= 3, proc.stderr.read1().decode() if proc.poll() is not None else "no trials in 120 s"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = _complete(f"journal:{journal}", "k")
+    assert len(killed) >= 3
+    target = len(killed) + 2
+    r = subprocess.run(_cli(*args, "--trials", str(target)), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    after = _complete(f"journal:{journal}", "k")
+    assert len(after) == target
+    assert {k: after[k] for k in killed} == killed  # nothing lost, nothing re-run
+    rep = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert rep["trials"]["complete"] + rep["trials"]["pruned"] == target and rep["baseline"]["trial"] == 0
+    assert "baseline (published defaults)" in r.stdout and "best" in r.stdout
+    for f in ("history.png", "importances.png", "trials.csv"):
+        assert (tmp_path / "o" / f).stat().st_size > 1000
+
+
+def test_two_worker_processes_share_a_journal(tmp_path):
+    sc = small_scenario()
+    url = f"journal:{tmp_path / 'w.journal'}"
+    res = tune(sc, cfg(seeds=(0,), windows_s=(WINDOWS[0],)), "w", url, n_trials=6, workers=2)
+    finished = [t for t in res.study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert 6 <= len(finished) <= 7  # MaxTrialsCallback may let the other worker finish one more
+    assert len({t.number for t in res.study.trials}) == len(res.study.trials)
+
+
+POSTGRES_URL = os.environ.get("KVSCHED_TEST_POSTGRES_URL")
+
+
+def _postgres_ok() -> str | None:
+    if not POSTGRES_URL:
+        return ("KVSCHED_TEST_POSTGRES_URL is not set: no PostgreSQL server (.ci/run starts one with "
+                "initdb/pg_ctl when PostgreSQL is installed)")
+    try:
+        import sqlalchemy
+
+        from kvsched.experiments.tune import rdb_url
+
+        with sqlalchemy.create_engine(rdb_url(POSTGRES_URL)).connect() as c:  # the driver tune picks
+            c.execute(sqlalchemy.text("select 1"))
+    except Exception as e:  # driver missing or server down
+        return f"PostgreSQL at KVSCHED_TEST_POSTGRES_URL not reachable: {type(e).__name__}: {e}"
+    return None
+
+
+def test_two_tune_commands_join_one_postgresql_study(tmp_path):
+    why = _postgres_ok()
+    if why:
+        pytest.skip(why)
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: tiny\nsynthetic: {rate_per_s: 4.0, duration_s: 30, long_fraction: 0.03, "
+                    "long_min_tokens: 16384, long_max_tokens: 40000}\npolicy: lars\nseed: 0\n")
+    name = f"pg-{os.getpid()}-{time.time_ns()}"
+    args = ["tune", "--policy", "lars", "--scenario", str(scen), "--windows", "1", "--window-s", "10",
+            "--seeds", "1", "--study", name, "--storage", POSTGRES_URL, "--trials", "8"]
+    procs = [subprocess.Popen(_cli(*args, "--seed", str(k), "--out", str(tmp_path / f"o{k}")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    st = open_study(name, POSTGRES_URL)
+    finished = [t for t in st.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert 8 <= len(finished) <= 9
+    assert sum(bool(t.user_attrs.get("baseline")) for t in st.trials) == 1
+    assert all(math.isfinite(t.value) for t in st.trials if t.state.name == "COMPLETE")
+    assert all(Path(tmp_path / f"o{k}" / "tune.json").exists() for k in range(2))
+
+
+@pytest.mark.parametrize("sampler", ["gp", "cmaes"])
+def test_other_samplers_run_with_engine_knobs_and_constraints(sampler):
+    c = cfg(sampler=sampler, seeds=(0,), windows_s=(WINDOWS[0],), tune_engine=True,
+            constraints=(Constraint.parse("ttft_p99_s:short<=5"),))
+    st = tune(small_scenario(), c, sampler, None, n_trials=3).study
+    done = [t for t in st.trials if t.state.name == "COMPLETE"]
+    assert len(done) == 3
+    assert done[0].params["engine.max_num_batched_tokens"] == 8192  # the scenario's vLLM default, as baseline
+    assert len({t.params["engine.max_num_batched_tokens"] for t in done}) > 1  # the sampler varied it
+
+
+def test_windows_spread_over_the_arrivals():
+    from kvsched.experiments.tune import even_windows
+
+    sc = small_scenario()
+    span = float(sc.workload().arrival_s[-1])
+    ws = even_windows(sc, 3, 10.0)
+    assert len(ws) == 3 and ws[0] == (0.0, 10.0)
+    assert ws[-1][1] == pytest.approx(span, abs=1e-5) and ws[1][0] == pytest.approx((span - 10.0) / 2, abs=1e-5)
+    assert even_windows(sc, 1, 5.0) == ((0.0, 5.0),)
+    with pytest.raises(ConfigError, match="longer than"):
+        even_windows(sc, 2, span + 1.0)
+    with pytest.raises(ConfigError, match="--windows"):
+        even_windows(sc, 0, 5.0)
+    # windows are cut before rate scaling and the request cap (as simulate --window): the span is
+    # the unscaled one, so the last window still ends at the last arrival
+    scaled = sc.with_overrides(rate_scale=2.0, max_requests=20)
+    assert even_windows(scaled, 3, 10.0) == ws
+
+
+def test_tune_out_that_is_a_file_fails_before_any_trial(tmp_path, capsys, monkeypatch):
+    """`tune --out FILE` used to fail when the results were written, after every trial."""
+    import kvsched.experiments.tune as tune_mod
+    from kvsched.experiments.cli import main
+
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: pytest.fail("trials ran"))
+    f = tmp_path / "results.txt"
+    f.write_text("keep")
+    scen = Path(__file__).parents[2] / "experiments" / "scenarios" / "mixed-long-short.yaml"
+    assert main(["tune", "--policy", "lars", "--scenario", str(scen), "--trials", "1", "--out", str(f)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err and f.read_text() == "keep"

@@ -1,0 +1,63 @@
+"""Scenario files (runner/scenario.py): router fields, wrong types and duplicate keys are refused
+with the field named. (What the CLI prints for a bad scenario: tests/experiments/test_cli.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
+from kvsched.runner.scenario import Scenario, load_scenario
+
+
+def test_scenario_router_fields_and_errors(tmp_path):
+    sc = Scenario(trace="mooncake-conversation", n_instances=4, router="cache-affinity",
+                  router_params={"cache_threshold": 0.5}, router_delay_s=1.0,
+                  shared_kv={"capacity_bytes": 1e12})
+    assert sc.shared_kv_spec().capacity_bytes == 1e12
+    assert "router" in sc.to_dict() and "router" not in Scenario().to_dict()
+    with pytest.raises(UnknownPresetError, match="unknown router 'nope'"):
+        Scenario(router="nope")
+    with pytest.raises(ConfigError, match="router_delay_s=-1"):
+        Scenario(router_delay_s=-1)
+    with pytest.raises(ConfigError, match="unknown parameters"):
+        Scenario(router="dynamo", router_params={"temperature": 1})
+    with pytest.raises(ConfigError, match="shared_kv: unknown key"):
+        Scenario(shared_kv={"capacity_bytes": 1e12, "bandwidth": 5})
+
+
+@pytest.mark.parametrize("yaml_text, field", [
+    ("rate_scale: true\n", "rate_scale"),             # bool accepted as the number 1
+    ("n_instances: true\n", "n_instances"),
+    ("seed: true\n", "seed"),
+    ("max_requests: true\n", "max_requests"),
+])
+def test_scenario_numbers_that_are_booleans_are_refused(tmp_path, yaml_text, field):
+    """Scenario number fields are checked with ``isinstance(x, (int, float))``, which accepts
+    booleans.
+
+    Defect (experiments/scenario.py ``Scenario.__post_init__``): ``rate_scale: true`` silently
+    runs at rate x1, ``n_instances: true`` on one instance, ``seed: true`` with seed 1,
+    ``max_requests: true`` keeps one request. (``oracle_lengths: "false"``, which turned the
+    oracle ON, was fixed while this review ran.)
+
+    Expected: a ConfigError naming the field and the value (numbers must not be booleans).
+    """
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=field):
+        load_scenario(p)
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    """A scenario YAML that sets a key twice (easy to do when editing a long file).
+
+    Defect (experiments/scenario.py ``load_scenario`` uses ``yaml.safe_load``, which keeps the
+    last value): the first ``rate_scale`` is silently dropped, against README "unknown keys
+    are errors ... nothing is silently dropped".
+
+    Expected: a ConfigError naming the file and the duplicated key.
+    """
+    p = tmp_path / "dup.yaml"
+    p.write_text("trace: azure-conv-2023\nrate_scale: 2\npolicy: fcfs\nrate_scale: 3\n")
+    with pytest.raises(ConfigError, match="rate_scale"):
+        load_scenario(p)
