@@ -11,7 +11,7 @@ than recomputes, choosing the victim and mode by cost (``tier_aware_preemption``
 §5.4). Without a DRAM or NVMe tier in the spec nothing is prefetched, but tier-aware
 preemption still picks the victim of least recompute cost per freed block instead of vLLM's
 newest request, so the policy differs from FCFS whenever KV runs out (measured on
-``tests/test_swap_consistency.py``'s tiny-HBM workload without DRAM: 26 vs 22 preemptions).
+``tests/invariants/test_preemption_progress.py``'s tiny-HBM workload without DRAM: 26 vs 22 preemptions).
 
 Registered as ``prefetch`` so that ``kvsched compare --policies ...,prefetch`` sets both options
 at once; the same behaviour is ``fcfs`` with ``{prefetch: true, tier_aware_preemption: true}``.

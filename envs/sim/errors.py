@@ -36,8 +36,10 @@ def bounded_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     Error messages print what a user gave; a value can be huge (a YAML alias bomb expands a
     600-byte file into millions of items), so every message bounds what it prints. Containers
     are rendered through :func:`reprlib.repr`-style truncation first, so a huge list is never
-    fully converted to text.
+    fully converted to text; a text cut short ends in ``...``. ``limit`` is at least 3 (the
+    marker's length; smaller limits are raised to 3).
     """
+    limit = max(3, int(limit))
     import reprlib
 
     r = reprlib.Repr()

