@@ -206,10 +206,12 @@ class EpisodeSource:
         return w, {"workload_seed": int(wseed), "window_index": int(widx), "requests": len(w)}
 
     def workload(self, workload_seed: int, window_index: int) -> Workload:
-        """The requests of window ``window_index`` of the workload generated with ``workload_seed``.
+        """The requests of window ``window_index`` of the workload generated with ``workload_seed``;
+        an empty workload when the window holds none (the episode has nothing to serve; its
+        summary's SLO attainment is None, and evaluations skip it).
 
         Raises:
-            ConfigError: a window index out of range, or a window without requests.
+            ConfigError: a window index or seed out of range.
         """
         require(isinstance(window_index, (int, np.integer)) and 0 <= window_index < self.n_windows,
                 "window_index", window_index, f"an integer in [0, {self.n_windows})")
@@ -219,7 +221,7 @@ class EpisodeSource:
         if full is None:
             full = _full_workload(self._ref, int(workload_seed))
         lo = window_index * self.config.window_s
-        w = traces.window(full, lo, lo + self.config.window_s)
-        if self.config.max_requests is not None:
+        w = traces.window(full, lo, lo + self.config.window_s, allow_empty=True)
+        if self.config.max_requests is not None and len(w):
             w = traces.head(w, self.config.max_requests)
         return w

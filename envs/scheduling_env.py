@@ -26,6 +26,8 @@ from kvsched.envs.sim.features import FeatureTable
 from kvsched.policies.base import make_policy
 
 ACTION_MODES = ("multi", "slot")
+#: ``_pending_end`` while a decision is pending (the episode's end is not known yet)
+_DECIDING = object()
 _NO_IDS = np.zeros(0, dtype=np.int64)  # shown ids without candidates (read-only)
 _NO_IDS.flags.writeable = False
 
@@ -139,12 +141,12 @@ class SchedulingEnv(gym.Env):
         self._last_decision_s = 0.0
         self._over = False
         point = self.cluster.run_until_decision(self.horizon_s)
-        if point is None or point.kind == "time":  # nothing to decide in this window
-            self._pending_end = point
+        if point is None or point.kind == "time":  # nothing to decide in this window (or no request)
+            self._pending_end = point  # None: served (maybe empty); a "time" point: truncated
             self._cands, self._shown_ids = [], _NO_IDS
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
         else:
-            self._pending_end = None
+            self._pending_end = _DECIDING
             obs = self._observe(point.time_s)
         return obs, self._info({})
 
@@ -212,7 +214,7 @@ class SchedulingEnv(gym.Env):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
         invalid = False
-        if self._pending_end is None:
+        if self._pending_end is _DECIDING:
             decision, invalid = self.decode(action)
             self.agent_policy.decision = decision
             try:

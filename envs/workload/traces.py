@@ -843,14 +843,16 @@ def _slice(w: Workload, lo: int, hi: int, arrival: np.ndarray, note: str) -> Wor
         notes=w.notes + (note,))
 
 
-def window(w: Workload, start_s: float, end_s: float, rebase: bool = True) -> Workload:
+def window(w: Workload, start_s: float, end_s: float, rebase: bool = True, allow_empty: bool = False) -> Workload:
     """Requests with ``start_s <= arrival_s < end_s`` (seconds).
 
     With ``rebase`` the kept arrivals are shifted by ``-start_s`` (so the window starts at 0).
+    With ``allow_empty`` a window holding no requests is an empty workload (an episode with
+    nothing to serve) instead of an error.
 
     Raises:
-        ConfigError: non-finite bounds, ``start_s >= end_s``, or a window holding no requests
-            (the message gives the trace span).
+        ConfigError: non-finite bounds, ``start_s >= end_s``, or (without ``allow_empty``) a
+            window holding no requests (the message gives the trace span).
     """
     for f, v in (("start_s", start_s), ("end_s", end_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
@@ -863,9 +865,11 @@ def window(w: Workload, start_s: float, end_s: float, rebase: bool = True) -> Wo
                           "(rebased arrivals would be negative)")
     lo = int(np.searchsorted(w.arrival_s, start_s, side="left"))
     hi = int(np.searchsorted(w.arrival_s, end_s, side="left"))
-    if hi <= lo:
+    if hi <= lo and not allow_empty:
         raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {w.name!r} holds no requests; "
                           f"{_span(w)}")
+    if hi <= lo:
+        return _slice(w, lo, lo, np.zeros(0), f"window [{start_s:g}, {end_s:g}) s: no requests")
     arr = w.arrival_s[lo:hi] - start_s if rebase else w.arrival_s[lo:hi]
     note = (f"window [{start_s:g}, {end_s:g}) s: kept {hi - lo} of {len(w)} requests"
             + (f"; arrivals rebased by -{start_s:g} s" if rebase and start_s > 0 else "")

@@ -802,3 +802,23 @@ def test_knob_action_that_is_not_real_numbers_is_a_config_error():
               np.array(good, dtype=np.complex128).real, np.array([good])):
         assert env.values(a) == ok
     assert env.values(np.array([1, -1, 0, 1], dtype=object)) == env.values(np.array([1.0, -1.0, 0.0, 1.0]))
+
+
+def test_a_window_without_requests_is_an_empty_episode_in_every_environment(tmp_path):
+    """A held-out window that holds no request (a sparse trace, or a quiet stretch of a synthetic
+    workload) is served as an empty episode: it terminates at the first step with a summary whose
+    SLO attainment is None (evaluations skip it); it was a ConfigError."""
+    sc = tmp_path / "sparse.yaml"
+    sc.write_text("name: sparse\nsynthetic: {rate_per_s: 0.05, duration_s: 600}\n"
+                  "instance: {model: Llama-3.1-8B, gpu: H100-SXM}\nseed: 0\n")
+    for env_id in ("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0"):
+        env = gym.make(env_id, scenario=str(sc), window_s=10.0, split="heldout")
+        src = env.unwrapped.source
+        seed = src.scenario.seed
+        empty = [w for w in src.heldout_windows if len(src.workload(seed, w)) == 0]
+        assert empty, "the scenario must have an empty held-out window"
+        env.reset(seed=0, options={"window_index": empty[0], "workload_seed": seed})
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        assert terminated and not truncated, env_id
+        assert info["summary"]["classes"]["all"]["counts"]["arrived"] == 0
+        assert info["summary"]["classes"]["all"]["slo"]["attainment"] is None
