@@ -75,22 +75,23 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
                 window_s: float | None = None, stochastic: bool = False) -> tuple[list[dict], np.ndarray]:
     """Episodes of a learned agent (argmax actions, or sampled with ``stochastic``, torch seeded
     per episode); returns summary rows and all requests' TTFT (s)."""
+    import gymnasium as gym
     import torch
 
-    from kvsched.envs.scheduling_env import SchedulingEnv
+    import kvsched.envs  # noqa: F401  (registers the ids)
 
     meta = _sidecar(ckpt)
-    if meta.get("env_id") != "kvsched/Scheduling-v0":
-        raise ConfigError(f"{ckpt}: evaluate runs Scheduling-v0 agents; it was trained on {meta.get('env_id')}")
     kw = dict(meta["env_kwargs"])
     if scenario is not None:
         kw["scenario"] = scenario
     if window_s is not None:
         kw["window_s"] = window_s
     kw.update(split="heldout", horizon_s=math.inf)
-    env = SchedulingEnv(**kw)
+    env = gym.make(meta["env_id"], **kw).unwrapped
     model = _load_model(ckpt, meta)
-    masked = meta["algo"] == "maskable_ppo" or meta.get("backend") == "rllib"  # RLlib: the masking module
+    # MaskablePPO and RLlib's masking module take the mask (Scheduling-v0; all-True elsewhere)
+    masked = meta["algo"] == "maskable_ppo" or (meta.get("backend") == "rllib"
+                                                 and meta["env_id"] == "kvsched/Scheduling-v0")
     rows, ttfts = [], []
     name = ckpt.name + (" (stochastic)" if stochastic else "")
     for wseed, widx, seed in episodes:
@@ -110,28 +111,29 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
     return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
 
 
-def run_random(episodes, scenario: str | None, window_s: float, env_kwargs: dict) -> tuple[list[dict], np.ndarray]:
-    """Episodes of the uniform random agent over the masked actions of ``Scheduling-v0`` (on
-    top of the reference policy), seeded per episode: the floor a learned agent must beat."""
-    from kvsched.envs.scheduling_env import SchedulingEnv
+def run_random(episodes, scenario: str | None, window_s: float, env_kwargs: dict,
+               env_id: str = "kvsched/Scheduling-v0") -> tuple[list[dict], np.ndarray]:
+    """Episodes of the uniform random agent over the allowed actions of ``env_id`` (Scheduling-v0:
+    the masked parts of ``MultiDiscrete``, on top of the reference policy and its parameters;
+    Routing-v0: an instance; Knobs-v0: a point of the knob box), seeded per episode: the floor a
+    learned agent must beat. ``env_kwargs``: the environment's (a checkpoint's training ones)."""
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
 
     kw = dict(env_kwargs)
     if scenario is not None:
         kw["scenario"] = scenario
     kw.update(window_s=window_s, split="heldout", horizon_s=math.inf)
     kw.pop("action_mode", None)
-    env = SchedulingEnv(**kw)
+    env = gym.make(env_id, **kw).unwrapped
     rows, ttfts = [], []
     for wseed, widx, seed in episodes:
         obs, info = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
         rng = np.random.default_rng(seed * 100_003 + widx)
         done = False
         while not done:
-            m, a, i = info["action_mask"], [], 0
-            for n in env.action_space.nvec:
-                a.append(rng.choice(np.flatnonzero(m[i:i + n])))
-                i += n
-            obs, _, term, trunc, info = env.step(np.array(a))
+            obs, _, term, trunc, info = env.step(_random_action(env.action_space, info["action_mask"], rng))
             done = term or trunc
         rows += _summary_rows("random", widx, seed, info["summary"])
         rec = env.cluster.recorder.records_frame()
@@ -139,14 +141,41 @@ def run_random(episodes, scenario: str | None, window_s: float, env_kwargs: dict
     return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
 
 
-def run_heuristic(policy: str, source, episodes) -> tuple[list[dict], np.ndarray]:
-    """Episodes of a heuristic run directly in the simulator."""
-    from kvsched.envs.common import build_cluster, reference
+def _random_action(space, mask: np.ndarray, rng: np.random.Generator):
+    """A uniform random action of ``space`` among the allowed ones (``mask``)."""
+    if hasattr(space, "nvec"):
+        a, i = [], 0
+        for n in space.nvec:
+            a.append(rng.choice(np.flatnonzero(mask[i:i + n])))
+            i += n
+        return np.array(a)
+    if hasattr(space, "n"):
+        return int(rng.choice(np.flatnonzero(mask)))
+    return rng.uniform(space.low, space.high).astype(space.dtype)
 
+
+def run_heuristic(policy: str, source, episodes, env_id: str = "kvsched/Scheduling-v0",
+                  env_kwargs: dict | None = None) -> tuple[list[dict], np.ndarray]:
+    """Episodes of a heuristic run directly in the simulator: a scheduling policy on every
+    instance (Scheduling-v0, Knobs-v0), or a router (Routing-v0: the instances keep the
+    environment's policy) -- what :class:`~kvsched.agents.heuristic.HeuristicAgent` plays through
+    the environment (tested equal)."""
+    from kvsched.envs.common import build_cluster, reference
+    from kvsched.policies.routing import make_router
+
+    kw = env_kwargs or {}
     rows, ttfts = [], []
     for wseed, widx, seed in episodes:
         w = source.workload(wseed, widx)
-        cluster = build_cluster(source, lambda i: reference(policy, None, source))
+        if env_id == "kvsched/Routing-v0":
+            sc = source.scenario
+            pol = kw.get("policy") or sc.policy
+            n = kw.get("n_instances") or max(2, sc.n_instances)
+            cluster = build_cluster(source, lambda i: reference(pol, None, source), n_instances=n)
+            cluster.router = make_router(policy)
+            cluster.router.bind(n, sc.seed)
+        else:
+            cluster = build_cluster(source, lambda i: reference(policy, None, source))
         res = cluster.run(w)
         rows += _summary_rows(policy, widx, seed, res.summary)
         ttfts.append((res.records["first_token_s"] - res.records["arrival_s"]).to_numpy())
@@ -214,13 +243,14 @@ def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[st
 
 
 def _one_episode(kind: str, agent: str, episode: tuple[int, int, int], scenario: str | None, window_s: float,
-                 stochastic: bool, random_kw: dict | None, source) -> tuple[list[dict], np.ndarray]:
+                 stochastic: bool, env_kw: dict | None, source, env_id: str = "kvsched/Scheduling-v0"
+                 ) -> tuple[list[dict], np.ndarray]:
     """One agent on one held-out episode (a task of :func:`evaluate`; pure, so any backend)."""
     if kind == "learned":
         return run_learned(Path(agent), [episode], scenario, window_s, stochastic=stochastic)
     if kind == "random":
-        return run_random([episode], scenario, window_s, random_kw or {})
-    return run_heuristic(agent, source, [episode])
+        return run_random([episode], scenario, window_s, env_kw or {}, env_id)
+    return run_heuristic(agent, source, [episode], env_id, env_kw)
 
 
 #: held-out windows evaluated when none are asked for (fewer when the scenario holds fewer)
@@ -229,7 +259,7 @@ DEFAULT_WINDOWS = 4
 
 def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds: int, out: str | Path,
              window_s: float | None = None, stochastic: bool = False, backend: str = "local",
-             address: str | None = None, progress=None) -> pd.DataFrame:
+             address: str | None = None, progress=None, env_id: str | None = None) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
 
     Every (agent, episode) pair is one task (:func:`kvsched.runner.sweep.map_tasks`): with
@@ -240,8 +270,14 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     ``windows=None``: the first :data:`DEFAULT_WINDOWS` held-out windows, or all of them when
     the scenario holds fewer (an explicit count above what it holds is an error).
 
+    Environments: the checkpoints' (their training metadata; all must share one), else ``env_id``
+    (default ``kvsched/Scheduling-v0``). Heuristics are policy names (Scheduling-v0, Knobs-v0) or
+    router names (Routing-v0). ``random`` acts in the checkpoints' environment with their training
+    arguments (reference policy and its parameters included). Windows without requests are left out.
+
     Raises:
-        ConfigError: no agents, counts < 1, more windows than held out, missing metadata.
+        ConfigError: no agents, counts < 1, more windows than held out, missing metadata,
+            checkpoints of different environments, or an ``env_id`` that contradicts them.
     """
     from kvsched.envs.common import episode_config
     from kvsched.envs.episodes import HELDOUT_SEED_BASE, EpisodeSource
@@ -258,12 +294,24 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     for c in ckpts:
         if not c.exists():
             raise ConfigError(f"checkpoint {str(c)!r} does not exist")
-    known = set(policy_names())
+    metas = [_sidecar(c) for c in ckpts]
+    env_ids = sorted({m.get("env_id", "?") for m in metas})
+    if len(env_ids) > 1:
+        raise ConfigError(f"the checkpoints were trained on different environments {env_ids}; evaluate one at a time")
+    if env_ids and env_id is not None and env_id != env_ids[0]:
+        raise ConfigError(f"--env {env_id} but the checkpoints were trained on {env_ids[0]}")
+    env_id = env_ids[0] if env_ids else (env_id or "kvsched/Scheduling-v0")
+    if env_id == "kvsched/Routing-v0":
+        from kvsched.policies.routing import router_names
+
+        known, what = set(router_names()), "router"
+    else:
+        known, what = set(policy_names()), "policy"
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known):
             raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
-                              f"policy; known: {sorted(known)}")
-    trained = _sidecar(ckpts[0])["env_kwargs"] if ckpts else {}
+                              f"{what} of {env_id}; known: {sorted(known)}")
+    trained = metas[0]["env_kwargs"] if metas else {}
     if window_s is None:
         window_s = float(trained.get("window_s", 60.0))
     scen = scenario if scenario is not None else trained.get("scenario")
@@ -276,9 +324,12 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
                           f"{window_s:g} s in {source.config.scenario}")
     episodes = [(HELDOUT_SEED_BASE + s if source.synthetic else source.scenario.seed, w, s)
                 for w in source.heldout_windows[:windows] for s in range(seeds)]
+    episodes = [ep for ep in episodes if len(source.workload(ep[0], ep[1]))]  # an empty window has no score
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    random_kw = {k: v for k, v in trained.items() if k in ("max_requests", "heldout_fraction", "k", "reference_policy")}
+    # the random agent acts in the checkpoint's environment: every training argument but where and
+    # how long (the reference policy's parameters included)
+    env_kw = {k: v for k, v in trained.items() if k not in ("scenario", "window_s", "split", "horizon_s")}
     jobs: list[tuple[str, tuple]] = []  # (agent name, arguments of one episode's task), in table order
     for a in agents:
         if a.endswith(".zip") or _is_rllib_checkpoint(a):
@@ -288,9 +339,9 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
                          for ep in episodes]
             jobs += [(name, ("learned", a, ep, scen, window_s, False, None, None)) for ep in episodes]
         elif a == "random":
-            jobs += [(a, ("random", a, ep, scen, window_s, False, random_kw, None)) for ep in episodes]
-        else:  # a policy name (checked above)
-            jobs += [(a, ("heuristic", a, ep, scen, window_s, False, None, source)) for ep in episodes]
+            jobs += [(a, ("random", a, ep, scen, window_s, False, env_kw, None, env_id)) for ep in episodes]
+        else:  # a policy or router name (checked above)
+            jobs += [(a, ("heuristic", a, ep, scen, window_s, False, env_kw, source, env_id)) for ep in episodes]
     from kvsched.runner.sweep import map_tasks
 
     outs = map_tasks(_one_episode, [j for _, j in jobs], backend=backend, address=address, progress=progress)

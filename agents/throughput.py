@@ -74,8 +74,8 @@ def measure(env_id: str = "kvsched/Scheduling-v0", agent: str = "random", steps:
 
     Args:
         env_id: a registered ``kvsched/...`` environment id.
-        agent: ``"random"``, or a policy name (``Scheduling-v0`` only: through
-            :class:`HeuristicAgent`; the environment's reference policy gives its own decisions).
+        agent: ``"random"``, or a policy name (``Scheduling-v0`` only: the environment is made
+            with it as the reference policy and :class:`HeuristicAgent` plays its decisions).
         steps: steps to time (>= 1).
         seed: seeds the first reset (later resets use ``seed + episode``) and the random agent.
         env_kwargs: passed to ``gymnasium.make``.
@@ -95,13 +95,15 @@ def measure(env_id: str = "kvsched/Scheduling-v0", agent: str = "random", steps:
 
     if steps < 1:
         raise ValueError(f"steps={steps!r} is not allowed: expected an integer >= 1")
+    if agent != "random" and env_id.endswith("Scheduling-v0"):
+        env_kwargs = {**env_kwargs, "reference_policy": agent}
     env = gym.make(env_id, **env_kwargs).unwrapped
     if agent != "random" and not hasattr(env, "heuristic_action"):
         raise ValueError(f"agent={agent!r} is not allowed for {env_id}: expected 'random' "
                          "(policy agents act only in kvsched/Scheduling-v0)")
     env.action_space.seed(seed)
     rng = np.random.default_rng(seed)
-    heur = None if agent == "random" else HeuristicAgent(None if agent == env.reference_policy else agent, env)
+    heur = None if agent == "random" else HeuristicAgent(agent, env)
     clock = _SimClock()
     obs, info = env.reset(seed=seed)
     clock.attach(env.cluster)

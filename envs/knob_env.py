@@ -153,6 +153,7 @@ class KnobEnv(gym.Env):
         self._mask.flags.writeable = False  # action_masks returns this same array: nothing to mask
         #: (field, low, high - low, multiple or None) per knob: the affine map's terms, computed once
         self._spans = tuple((name, lo, hi - lo, mult) for name, lo, hi, mult in self.knobs)
+        self._reference_values: tuple[np.ndarray, dict] | None = None  # heuristic_action's (action, values)
         self._check_knob_box()
         self.cluster = None
 
@@ -178,13 +179,39 @@ class KnobEnv(gym.Env):
                 raise ConfigError(f"Knobs-v0 on scenario {self.source.scenario.name!r}: its {self.heuristic} "
                                   f"parameters conflict with the knob ranges at {values}: {e}") from None
 
+    def heuristic_action(self, heuristic: str | None = None) -> np.ndarray:
+        """The action that keeps the heuristic's own parameters (the scenario's, or its defaults):
+        an episode so played equals the heuristic's direct run (tested). :meth:`values` maps this
+        exact action back to those exact values (the affine map alone could be off in the last bit).
+
+        Raises:
+            ConfigError: another heuristic than the environment's, or parameters outside the knob
+                ranges (no action reaches them).
+        """
+        if heuristic is not None and heuristic != self.heuristic:
+            require(False, "heuristic", heuristic, f"the environment's heuristic {self.heuristic!r} (Knobs-v0 sets "
+                    f"its parameters; make the environment with heuristic={heuristic!r})")
+        if self._reference_values is None:
+            params = reference(self.heuristic, None, self.source).params
+            vals = {n: getattr(params, n) for n, *_ in self.knobs}
+            x = np.array(self._knob_vector(vals), dtype=np.float32)
+            if not np.all((x >= -1.0) & (x <= 1.0)):
+                require(False, "heuristic parameters", vals, f"values inside the knob ranges {self.knobs}")
+            x.flags.writeable = False
+            self._reference_values = (x, vals)
+        return self._reference_values[0].copy()
+
     def values(self, action) -> dict:
-        """The parameter values of ``action`` (see the class docstring).
+        """The parameter values of ``action`` (see the class docstring); the exact values of the
+        heuristic's own parameters for :meth:`heuristic_action`'s action.
 
         Raises:
             ConfigError: wrong shape, an entry outside [-1, 1] or not finite, or entries that
                 are not real numbers (see :meth:`_real_entries`).
         """
+        ref = self._reference_values
+        if ref is not None and type(action) is np.ndarray and np.array_equal(action, ref[0]):
+            return dict(ref[1])
         # the usual case, a 1-D float array: tolist() gives its entries as Python floats, exactly
         a = action.tolist() if type(action) is np.ndarray else None
         if type(a) is not list or len(a) != len(self._spans) or not all(type(x) is float for x in a):

@@ -88,6 +88,7 @@ class RoutingEnv(gym.Env):
         self.action_space = spaces.Discrete(n)
         self._mask = np.ones(n, dtype=bool)
         self.cluster = None
+        self._heuristic = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -96,6 +97,7 @@ class RoutingEnv(gym.Env):
                                      n_instances=self.n_instances)
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self.cluster.start(self.workload, DecisionWatch(route=True))
+        self._heuristic = None  # the router heuristic_action asks (one per episode)
         self.decisions = 0
         self._over = False
         self._point = self.cluster.run_until_decision(self.horizon_s)
@@ -123,6 +125,31 @@ class RoutingEnv(gym.Env):
             vals += (hbm.used_blocks / cap, available / cap, nw / (nw + 16.0), len(inst.running) / inst.spec.max_seqs,
                      ns / (ns + 1.0), queued / (queued + max_len), 1.0 if need <= available else 0.0)
         return np.array(vals, dtype=np.float32)  # float64 values rounded to float32 once
+
+    def heuristic_action(self, router: str, params: dict | None = None) -> int:
+        """The instance router ``router`` (a name of :mod:`kvsched.policies.routing`, with
+        ``params``) sends the pending request to, from the state view the cluster would give it
+        (the same staleness): an episode so played equals the direct run with that router
+        (tested). The router is built and bound at the episode's first call and sees every
+        arrival once, in order; call it once per step. 0 when no request is pending.
+
+        Raises:
+            ConfigError: an unknown router or invalid parameters.
+        """
+        from kvsched.envs.sim.routing import RouterTable
+        from kvsched.policies.routing import make_router
+
+        key = (router, repr(sorted((params or {}).items())))
+        if self._heuristic is None or self._heuristic[0] != key:
+            r = make_router(router, dict(params or {}))
+            r.bind(self.n_instances, self.source.scenario.seed)
+            self._heuristic = (key, r)
+        p = self._point
+        if p is None or p.kind != "route":
+            return 0
+        c = self.cluster
+        view = c.state_provider.view(c.instances, p.time_s, c.shared_kv)
+        return int(self._heuristic[1].route(RouterTable(view, p.request, p.time_s, c.shared_kv)))
 
     def action_masks(self) -> np.ndarray:
         """All instances are valid targets."""

@@ -247,19 +247,39 @@ class SchedulingEnv(gym.Env):
 
     # ---------------------------------------------------------------------- reference agents
     def heuristic_action(self, policy: str | None = None) -> np.ndarray:
-        """The action by which a heuristic decides this step (for reference agents).
+        """The action by which heuristic ``policy`` makes this step's decisions exactly: the
+        reference's own decision ``(0, 0, 0, 0)`` when ``policy`` is ``None`` or the reference
+        policy (an episode so played equals the reference's direct run; tested).
 
-        ``None`` or the reference policy's name: ``(0, 0, 0, 0)``, the reference's own
-        decision. Another policy name: its first choice among the shown candidates (its order
-        over their FeatureTable), the reference deciding chunk and preemption.
+        Raises:
+            ConfigError: another policy. The action sets the first admission and the step's chunk
+                cap, not a policy's whole order, its chunk rule and its victims, so another policy
+                cannot be reproduced through it: make the environment with
+                ``reference_policy=<policy>`` (:meth:`imitation_action` gives the approximation
+                used for imitation labels).
         """
+        if policy is not None and policy != self.reference_policy:
+            require(False, "heuristic", policy,
+                    f"the environment's reference policy {self.reference_policy!r}: a heuristic acts exactly only as "
+                    f"the reference; make the environment with reference_policy={policy!r} and play action 0 "
+                    "(imitation_action gives an approximation for imitation labels)")
         a = np.zeros(len(self._nvec), dtype=np.int64)
-        if policy is None or policy == self.reference_policy or len(self._shown_ids) < 2:
+        return a if self.action_mode == "multi" else a[0]
+
+    def imitation_action(self, policy: str, params: dict | None = None) -> np.ndarray:
+        """An approximation of ``policy``'s decision in this environment's action space (imitation
+        labels): its first choice among the shown candidates (its order over their FeatureTable),
+        every other part the reference's. Not exact: the rest of the admission order, the chunk
+        sizes and the victims stay the reference's (use :meth:`heuristic_action` for an exact
+        reference)."""
+        a = np.zeros(len(self._nvec), dtype=np.int64)
+        if policy == self.reference_policy and not params or len(self._shown_ids) < 2:
             return a if self.action_mode == "multi" else a[0]
-        if not hasattr(self, "_other") or self._other[0] != policy:
-            p = make_policy(policy)
+        key = (policy, repr(sorted((params or {}).items())))
+        if not hasattr(self, "_other") or self._other[0] != key:
+            p = make_policy(policy, dict(params or {}))
             p.bind(self.agent_policy.ctx)
-            self._other = (policy, p)
+            self._other = (key, p)
         p = self._other[1]
         rows = np.flatnonzero(np.isin(self._table.request_id, self._shown_ids))
         shown = [self._cands[int(r)] for r in rows]

@@ -60,6 +60,8 @@ COMMANDS: tuple[Command, ...] = (
             module="kvsched.experiments.rl_cli", add_arguments="add_train_arguments", run="cmd_train"),
     Command("evaluate", help="learned vs heuristic agents on held-out windows: table with 95%% CIs, plots",
             module="kvsched.experiments.rl_cli", add_arguments="add_evaluate_arguments", run="cmd_evaluate"),
+    Command("leaderboard", help="kvsched bench: tasks with headroom, baselines, bounds and agents (paired CIs)",
+            module="kvsched.experiments.leaderboard_cli", add_arguments="add_arguments", run="cmd_leaderboard"),
     Command("presets", help="list model, GPU and link presets",
             module="kvsched.experiments.catalog_cli", run="cmd_presets"),
     Command("traces", help="list bundled traces",

@@ -53,7 +53,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
-                   help="comma-separated: checkpoint .zip files, policy names and/or 'random', e.g. ckpt.zip,lars,fcfs")
+                   help="comma-separated: checkpoint .zip files, policy (or, for Routing-v0, router) names and/or "
+                        "'random', e.g. ckpt.zip,lars,fcfs")
+    e.add_argument("--env", choices=("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0"),
+                   help="environment when no checkpoint is given (default kvsched/Scheduling-v0; with checkpoints: "
+                        "theirs)")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
     e.add_argument("--windows", type=count,
                    help="held-out windows (default 4, or all of them when the scenario holds fewer)")
@@ -133,7 +137,8 @@ def cmd_evaluate(args, console) -> int:
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     run = lambda progress=None: evaluate(  # noqa: E731
         agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
-        stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress)
+        stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress,
+        env_id=args.env)
     if args.no_progress or not sys.stderr.isatty():
         table = run()
     else:

@@ -143,6 +143,8 @@ class Cluster:
         for inst in self.instances:
             inst.shared_kv = self.shared_kv
         self.routed_requests = np.zeros(len(self.instances), dtype=np.int64)
+        #: requests placed by the caller (``apply(route_to=...)``, e.g. a Routing-v0 agent), not the router
+        self.caller_routes = 0
         self.routed_prompt_tokens = np.zeros(len(self.instances), dtype=np.int64)
         self.progress = progress
         self.events = EventQueue()
@@ -273,6 +275,7 @@ class Cluster:
                 idx = self._route(payload, t)
             else:
                 idx = int(route_to)
+                self.caller_routes += 1
                 self.routed_requests[idx] += 1
                 self.routed_prompt_tokens[idx] += payload.prompt_tokens
             self._place(payload, idx, t)
@@ -394,7 +397,8 @@ class Cluster:
     def routing_summary(self) -> dict:
         """Per-instance load share of the run (JSON-ready).
 
-        ``requests`` / ``prompt_tokens``: routed to each instance; ``load_share``: each
+        ``router``: the router's name, or ``"caller (apply route_to)"`` when the caller placed every
+        request (a Routing-v0 agent); ``requests`` / ``prompt_tokens``: routed to each instance; ``load_share``: each
         instance's fraction of the requests; ``load_imbalance``: max over mean of the requests per
         instance (1.0 = perfectly even, N = everything on one of N instances).
         """
@@ -402,7 +406,8 @@ class Cluster:
         total = int(n.sum())
         mean = total / len(n) if len(n) else 0.0
         return {
-            "router": getattr(self.router, "name", type(self.router).__name__),
+            "router": ("caller (apply route_to)" if total and self.caller_routes == total
+                       else getattr(self.router, "name", type(self.router).__name__)),
             "router_delay_s": self.state_provider.delay_s,
             "snapshot_refreshes": self.state_provider.refreshes,
             "requests": [int(x) for x in n],

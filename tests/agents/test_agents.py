@@ -156,3 +156,40 @@ def test_cli_train_bad_arguments_are_clean_errors(tmp_path, capsys, extra, fragm
     err = capsys.readouterr().err
     assert rc == 2 and fragment in err and "Traceback" not in err
     assert not (tmp_path / "run" / "final.zip").exists()
+
+
+def test_evaluate_random_keeps_the_checkpoints_reference_parameters(tmp_path, monkeypatch):
+    """The random agent acts in the checkpoint's environment with every training argument, the
+    reference policy's parameters included (they were dropped: it ran on the defaults)."""
+    import kvsched.agents.evaluate as ev
+
+    seen = []
+    real = ev.run_random
+
+    def spy(episodes, scenario, window_s, env_kwargs, env_id="kvsched/Scheduling-v0"):
+        seen.append(dict(env_kwargs))
+        return real(episodes, scenario, window_s, env_kwargs, env_id)
+
+    monkeypatch.setattr(ev, "run_random", spy)
+    meta = train("kvsched/Scheduling-v0", "maskable_ppo", 32, tmp_path / "t", window_s=10.0,
+                 env_kwargs={**SMALL, "reference_policy": "lars", "reference_params": {"kappa": 2.0}},
+                 checkpoint_every=32, eval_every=32, eval_episodes=1, progress_bar=False, hyperparameters=PPO_TINY)
+    assert meta["timesteps"] == 32
+    evaluate([str(tmp_path / "t" / "final.zip"), "random"], None, windows=1, seeds=1, out=tmp_path / "e")
+    assert seen and seen[0]["reference_params"] == {"kappa": 2.0} and seen[0]["reference_policy"] == "lars"
+
+
+def test_evaluate_agents_of_the_routing_and_knobs_environments(tmp_path):
+    """evaluate takes agents of every environment: routers (Routing-v0), the heuristic
+    (Knobs-v0), random, and a checkpoint trained there."""
+    meta = train("kvsched/Routing-v0", "ppo", 32, tmp_path / "r", window_s=10.0, env_kwargs=SMALL,
+                 checkpoint_every=32, eval_every=32, eval_episodes=1, progress_bar=False,
+                 hyperparameters={"n_steps": 32, "batch_size": 32, "n_epochs": 1})
+    assert meta["env_id"] == "kvsched/Routing-v0"
+    table = evaluate([str(tmp_path / "r" / "final.zip"), "least-loaded", "round-robin", "random"], None, windows=1,
+                     seeds=1, out=tmp_path / "er")
+    assert set(table["agent"]) == {"final.zip", "least-loaded", "round-robin", "random"}
+    with pytest.raises(ConfigError, match="router of kvsched/Routing-v0"):
+        evaluate(["lars"], None, 1, 1, tmp_path / "x", env_id="kvsched/Routing-v0")
+    table = evaluate(["lars", "random"], None, windows=1, seeds=1, out=tmp_path / "ek", env_id="kvsched/Knobs-v0")
+    assert set(table["agent"]) == {"lars", "random"}

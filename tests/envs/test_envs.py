@@ -350,7 +350,8 @@ def test_sb3_dummy_and_subproc_vec_envs_with_heuristic_agent():
 
     runs = []
     for sub in (False, True):
-        venv = make_vec_env("kvsched/Scheduling-v0", dict(SMALL), n_envs=2, seed=5, subprocess=sub)
+        venv = make_vec_env("kvsched/Scheduling-v0", dict(SMALL, reference_policy="lars"), n_envs=2, seed=5,
+                            subprocess=sub)
         agent = HeuristicAgent("lars", venv)
         obs = venv.reset()
         seq = [obs]

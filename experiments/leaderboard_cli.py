@@ -1,0 +1,197 @@
+"""``kvsched leaderboard``: kvsched bench's tasks, baselines, bounds and agents in one table.
+
+- ``kvsched leaderboard`` (or ``--show``): print the committed results of the suite (no
+  simulation): per task and stratum the isolation and hindsight bounds, the tuned best heuristic
+  and its parameters, the headroom (bound - tuned, 95 % CI), every baseline's mean, paired
+  difference with the tuned heuristic (95 % bootstrap CI), normalised score and episodes worse.
+- ``--agents A,B,...``: also evaluate agents on every task's strata episodes and add their rows: a
+  checkpoint (``.zip``, Stable-Baselines3 / sb3-contrib, trained on the task's environment), a
+  heuristic name (a policy for a scheduling task, a router for a routing task; with its defaults),
+  or ``random``. ``--episodes N`` evaluates the first N episodes of each stratum only.
+- ``--compute``: recompute the suite's baselines and bounds (tuning on train episodes, the
+  hindsight search: hours) into ``--out``; ``--jobs`` processes.
+- ``--json`` prints the rows as JSON; ``--out DIR`` writes ``leaderboard.json``, ``leaderboard.csv``
+  and ``leaderboard.png`` (normalised scores with their intervals, one panel per task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import cli_types
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``kvsched leaderboard`` options."""
+    p.add_argument("--suite", default="v1", help="suite version (default v1)")
+    p.add_argument("--tasks", help="comma-separated task ids (default: every task of the suite)")
+    p.add_argument("--agents", help="comma-separated agents to evaluate: checkpoint .zip files, heuristic names, "
+                                    "random")
+    p.add_argument("--episodes", type=cli_types.count, help="evaluate agents on the first N episodes of each "
+                                                             "stratum only (default all)")
+    p.add_argument("--show", action="store_true", help="print the committed results (the default without --agents "
+                                                        "or --compute)")
+    p.add_argument("--compute", action="store_true", help="recompute the suite's baselines and bounds into --out "
+                                                           "(hours)")
+    p.add_argument("--jobs", type=cli_types.count, default=1, help="processes for --compute (default 1)")
+    p.add_argument("--results", type=Path, help="read results from this folder instead of the committed ones")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--out", type=Path, help="write leaderboard.json, leaderboard.csv and leaderboard.png here "
+                                            "(with --compute: the results file too)")
+
+
+def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
+    """``kvsched leaderboard``; returns the exit code."""
+    from kvsched.envs.sim.errors import KvschedError
+
+    from .outputs import prepare_out_dir
+    from .suite.results import leaderboard, load_results
+    from .suite.tasks import get_suite
+
+    tasks = get_suite(a.suite)
+    ids = [t.task_id for t in tasks]
+    chosen = ids if not a.tasks else [x.strip() for x in a.tasks.split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in ids]
+    if unknown or not chosen:
+        raise KvschedError(f"--tasks {a.tasks!r}: unknown or empty; suite {a.suite} has: {', '.join(ids)}")
+    if a.out is not None:
+        prepare_out_dir(a.out)
+    if a.compute:
+        if a.out is None:
+            raise KvschedError("--compute writes a results file: give --out DIR (the committed results are in "
+                               "experiments/suite/results)")
+        _compute(a, [t for t in tasks if t.task_id in chosen], console)
+        folder = a.out
+    else:
+        folder = a.results
+    results = load_results(a.suite, folder)
+    results = {**results, "tasks": {k: v for k, v in results["tasks"].items() if k in chosen}}
+    agents = _evaluate_agents(a, [t for t in tasks if t.task_id in chosen], results, console) if a.agents else {}
+    rows = leaderboard(results, agents)
+    if a.json:
+        print(json.dumps(rows, indent=1, default=_jsonable))
+    else:
+        _print(rows, results, console)
+    if a.out is not None:
+        _write(rows, a.out, console)
+    return 0
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(type(x).__name__)
+
+
+def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
+    from .suite.compute import compute_task
+    from .suite.results import FORMAT, load_results, provenance, results_path, write_json
+
+    out = a.out
+    try:
+        data = load_results(a.suite, out)
+    except Exception:
+        data = {"format": FORMAT, "suite": a.suite, "tasks": {}}
+    for t in tasks:
+        res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs,
+                           progress=lambda m: print(m, file=sys.stderr, flush=True))
+        data["tasks"][t.task_id] = res
+        data["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
+        write_json(results_path(a.suite, out), data)  # after every task: a long run keeps what it finished
+    console.print(f"wrote {results_path(a.suite, out)}", highlight=False)
+
+
+def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) -> dict:
+    from .suite.agents import evaluate_agent
+
+    names = [x.strip() for x in a.agents.split(",") if x.strip()]
+    out: dict = {}
+    for name in names:
+        label = Path(name).name if name.endswith(".zip") else name
+        out[label] = {}
+        for t in tasks:
+            tr = results["tasks"][t.task_id]
+            out[label][t.task_id] = evaluate_agent(t, tr, name, a.episodes,
+                                                   progress=lambda m: print(m, file=sys.stderr, flush=True))
+    return out
+
+
+def _fmt(x, digits: int = 3, signed: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def _print(rows: list[dict], results, console: Console) -> None:
+    by_task: dict = {}
+    for r in rows:
+        by_task.setdefault((r["task"], r["stratum"]), []).append(r)
+    for (task, stratum), rs in by_task.items():
+        r0 = rs[0]
+        title = (f"{task} [{stratum}, {r0['episodes']} episodes]: bound {_fmt(r0['bound_mean'])}, isolation "
+                 f"{_fmt(r0['isolation_mean'])}, tuned best {r0['tuned_best']} {_fmt(r0['tuned_mean'])}, headroom "
+                 f"{_fmt(r0['headroom'], signed=True)} [{_fmt(r0['headroom_lo'], signed=True)}, "
+                 f"{_fmt(r0['headroom_hi'], signed=True)}]")
+        table = Table(title=title)
+        for col in ("agent", "SLO attainment", "diff vs tuned", "95 % CI", "normalised", "worse"):
+            table.add_column(col, justify="left" if col == "agent" else "right")
+        for r in sorted(rs, key=lambda r: (r["kind"] != "agent", -(r["mean"] if r["mean"] == r["mean"] else -9))):
+            table.add_row(("* " if r["kind"] == "agent" else "") + r["agent"], _fmt(r["mean"]),
+                          _fmt(r["diff"], signed=True), f"[{_fmt(r['diff_lo'], signed=True)}, "
+                          f"{_fmt(r['diff_hi'], signed=True)}]", _fmt(r["normalised"], 2), str(r["worse"]))
+        console.print(table)
+    prov = results.get("provenance", {})
+    if prov:
+        console.print(f"results: {prov.get('command')} (kvsched {prov.get('kvsched_version')})", highlight=False)
+
+
+def _write(rows: list[dict], out: Path, console: Console) -> None:
+    import pandas as pd
+
+    from .suite.results import write_json
+
+    write_json(out / "leaderboard.json", rows)
+    pd.DataFrame([{k: v for k, v in r.items() if k != "tuned_params"} for r in rows]).to_csv(
+        out / "leaderboard.csv", index=False)
+    _plot(rows, out / "leaderboard.png")
+    console.print(f"wrote {out}/leaderboard.json, leaderboard.csv, leaderboard.png", highlight=False)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["task"], r["stratum"]) for r in rows})
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 1.2 + 0.28 * max(len([r for r in rows if (r["task"], r["stratum"]) == p]) for p in panels) * len(panels)),
+                             squeeze=False)
+    for ax, (task, stratum) in zip(axes[:, 0], panels):
+        rs = [r for r in rows if (r["task"], r["stratum"]) == (task, stratum) and r["normalised"] is not None]
+        rs.sort(key=lambda r: r["normalised"])
+        y = range(len(rs))
+        ax.errorbar([r["normalised"] for r in rs], list(y),
+                    xerr=[[r["normalised"] - r["norm_lo"] for r in rs], [r["norm_hi"] - r["normalised"] for r in rs]],
+                    fmt="o", ms=3, color="k")
+        for i, r in enumerate(rs):
+            if r["kind"] == "agent":
+                ax.plot(r["normalised"], i, "o", color="tab:red")
+        ax.set_yticks(list(y))
+        ax.set_yticklabels([r["agent"] for r in rs], fontsize=6)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.axvline(1, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"{task} ({stratum}): 0 = tuned best heuristic, 1 = hindsight bound", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

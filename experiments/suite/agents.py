@@ -1,0 +1,105 @@
+"""Evaluating an agent on a task's strata: the same episodes as every baseline.
+
+An agent is a heuristic name (a policy for a scheduling task, a router for a routing task; with
+its defaults; run in the simulator), ``random`` (the uniform random agent over the masked
+actions, on the task's reference; seeded per episode), or a checkpoint ``.zip`` written by
+``kvsched train`` (Stable-Baselines3 / sb3-contrib; its metadata ``<stem>.json`` or ``train.json``
+beside it names the environment it was trained on, which must be the task's, with the same
+observation and action spaces). Learned agents act deterministically, with their action masks
+when they are maskable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from kvsched.envs.sim.errors import ConfigError
+
+from .episodes import Episode
+from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
+from .tasks import BenchTask
+
+
+def stratum_episodes(task_result: Mapping[str, Any], stratum: str, limit: int | None = None) -> list[Episode]:
+    """The episodes of ``stratum`` of a task's results (the first ``limit`` when given)."""
+    keys = task_result["strata"][stratum]
+    if limit is not None:
+        keys = keys[:limit]
+    return [Episode(*(int(x) for x in k.split(":"))) for k in keys]
+
+
+def _reference(task_result: Mapping[str, Any]) -> tuple[str, dict]:
+    tuning = task_result["tuning"]
+    ref = tuning["reference"]
+    return ref, dict(tuning[ref]["params"])
+
+
+def load_checkpoint(path: Path) -> tuple[Any, dict]:
+    """The model of a ``kvsched train`` checkpoint and its metadata.
+
+    Raises:
+        ConfigError: a missing file or missing metadata.
+    """
+    from kvsched.agents.evaluate import _load_model, _sidecar
+
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {str(path)!r} does not exist")
+    meta = _sidecar(path)
+    return _load_model(path, meta), meta
+
+
+def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, limit: int | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, list[float | None]]:
+    """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring).
+
+    Raises:
+        ConfigError: an unknown agent, or a checkpoint of another environment or other spaces.
+    """
+    ref, ref_params = _reference(task_result)
+    kind, act_for, env = _agent(task, agent, ref, ref_params)
+    out: dict[str, list[float | None]] = {}
+    for stratum in task_result["strata"]:
+        scores: list[float | None] = []
+        for i, ep in enumerate(stratum_episodes(task_result, stratum, limit)):
+            if kind == "heuristic":
+                scores.append(score(run_heuristic(task, ep, agent, {}).summary))
+            else:
+                scores.append(score(run_env(env, ep, act_for(i), seed=episode_seed(i))))
+            if progress:
+                progress(f"{task.name} {stratum}: {agent} episode {i + 1}: {scores[-1]}")
+        out[stratum] = scores
+    if env is not None:
+        env.close()
+    return out
+
+
+def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
+    """``(kind, act_for(episode index) -> actor, env)`` of an agent name."""
+    from kvsched.policies.base import policy_names
+    from kvsched.policies.routing import router_names
+
+    if agent == "random":
+        return "env", random_actor_for, make_env(task, ref, ref_params)
+    if agent.endswith(".zip"):
+        model, meta = load_checkpoint(Path(agent))
+        if meta.get("env_id") != task.env_id:
+            raise ConfigError(f"checkpoint {agent!r} was trained on {meta.get('env_id')}; task {task.name} is "
+                              f"{task.env_id}")
+        env = make_env(task, ref, ref_params, **{k: v for k, v in meta.get("env_kwargs", {}).items()
+                                                   if k in ("k", "action_mode")})
+        if model.observation_space.shape != env.observation_space.shape:
+            raise ConfigError(f"checkpoint {agent!r} observes shape {model.observation_space.shape}; task "
+                              f"{task.name}'s environment gives {env.observation_space.shape}")
+        masked = meta.get("algo") == "maskable_ppo"
+        return "env", (lambda i: model_actor(model, masked)), env
+    known = router_names() if task.env_id == "kvsched/Routing-v0" else policy_names()
+    if agent in known:
+        return "heuristic", None, None
+    raise ConfigError(f"agent {agent!r} is not a checkpoint (.zip), 'random' or a "
+                      f"{'router' if task.env_id == 'kvsched/Routing-v0' else 'policy'} ({', '.join(known)})")
+
+
+def random_actor_for(index: int):
+    """The random agent of the ``index``-th episode of a stratum."""
+    return random_actor(episode_seed(index))

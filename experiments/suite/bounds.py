@@ -1,0 +1,101 @@
+"""Bounds of an episode: the isolation bound and what stratifies the pool.
+
+**Isolation bound.** Each request served alone on one instance of the task's system, with the
+task's reference policy and nothing else in flight: its TTFT, TPOT and E2E then are the best it
+can get, and SLO attainment over those alone-runs (judged by :func:`kvsched.envs.sim.metrics.summarize`,
+exactly as an episode is) bounds every schedule from above. It is loose: requests that arrive
+together cannot all run alone.
+
+**Load measures** (for the hard stratum, :mod:`.episodes`): from the same alone-runs,
+
+- ``offered_load``: the requests' alone prefill times (first scheduled to first token) summed over
+  the window's length and the instances -- the share of the GPU's time the prompts alone ask for
+  (above 1 the window cannot keep up even with perfect batching of its decodes);
+- ``kv_pressure``: the largest share of the HBM KV capacity (all instances) that the requests
+  alive at one moment would hold, each holding ``prompt + output`` tokens from its alone start to
+  its alone finish shifted to its arrival.
+
+The achievable hindsight bound is :mod:`.search`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from kvsched.envs.sim.metrics import MetricsConfig, summarize
+from kvsched.envs.sim.request import Request, Workload
+
+
+@dataclass(frozen=True)
+class IsolationStats:
+    """What the alone-runs of one episode give.
+
+    Attributes:
+        attainment: SLO attainment with every request alone (None for an empty episode).
+        offered_load: summed alone prefill time / (window_s x instances).
+        kv_pressure: peak share of the HBM KV capacity held by requests alive at once.
+        requests: requests in the episode.
+    """
+
+    attainment: float | None
+    offered_load: float
+    kv_pressure: float
+    requests: int
+
+
+def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataFrame], metrics: MetricsConfig,
+                    window_s: float, instances: int, hbm_capacity_tokens: int) -> IsolationStats:
+    """The alone-runs of ``workload``'s requests and what they give (see the module docstring).
+
+    Args:
+        workload: the episode's requests.
+        run_alone: serves a one-request workload on one instance; returns its records frame.
+        metrics: the task's metrics configuration (classes, SLOs).
+        window_s: the episode's window (s).
+        instances: instances of the task's cluster (the load is per instance).
+        hbm_capacity_tokens: HBM KV capacity of one instance, tokens.
+
+    Requests with the same prompt length, output length and SLO class are run once.
+    """
+    n = len(workload)
+    if n == 0:
+        return IsolationStats(None, 0.0, 0.0, 0)
+    cache: dict[tuple, pd.Series] = {}
+    rows = []
+    for i in range(n):
+        req = workload.request(i)
+        key = (req.prompt_tokens, req.output_tokens, req.slo_class)
+        if key not in cache:
+            alone = Request(0, 0.0, req.prompt_tokens, req.output_tokens, slo_class=req.slo_class)
+            cache[key] = run_alone(Workload.from_requests([alone])).iloc[0]
+        r = cache[key].copy()
+        shift = req.arrival_s
+        for col in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s"):
+            r[col] = r[col] + shift
+        r["request_id"] = req.request_id
+        rows.append(r)
+    records = pd.DataFrame(rows).reset_index(drop=True)
+    summary = summarize(records, None, None, metrics)
+    att = summary["classes"]["all"]["slo"]["attainment"]
+    fin = records["status"] == "finished"
+    busy = (records.loc[fin, "first_token_s"] - records.loc[fin, "first_scheduled_s"]).to_numpy(dtype=np.float64)
+    load = float(busy.sum() / (window_s * max(1, instances)))
+    start = records.loc[fin, "first_scheduled_s"].to_numpy(dtype=np.float64)
+    end = records.loc[fin, "finish_s"].to_numpy(dtype=np.float64)
+    tokens = (records.loc[fin, "prompt_tokens"] + records.loc[fin, "output_tokens"]).to_numpy(dtype=np.float64)
+    return IsolationStats(att, load, _peak_concurrent(start, end, tokens) / max(1, hbm_capacity_tokens * instances),
+                          n)
+
+
+def _peak_concurrent(start: np.ndarray, end: np.ndarray, weight: np.ndarray) -> float:
+    """Largest sum of ``weight`` over intervals ``[start, end)`` alive at one moment."""
+    if not len(start):
+        return 0.0
+    times = np.concatenate([start, end])
+    deltas = np.concatenate([weight, -weight])
+    order = np.lexsort((deltas, times))  # at equal times, ends (negative) before starts
+    return float(np.max(np.cumsum(deltas[order])))

@@ -1,0 +1,204 @@
+"""Computing a task of the suite: tuning on train episodes, baselines and bounds on held-out ones.
+
+For one :class:`~.tasks.BenchTask`:
+
+1. **pool and strata** (:mod:`.episodes`): every held-out episode, measured alone, split into
+   the ``all`` and ``hard`` strata;
+2. **tuning on train episodes only**: each heuristic of ``task.tuned`` is tuned with
+   ``kvsched tune``'s machinery (:func:`kvsched.experiments.tune.tune`: Optuna TPE, defaults
+   enqueued first, objective ``slo_attainment:all``) on ``task.tune_episodes`` train episodes
+   (train windows; for a synthetic scenario train seeds ``0, 1, ...``, disjoint from the held-out
+   seeds). The study is a journal file kept with the results. The tuned heuristic with the best
+   *train* objective is the task's reference: its environment's reference policy;
+3. **baselines on every stratum episode**: every heuristic with its defaults and every tuned one
+   (in the simulator), the constant actions (:func:`.runs.constant_actions`) and the random agent
+   (through the environment, on the tuned reference);
+4. **bounds**: the isolation bound (from the pool's alone-runs) and the hindsight bound
+   (:func:`.search.hindsight`, starting from the baselines; >= every baseline by construction).
+
+Episodes are independent: they run in ``jobs`` processes; results do not depend on ``jobs``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from kvsched.envs.sim.errors import ConfigError
+
+from .episodes import Episode, measure_pool, pool, strata, task_source, train_episodes
+from .runs import (constant_actions, episode_seed, make_env, random_actor, run_env, run_heuristic, score)
+from .search import Schedule, hindsight
+from .tasks import BenchTask
+
+OBJECTIVE = "slo_attainment:all"
+
+
+def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Tune every heuristic of ``task.tuned`` on train episodes (see the module docstring).
+
+    Returns ``{policy: {"params", "train_objective", "baseline_objective", "study", "journal",
+    "trials", "windows_s", "seeds", "workload_sha256"}}`` for each tuned heuristic, ``{policy:
+    {"params": {}, "train_objective"}}`` for each other heuristic (its defaults on the same train
+    episodes), and ``"reference"``: the heuristic with the best train objective (tuned or not),
+    the task's reference policy.
+    """
+    from kvsched.runner.scenario import load_scenario
+
+    from ..tune import MetricRef, TuneConfig, report, tune
+
+    eps = train_episodes(task, task.tune_episodes)
+    src = task_source(task, "train")
+    windows = sorted({(e.window_index * task.window_s, (e.window_index + 1) * task.window_s) for e in eps})
+    seeds = sorted({e.workload_seed for e in eps}) if src.synthetic else [src.scenario.seed]
+    if src.synthetic:  # cross product of windows and seeds: as many of each as the episode count allows
+        n_seeds = 2 if task.tune_episodes >= 4 else 1
+        seeds = list(range(n_seeds))
+        windows = windows[:max(1, task.tune_episodes // n_seeds)]
+    scenario = load_scenario(task.scenario)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    for policy in task.tuned:
+        cfg = TuneConfig(policy=policy, objective=MetricRef.parse(OBJECTIVE), windows_s=tuple(windows),
+                         seeds=tuple(seeds), sampler="tpe", pruner="none", sampler_seed=0)
+        journal = out_dir / f"{policy}.journal"
+        if progress:
+            progress(f"{task.name}: tuning {policy} ({task.tune_trials} trials x {len(windows) * len(seeds)} "
+                     "train episodes)")
+        res = tune(scenario, cfg, f"{task.name}-{policy}", f"journal:{journal}", n_trials=task.tune_trials)
+        rep = report(res.study, cfg)
+        best = rep["best"] or rep["baseline"]
+        out[policy] = {"params": dict(best["params"]), "train_objective": best["objective_mean"],
+                       "baseline_objective": (rep["baseline"] or {}).get("objective_mean"),
+                       "study": f"{task.name}-{policy}", "journal": journal.name,
+                       "trials": rep["trials"], "windows_s": [list(w) for w in windows], "seeds": list(seeds),
+                       "workload_sha256": dict(res.study.user_attrs.get("workload_sha256", {}))}
+    # the heuristics not tuned, with their defaults, on the same train episodes
+    for policy in task.heuristics:
+        if policy in task.tuned:
+            continue
+        vals = [_train_score(scenario, w, s, policy) for w in windows for s in seeds]
+        out[policy] = {"params": {}, "train_objective": finite_mean(vals), "tuned": False}
+    order = list(task.heuristics)
+    ref = max(order, key=lambda p: (out[p]["train_objective"], -order.index(p)))
+    out["reference"] = ref
+    return out
+
+
+def _train_score(scenario, window, seed, policy) -> float:
+    from ..tune import MetricRef, metric_value, run_scenario
+
+    return metric_value(run_scenario(scenario, window, seed, policy, {}), MetricRef.parse(OBJECTIVE))
+
+
+def episode_baselines(task: BenchTask, episode: Episode, index: int, tuned: dict[str, Any]) -> dict[str, Any]:
+    """Every baseline and the hindsight bound on one held-out episode (one process's work).
+
+    Returns ``{"scores": {label: score}, "bound": {...}}`` (see :func:`.search.hindsight`).
+    """
+    ref = tuned["reference"]
+    ref_params = tuned[ref]["params"]
+    scores: dict[str, float | None] = {}
+    schedules: dict[str, tuple[float | None, Schedule | None]] = {}
+    for h in task.heuristics:
+        s = score(run_heuristic(task, episode, h, {}).summary)
+        scores[f"{h} (default)"] = s
+        schedules[f"{h} (default)"] = (s, Schedule(h, {}))
+    for h in task.tuned:
+        p = tuned[h]["params"]
+        s = score(run_heuristic(task, episode, h, p).summary)
+        scores[f"{h} (tuned)"] = s
+        schedules[f"{h} (tuned)"] = (s, Schedule(h, p))
+    env = make_env(task, ref, ref_params)
+    for label, action in constant_actions(task, env):
+        s = score(run_env(env, episode, lambda o, i, e, a=action: a, seed=episode_seed(index)))
+        scores[f"constant {label}"] = s
+        schedules[f"constant {label}"] = (s, None)
+    s = score(run_env(env, episode, random_actor(episode_seed(index)), seed=episode_seed(index)))
+    scores["random"] = s
+    schedules["random"] = (s, None)
+    env.close()
+    bound = hindsight(task, episode, schedules, seed=index)
+    return {"scores": scores, "bound": bound}
+
+
+def _episode_job(args):
+    task, episode, index, tuned = args
+    t0 = time.process_time()
+    out = episode_baselines(task, episode, index, tuned)
+    out["cpu_s"] = time.process_time() - t0
+    return episode.key(), out
+
+
+def compute_task(task: BenchTask, out_dir: Path, jobs: int = 1, progress: Callable[[str], None] | None = None,
+                 tuned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the results file holds for ``task`` (see the module docstring)."""
+    t0 = time.time()
+    episodes = pool(task)
+    if progress:
+        progress(f"{task.name}: measuring {len(episodes)} held-out episodes alone")
+    stats = measure_pool(task, episodes)
+    st = strata(task, episodes, stats)
+    if tuned is None:
+        tuned = tune_task(task, out_dir, progress)
+    todo = sorted({ep for eps in st.values() for ep in eps}, key=lambda e: (e.workload_seed, e.window_index))
+    index = {ep.key(): i for i, ep in enumerate(todo)}
+    if progress:
+        progress(f"{task.name}: baselines and hindsight search on {len(todo)} episodes ({jobs} processes)")
+    args = [(task, ep, index[ep.key()], tuned) for ep in todo]
+    per_episode: dict[str, Any] = {}
+    if jobs <= 1:
+        for a in args:
+            k, v = _episode_job(a)
+            per_episode[k] = v
+            if progress:
+                progress(f"{task.name}: episode {len(per_episode)}/{len(args)} {k} bound {v['bound']['score']}")
+    else:
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+            for k, v in ex.map(_episode_job, args):
+                per_episode[k] = v
+                if progress:
+                    progress(f"{task.name}: episode {len(per_episode)}/{len(args)} {k} bound {v['bound']['score']}")
+    for ep in todo:
+        per_episode[ep.key()]["isolation"] = stats[ep.key()].attainment
+        per_episode[ep.key()]["offered_load"] = stats[ep.key()].offered_load
+        per_episode[ep.key()]["kv_pressure"] = stats[ep.key()].kv_pressure
+        per_episode[ep.key()]["requests"] = stats[ep.key()].requests
+    return {"task": task_record(task), "tuning": tuned,
+            "strata": {name: [ep.key() for ep in eps] for name, eps in st.items()},
+            "pool": len(episodes), "episodes": per_episode, "wall_s": time.time() - t0}
+
+
+def task_record(task: BenchTask) -> dict[str, Any]:
+    """The task's definition as JSON-ready data."""
+    import dataclasses
+
+    d = dataclasses.asdict(task)
+    d["env_kwargs"] = [list(kv) for kv in task.env_kwargs]
+    return d
+
+
+def check_tuning_saw_no_heldout(task: BenchTask, tuned: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` if a tuning study's workloads include a held-out episode's.
+
+    Compares the workload hashes each study stored (one per train window and seed) with the
+    hashes of every held-out episode of the pool.
+    """
+    src = task_source(task)
+    held = {src.workload(ep.workload_seed, ep.window_index).content_sha256() for ep in pool(task)}
+    for policy in task.tuned:
+        seen = set(tuned[policy].get("workload_sha256", {}).values())
+        bad = seen & held
+        if bad or not seen:
+            raise ConfigError(f"{task.name}: the {policy} study saw {len(bad)} held-out episode(s)"
+                              if bad else f"{task.name}: the {policy} study recorded no workloads")
+
+
+def finite_mean(values) -> float:
+    """Mean of the defined values (NaN when none)."""
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return sum(v) / len(v) if v else math.nan

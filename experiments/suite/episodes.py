@@ -1,0 +1,110 @@
+"""The held-out episode pool of a task and its strata.
+
+The pool is every held-out episode of the task's environment (:mod:`kvsched.envs.episodes`):
+for a synthetic scenario the held-out windows of each of ``pool_seeds`` held-out workload seeds
+(``HELDOUT_SEED_BASE + s``), for a trace its held-out windows. Episodes without requests are
+left out. Each episode is measured from its workload alone (:func:`.bounds.isolation_stats`,
+every request served alone with FCFS, vLLM's default), never from how a heuristic does on it, so
+that the strata do not favour or disfavour any agent:
+
+- ``all``: ``stratum_episodes`` episodes drawn uniformly from the pool (seed 0, without
+  replacement; the whole pool when it is smaller);
+- ``hard``: the ``stratum_episodes`` episodes of the pool with the highest ``hard_by`` measure
+  (offered load or KV pressure; ties broken by pool order).
+
+Every agent is evaluated on the same episodes; the episode seed (for stochastic agents) is the
+episode's index in its stratum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsched.envs.episodes import HELDOUT_SEED_BASE, EpisodeConfig, EpisodeSource
+
+from .bounds import IsolationStats, isolation_stats
+from .tasks import BenchTask
+
+STRATA = ("all", "hard")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One held-out episode: which window of which workload.
+
+    Attributes:
+        workload_seed: the scenario's generator seed (held-out: >= HELDOUT_SEED_BASE) or the
+            trace scenario's seed.
+        window_index: the window of the scenario's span.
+    """
+
+    workload_seed: int
+    window_index: int
+
+    def as_options(self) -> dict[str, int]:
+        """The environment's ``reset(options=...)`` for this episode."""
+        return {"workload_seed": self.workload_seed, "window_index": self.window_index}
+
+    def key(self) -> str:
+        """``<workload_seed>:<window_index>``, the episode's key in results files."""
+        return f"{self.workload_seed}:{self.window_index}"
+
+
+def task_source(task: BenchTask, split: str = "heldout") -> EpisodeSource:
+    """The task's episode source for ``split``."""
+    from kvsched.runner.scenario import scenario_path
+
+    return EpisodeSource(EpisodeConfig(scenario=str(scenario_path(task.scenario)), window_s=float(task.window_s),
+                                       split=split, heldout_fraction=task.heldout_fraction))
+
+
+def pool(task: BenchTask) -> list[Episode]:
+    """Every held-out episode of the task (empty windows included; see :func:`measure_pool`)."""
+    src = task_source(task, "heldout")
+    seeds = ([HELDOUT_SEED_BASE + s for s in range(task.pool_seeds)] if src.synthetic else [src.scenario.seed])
+    return [Episode(int(s), int(w)) for s in seeds for w in src.heldout_windows]
+
+
+def train_episodes(task: BenchTask, n: int) -> list[Episode]:
+    """``n`` train episodes for tuning: train windows spread evenly over the span, workload seeds
+    ``0, 1, ...`` for a synthetic scenario (never held-out seeds or windows)."""
+    src = task_source(task, "train")
+    windows = list(src.train_windows)
+    picks = [windows[int(round(i * (len(windows) - 1) / max(1, n - 1)))] for i in range(n)] if n > 1 else [windows[0]]
+    return [Episode(i if src.synthetic else src.scenario.seed, int(w)) for i, w in enumerate(picks)]
+
+
+def measure_pool(task: BenchTask, episodes: list[Episode], progress=None) -> dict[str, IsolationStats]:
+    """:class:`IsolationStats` of each episode (key -> stats), alone-runs with FCFS."""
+    from kvsched.envs.common import build_cluster
+    from kvsched.policies.base import make_policy
+
+    src = task_source(task, "heldout")
+    spec = src.scenario.instance_spec()
+    metrics = src.scenario.metrics_config()
+    instances = max(1, task.instances)
+
+    def run_alone(w):
+        return build_cluster(src, lambda i: make_policy("fcfs"), n_instances=1).run(w).records
+
+    out = {}
+    for i, ep in enumerate(episodes):
+        w = src.workload(ep.workload_seed, ep.window_index)
+        out[ep.key()] = isolation_stats(w, run_alone, metrics, task.window_s, instances,
+                                        spec.num_hbm_blocks * spec.block_size_tokens)
+        if progress is not None:
+            progress(i + 1, len(episodes))
+    return out
+
+
+def strata(task: BenchTask, episodes: list[Episode], stats: dict[str, IsolationStats]) -> dict[str, list[Episode]]:
+    """The ``all`` and ``hard`` strata of the pool (see the module docstring)."""
+    served = [ep for ep in episodes if stats[ep.key()].requests > 0]
+    k = min(task.stratum_episodes, len(served))
+    rng = np.random.default_rng(0)
+    pick = sorted(rng.choice(len(served), size=k, replace=False).tolist())
+    measure = np.array([getattr(stats[ep.key()], task.hard_by) for ep in served])
+    order = np.lexsort((np.arange(len(served)), -measure))  # highest first, then pool order
+    return {"all": [served[i] for i in pick], "hard": [served[i] for i in sorted(order[:k].tolist())]}

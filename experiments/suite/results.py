@@ -1,0 +1,168 @@
+"""The suite's results file and the leaderboard built from it.
+
+``experiments/suite/results/<suite>.json`` is committed: the command and versions that produced
+it, and per task its definition, its tuning (best parameters per tuned heuristic, their studies'
+journal files beside it in ``results/<suite>/<task>/``), its strata, and per stratum episode
+every baseline's score and both bounds (with the hindsight schedule that reached the bound, so it
+can be replayed). ``kvsched leaderboard --show`` prints it without recomputing; agents evaluated
+later are compared with the stored tuned heuristic and bounds on the same episodes.
+
+Files are written whole or not at all (a temporary file renamed over the target).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from kvsched.envs.sim.errors import ConfigError
+
+from .stats import Paired, headroom, paired
+
+FORMAT = "kvsched-bench-results/1"
+
+
+def results_dir() -> Path:
+    """Folder of the committed results (``experiments/suite/results``)."""
+    return Path(__file__).resolve().parent / "results"
+
+
+def results_path(suite: str, folder: Path | None = None) -> Path:
+    """The results file of ``suite`` in ``folder`` (default :func:`results_dir`)."""
+    return (folder or results_dir()) / f"{suite}.json"
+
+
+def provenance(command: str) -> dict[str, Any]:
+    """The command and the versions that produced a results file."""
+    import numpy
+    import optuna
+
+    import kvsched
+
+    out = {"command": command, "kvsched_version": kvsched.__version__, "python": platform.python_version(),
+           "numpy": numpy.__version__, "optuna": optuna.__version__}
+    try:
+        import gymnasium
+
+        out["gymnasium"] = gymnasium.__version__
+    except ImportError:  # pragma: no cover - the rl extra is needed to compute
+        pass
+    return out
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON (sorted keys, indent 1) whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, sort_keys=True, indent=1, allow_nan=False, default=_plain) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _plain(x: Any) -> Any:
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
+    """The results of ``suite``.
+
+    Raises:
+        ConfigError: no results file, or one of another format.
+    """
+    p = results_path(suite, folder)
+    if not p.is_file():
+        raise ConfigError(f"no results for suite {suite!r} at {p}; compute them with "
+                          f"`kvsched leaderboard --suite {suite} --compute --out DIR`")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{p}: not a readable results file ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"{p}: not a {FORMAT} results file")
+    return data
+
+
+def reference_label(task_result: Mapping[str, Any]) -> str:
+    """The baseline label of a task's tuned best heuristic (its reference)."""
+    tuning = task_result["tuning"]
+    ref = tuning["reference"]
+    return f"{ref} (tuned)" if tuning[ref].get("tuned", True) and "journal" in tuning[ref] else f"{ref} (default)"
+
+
+def stratum_scores(task_result: Mapping[str, Any], stratum: str, label: str) -> list[float | None]:
+    """Per-episode scores of baseline ``label`` on ``stratum`` (stratum order)."""
+    eps = task_result["episodes"]
+    return [eps[k]["scores"].get(label) for k in task_result["strata"][stratum]]
+
+
+def stratum_bound(task_result: Mapping[str, Any], stratum: str, which: str = "bound") -> list[float | None]:
+    """Per-episode hindsight (``"bound"``) or isolation (``"isolation"``) bound on ``stratum``."""
+    eps = task_result["episodes"]
+    keys = task_result["strata"][stratum]
+    if which == "isolation":
+        return [eps[k]["isolation"] for k in keys]
+    return [eps[k]["bound"]["score"] for k in keys]
+
+
+def compare(task_result: Mapping[str, Any], stratum: str, agent_scores: list[float | None]) -> Paired:
+    """An agent's per-episode scores on ``stratum`` against the task's tuned heuristic and bound."""
+    label = reference_label(task_result)
+    return paired(agent_scores, stratum_scores(task_result, stratum, label), stratum_bound(task_result, stratum))
+
+
+def baseline_labels(task_result: Mapping[str, Any]) -> list[str]:
+    """Every baseline label of a task, in the order the scores hold them."""
+    first = next(iter(task_result["episodes"].values()))
+    return list(first["scores"])
+
+
+def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Mapping[str, list]]] | None = None
+                ) -> list[dict[str, Any]]:
+    """Rows of the leaderboard: per task and stratum, the bounds, the tuned best heuristic, the
+    headroom with its CI, and every baseline (and agent of ``agents``: name -> task -> stratum ->
+    per-episode scores) with its paired comparison. JSON-ready."""
+    rows: list[dict[str, Any]] = []
+    for task_id, tr in results["tasks"].items():
+        ref = reference_label(tr)
+        for stratum in tr["strata"]:
+            tuned = stratum_scores(tr, stratum, ref)
+            bound = stratum_bound(tr, stratum)
+            iso = stratum_bound(tr, stratum, "isolation")
+            h, hlo, hhi = headroom(tuned, bound)
+            base = {"task": task_id, "stratum": stratum, "episodes": len(tuned), "tuned_best": ref,
+                    "tuned_params": tr["tuning"][tr["tuning"]["reference"]]["params"],
+                    "tuned_mean": _mean(tuned), "bound_mean": _mean(bound), "isolation_mean": _mean(iso),
+                    "headroom": h, "headroom_lo": hlo, "headroom_hi": hhi}
+            entries = [(label, stratum_scores(tr, stratum, label), "baseline") for label in baseline_labels(tr)]
+            for name, per_task in (agents or {}).items():
+                if task_id in per_task and stratum in per_task[task_id]:
+                    entries.append((name, list(per_task[task_id][stratum]), "agent"))
+            for label, scores, kind in entries:
+                p = paired(scores, tuned, bound)
+                rows.append({**base, "agent": label, "kind": kind, "mean": p.agent_mean, "diff": p.diff_mean,
+                             "diff_lo": p.diff_lo, "diff_hi": p.diff_hi, "normalised": p.normalised,
+                             "norm_lo": p.norm_lo, "norm_hi": p.norm_hi, "worse": p.worse,
+                             "paired_episodes": p.episodes})
+    return rows
+
+
+def _mean(values) -> float | None:
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return sum(v) / len(v) if v else None

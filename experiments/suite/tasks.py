@@ -1,0 +1,170 @@
+"""The task records of kvsched bench: what each task is, frozen and versioned.
+
+A :class:`BenchTask` says which environment an agent acts in (id and keyword arguments), on
+which scenario, with which window length and train / held-out split, which heuristics are its
+baselines (with their defaults, and which of them are tuned on train episodes), how the held-out
+episode pool is stratified, and what the hindsight search may spend. The tuned parameters of the
+best heuristic are not written here by hand: :mod:`.compute` tunes them on train episodes and
+stores them, with the study, in the suite's results file (:mod:`.results`); the environment an
+agent is evaluated in has that tuned heuristic as its reference policy (:meth:`BenchTask.env_kwargs_for`).
+
+Changing a task after its suite is released means a new suite version (a new task record).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+
+#: environments a task may use
+ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0")
+#: what the hard stratum is chosen by (:mod:`.episodes`)
+HARD_BY = ("offered_load", "kv_pressure")
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """What the hindsight search (:mod:`.search`) may spend per episode.
+
+    Attributes:
+        param_trials: per-episode tuning trials of the tuned best heuristic's parameters (the
+            window known), >= 0.
+        local_evals: simulations of the priority search (boost or deprioritise single requests)
+            or, for routing, of the reassignment search, >= 0.
+    """
+
+    param_trials: int = 12
+    local_evals: int = 40
+
+    def __post_init__(self) -> None:
+        for name in ("param_trials", "local_evals"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"SearchBudget.{name}", v,
+                    "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class BenchTask:
+    """One task of a suite (see the module docstring).
+
+    Attributes:
+        task_id: short name, unique in its suite (``[a-z0-9-]``).
+        suite: the suite version (``"v1"``).
+        description: what the task is, one sentence.
+        lever: which scheduling decision has room on it (admission, chunking, preemption,
+            routing ...), for readers.
+        env_id: one of :data:`ENV_IDS`.
+        scenario: a bundled scenario name (``experiments/scenarios/<name>.yaml``).
+        window_s: episode window (s), > 0.
+        heldout_fraction: share of the scenario's span held out (``EpisodeConfig``), in (0, 1).
+        env_kwargs: other keyword arguments of the environment (e.g. ``k`` for Scheduling-v0),
+            as ``(name, value)`` pairs.
+        heuristics: baseline heuristics with their defaults: policy names (Scheduling-v0) or
+            router names (Routing-v0).
+        tuned: the heuristics tuned on train episodes (a subset of ``heuristics``); the best of
+            them on the train episodes is the task's reference.
+        tune_trials: Optuna trials per tuned heuristic (TPE, defaults enqueued first), >= 1.
+        tune_episodes: train episodes in each trial's objective, >= 1.
+        pool_seeds: held-out workload seeds of the episode pool (synthetic scenarios; a trace has
+            one), >= 1.
+        stratum_episodes: episodes per stratum, >= 1 (the protocol asks >= 24).
+        hard_by: what ranks the pool for the hard stratum (:data:`HARD_BY`).
+        search: the hindsight search's budget per episode.
+        instances: for Routing-v0, the cluster's instances (>= 2); ignored otherwise.
+    """
+
+    task_id: str
+    suite: str
+    description: str
+    lever: str
+    env_id: str
+    scenario: str
+    window_s: float
+    heldout_fraction: float = 0.25
+    env_kwargs: tuple[tuple[str, Any], ...] = ()
+    heuristics: tuple[str, ...] = ("fcfs", "sarathi", "lars")
+    tuned: tuple[str, ...] = ("lars",)
+    tune_trials: int = 30
+    tune_episodes: int = 8
+    pool_seeds: int = 8
+    stratum_episodes: int = 24
+    hard_by: str = "offered_load"
+    search: SearchBudget = field(default_factory=SearchBudget)
+    instances: int = 0
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.task_id, str) and self.task_id != ""
+                and all(c.isalnum() or c == "-" for c in self.task_id) and self.task_id == self.task_id.lower(),
+                "BenchTask.task_id", self.task_id, "a lower-case name of letters, digits and '-'")
+        require(self.env_id in ENV_IDS, "BenchTask.env_id", self.env_id, f"one of {ENV_IDS}")
+        require(isinstance(self.window_s, (int, float)) and not isinstance(self.window_s, bool)
+                and math.isfinite(self.window_s) and self.window_s > 0, "BenchTask.window_s", self.window_s,
+                "a finite number of seconds > 0")
+        require(isinstance(self.heldout_fraction, float) and 0 < self.heldout_fraction < 1,
+                "BenchTask.heldout_fraction", self.heldout_fraction, "a number in (0, 1)")
+        require(bool(self.heuristics) and set(self.tuned) <= set(self.heuristics) and bool(self.tuned),
+                "BenchTask.tuned", self.tuned, f"a non-empty subset of heuristics {self.heuristics}")
+        for name in ("tune_trials", "tune_episodes", "pool_seeds", "stratum_episodes"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"BenchTask.{name}", v,
+                    "an integer >= 1")
+        require(self.hard_by in HARD_BY, "BenchTask.hard_by", self.hard_by, f"one of {HARD_BY}")
+        require(self.env_id != "kvsched/Routing-v0" or self.instances >= 2, "BenchTask.instances",
+                self.instances, ">= 2 for a routing task")
+
+    @property
+    def name(self) -> str:
+        """``<task_id>@<suite>``, the task's identity in results and datasets."""
+        return f"{self.task_id}@{self.suite}"
+
+    def env_kwargs_for(self, split: str, reference: str | None = None,
+                       reference_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Keyword arguments of the task's environment for ``split`` ("train", "heldout"), with the
+        given reference heuristic (Scheduling-v0: ``reference_policy`` / ``reference_params``;
+        Routing-v0: the instances' policy stays the scenario's, the router is the agent)."""
+        kw: dict[str, Any] = {"scenario": self.scenario, "window_s": float(self.window_s), "split": split,
+                              "heldout_fraction": self.heldout_fraction, "horizon_s": math.inf}
+        kw.update(dict(self.env_kwargs))
+        if self.env_id == "kvsched/Scheduling-v0":
+            if reference is not None:
+                kw["reference_policy"] = reference
+                kw["reference_params"] = dict(reference_params or {})
+        else:
+            kw["n_instances"] = self.instances
+        return kw
+
+
+def _v1_tasks() -> tuple[BenchTask, ...]:
+    """The tasks of suite v1 (see docs/bench.md for why each is in and what was dropped)."""
+    return ()
+
+
+SUITES: dict[str, tuple[BenchTask, ...]] = {"v1": _v1_tasks()}
+
+
+def get_suite(version: str) -> tuple[BenchTask, ...]:
+    """The tasks of suite ``version``.
+
+    Raises:
+        ConfigError: an unknown version (the message lists the known ones).
+    """
+    if version not in SUITES:
+        raise ConfigError(f"unknown suite {bounded_repr(version)}; known: {', '.join(SUITES)}")
+    return SUITES[version]
+
+
+def get_task(version: str, task_id: str) -> BenchTask:
+    """Task ``task_id`` of suite ``version``.
+
+    Raises:
+        ConfigError: an unknown suite or task (the message lists the suite's tasks).
+    """
+    tasks = get_suite(version)
+    for t in tasks:
+        if t.task_id == task_id:
+            return t
+    raise ConfigError(f"suite {version} has no task {bounded_repr(task_id)}; tasks: "
+                      f"{', '.join(t.task_id for t in tasks)}")
