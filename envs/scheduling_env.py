@@ -26,8 +26,9 @@ from kvsched.envs.sim.features import FeatureTable
 from kvsched.policies.base import make_policy
 
 ACTION_MODES = ("multi", "slot")
-#: ``_pending_end`` while a decision is pending (the episode's end is not known yet)
-_DECIDING = object()
+#: ``_pending_end`` while a decision is pending (the episode's end is not known yet); a string, so
+#: that it survives pickling (compared with ==)
+_DECIDING = "deciding"
 _NO_IDS = np.zeros(0, dtype=np.int64)  # shown ids without candidates (read-only)
 _NO_IDS.flags.writeable = False
 
@@ -214,7 +215,7 @@ class SchedulingEnv(gym.Env):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
         invalid = False
-        if self._pending_end is _DECIDING:
+        if isinstance(self._pending_end, str) and self._pending_end == _DECIDING:
             decision, invalid = self.decode(action)
             self.agent_policy.decision = decision
             try:
