@@ -53,7 +53,10 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
 
     eps = train_episodes(task, task.tune_episodes)
     src = task_source(task, "train")
-    windows = sorted({(e.window_index * task.window_s, (e.window_index + 1) * task.window_s) for e in eps})
+    # kvsched tune cuts windows before rate scaling (in the trace's own seconds); an episode's
+    # window is in served seconds, after it: the same requests lie in [w, w') x rate_scale
+    r = float(src.scenario.rate_scale)
+    windows = sorted({(e.window_index * task.window_s * r, (e.window_index + 1) * task.window_s * r) for e in eps})
     seeds = sorted({e.workload_seed for e in eps}) if src.synthetic else [src.scenario.seed]
     if src.synthetic:  # cross product of windows and seeds: as many of each as the episode count allows
         n_seeds = 2 if task.tune_episodes >= 4 else 1
@@ -182,20 +185,47 @@ def task_record(task: BenchTask) -> dict[str, Any]:
     return d
 
 
-def check_tuning_saw_no_heldout(task: BenchTask, tuned: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` if a tuning study's workloads include a held-out episode's.
+def tuning_requests(task: BenchTask, tuned: dict[str, Any], policy: str) -> set[tuple[int, int]]:
+    """``(workload seed, request id)`` of every request the study of ``policy`` served (its windows
+    and seeds rebuilt from the study's stored configuration); the seed is 0 for a trace."""
+    from kvsched.runner.scenario import load_scenario
 
-    Compares the workload hashes each study stored (one per train window and seed) with the
-    hashes of every held-out episode of the pool.
-    """
+    from ..tune import scenario_for
+
+    scenario = load_scenario(task.scenario)
+    synthetic = scenario.synthetic is not None
+    out: set[tuple[int, int]] = set()
+    for seed in tuned[policy]["seeds"]:
+        for w in tuned[policy]["windows_s"]:
+            ids = scenario_for(scenario, tuple(w), seed).workload().request_id
+            out |= {(int(seed) if synthetic else 0, int(i)) for i in ids}
+    return out
+
+
+def heldout_requests(task: BenchTask) -> set[tuple[int, int]]:
+    """``(workload seed, request id)`` of every request of the task's held-out pool (seed 0 for a trace)."""
     src = task_source(task)
-    held = {src.workload(ep.workload_seed, ep.window_index).content_sha256() for ep in pool(task)}
+    out: set[tuple[int, int]] = set()
+    for ep in pool(task):
+        ids = src.workload(ep.workload_seed, ep.window_index).request_id
+        out |= {(ep.workload_seed if src.synthetic else 0, int(i)) for i in ids}
+    return out
+
+
+def check_tuning_saw_no_heldout(task: BenchTask, tuned: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` if a tuning study served any request of a held-out episode.
+
+    Requests are identified by ``(workload seed, request id)``: a trace's request ids are its
+    rows, a synthetic workload's are per seed (held-out seeds are >= HELDOUT_SEED_BASE).
+    """
+    held = heldout_requests(task)
     for policy in task.tuned:
-        seen = set(tuned[policy].get("workload_sha256", {}).values())
+        seen = tuning_requests(task, tuned, policy)
+        if not seen:
+            raise ConfigError(f"{task.name}: the {policy} study served no request")
         bad = seen & held
-        if bad or not seen:
-            raise ConfigError(f"{task.name}: the {policy} study saw {len(bad)} held-out episode(s)"
-                              if bad else f"{task.name}: the {policy} study recorded no workloads")
+        if bad:
+            raise ConfigError(f"{task.name}: the {policy} study served {len(bad)} request(s) of held-out episodes")
 
 
 def finite_mean(values) -> float:

@@ -11,11 +11,13 @@ Scheduling tasks, from the best baseline schedule (a heuristic and its parameter
 
 1. **parameters in hindsight**: ``param_trials`` Optuna TPE trials (seeded) of the tuned
    heuristic's parameters on this episode alone (the policy's ``SEARCH_SPACE``);
-2. **request priorities**: a greedy search over single requests that missed their SLO in the
-   best schedule so far: boost one (admitted before the others) or deprioritise it (after them),
-   keep the change when the attainment rises, until ``local_evals`` simulations are spent or no
-   single change helps. The priorities act on top of the policy's own order
-   (:class:`PriorityOverride`), so the empty priority map is the policy itself.
+2. **request priorities**: first the batch move "deprioritise every request that missed" (a
+   request past saving only delays the others; repeated while it helps), then a greedy search over
+   single requests that missed their SLO in the best schedule so far: boost one (admitted before
+   the others) or deprioritise it (after them), keeping a change when the attainment rises, until
+   ``local_evals`` simulations are spent or no single change helps. The priorities act on top of
+   the policy's own order (:class:`PriorityOverride`), so the empty priority map is the policy
+   itself.
 
 Routing tasks, from the best baseline router: a greedy search over reassigning single missed
 requests to another instance (:class:`FixedAssignment`), the other requests keeping the
@@ -228,6 +230,17 @@ def local_search(task: BenchTask, episode: Episode, start: Schedule, start_score
     result = run_schedule(task, episode, sched, workload)
     spent = 0
     routing = task.env_id == "kvsched/Routing-v0"
+    while not routing and spent < evals:  # batch: deprioritise every request that missed
+        missed = [r for r in missed_requests(result, metrics) if sched.priority.get(r, 0) <= 0]
+        if not missed:
+            break
+        cand = Schedule(sched.heuristic, sched.params, {**sched.priority, **{r: 1 for r in missed}}, sched.assignment)
+        r2 = run_schedule(task, episode, cand, workload)
+        spent += 1
+        s = score(r2.summary)
+        if s is None or s <= best:
+            break
+        best, sched, result = s, cand, r2
     while spent < evals:
         missed = missed_requests(result, metrics)
         rng.shuffle(missed)
