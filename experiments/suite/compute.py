@@ -11,8 +11,10 @@ For one :class:`~.tasks.BenchTask`:
    seeds). The study is a journal file kept with the results. The tuned heuristic with the best
    *train* objective is the task's reference: its environment's reference policy;
 3. **baselines on every stratum episode**: every heuristic with its defaults and every tuned one
-   (in the simulator), the constant actions (:func:`.runs.constant_actions`) and the random agent
-   (through the environment, on the tuned reference);
+   (in the simulator), the constant actions (:func:`.runs.constant_actions`), the random agent and
+   the behaviour clone of the tuned reference (:func:`train_clone`: its Minari dataset of train
+   episodes, :mod:`kvsched.agents.bc`), these three through the environment on the tuned
+   reference;
 4. **bounds**: the isolation bound (from the pool's alone-runs) and the hindsight bound
    (:func:`.search.hindsight`, starting from the baselines; >= every baseline by construction).
 
@@ -98,7 +100,40 @@ def _train_score(scenario, window, seed, policy) -> float:
     return metric_value(run_scenario(scenario, window, seed, policy, {}), MetricRef.parse(OBJECTIVE))
 
 
-def episode_baselines(task: BenchTask, episode: Episode, index: int, tuned: dict[str, Any]) -> dict[str, Any]:
+#: train episodes in a task's behaviour-cloning dataset, and the clone's fitting epochs
+CLONE_EPISODES = 8
+CLONE_EPOCHS = 5
+
+
+def train_clone(task: BenchTask, tuned: dict[str, Any], out_dir: Path) -> Path | None:
+    """Record the tuned reference's train episodes as a Minari dataset (in ``out_dir/minari``) and
+    fit a MaskablePPO policy to them; returns the clone's checkpoint (``out_dir/clone.zip``), or
+    None when Minari or sb3-contrib is not installed (the baseline is then left out)."""
+    try:
+        import minari  # noqa: F401
+        import sb3_contrib  # noqa: F401
+    except ImportError:
+        return None
+    from kvsched.agents.bc import behaviour_clone, save_clone
+
+    from .datasets import dataset_id, record
+    from .runs import make_env
+
+    ref = tuned["reference"]
+    ds = record(task, {"tuning": tuned}, CLONE_EPISODES, path=out_dir / "minari")
+    env = make_env(task, ref, tuned[ref]["params"])
+    algo = "maskable_ppo" if task.env_id == "kvsched/Scheduling-v0" else "ppo"
+    model = behaviour_clone(ds, env.unwrapped, algo=algo, epochs=CLONE_EPOCHS, seed=0)
+    path = out_dir / "clone.zip"
+    kw = task.env_kwargs_for("train", ref, tuned[ref]["params"]) if task.env_id == "kvsched/Scheduling-v0" \
+        else task.env_kwargs_for("train")
+    save_clone(model, path, task.env_id, kw, dataset_id(task, ref), episodes=CLONE_EPISODES, epochs=CLONE_EPOCHS)
+    env.close()
+    return path
+
+
+def episode_baselines(task: BenchTask, episode: Episode, index: int, tuned: dict[str, Any],
+                      clone: Path | None = None) -> dict[str, Any]:
     """Every baseline and the hindsight bound on one held-out episode (one process's work).
 
     Returns ``{"scores": {label: score}, "bound": {...}}`` (see :func:`.search.hindsight`).
@@ -124,15 +159,23 @@ def episode_baselines(task: BenchTask, episode: Episode, index: int, tuned: dict
     s = score(run_env(env, episode, random_actor(episode_seed(index)), seed=episode_seed(index)))
     scores["random"] = s
     schedules["random"] = (s, None)
+    if clone is not None:
+        from .agents import load_checkpoint
+        from .runs import model_actor
+
+        model, meta = load_checkpoint(clone)
+        s = score(run_env(env, episode, model_actor(model, meta["algo"] == "maskable_ppo"), seed=episode_seed(index)))
+        scores["behaviour clone"] = s
+        schedules["behaviour clone"] = (s, None)
     env.close()
     bound = hindsight(task, episode, schedules, seed=index)
     return {"scores": scores, "bound": bound}
 
 
 def _episode_job(args):
-    task, episode, index, tuned = args
+    task, episode, index, tuned, clone = args
     t0 = time.process_time()
-    out = episode_baselines(task, episode, index, tuned)
+    out = episode_baselines(task, episode, index, tuned, clone)
     out["cpu_s"] = time.process_time() - t0
     return episode.key(), out
 
@@ -148,11 +191,14 @@ def compute_task(task: BenchTask, out_dir: Path, jobs: int = 1, progress: Callab
     st = strata(task, episodes, stats)
     if tuned is None:
         tuned = tune_task(task, out_dir, progress)
+    if progress:
+        progress(f"{task.name}: recording the tuned reference's dataset and fitting its behaviour clone")
+    clone = train_clone(task, tuned, out_dir)
     todo = sorted({ep for eps in st.values() for ep in eps}, key=lambda e: (e.workload_seed, e.window_index))
     index = {ep.key(): i for i, ep in enumerate(todo)}
     if progress:
         progress(f"{task.name}: baselines and hindsight search on {len(todo)} episodes ({jobs} processes)")
-    args = [(task, ep, index[ep.key()], tuned) for ep in todo]
+    args = [(task, ep, index[ep.key()], tuned, clone) for ep in todo]
     per_episode: dict[str, Any] = {}
     if jobs <= 1:
         for a in args:

@@ -1,0 +1,108 @@
+"""Behaviour cloning from a Minari dataset into a Stable-Baselines3 policy.
+
+:func:`behaviour_clone` fits the policy network of a fresh ``MaskablePPO`` (or ``PPO``) model to
+the dataset's (observation, action) pairs by maximum likelihood -- the negative log-probability
+of the recorded action under the policy's distribution, with the recorded action mask for
+``MaskablePPO`` -- with Adam, and returns the model: a baseline in its own right (kvsched bench's
+behaviour clone of the tuned heuristic) and a warm start for fine-tuning with RL
+(``model.learn`` continues from it). Deterministic for a seed (torch and the batch order seeded;
+one thread).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsched.envs.sim.errors import ConfigError
+
+
+def dataset_arrays(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(observations, actions, masks)`` of every step of a Minari dataset (the observation each
+    action was taken on; masks None when the dataset has none)."""
+    obs, acts, masks = [], [], []
+    for ep in dataset.iterate_episodes():
+        n = len(ep.actions)
+        obs.append(np.asarray(ep.observations)[:n])
+        acts.append(np.asarray(ep.actions)[:n])
+        m = (ep.infos or {}).get("action_mask")
+        masks.append(None if m is None else np.asarray(m)[:n])
+    if not obs:
+        raise ConfigError("the dataset holds no episode")
+    mask = None if any(m is None for m in masks) else np.concatenate(masks).astype(bool)
+    return np.concatenate(obs).astype(np.float32), np.concatenate(acts), mask
+
+
+def behaviour_clone(dataset, env, algo: str = "maskable_ppo", epochs: int = 5, batch_size: int = 256,
+                    learning_rate: float = 1e-3, seed: int = 0, policy_kwargs: dict | None = None):
+    """A model whose policy imitates ``dataset`` (a ``MinariDataset`` or a dataset id) in ``env``.
+
+    Args:
+        dataset: the demonstrations.
+        env: an environment with the dataset's observation and action spaces (the model is built on it).
+        algo: ``"maskable_ppo"`` (uses the recorded masks) or ``"ppo"``.
+        epochs, batch_size, learning_rate: the supervised fit.
+        seed: seeds torch, the model and the batch order.
+        policy_kwargs: the model's ``policy_kwargs`` (network sizes, features extractor).
+
+    Raises:
+        ConfigError: an unknown algorithm, counts < 1, or spaces that do not match.
+    """
+    import torch
+
+    if algo not in ("maskable_ppo", "ppo"):
+        raise ConfigError(f"algo={algo!r} is not allowed: expected 'maskable_ppo' or 'ppo'")
+    for name, v in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}={v!r} is not allowed: expected an integer >= 1")
+    if isinstance(dataset, str):
+        import minari
+
+        dataset = minari.load_dataset(dataset)
+    obs, acts, masks = dataset_arrays(dataset)
+    if obs.shape[1:] != env.observation_space.shape:
+        raise ConfigError(f"dataset observations have shape {obs.shape[1:]}; the environment's are "
+                          f"{env.observation_space.shape}")
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    if algo == "maskable_ppo":
+        from sb3_contrib import MaskablePPO as Algo
+    else:
+        from stable_baselines3 import PPO as Algo
+    model = Algo("MlpPolicy", env, seed=seed, device="cpu", policy_kwargs=policy_kwargs or None, verbose=0)
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    rng = np.random.default_rng(seed)
+    obs_t = torch.as_tensor(obs)
+    act_t = torch.as_tensor(acts)
+    mask_t = None if masks is None or algo != "maskable_ppo" else torch.as_tensor(masks)
+    policy.set_training_mode(True)
+    for _ in range(epochs):
+        order = rng.permutation(len(obs))
+        for lo in range(0, len(order), batch_size):
+            idx = torch.as_tensor(order[lo:lo + batch_size])
+            if mask_t is not None:
+                _, logp, _ = policy.evaluate_actions(obs_t[idx], act_t[idx], action_masks=mask_t[idx])
+            else:
+                _, logp, _ = policy.evaluate_actions(obs_t[idx], act_t[idx])
+            loss = -logp.mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    policy.set_training_mode(False)
+    return model
+
+
+def save_clone(model, path: Path, env_id: str, env_kwargs: dict[str, Any], dataset_id: str, **extra) -> None:
+    """Save a cloned model as ``path`` (``.zip``) with ``kvsched train``-style metadata beside it
+    (``<stem>.json``: environment, algorithm, arguments), so ``kvsched evaluate`` / ``leaderboard``
+    load it like any checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(str(path))
+    algo = "maskable_ppo" if type(model).__name__ == "MaskablePPO" else "ppo"
+    meta = {"env_id": env_id, "algo": algo, "env_kwargs": env_kwargs, "behaviour_clone": {"dataset": dataset_id, **extra}}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
