@@ -26,7 +26,7 @@ import numpy as np
 import kvsched
 from kvsched.envs.sim.calibration import (DEFAULT_FIT_PARAMS, CalibrationFile, FitParam, FitResult,
                                           fit_cost_params)
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.specs import CostParams
 
 from .groundtruth import METRICS, Experiment, load_experiments
@@ -142,7 +142,8 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
               stage_cap_s: float | None = 120.0, max_nfev: int = 12, jobs: int = 2,
               groundtruth: str | None = None, version: int = 1,
               progress: Callable[[int, float], None] | None = None,
-              x0: Mapping[str, float] | None = None) -> tuple[CalibrationFile, FitResult]:
+              x0: Mapping[str, float] | None = None,
+              diff_step: float = 0.02) -> tuple[CalibrationFile, FitResult]:
     """Fit ``params`` on the ``train`` experiments and return the calibration file content.
 
     Args:
@@ -158,6 +159,10 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         version: calibration version to write.
         progress: called after every objective evaluation with (evaluation number, loss).
         x0: starting values of some fitted fields (default: ``base``'s values).
+        diff_step: relative finite-difference step in log space (see :func:`fit_cost_params`;
+            default 0.02). Stages of few requests make the objective step-like in the
+            parameters; a larger step (e.g. 0.05) sees through those steps at the price of a
+            coarser gradient.
 
     Raises:
         ConfigError: an unknown or non-replayable training id, or a run on another GPU.
@@ -176,6 +181,8 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     other = [e.exp_id for e in chosen if GPU_OF_HARDWARE.get(e.hardware, e.hardware) != gpu]
     if other:
         raise ConfigError(f"calibrate: experiment(s) {other} did not run on {gpu}")
+    if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
+        raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or CostParams()
     t0 = time.perf_counter()
     with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth) as obj:
@@ -186,7 +193,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
                 progress(obj.calls, 0.5 * float(rr @ rr))
             return r
 
-        fit = fit_cost_params(fn, base, params, max_nfev=max_nfev, x0=x0)
+        fit = fit_cost_params(fn, base, params, max_nfev=max_nfev, x0=x0, diff_step=diff_step)
     wall = time.perf_counter() - t0
     cal = CalibrationFile(
         gpu=gpu, version=version, cost=fit.cost, fitted=tuple(p.name for p in params), train=tuple(train),
@@ -222,6 +229,9 @@ def add_arguments(p) -> None:
                    help=f"stage length of the fine fit, s (default {FINE_CAP_S:g})")
     p.add_argument("--fine-nfev", type=int, default=FINE_NFEV,
                    help=f"scipy max_nfev of the fine fit, 0 = skip (default {FINE_NFEV})")
+    p.add_argument("--diff-step", type=float, default=0.02,
+                   help="relative finite-difference step of the fit in log space (default 0.02; larger "
+                        "sees through the step-like objective of short stages)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--version", type=int, default=1, help="calibration version to write (default 1)")
     p.add_argument("--out", type=Path, help="output file (default: the shipped calibration of the GPU, "
@@ -260,12 +270,12 @@ def cmd_calibrate(a, console) -> int:
 
     console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}", highlight=False)
     cal, fit = calibrate(exps, train, a.gpu, CostParams(), DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
-                         a.jobs, gt, a.version, progress, x0=FIT_START)
+                         a.jobs, gt, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
     n_eval = fit.n_evaluations
     if a.fine_nfev > 0:
         console.print(f"fine fit: stages cut to {a.fine_cap_s:g} s, max_nfev {a.fine_nfev}", highlight=False)
         cal, fit = calibrate(exps, train, a.gpu, cal.cost, DEFAULT_FIT_PARAMS, a.fine_cap_s, a.fine_nfev,
-                             a.jobs, gt, a.version, progress)
+                             a.jobs, gt, a.version, progress, diff_step=a.diff_step)
         n_eval += fit.n_evaluations
     wall = time.perf_counter() - t0
     cal = dataclasses.replace(
