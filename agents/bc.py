@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.envs.sim.errors import ConfigError
+from kvsched import atomic_files
 
 
 def dataset_arrays(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -101,8 +102,11 @@ def save_clone(model, path: Path, env_id: str, env_kwargs: dict[str, Any], datas
     (``<stem>.json``: environment, algorithm, arguments), so ``kvsched evaluate`` / ``leaderboard``
     load it like any checkpoint."""
     path = Path(path)
+    if path.suffix != ".zip":  # as SB3's save: it appends .zip to any other name
+        path = path.with_name(path.name + ".zip")
     path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(str(path))
+    with atomic_files.replacing(path) as tmp:
+        model.save(str(tmp))
     algo = "maskable_ppo" if type(model).__name__ == "MaskablePPO" else "ppo"
     meta = {"env_id": env_id, "algo": algo, "env_kwargs": env_kwargs, "behaviour_clone": {"dataset": dataset_id, **extra}}
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+    atomic_files.write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs.sim.errors import ConfigError
+from kvsched import atomic_files
 
 METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 
@@ -220,7 +221,8 @@ def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[st
     ax.set_ylabel("CDF")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "ttft_cdf.png", dpi=120)
+    with atomic_files.replacing(out / "ttft_cdf.png") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     made.append("ttft_cdf.png")
     for ck in ckpts:
@@ -235,7 +237,8 @@ def _plots(out: Path, ttft: dict[str, np.ndarray], ckpts: list[Path]) -> list[st
                 ax.set_ylabel("held-out episode return")
                 ax.set_title(ck.name)
                 fig.tight_layout()
-                fig.savefig(out / "learning_curve.png", dpi=120)
+                with atomic_files.replacing(out / "learning_curve.png") as tmp:
+                    fig.savefig(tmp, dpi=120)
                 plt.close(fig)
                 made.append("learning_curve.png")
                 break
@@ -351,20 +354,30 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         parts.setdefault(name, []).append(t)
     ttft = {name: np.concatenate(ts) if ts else np.zeros(0) for name, ts in parts.items()}
     df = pd.DataFrame(rows)
-    df.to_csv(out / "episodes.csv", index=False)
+    with atomic_files.replacing(out / "episodes.csv") as tmp:
+        df.to_csv(tmp, index=False)
     table = confidence_table(df)
-    table.to_csv(out / "table.csv", index=False)
-    (out / "table.md").write_text(format_markdown(table))
+    with atomic_files.replacing(out / "table.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    atomic_files.write_text(out / "table.md", format_markdown(table))
     _plots(out, ttft, ckpts)
     table.attrs["windows"] = windows  # the count evaluated (the default depends on the scenario)
     return table
 
 
+def format_cell(mean: float, half: float) -> str:
+    """``mean ± half`` to 4 decimals; ``mean ± -`` when there is no interval (one episode), ``-``
+    when there is no mean (no request of the class)."""
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:.4f} ± " + (f"{half:.4f}" if math.isfinite(half) else "-")
+
+
 def format_markdown(table: pd.DataFrame) -> str:
-    """The table as Markdown: mean ± 95% CI half-width per metric."""
+    """The table as Markdown: mean ± 95% CI half-width per metric (see :func:`format_cell`)."""
     lines = ["| agent | class | episodes | SLO attainment | goodput (req/s) | TTFT p99 (s) |",
              "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        cells = [f"{r[m]:.4f} ± {r[m + '_ci95']:.4f}" for m in METRICS]
+        cells = [format_cell(r[m], r[m + "_ci95"]) for m in METRICS]
         lines.append(f"| {r['agent']} | {r['class']} | {r['episodes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

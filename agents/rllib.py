@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.envs.sim.errors import ConfigError
+from kvsched import atomic_files
 
 #: environments RLlib trains on, and the keyword arguments the RLlib path forces
 RLLIB_ENVS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0")
@@ -234,7 +235,8 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
             ray.shutdown()
     import pandas as pd
 
-    pd.DataFrame(curve).to_csv(out / "learning_curve.csv", index=False)
+    with atomic_files.replacing(out / "learning_curve.csv") as tmp:
+        pd.DataFrame(curve).to_csv(tmp, index=False)
     _plot_curve(curve, out / "learning_curve.png", env_id)
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
@@ -244,7 +246,7 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
         "iterations": len(curve), "wall_s": wall, "env_steps_per_s": steps / wall if wall > 0 else None,
         "checkpoint": str(ckpt), "learning_curve": curve,
     }
-    (out / "train.json").write_text(json.dumps(meta, indent=2, default=str))
+    atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     return meta
 
 
@@ -261,7 +263,8 @@ def _plot_curve(curve: list[dict], path: Path, env_id: str) -> None:
     ax.set_title(f"RLlib PPO on {env_id}")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 

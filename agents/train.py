@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.envs.sim.errors import ConfigError
+from kvsched import atomic_files
 
 ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
 
@@ -219,7 +220,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                 reset_num_timesteps=reset, tb_log_name=algo)
     wall = time.time() - t0
     cpu = time.process_time() - c0
-    model.save(str(out / "final.zip"))
+    with atomic_files.replacing(out / "final.zip") as tmp:
+        model.save(str(tmp))
     steps = model.num_timesteps - start_steps
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
@@ -230,7 +232,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         "pid": os.getpid(), "max_cpu_s": max_cpu_s,
         "stopped_by_cpu_budget": bool(max_cpu_s is not None and cpu >= max_cpu_s),
     }
-    (out / "train.json").write_text(json.dumps(meta, indent=2, default=str))
+    atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     venv.close()
     eval_env.close()
     return meta

@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from kvsched import atomic_files
 
 #: Wall seconds BLIS takes for 10,000 requests of the BLIS reference workload on these 2-core
 #: machines (figure quoted in issue #8; not re-measured by this module).
@@ -483,8 +484,8 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
     if profiler is not None:
         profiler.stop()
         profile_dir.mkdir(parents=True, exist_ok=True)
-        (profile_dir / f"{name}.html").write_text(profiler.output_html())
-        (profile_dir / f"{name}.txt").write_text(profiler.output_text(unicode=False, color=False))
+        atomic_files.write_text(profile_dir / f"{name}.html", profiler.output_html())
+        atomic_files.write_text(profile_dir / f"{name}.txt", profiler.output_text(unicode=False, color=False))
     st = result.stats
     summary = result.summary
     counts = summary["classes"]["all"]["counts"]
@@ -722,7 +723,8 @@ def write_plot(entries: Sequence[dict], path: Path) -> None:
 
     fig = plot_figure(entries)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
 
 
@@ -958,7 +960,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     console.print(f"[dim]Memory: {MEMORY_METHOD}.[/]", highlight=False)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        atomic_files.write_text(a.out, json.dumps(doc, indent=2, sort_keys=False) + "\n")
         console.print(f"wrote {a.out}", highlight=False)
     plot = a.plot or (a.out.with_suffix(".png") if a.out else None)
     if plot and entries:

@@ -46,6 +46,7 @@ from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 
 from kvsched.runner.scenario import Scenario
+from kvsched import atomic_files
 
 #: Class rows of the table, in order ("all" first, then the length classes present).
 CLASS_ORDER: tuple[str, ...] = ("all",) + tuple(LENGTH_CLASSES)
@@ -265,6 +266,10 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     if routers is not None:
         if policies is not None:
             raise ConfigError("compare either policies or routers: give one of `policies` and `routers`")
+        if scenario.n_instances < 2:
+            raise ConfigError(f"routers: comparing routers needs n_instances >= 2 (a router picks among "
+                              f"instances); the scenario has n_instances={scenario.n_instances} "
+                              "(give --instances N)")
         axis = "router"
         names = parse_routers(list(routers))
         rgiven = {k: dict(v) for k, v in (router_params or {}).items()}
@@ -429,7 +434,8 @@ def plot_ttft_cdf(result: CompareResult, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -474,7 +480,8 @@ def plot_occupancy(result: CompareResult, path: Path) -> None:
                         + (", window 0)" if result.windows > 1 else ")"))
     axes[-1, 0].set_xlabel("simulated time (s)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -507,7 +514,8 @@ def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -525,15 +533,17 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
     trip) so identical runs give identical files.
     """
     out.mkdir(parents=True, exist_ok=True)
-    agg.to_csv(out / "compare.csv", index=False, float_format="%.17g")
-    result.runs.to_csv(out / "compare_runs.csv", index=False, float_format="%.17g")
+    with atomic_files.replacing(out / "compare.csv") as tmp:
+        agg.to_csv(tmp, index=False, float_format="%.17g")
+    with atomic_files.replacing(out / "compare_runs.csv") as tmp:
+        result.runs.to_csv(tmp, index=False, float_format="%.17g")
     meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "seeds": result.seeds,
             "windows": result.windows}
     if result.axis == "router":
         meta.update(routers=result.policies, router_params=result.params, policy=scenario.policy)
     else:
         meta.update(policies=result.policies, policy_params=result.params)
-    (out / "compare.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_files.write_text(out / "compare.json", json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     plot_ttft_cdf(result, out / "ttft_cdf.png")
     plot_occupancy(result, out / "kv_occupancy.png")
     plot_slo(agg, result.policies, out / "slo_attainment.png")

@@ -44,6 +44,7 @@ import yaml
 import kvsched
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.policies.base import make_policy
+from kvsched import atomic_files
 
 ENGINE_ARGS_DIR = Path(__file__).resolve().parent / "engine_args"
 TARGETS = ("vllm", "sglang", "llm-d", "kvsched")
@@ -192,7 +193,7 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(res.text)
+    atomic_files.write_text(out, res.text)
     return res
 
 

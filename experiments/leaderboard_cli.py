@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import cli_types
+from kvsched import atomic_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,8 +161,8 @@ def _write(rows: list[dict], out: Path, console: Console) -> None:
     from .suite.results import write_json
 
     write_json(out / "leaderboard.json", rows)
-    pd.DataFrame([{k: v for k, v in r.items() if k != "tuned_params"} for r in rows]).to_csv(
-        out / "leaderboard.csv", index=False)
+    with atomic_files.replacing(out / "leaderboard.csv") as tmp:
+        pd.DataFrame([{k: v for k, v in r.items() if k != "tuned_params"} for r in rows]).to_csv(tmp, index=False)
     _plot(rows, out / "leaderboard.png")
     console.print(f"wrote {out}/leaderboard.json, leaderboard.csv, leaderboard.png", highlight=False)
 
@@ -193,5 +194,6 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.axvline(1, color="grey", lw=0.8, ls="--")
         ax.set_title(f"{task} ({stratum}): 0 = tuned best heuristic, 1 = hindsight bound", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)

@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
+from kvsched import atomic_files
 
 #: Result fields that must be identical (the counters in ``stats`` may change).
 RESULT_FIELDS = ("summary", "records", "occupancy", "itl")
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
         for name in a.runs or list(RUNS):
             res[name] = run(name)
             print(name, res[name], flush=True)
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+        atomic_files.write_text(a.out, json.dumps(res, indent=1) + "\n")
         return 0
     before, after = json.loads(a.before.read_text()), json.loads(a.after.read_text())
     diffs = compare(before, after)

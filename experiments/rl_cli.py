@@ -63,7 +63,8 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
                    help="held-out windows (default 4, or all of them when the scenario holds fewer)")
     e.add_argument("--seeds", type=count, default=3, help="seeds per window (default 3)")
     e.add_argument("--window-s", type=number(0.0, strict=True), help="window length (s; default: the checkpoint's)")
-    e.add_argument("--out", type=Path, default=Path("runs/evaluate"), help="output folder")
+    e.add_argument("--out", type=Path, default=Path("runs/evaluate"),
+                   help="output folder (default runs/evaluate)")
     e.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="run the episodes here or as Ray tasks (needs kvsched[ray]); same table (default local)")
     e.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray)")
@@ -130,7 +131,7 @@ def _train_rllib(args, console) -> int:
 
 
 def cmd_evaluate(args, console) -> int:
-    from kvsched.agents.evaluate import METRICS, evaluate
+    from kvsched.agents.evaluate import METRICS, evaluate, format_cell
 
     prepare_out_dir(args.out)  # an --out that cannot be written was an OSError traceback
 
@@ -156,7 +157,7 @@ def cmd_evaluate(args, console) -> int:
         t.add_column(c)
     for _, r in table.iterrows():
         t.add_row(str(r["agent"]), str(r["class"]), str(r["episodes"]),
-                  *[f"{r[m]:.4f} ± {r[m + '_ci95']:.4f}" for m in METRICS])
+                  *[format_cell(r[m], r[m + "_ci95"]) for m in METRICS])
     console.print(t)
     written = [n for n in ("table.csv", "table.md", "episodes.csv", "ttft_cdf.png", "learning_curve.png")
                if (Path(args.out) / n).is_file()]

@@ -29,6 +29,7 @@ from .consoles import stderr_console
 from .outputs import prepare_out_dir
 from kvsched.runner.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 from kvsched.runner.simulate import scenario_cluster_kwargs
+from kvsched import atomic_files
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -241,13 +242,16 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
     out: Path = a.out
     if a.format == "parquet":
         try:
-            result.records.to_parquet(out / "records.parquet", index=False)
+            with atomic_files.replacing(out / "records.parquet") as tmp:
+                result.records.to_parquet(tmp, index=False)
         except ImportError as e:
             raise KvschedError(f"--format parquet needs pyarrow ({e}); install kvsched[parquet]") from None
     else:
-        result.records.to_csv(out / "records.csv", index=False)
-    (out / "summary.json").write_text(summary_to_json(result.summary) + "\n")
-    result.occupancy.to_csv(out / "occupancy.csv", index=False)
+        with atomic_files.replacing(out / "records.csv") as tmp:
+            result.records.to_csv(tmp, index=False)
+    atomic_files.write_text(out / "summary.json", summary_to_json(result.summary) + "\n")
+    with atomic_files.replacing(out / "occupancy.csv") as tmp:
+        result.occupancy.to_csv(tmp, index=False)
     run = {
         "kvsched_version": kvsched.__version__,
         "scenario": sc.to_dict(),
@@ -261,6 +265,6 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
         "peak_rss_mib": peak_rss_mib,
         "python": platform.python_version(),
     }
-    (out / "run.json").write_text(json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_files.write_text(out / "run.json", json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
     if not a.json:
         console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)

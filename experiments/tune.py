@@ -81,6 +81,7 @@ from kvsched.policies.base import SearchDim, make_policy
 
 from .compare import METRIC_COLUMNS, _metric_row
 from kvsched.runner.scenario import Scenario
+from kvsched import atomic_files
 
 #: Engine knobs ``--tune-engine`` adds (InstanceSpec fields = vLLM flags of the same names).
 #: Ranges: kvsched choice around the vLLM defaults for >= 70 GiB GPUs (token budget 8192,
@@ -800,7 +801,8 @@ def _save_plot(ax, path: Path) -> Path:
 
     ax.figure.set_size_inches(8, 5)
     ax.figure.tight_layout()
-    ax.figure.savefig(path, dpi=110)
+    with atomic_files.replacing(path) as tmp:
+        ax.figure.savefig(tmp, dpi=110)
     plt.close(ax.figure)
     return path
 
@@ -815,10 +817,11 @@ def write_results(study, rep: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     files = []
     p = out / "tune.json"
-    p.write_text(json.dumps(rep, indent=2, sort_keys=True, default=float) + "\n")
+    atomic_files.write_text(p, json.dumps(rep, indent=2, sort_keys=True, default=float) + "\n")
     files.append(p)
     p = out / "trials.csv"
-    study.trials_dataframe().to_csv(p, index=False)
+    with atomic_files.replacing(p) as tmp:
+        study.trials_dataframe().to_csv(tmp, index=False)
     files.append(p)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -30,6 +30,7 @@ from kvsched.envs.sim.specs import CostParams
 from .calibrate import Objective
 from .groundtruth import METRICS, PEERS, Experiment
 from .replay import ape
+from kvsched import atomic_files
 
 __all__ = ["ValidationReport", "peer_comparison", "plot_predicted_vs_measured", "score", "summary_table"]
 
@@ -155,7 +156,8 @@ def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Pa
     fig.suptitle("kvsched vs real vLLM on H100 (sim-to-real experiments, per load stage)")
     fig.tight_layout()
     p = Path(path)
-    fig.savefig(p, dpi=120)
+    with atomic_files.replacing(p) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return p
 
@@ -210,9 +212,12 @@ def cmd_validate(a, console) -> int:
     peers = peer_comparison(report)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        report.rows.to_csv(a.out / "rows.csv", index=False)
-        summ.to_csv(a.out / "summary.csv", index=False)
-        peers.to_csv(a.out / "peers.csv", index=False)
+        with atomic_files.replacing(a.out / "rows.csv") as tmp:
+            report.rows.to_csv(tmp, index=False)
+        with atomic_files.replacing(a.out / "summary.csv") as tmp:
+            summ.to_csv(tmp, index=False)
+        with atomic_files.replacing(a.out / "peers.csv") as tmp:
+            peers.to_csv(tmp, index=False)
     plot_path = a.plot or (a.out / "plot.png" if a.out else None)
     if plot_path is not None:
         plot_predicted_vs_measured(report, plot_path)

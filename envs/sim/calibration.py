@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .cost_params import CostParams
+from kvsched import atomic_files
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "CalibrationFile", "FitParam", "FitResult",
            "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
@@ -200,7 +201,7 @@ def load_calibration(path: str | Path) -> CalibrationFile:
 
 def save_calibration(cal: CalibrationFile, path: str | Path) -> None:
     """Write ``cal`` as pretty-printed JSON with sorted keys (byte-identical for equal content)."""
-    Path(path).write_text(json.dumps(cal.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_files.write_text(Path(path), json.dumps(cal.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def calibration_path(gpu: str) -> Path:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError
+from .errors import ConfigError, bounded_repr
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
@@ -118,7 +118,16 @@ class Cluster:
                  progress: Callable[[int], None] | None = None,
                  router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0) -> None:
         if not specs:
-            raise ValueError("a cluster needs at least one instance spec")
+            raise ConfigError("specs is empty: a cluster needs at least one InstanceSpec")
+        bad_spec = next((s for s in specs if not isinstance(s, InstanceSpec)), None)
+        if bad_spec is not None:
+            raise ConfigError(f"specs: {bounded_repr(bad_spec)} is not an InstanceSpec "
+                              "(build one with InstanceSpec(...) or instance_spec_from_dict)")
+        if not isinstance(metrics, MetricsConfig):
+            raise ConfigError(f"metrics={bounded_repr(metrics)} is not allowed: expected a MetricsConfig "
+                              "(e.g. MetricsConfig(long_prompt_tokens=8192))")
+        if not isinstance(options, InstanceOptions):
+            raise ConfigError(f"options={bounded_repr(options)} is not allowed: expected an InstanceOptions")
         front = {(s.cost_params.request_overhead_s, s.cost_params.prompt_token_overhead_s,
                   s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens) for s in specs}
         if len(front) > 1:
@@ -138,7 +147,7 @@ class Cluster:
         self.router = router
         self.state_provider = StateProvider(router_delay_s)
         if shared_kv is not None and not isinstance(shared_kv, SharedKVSpec):
-            raise ConfigError(f"shared_kv={shared_kv!r} is not allowed: expected a SharedKVSpec or None")
+            raise ConfigError(f"shared_kv={bounded_repr(shared_kv)} is not allowed: expected a SharedKVSpec or None")
         self.shared_kv = SharedKVPool(shared_kv, self.instances) if shared_kv is not None else None
         for inst in self.instances:
             inst.shared_kv = self.shared_kv

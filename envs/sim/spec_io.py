@@ -24,6 +24,7 @@ from .instance_spec import InstanceSpec
 from .model_spec import MODEL_PRESETS, ModelSpec, get_model
 from .spec_validation import as_float, is_int
 from .tiers import TierSpec
+from kvsched import atomic_files
 
 _INSTANCE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstanceSpec) if f.init)
 
@@ -330,7 +331,7 @@ def save_instance_spec(spec: InstanceSpec, path: str | Path) -> None:
     """Write ``spec`` as a self-contained YAML file (see :func:`instance_spec_to_dict`)."""
     text = yaml.safe_dump(instance_spec_to_dict(spec), sort_keys=False, default_flow_style=False,
                           allow_unicode=True)
-    Path(path).write_text(text, encoding="utf-8")
+    atomic_files.write_text(Path(path), text)
 
 
 def presets_rows() -> dict[str, list[dict[str, Any]]]:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 from kvsched.envs.sim.errors import ConfigError
 
 from .stats import Paired, headroom, paired
+from kvsched import atomic_files
 
 FORMAT = "kvsched-bench-results/1"
 
@@ -58,18 +57,7 @@ def provenance(command: str) -> dict[str, Any]:
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON (sorted keys, indent 1) whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, sort_keys=True, indent=1, allow_nan=False, default=_plain) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_files.write_text(path, json.dumps(data, sort_keys=True, indent=1, allow_nan=False, default=_plain) + "\n")
 
 
 def _plain(x: Any) -> Any:

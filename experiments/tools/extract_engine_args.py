@@ -37,6 +37,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from kvsched import atomic_files
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "engine_args"
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             wheel = found[0] if found else download_wheel(pkg, ver, d)
             info = extract(pkg, ver, wheel)
             out = a.out_dir / f"{pkg}.json"
-            out.write_text(json.dumps(info, indent=1) + "\n")
+            atomic_files.write_text(out, json.dumps(info, indent=1) + "\n")
             print(f"{out}: {len(info['flags'])} flags of {pkg} {ver}")
     return 0
 

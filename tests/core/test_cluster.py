@@ -118,7 +118,7 @@ def small_workload(n=6):
 
 
 def test_bad_calls_of_the_resumable_loop_are_clear_errors():
-    with pytest.raises(ValueError, match="at least one instance spec"):
+    with pytest.raises(ConfigError, match="at least one InstanceSpec"):
         Cluster([], lambda: make_policy("fcfs"))
     c = two_instances()
     with pytest.raises(RuntimeError, match="call Cluster.start"):
@@ -130,6 +130,17 @@ def test_bad_calls_of_the_resumable_loop_are_clear_errors():
         c.apply()
     with pytest.raises(RuntimeError, match="already served a workload"):
         c.start(small_workload())
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("specs", {"specs": [{"model": MODEL, "gpu": GPU}]}),
+    ("metrics", {"metrics": {"long_prompt_tokens": 8192}}),
+    ("options", {"options": {"fast_forward": False}}),
+])
+def test_a_cluster_given_a_dict_for_a_config_object_names_the_field(field, kwargs):
+    args = {"specs": [make_spec()], **kwargs}
+    with pytest.raises(ConfigError, match=f"^{field}"):
+        Cluster(args.pop("specs"), lambda: make_policy("fcfs"), **args)
 
 
 def test_route_points_let_the_caller_place_each_arrival():

@@ -185,3 +185,9 @@ def test_run_compare_routers_rows():
     assert allrow["load_imbalance"] >= 1.0 and math.isnan(allrow["shared_kv_bytes_fetched"])
     with pytest.raises(ConfigError, match="either policies or routers"):
         run_compare(sc, ["fcfs"], routers=["rr"])
+
+
+def test_comparing_routers_on_one_instance_is_refused_not_a_table_of_identical_rows():
+    sc = Scenario(trace=None, synthetic={"duration_s": 15, "rate_per_s": 3}, n_instances=1)
+    with pytest.raises(ConfigError, match="n_instances >= 2.*n_instances=1"):
+        run_compare(sc, routers=["rr", "least-loaded"])

@@ -50,7 +50,7 @@ def test_a_request_short_of_blocks_waits_for_a_loading_copy_instead_of_livelocki
     HBM, three partial prefills (three of them long) kept swapping one request out and the
     other back in (~7,000 preemptions in 60 simulated seconds, 56 steps, nothing waiting) and
     never finished. The only ready request, short of a block while the other was being copied
-    back in, preempted itself; now it waits for the copy to land (``Instance._make_room``),
+    back in, preempted itself; now it waits for the copy to land (``Preemptor.make_room`` in preemption.py),
     and then vLLM's newest-victim rule swaps the other out again, so the older one progresses."""
     spec = make_spec(hbm_kv_blocks=33, max_num_batched_tokens=16, max_num_seqs=3, max_model_len=528,
                      max_num_partial_prefills=3, max_long_partial_prefills=3, preemption_mode="swap",
