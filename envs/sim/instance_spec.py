@@ -206,6 +206,11 @@ class InstanceSpec:
         for t in self.extra_tiers:
             require(t.name not in STANDARD_TIERS, f"{o}.extra_tiers", t.name,
                     f"a tier name other than the standard ones ({', '.join(STANDARD_TIERS)})")
+            # the one content with a tier-generic mechanism: running blocks compute in HBM, PNM
+            # residency needs a device that computes, and the prefix cache lives in HBM (#21)
+            require(t.holds == ("swapped",), f"{o}.extra_tiers[{t.name}].holds", list(t.holds),
+                    "['swapped'] on an extra tier (running: HBM only; pnm_resident: the PNM tier; "
+                    "prefix: HBM's prefix cache)")
 
     def _check_limits(self) -> None:
         """Scheduler limits, feature flags and the preemption mode."""

@@ -104,6 +104,8 @@ class TierSpec:
             object.__setattr__(self, "write_queue", f"{self.name}_write")
         if not self.read_queue:
             object.__setattr__(self, "read_queue", f"{self.name}_read")
+        require(not self.preemption_mode or "swapped" in self.holds, f"{o}.preemption_mode", self.preemption_mode,
+                "'' for a tier that does not hold 'swapped' blocks (only a swap target has a preemption mode)")
         if not self.preemption_mode and "swapped" in self.holds:
             object.__setattr__(self, "preemption_mode", self.name)
 

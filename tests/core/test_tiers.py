@@ -126,3 +126,15 @@ def test_a_toy_tier_round_trips_through_yaml_and_bad_entries_are_named():
         spec(extra_tiers=(TierSpec("cxl", 1e9, ("swapped",), "nowhere", CXL_LINK, CXL_LINK),))
     with pytest.raises(ConfigError, match="preemption_mode"):
         spec(extra_tiers=(cxl_tier(0),))  # its mode, but no capacity
+
+
+@pytest.mark.parametrize("holds", [("running",), ("prefix",), ("pnm_resident",), ("swapped", "prefix")])
+def test_an_extra_tier_may_only_hold_swapped_blocks_the_one_content_with_a_generic_mechanism(holds):
+    tier = TierSpec("cxl", 1e9, holds, "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.holds.*\['swapped'\] on an extra tier"):
+        spec(extra_tiers=(tier,))
+
+
+def test_a_preemption_mode_on_a_tier_that_holds_no_swapped_blocks_is_refused():
+    with pytest.raises(ConfigError, match=r"TierSpec\(.cxl.\)\.preemption_mode.*only a swap target"):
+        TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="cxl")
