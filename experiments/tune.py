@@ -173,6 +173,8 @@ class TuneConfig:
         windows_s: ``(start_s, end_s)`` per window, relative to the scenario's workload.
         seeds: scenario seeds of every window.
         tune_engine: add :data:`ENGINE_SPACE`.
+        tune_residency: add the KV-residency knobs every policy has
+            (:attr:`~kvsched.policies.base.PolicyParams.RESIDENCY_SEARCH_SPACE`).
         sampler: "tpe", "gp" or "cmaes".
         penalty: CMA-ES constraint penalty (objective units per 100 % violation).
         pruner: "median" or "none".
@@ -186,6 +188,7 @@ class TuneConfig:
     seeds: tuple[int, ...] = (0,)
     tune_engine: bool = False
     sampler: str = "tpe"
+    tune_residency: bool = False
     penalty: float = 10.0
     pruner: str = "median"
     sampler_seed: int = 0
@@ -202,7 +205,8 @@ class TuneConfig:
         make_policy(self.policy)  # unknown name -> error listing the known ones
         if not self.space():
             raise ConfigError(f"policy {self.policy!r} declares no search space (PolicyParams.SEARCH_SPACE); "
-                              "add --tune-engine to tune the engine knobs")
+                              "add --tune-residency (the KV-residency knobs every policy has) or --tune-engine "
+                              "(the engine knobs)")
 
     @property
     def direction(self) -> str:
@@ -212,6 +216,8 @@ class TuneConfig:
         """Trial parameter name -> dimension (policy fields, then ``engine.<field>``)."""
         pcls = type(make_policy(self.policy)).params_cls
         out = dict(pcls.SEARCH_SPACE)
+        if self.tune_residency:
+            out.update({k: v for k, v in pcls.RESIDENCY_SEARCH_SPACE.items() if k not in out})
         if self.tune_engine:
             out.update({ENGINE_PREFIX + k: v for k, v in ENGINE_SPACE.items()})
         return out
@@ -219,7 +225,8 @@ class TuneConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "objective": str(self.objective), "direction": self.direction,
                 "constraints": [str(c) for c in self.constraints], "windows_s": [list(w) for w in self.windows_s],
-                "seeds": list(self.seeds), "tune_engine": self.tune_engine, "sampler": self.sampler,
+                "seeds": list(self.seeds), "tune_engine": self.tune_engine,
+                "tune_residency": self.tune_residency, "sampler": self.sampler,
                 "penalty": self.penalty, "pruner": self.pruner, "sampler_seed": self.sampler_seed}
 
     @classmethod
@@ -227,7 +234,8 @@ class TuneConfig:
         return cls(policy=d["policy"], objective=MetricRef.parse(d["objective"]),
                    constraints=tuple(Constraint.parse(c) for c in d["constraints"]),
                    windows_s=tuple(tuple(w) for w in d["windows_s"]), seeds=tuple(d["seeds"]),
-                   tune_engine=d["tune_engine"], sampler=d["sampler"], penalty=d["penalty"],
+                   tune_engine=d["tune_engine"], tune_residency=bool(d.get("tune_residency", False)),
+                   sampler=d["sampler"], penalty=d["penalty"],
                    pruner=d["pruner"], sampler_seed=d["sampler_seed"])
 
 
@@ -579,6 +587,7 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
     else:
         mine = {k: v for k, v in cfg.to_dict().items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
         theirs = {k: v for k, v in stored.items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
+        theirs.setdefault("tune_residency", False)  # studies from before --tune-residency existed
         if json.loads(json.dumps(mine)) != theirs:
             diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ConfigError(f"study {name!r} exists with another objective ({', '.join(diff)} differ: stored "

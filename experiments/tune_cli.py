@@ -39,6 +39,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
                    help="re-evaluate baseline and best on this many unseen seeds (default 0)")
     t.add_argument("--tune-engine", action="store_true",
                    help="also tune max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold")
+    t.add_argument("--tune-residency", action="store_true",
+                   help="also tune the KV-residency knobs every policy has: tier_aware_preemption, prefetch, "
+                        "admit_while_swapped, admission_preemption")
     t.add_argument("--pruner", choices=("median", "none"), default="median", help="pruner (default median)")
     t.add_argument("--penalty", type=float, default=10.0,
                    help="CMA-ES constraint penalty, objective units per 100%% violation (default 10)")
@@ -64,7 +67,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
                      constraints=tuple(Constraint.parse(c) for c in a.constraint),
                      windows_s=even_windows(sc, a.windows, a.window_s),
                      seeds=tuple(sc.seed + k for k in range(a.seeds)), tune_engine=a.tune_engine,
-                     sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
+                     tune_residency=a.tune_residency, sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
     name = a.study or f"{a.policy}-{sc.name}"
     out = a.out or Path("runs") / "tune" / name
     prepare_out_dir(out)  # before the trials (minutes), not when their results are written

@@ -126,6 +126,19 @@ class PolicyParams:
     #: each policy declares its own next to its parameters.
     SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {}
 
+    #: The KV-residency knobs every policy has (above), which ``kvsched tune --tune-residency``
+    #: adds to the policy's own space: where a victim's blocks go, whether swapped KV comes back
+    #: ahead of need, whether admission continues while requests are swapped out, and whether the
+    #: head of the queue may preempt. The issue that built kvsched bench (#19) measured these
+    #: closing most of tuned LARS's gap on KV-constrained bursty traffic.
+    RESIDENCY_SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "tier_aware_preemption": SearchDim("categorical", choices=(False, True), source="REFERENCE.md §5.4"),
+        "prefetch": SearchDim("categorical", choices=(False, True), source="arXiv 2508.08457; REFERENCE.md §9.1"),
+        "admit_while_swapped": SearchDim("categorical", choices=(False, True), source="kvsched choice (vLLM V0: False)"),
+        "admission_preemption": SearchDim("categorical", choices=("never", "always", "cost-gated"),
+                                          source="vLLM V1 (never), V0 priority (always), kvsched (cost-gated)"),
+    }
+
     tier_aware_preemption: bool = False
     prefetch: bool = False
     admit_while_swapped: bool = False

@@ -69,7 +69,8 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
     out: dict[str, Any] = {}
     for policy in task.tuned:
         cfg = TuneConfig(policy=policy, objective=MetricRef.parse(OBJECTIVE), windows_s=tuple(windows),
-                         seeds=tuple(seeds), sampler="tpe", pruner="none", sampler_seed=0)
+                         seeds=tuple(seeds), sampler="tpe", pruner="none", sampler_seed=0,
+                         tune_residency=task.tune_residency)
         journal = out_dir / f"{policy}.journal"
         if progress:
             progress(f"{task.name}: tuning {policy} ({task.tune_trials} trials x {len(windows) * len(seeds)} "

@@ -67,6 +67,8 @@ class BenchTask:
         tuned: the heuristics tuned on train episodes (a subset of ``heuristics``); the best of
             them on the train episodes is the task's reference.
         tune_trials: Optuna trials per tuned heuristic (TPE, defaults enqueued first), >= 1.
+        tune_residency: also tune the KV-residency knobs every policy has (``kvsched tune
+            --tune-residency``); lets a heuristic without parameters of its own be tuned.
         tune_episodes: train episodes in each trial's objective, >= 1.
         pool_seeds: held-out workload seeds of the episode pool (synthetic scenarios; a trace has
             one), >= 1.
@@ -88,6 +90,7 @@ class BenchTask:
     heuristics: tuple[str, ...] = ("fcfs", "sarathi", "lars")
     tuned: tuple[str, ...] = ("lars",)
     tune_trials: int = 30
+    tune_residency: bool = False
     tune_episodes: int = 8
     pool_seeds: int = 8
     stratum_episodes: int = 24
@@ -111,6 +114,7 @@ class BenchTask:
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"BenchTask.{name}", v,
                     "an integer >= 1")
+        require(isinstance(self.tune_residency, bool), "BenchTask.tune_residency", self.tune_residency, "true or false")
         require(self.hard_by in HARD_BY, "BenchTask.hard_by", self.hard_by, f"one of {HARD_BY}")
         require(self.env_id != "kvsched/Routing-v0" or self.instances >= 2, "BenchTask.instances",
                 self.instances, ">= 2 for a routing task")

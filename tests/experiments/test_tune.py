@@ -47,6 +47,34 @@ def test_every_search_space_contains_the_published_defaults():
     assert spaces >= 10  # LARS and EWSJF declare theirs
 
 
+def test_residency_knobs_tune_a_policy_with_no_space_of_its_own_from_its_defaults():
+    from kvsched.policies.base import PolicyParams
+
+    defaults = PolicyParams()
+    for field_name, dim in PolicyParams.RESIDENCY_SEARCH_SPACE.items():
+        assert dim.contains(getattr(defaults, field_name)) and dim.source, field_name
+    with pytest.raises(ConfigError, match="--tune-residency"):
+        cfg(policy="priority")
+    c = cfg(policy="priority", tune_residency=True, seeds=(0,), windows_s=(WINDOWS[0],), pruner="none")
+    assert set(c.space()) == set(PolicyParams.RESIDENCY_SEARCH_SPACE)
+    assert set(cfg(tune_residency=True).space()) == set(PolicyParams.RESIDENCY_SEARCH_SPACE) | set(
+        type(make_policy("lars")).params_cls.SEARCH_SPACE)
+    res = tune(small_scenario(), c, "res", None, n_trials=3)
+    assert res.study.trials[0].params == {"tier_aware_preemption": False, "prefetch": False,
+                                          "admit_while_swapped": False, "admission_preemption": "never"}
+    assert TuneConfig.from_dict(c.to_dict()) == c
+
+
+def test_a_study_stored_before_tune_residency_existed_still_resumes(tmp_path):
+    storage = f"journal:{tmp_path / 'old.journal'}"
+    c = cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none")
+    study = tune(small_scenario(), c, "old", storage, n_trials=1).study
+    stored = dict(study.user_attrs["tune_config"])
+    del stored["tune_residency"]
+    study.set_user_attr("tune_config", stored)
+    assert len(tune(small_scenario(), c, "old", storage, n_trials=2).study.trials) == 2  # resumed, no ConfigError
+
+
 def test_bad_specs_name_the_allowed_values():
     with pytest.raises(ConfigError, match="goodput_rps"):
         MetricRef.parse("goodput")
