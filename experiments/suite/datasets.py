@@ -29,23 +29,25 @@ def dataset_id(task: BenchTask, heuristic: str) -> str:
 
 def record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, path: Path | None = None,
            seed: int = 0) -> Any:
-    """Record ``episodes`` train episodes of the task's tuned reference heuristic; returns the
-    ``MinariDataset``.
+    """Record ``episodes`` train episodes of the task's tuned reference heuristic through Minari's
+    ``DataCollector``; returns the ``MinariDataset``.
 
-    The episodes are stepped here and handed to Minari as ``EpisodeBuffer`` objects
-    (``minari.create_dataset_from_buffers``: Minari's own format and metadata). Minari's
-    ``DataCollector`` wrapper would do the same but needs JAX (``minari[create]``, ~600 MB) for one
-    tree map. Each step keeps the observation, the action, the reward, termination and truncation,
-    and the action mask (``infos["action_mask"]``; the reset's too).
+    The collector wraps the task's environment; :class:`_MaskOnly` keeps, of each step's infos,
+    the action mask (the environment's other infos change keys over an episode, which the
+    collector's per-episode arrays cannot hold). Minari's ``DataCollector`` needs JAX
+    (``minari[create]``, in kvsched's ``rl`` extra).
 
     Raises:
-        ConfigError: Minari missing (``pip install minari``), or ``episodes`` < 1.
+        ConfigError: Minari or JAX missing (``pip install 'minari[create,arrow]'``), or
+            ``episodes`` < 1.
     """
     try:
+        import jax  # noqa: F401  (the collector's episode buffer maps its trees with jax.tree_util)
         import minari
-        from minari.data_collector import EpisodeBuffer
+        from minari import DataCollector
     except ImportError:
-        raise ConfigError("recording datasets needs Minari: pip install 'minari>=0.5'") from None
+        raise ConfigError("recording datasets needs Minari's DataCollector: pip install "
+                          "'minari[create,arrow]>=0.5' (or kvsched[rl])") from None
     from kvsched.agents.heuristic import HeuristicAgent
 
     from .runs import make_env
@@ -58,30 +60,35 @@ def record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, path:
     ref = tuning["reference"]
     env = make_env(task, ref, tuning[ref]["params"], split="train")
     agent = HeuristicAgent(ref, env)
-    buffers = []
+    collector = DataCollector(env, step_data_callback=_mask_only_callback(), record_infos=True,
+                              data_format="arrow")
     for i in range(episodes):
-        obs, info = env.reset(seed=seed + i)
-        o, a, r, te, tr, m = [obs], [], [], [], [], [info["action_mask"]]
+        obs, _ = collector.reset(seed=seed + i)
         while True:
-            act = agent.predict(obs)[0]
-            obs, rew, term, trunc, info = env.step(act)
-            o.append(obs)
-            a.append(act)
-            r.append(rew)
-            te.append(term)
-            tr.append(trunc)
-            m.append(info["action_mask"])
+            obs, _, term, trunc, _ = collector.step(agent.predict(obs)[0])
             if term or trunc:
                 break
-        buffers.append(EpisodeBuffer(id=i, seed=seed + i, observations=o, actions=a, rewards=r, terminations=te,
-                                     truncations=tr, infos={"action_mask": m}))
     ds_id = dataset_id(task, ref)
     if ds_id in minari.list_local_datasets():
         minari.delete_dataset(ds_id)
-    ds = minari.create_dataset_from_buffers(
-        dataset_id=ds_id, buffer=buffers, env=env, algorithm_name=f"{ref} tuned on train episodes (kvsched "
-        "HeuristicAgent)", author="kvsched", data_format="arrow",
+    ds = collector.create_dataset(
+        dataset_id=ds_id, algorithm_name=f"{ref} tuned on train episodes (kvsched HeuristicAgent)",
+        author="kvsched",
         description=f"{task.description} Behaviour: the tuned reference {ref} {tuning[ref]['params']} (action 0 "
                     f"of {task.env_id} whose reference policy it is); train split of {task.scenario}.")
-    env.close()
+    collector.close()
     return ds
+
+
+def _mask_only_callback():
+    """A Minari ``StepDataCallback`` class (the collector instantiates it) that keeps only
+    ``infos["action_mask"]`` (see :func:`record`)."""
+    from minari.data_collector.callbacks import StepDataCallback
+
+    class _MaskOnly(StepDataCallback):
+        def __call__(self, env, **kwargs):
+            step = super().__call__(env, **kwargs)
+            step["info"] = {"action_mask": step["info"]["action_mask"]}
+            return step
+
+    return _MaskOnly
