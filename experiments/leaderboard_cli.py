@@ -98,15 +98,15 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
     from .suite.results import FORMAT, load_results, provenance, results_path, write_json
 
     out = a.out
-    try:
-        data = load_results(a.suite, out)
-    except Exception:
-        data = {"format": FORMAT, "suite": a.suite, "tasks": {}}
+    # add to an existing results file (tasks computed by separate runs); a corrupt one is an error
+    data = load_results(a.suite, out) if results_path(a.suite, out).is_file() else \
+        {"format": FORMAT, "suite": a.suite, "tasks": {}}
     for t in tasks:
         res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs,
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
+        res["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
         data["tasks"][t.task_id] = res
-        data["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
+        data["provenance"] = res["provenance"]
         write_json(results_path(a.suite, out), data)  # after every task: a long run keeps what it finished
     console.print(f"wrote {results_path(a.suite, out)}", highlight=False)
 

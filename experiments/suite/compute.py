@@ -192,6 +192,7 @@ def compute_task(task: BenchTask, out_dir: Path, jobs: int = 1, progress: Callab
     st = strata(task, episodes, stats)
     if tuned is None:
         tuned = tune_task(task, out_dir, progress)
+        check_tuning_saw_no_heldout(task, tuned)  # a leak stops the computation, never lands in results
     if progress:
         progress(f"{task.name}: recording the tuned reference's dataset and fitting its behaviour clone")
     clone = train_clone(task, tuned, out_dir)

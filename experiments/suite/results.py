@@ -44,7 +44,7 @@ def provenance(command: str) -> dict[str, Any]:
     import kvsched
 
     out = {"command": command, "kvsched_version": kvsched.__version__, "python": platform.python_version(),
-           "numpy": numpy.__version__, "optuna": optuna.__version__}
+           "numpy": numpy.__version__, "optuna": optuna.__version__, "kvsched_commit": _git_commit()}
     try:
         import gymnasium
 
@@ -52,6 +52,22 @@ def provenance(command: str) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - the rl extra is needed to compute
         pass
     return out
+
+
+def _git_commit() -> str | None:
+    """The repository's commit (``+dirty`` with uncommitted changes), or None outside a checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def write_json(path: Path, data: Any) -> None:

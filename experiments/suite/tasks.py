@@ -141,9 +141,40 @@ class BenchTask:
         return kw
 
 
+#: the hindsight search's budget in suite v1 (per episode): 8 trials of the tuned reference's
+#: parameters with the window known, then 48 single-request priority moves (or reassignments)
+V1_SEARCH = SearchBudget(param_trials=8, local_evals=48)
+
+
 def _v1_tasks() -> tuple[BenchTask, ...]:
-    """The tasks of suite v1 (see docs/bench.md for why each is in and what was dropped)."""
-    return ()
+    """The tasks of suite v1 (see docs/bench.md for why each is in, its measured headroom, and the
+    candidates dropped for having none)."""
+    common = dict(suite="v1", env_id="kvsched/Scheduling-v0", tune_trials=24, tune_episodes=6,
+                  stratum_episodes=24, search=V1_SEARCH)
+    return (
+        BenchTask(task_id="kv-burst-tiers", lever="admission, chunking and preemption tier under KV pressure",
+                  description="Bursty mixed traffic (Gamma CV 4, 3 % long contexts) on a 40 % KV cache with "
+                              "16 GiB DRAM and NVMe swap tiers; hard = the windows of highest KV pressure.",
+                  scenario="bench-v1-kv-burst-tiers", window_s=60.0, pool_seeds=14, hard_by="kv_pressure",
+                  heuristics=("fcfs", "sarathi", "lars", "priority", "prefetch"), tuned=("lars",),
+                  tune_residency=True, **common),
+        BenchTask(task_id="overload-burst", lever="admission order under overload (deadline-first cascades)",
+                  description="Bursty interactive 1k-token prompts (Gamma CV 4) with a 0.5 s TTFT SLO at 9 req/s "
+                              "on one H100; hard = the windows of highest offered load.",
+                  scenario="bench-v1-overload-burst", window_s=30.0, pool_seeds=14, hard_by="offered_load",
+                  heuristics=("fcfs", "sarathi", "lars", "priority", "ewsjf"), tuned=("lars",), **common),
+        BenchTask(task_id="mooncake-1i", lever="prefill ordering and chunking on a heavy-tailed real trace",
+                  description="The Mooncake conversation trace at 45 % of its rate on one H100; hard = the "
+                              "windows of highest offered load.",
+                  scenario="bench-v1-mooncake-1i", window_s=60.0, hard_by="offered_load",
+                  heuristics=("fcfs", "sarathi", "lars", "priority"), tuned=("lars",), **common),
+        BenchTask(task_id="sessions-small-kv", lever="cache residency of multi-turn sessions (prefix reuse)",
+                  description="Multi-turn sessions behind shared 2k-token system prompts, in bursts, on a 30 % "
+                              "KV cache; hard = the windows of highest offered load.",
+                  scenario="bench-v1-sessions-small-kv", window_s=30.0, pool_seeds=8, hard_by="offered_load",
+                  heuristics=("fcfs", "sarathi", "lars", "priority", "ewsjf"), tuned=("lars", "priority"),
+                  tune_residency=True, **common),
+    )
 
 
 SUITES: dict[str, tuple[BenchTask, ...]] = {"v1": _v1_tasks()}
