@@ -10,6 +10,8 @@
   or ``random``. ``--episodes N`` evaluates the first N episodes of each stratum only.
 - ``--compute``: recompute the suite's baselines and bounds (tuning on train episodes, the
   hindsight search: hours) into ``--out``; ``--jobs`` processes.
+- ``--markdown`` prints one summary row per task and stratum as a Markdown table (the suite
+  table of docs/bench.md);
 - ``--json`` prints the rows as JSON; ``--out DIR`` writes ``leaderboard.json``, ``leaderboard.csv``
   and ``leaderboard.png`` (normalised scores with their intervals, one panel per task).
 """
@@ -44,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=cli_types.count, default=1, help="processes for --compute (default 1)")
     p.add_argument("--results", type=Path, help="read results from this folder instead of the committed ones")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--markdown", action="store_true",
+                   help="print one summary row per task and stratum as a Markdown table (bounds, tuned best, "
+                        "headroom, best default, best constant, random, clone, agents)")
     p.add_argument("--out", type=Path, help="write leaderboard.json, leaderboard.csv and leaderboard.png here "
                                             "(with --compute: the results file too)")
 
@@ -56,6 +61,8 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     from .suite.results import leaderboard, load_results
     from .suite.tasks import get_suite
 
+    if a.json and a.markdown:
+        raise KvschedError("--json and --markdown: give one output format")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
     chosen = ids if not a.tasks else [x.strip() for x in a.tasks.split(",") if x.strip()]
@@ -78,6 +85,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     rows = leaderboard(results, agents)
     if a.json:
         print(json.dumps(rows, indent=1, default=_jsonable))
+    elif a.markdown:
+        from .suite.results import format_suite_markdown, suite_table
+
+        print(format_suite_markdown(suite_table(rows)), end="")
     else:
         _print(rows, results, console)
     if a.out is not None:

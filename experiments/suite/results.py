@@ -167,6 +167,57 @@ def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Ma
     return rows
 
 
+def suite_table(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One summary row per task and stratum from :func:`leaderboard` rows: the bounds, the tuned
+    best heuristic, the headroom with its CI, the best heuristic with its defaults, the best
+    constant action, the random agent and the behaviour clone (means), and each agent's
+    normalised score."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["task"], r["stratum"])
+        row = out.setdefault(key, {k: r[k] for k in ("task", "stratum", "episodes", "isolation_mean", "bound_mean",
+                                                     "tuned_best", "tuned_mean", "headroom", "headroom_lo",
+                                                     "headroom_hi")})
+        label, mean = r["agent"], r["mean"]
+        if r["kind"] == "agent":
+            row[f"agent {label}"] = (mean, r["normalised"], r["norm_lo"], r["norm_hi"])
+            continue
+        for prefix, col in (("constant ", "best_constant"), ("", "best_default")):
+            if (label.startswith(prefix) if prefix else label.endswith(" (default)")) and mean is not None:
+                if col not in row or mean > row[col][1]:
+                    row[col] = (label, mean)
+        if label in ("random", "behaviour clone"):
+            row[label] = mean
+    return list(out.values())
+
+
+def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
+    """:func:`suite_table` as a Markdown table (SLO attainment; headroom in points with its 95 % CI)."""
+    def f(x):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+    def pts(x):
+        return "-" if x is None else f"{100 * x:+.1f}"
+
+    agents = sorted({k for r in table for k in r if k.startswith("agent ")})
+    head = ["task", "stratum", "episodes", "isolation bound", "hindsight bound", "tuned best", "headroom (pts, 95 % CI)",
+            "best default", "best constant", "random", "behaviour clone", *[a[6:] + " (normalised)" for a in agents]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        bd, bc = r.get("best_default"), r.get("best_constant")
+        cells = [r["task"], r["stratum"], str(r["episodes"]), f(r["isolation_mean"]), f(r["bound_mean"]),
+                 f"{r['tuned_best']} {f(r['tuned_mean'])}",
+                 f"{pts(r['headroom'])} [{pts(r['headroom_lo'])}, {pts(r['headroom_hi'])}]",
+                 f"{bd[0].removesuffix(' (default)')} {f(bd[1])}" if bd else "-",
+                 f"{bc[0].removeprefix('constant ')} {f(bc[1])}" if bc else "-",
+                 f(r.get("random")), f(r.get("behaviour clone"))]
+        for a in agents:
+            v = r.get(a)
+            cells.append("-" if v is None else f"{f(v[0])} ({f(v[1])} [{f(v[2])}, {f(v[3])}])")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _mean(values) -> float | None:
     v = [x for x in values if x is not None and not math.isnan(x)]
     return sum(v) / len(v) if v else None

@@ -149,3 +149,23 @@ def test_the_leaderboard_and_results_are_byte_identical_across_processes(tmp_pat
         outs.append((json.dumps(data, sort_keys=True).replace(str(d), "<dir>"), (d / "l.json").read_bytes()))
     assert outs[0][0] == outs[1][0]
     assert outs[0][1] == outs[1][1]
+
+
+def test_the_suite_table_summarises_each_task_and_stratum_with_the_best_of_each_baseline_family():
+    from kvsched.experiments.suite.results import format_suite_markdown, suite_table
+
+    base = {"task": "t", "stratum": "hard", "episodes": 24, "isolation_mean": 1.0, "bound_mean": 0.9,
+            "tuned_best": "lars (tuned)", "tuned_mean": 0.8, "headroom": 0.1, "headroom_lo": 0.05, "headroom_hi": 0.15}
+    rows = [{**base, "agent": a, "kind": k, "mean": m, "normalised": n, "norm_lo": lo, "norm_hi": hi}
+            for a, k, m, n, lo, hi in [("fcfs (default)", "baseline", 0.6, -2.0, -3.0, -1.0),
+                                       ("lars (default)", "baseline", 0.7, -1.0, -2.0, 0.0),
+                                       ("constant cap 512", "baseline", 0.75, -0.5, -1.0, 0.0),
+                                       ("constant reference", "baseline", 0.8, 0.0, 0.0, 0.0),
+                                       ("random", "baseline", 0.5, -3.0, -4.0, -2.0),
+                                       ("ppo.zip", "agent", 0.85, 0.5, 0.2, 0.8)]]
+    (row,) = suite_table(rows)
+    assert row["best_default"] == ("lars (default)", 0.7) and row["best_constant"] == ("constant reference", 0.8)
+    assert row["random"] == 0.5 and "behaviour clone" not in row and row["agent ppo.zip"][1] == 0.5
+    md = format_suite_markdown([row]).splitlines()
+    assert len(md) == 3 and "+10.0 [+5.0, +15.0]" in md[2] and "lars 0.700" in md[2]
+    assert "0.850 (0.500 [0.200, 0.800])" in md[2] and md[0].count("|") == md[2].count("|")
