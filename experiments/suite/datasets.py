@@ -5,14 +5,16 @@ tuned best heuristic as its reference, acting through :class:`~kvsched.agents.he
 i.e. the reference's own action) recorded with Minari's ``DataCollector`` (observations,
 actions, rewards, terminations, and with ``record_infos`` the action masks): for behaviour
 cloning (:mod:`kvsched.agents.bc`) and offline RL. Minari writes under ``MINARI_DATASETS_PATH``
-(default ``~/.minari/datasets``); pass ``path`` to choose a folder.
+(default ``~/.minari/datasets``); pass ``path`` to choose a folder (the variable is set for the
+recording only, then restored).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from kvsched.envs.sim.errors import ConfigError
 
@@ -43,19 +45,43 @@ def record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, path:
     """
     try:
         import jax  # noqa: F401  (the collector's episode buffer maps its trees with jax.tree_util)
-        import minari
-        from minari import DataCollector
+        import minari  # noqa: F401
     except ImportError:
         raise ConfigError("recording datasets needs Minari's DataCollector: pip install "
                           "'minari[create,arrow]>=0.5' (or kvsched[rl])") from None
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise ConfigError(f"episodes={episodes!r} is not allowed: expected an integer >= 1")
+    with _minari_root(path):
+        return _record(task, task_result, episodes, seed)
+
+
+@contextlib.contextmanager
+def _minari_root(path: Path | None) -> Iterator[None]:
+    """Point Minari at ``path`` for the block (Minari reads its root only from the
+    ``MINARI_DATASETS_PATH`` environment variable), then restore the variable as it was."""
+    if path is None:
+        yield
+        return
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(Path(path).resolve())
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MINARI_DATASETS_PATH"]
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def _record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, seed: int) -> Any:
+    """:func:`record`'s work, with Minari's root already chosen."""
+    import minari
+    from minari import DataCollector
+
     from kvsched.agents.heuristic import HeuristicAgent
 
     from .runs import make_env
 
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ConfigError(f"episodes={episodes!r} is not allowed: expected an integer >= 1")
-    if path is not None:
-        os.environ["MINARI_DATASETS_PATH"] = str(Path(path).resolve())
     tuning = task_result["tuning"]
     ref = tuning["reference"]
     env = make_env(task, ref, tuning[ref]["params"], split="train")

@@ -16,10 +16,15 @@ from kvsched.experiments.suite.runs import make_env  # noqa: E402
 from test_suite import scenario, tiny_task  # noqa: E402
 
 
-def test_the_dataset_holds_the_reference_actions_and_masks_of_each_train_episode(tmp_path):
+def test_the_dataset_holds_the_reference_actions_and_masks_of_each_train_episode(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "users-own-root"))
     t = tiny_task(scenario(tmp_path), suite="v1")
     tuned = {"lars": {"params": {"kappa": 2.5}}, "reference": "lars"}
     ds = record(t, {"tuning": tuned}, 2, path=tmp_path / "minari")
+    import os
+
+    assert os.environ["MINARI_DATASETS_PATH"] == str(tmp_path / "users-own-root")  # restored, not leaked
+    assert (tmp_path / "minari" / "kvsched" / "tiny").is_dir()
     assert dataset_id(t, "lars") == "kvsched/tiny/lars-v1" and ds.spec.dataset_id == "kvsched/tiny/lars-v1"
     assert ds.total_episodes == 2
     env = make_env(t, "lars", {"kappa": 2.5}, split="train")
