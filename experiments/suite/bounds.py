@@ -47,13 +47,19 @@ class IsolationStats:
     requests: int
 
 
+#: spacing of the alone-runs in their one simulation (s): the first try; doubled while a run is
+#: still in flight when the next arrives (:func:`alone_records`)
+ALONE_SPACING_S = 600.0
+
+
 def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataFrame], metrics: MetricsConfig,
                     window_s: float, instances: int, hbm_capacity_tokens: int) -> IsolationStats:
     """The alone-runs of ``workload``'s requests and what they give (see the module docstring).
 
     Args:
         workload: the episode's requests.
-        run_alone: serves a one-request workload on one instance; returns its records frame.
+        run_alone: serves a workload on one instance; returns its records frame. It is given the
+            alone-runs spaced apart in one workload (:func:`alone_records`).
         metrics: the task's metrics configuration (classes, SLOs).
         window_s: the episode's window (s).
         instances: instances of the task's cluster (the load is per instance).
@@ -64,18 +70,16 @@ def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataF
     n = len(workload)
     if n == 0:
         return IsolationStats(None, 0.0, 0.0, 0)
-    cache: dict[tuple, pd.Series] = {}
+    reqs = [workload.request(i) for i in range(n)]
+    keys = sorted({(r.prompt_tokens, r.output_tokens, r.slo_class) for r in reqs})
+    alone = alone_records(keys, run_alone)
+    rel = {k: alone.iloc[i] for i, k in enumerate(keys)}
+    cols = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
     rows = []
-    for i in range(n):
-        req = workload.request(i)
-        key = (req.prompt_tokens, req.output_tokens, req.slo_class)
-        if key not in cache:
-            alone = Request(0, 0.0, req.prompt_tokens, req.output_tokens, slo_class=req.slo_class)
-            cache[key] = run_alone(Workload.from_requests([alone])).iloc[0]
-        r = cache[key].copy()
-        shift = req.arrival_s
-        for col in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s"):
-            r[col] = r[col] + shift
+    for req in reqs:
+        r = rel[(req.prompt_tokens, req.output_tokens, req.slo_class)].copy()
+        for col in cols:
+            r[col] = r[col] + req.arrival_s
         r["request_id"] = req.request_id
         rows.append(r)
     records = pd.DataFrame(rows).reset_index(drop=True)
@@ -89,6 +93,35 @@ def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataF
     tokens = (records.loc[fin, "prompt_tokens"] + records.loc[fin, "output_tokens"]).to_numpy(dtype=np.float64)
     return IsolationStats(att, load, _peak_concurrent(start, end, tokens) / max(1, hbm_capacity_tokens * instances),
                           n)
+
+
+def alone_records(keys: list[tuple[int, int, str]], run_alone: Callable[[Workload], pd.DataFrame],
+                  spacing_s: float = ALONE_SPACING_S) -> pd.DataFrame:
+    """Records of one alone-run per ``(prompt_tokens, output_tokens, slo_class)`` key, in key
+    order, with times relative to the request's own arrival (``arrival_s`` = 0).
+
+    The alone-runs share one simulation (one result to build instead of one per request): request
+    ``i`` arrives at ``i x spacing_s``, far enough apart that each is served alone. Whether it was
+    is checked -- every request finished before the next arrived -- and the spacing doubled until
+    it is. The requests carry no prefix hashes, so no run finds another's blocks cached.
+
+    A request rejected on arrival (longer than the model's context) keeps its rejected record.
+    """
+    while True:
+        w = Workload.from_requests([Request(i, i * spacing_s, p, o, slo_class=c) for i, (p, o, c) in enumerate(keys)])
+        rec = run_alone(w).sort_values("request_id").reset_index(drop=True)
+        ends = rec["finish_s"].to_numpy(dtype=np.float64)
+        next_arrival = np.append(rec["arrival_s"].to_numpy(dtype=np.float64)[1:], np.inf)
+        unfinished = rec["status"].to_numpy() != "finished"  # rejected alone: no times to overlap
+        if np.all(unfinished | (ends < next_arrival)):
+            break
+        if spacing_s > 1e7:  # pragma: no cover - no request takes 4 months alone
+            raise RuntimeError(f"alone-runs still overlap {spacing_s:g} s apart")
+        spacing_s *= 2
+    for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+        rec[col] = rec[col] - rec["arrival_s"]
+    rec["arrival_s"] = 0.0
+    return rec
 
 
 def _peak_concurrent(start: np.ndarray, end: np.ndarray, weight: np.ndarray) -> float:

@@ -169,3 +169,23 @@ def test_the_suite_table_summarises_each_task_and_stratum_with_the_best_of_each_
     md = format_suite_markdown([row]).splitlines()
     assert len(md) == 3 and "+10.0 [+5.0, +15.0]" in md[2] and "lars 0.700" in md[2]
     assert "0.850 (0.500 [0.200, 0.800])" in md[2] and md[0].count("|") == md[2].count("|")
+
+
+def test_alone_runs_in_one_spaced_simulation_equal_one_simulation_per_request(tmp_path):
+    from kvsched.envs.common import build_cluster
+    from kvsched.envs.sim.request import Request, Workload
+    from kvsched.experiments.suite.bounds import alone_records
+    from kvsched.experiments.suite.episodes import task_source
+    from kvsched.policies.base import make_policy
+
+    src = task_source(tiny_task(scenario(tmp_path)))
+
+    def run(w):
+        return build_cluster(src, lambda i: make_policy("fcfs"), n_instances=1).run(w).records
+
+    keys = [(64, 8, "short"), (3000, 40, "short"), (900, 200, "short")]
+    together = alone_records(keys, run, spacing_s=0.01)  # too close at first: the spacing doubles until alone
+    for i, (p, o, c) in enumerate(keys):
+        one = run(Workload.from_requests([Request(0, 0.0, p, o, slo_class=c)])).iloc[0]
+        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+            assert together.loc[i, col] == pytest.approx(one[col], abs=1e-9), (keys[i], col)
