@@ -12,13 +12,21 @@ Targets (REFERENCE §7 "Mapping tuned heuristic parameters to production configs
   ``experiments/engine_args/sglang.json``. The mapping is approximate where the engines
   differ (commented in the file).
 * ``llm-d``: an ``EndpointPickerConfig`` (llm-d inference scheduler / Gateway API inference
-  extension) with scorer weights. ``kvsched tune`` tunes engine-side policies only, not the
-  scenario's router (kvsched.policies.routing), so the file configures ``random-picker``
-  (a stateless spread, which the file says) and lists every tuned parameter as not
-  expressible there.
+  extension) with scorer weights. A study of kvsched's ``llm-d`` router (``kvsched tune
+  --router llm-d``) maps its three weights onto the scorers they mirror (``queue-scorer``,
+  ``kv-cache-utilization-scorer``, ``prefix-cache-scorer``, picked by ``max-score-picker``;
+  REFERENCE §4.3); its routed-prefix index settings are listed as not expressible. Any other
+  study (a policy study, or another router) configures ``random-picker`` (a stateless spread,
+  which the file says) and lists every tuned parameter as not expressible there.
 * ``kvsched``: JSON with the policy name, every field of its parameter dataclass and the
-  engine settings the trial changed; ``kvsched simulate --policy-file FILE`` loads it back
-  (same scenario and seed -> identical metrics).
+  engine settings the trial changed, and for a router study the router and every field of its
+  parameters; ``kvsched simulate --policy-file FILE`` loads it back (same scenario and seed ->
+  identical metrics).
+
+Router studies and engine targets: a router runs in front of the engines, so for ``vllm`` and
+``sglang`` the router and each of its parameters are listed as not expressible, naming the
+gateway flag the parameter mirrors where :mod:`kvsched.policies.routing` cites one (SGLang
+Model Gateway, Dynamo); the policy there is the scenario's, fixed during the study.
 
 Engine values come from the scenario's instance spec resolved with the trial's ``engine.*``
 parameters (defaults resolved the way the simulator resolves them, e.g. ``token_budget``).
@@ -42,7 +50,7 @@ from typing import Any, Mapping
 import yaml
 
 import kvsched
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.policies.base import make_policy
 from kvsched import atomic_files
 
@@ -108,15 +116,19 @@ def _sqlite_file(storage_url: str) -> str | None:
 
 
 def trial_config(study_name: str, storage_url: str, trial: int | None = None) -> dict:
-    """Policy, full parameters, engine overrides, resolved spec and provenance of one trial.
+    """Policy, full parameters, engine overrides, resolved spec and provenance of one trial;
+    ``router`` and ``router_params`` (every field) for a router study, else ``None``.
+
+    In a router study the policy parameters are the scenario's ``policy_params`` (fixed during
+    the study). A ``seed`` field (policy or router) is pinned to the study's first seed.
 
     Raises:
         ConfigError: unknown study, a trial that did not complete, or no feasible trial.
     """
     from optuna.trial import TrialState
 
-    from .tune import (TuneConfig, _redact, best_trial, full_policy_params, journal_path, open_study, scenario_for,
-                       scenario_of_study, split_params)
+    from .tune import (TuneConfig, _redact, best_trial, full_policy_params, full_router_params, journal_path,
+                       open_study, scenario_for, scenario_of_study, split_params)
 
     jp = journal_path(storage_url)
     if jp is not None and not Path(jp).is_file():  # opening it would create an empty journal
@@ -137,10 +149,15 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
         if not matches or matches[0].state != TrialState.COMPLETE:
             raise ConfigError(f"study {study_name!r}: trial {trial} does not exist or did not complete")
         t = matches[0]
-    policy_given, engine = split_params(t.params)
+    given, engine = split_params(t.params)
     seed = cfg.seeds[0]
-    params = full_policy_params(cfg.policy, policy_given, seed)
     sc = scenario_of_study(study)
+    router, router_params = None, None
+    if cfg.router is None:
+        params = full_policy_params(cfg.policy, given, seed)
+    else:  # the scenario's policy ran with its own parameters; the trial's are the router's
+        params = full_policy_params(cfg.policy, sc.policy_params, seed)
+        router, router_params = cfg.router, full_router_params(cfg.router, given, seed)
     spec = scenario_for(sc, cfg.windows_s[0], seed, engine).instance_spec()
     base = next((x for x in study.get_trials(deepcopy=False) if x.user_attrs.get("baseline")
                  and x.state == TrialState.COMPLETE), None)
@@ -155,7 +172,10 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
         "workload_sha256": ua.get("workload_sha256"), "seeds": list(cfg.seeds),
         "windows_s": [list(w) for w in cfg.windows_s], "tuned_by": f"kvsched tune, optuna {ua.get('optuna_version')}",
     }
-    return {"policy": cfg.policy, "params": params, "engine": engine, "spec": spec, "provenance": prov}
+    if router is not None:
+        prov["tuned"] = cfg.tuned
+    return {"policy": cfg.policy, "params": params, "engine": engine, "spec": spec, "provenance": prov,
+            "router": router, "router_params": router_params}
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
@@ -190,7 +210,8 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     if target in ("vllm", "sglang") and simulate_target:
         tc["provenance"].update(target_objective(study_name, storage_url, tc))
     fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
-    res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"])
+    res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"],
+             router=tc["router"], router_params=tc["router_params"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_files.write_text(out, res.text)
@@ -202,6 +223,8 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
     scheduler (fcfs, or priority for kvsched's priority policy) with the trial's engine settings,
     simulated on the study's windows and seeds. Shows how much of the tuned gain the exported
     file carries (all of it when the gain came from engine knobs; none of a heuristic's own).
+    The run uses the scenario's router: for a router study, whose router the engine file cannot
+    carry, ``target_router_simulated`` names it.
     """
     from .tune import TuneConfig, _nanmean, metric_value, open_study, run_scenario, scenario_of_study
 
@@ -211,7 +234,10 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
     native = "priority" if tc["policy"] == "priority" else "fcfs"
     vals = [metric_value(run_scenario(sc, w, s, native, {}, tc["engine"]), cfg.objective)
             for w in cfg.windows_s for s in cfg.seeds]
-    return {"target_policy_simulated": native, "target_objective_mean": _nanmean(vals)}
+    out = {"target_policy_simulated": native, "target_objective_mean": _nanmean(vals)}
+    if cfg.router is not None:  # the file carries no router: the instances sit behind the scenario's
+        out["target_router_simulated"] = sc.router
+    return out
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -233,6 +259,39 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
         if mode != "never":  # V1 engines never preempt for a waiting request
             out.append(("policy_params.admission_preemption", mode, f"{engine} has no flag for it"))
     return native, out
+
+
+#: Gateway flags kvsched's router parameters mirror, as :mod:`kvsched.policies.routing` cites
+#: them (SGLang Model Gateway ``cache_aware``, NVIDIA Dynamo's KV router). Named in the reason
+#: a router parameter is not expressible in an engine file; never written as an engine flag.
+ROUTER_GATEWAY_FLAGS: Mapping[tuple[str, str], str] = {
+    ("cache-affinity", "cache_threshold"): "SGLang Model Gateway --cache-threshold",
+    ("cache-affinity", "balance_abs_threshold"): "SGLang Model Gateway --balance-abs-threshold",
+    ("cache-affinity", "balance_rel_threshold"): "SGLang Model Gateway --balance-rel-threshold",
+    ("cache-affinity", "routed_prefix_ttl_s"): "SGLang Model Gateway --eviction-interval",
+    ("dynamo", "overlap_score_weight"): "Dynamo --kv-overlap-score-weight",
+    ("dynamo", "router_temperature"): "Dynamo --router-temperature",
+    ("llm-d", "queue_weight"): "llm-d EndpointPickerConfig queue-scorer weight (export --target llm-d)",
+    ("llm-d", "kv_cache_weight"): "llm-d EndpointPickerConfig kv-cache-utilization-scorer weight (export --target llm-d)",
+    ("llm-d", "prefix_weight"): "llm-d EndpointPickerConfig prefix-cache-scorer weight (export --target llm-d)",
+}
+
+
+def _router_unexpressible(target: str, router: str | None, router_params: Mapping[str, Any] | None,
+                          skip: tuple[str, ...] = ()) -> list:
+    """The router of a router study and each of its parameters (except ``skip``), as not
+    expressible in ``target``; empty for a policy study."""
+    if router is None:
+        return []
+    out = [("router", router, f"kvsched's {router} cluster router runs in front of the engines; {target} cannot "
+                              "configure it (the tuned router parameters follow)")]
+    for k, v in (router_params or {}).items():
+        if k in skip:
+            continue
+        flag = ROUTER_GATEWAY_FLAGS.get((router, k))
+        where = f"; it mirrors {flag}" if flag else ""
+        out.append((f"router_params.{k}", v, f"parameter of kvsched's {router} router, not a {target} setting{where}"))
+    return out
 
 
 def _spec_unexpressible(engine: str, spec, partial_flags: bool) -> list:
@@ -272,8 +331,10 @@ def _kv_dtype_vllm(spec) -> str | None:
 
 # ----------------------------------------------------------------------------- targets
 def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
-                prov: Mapping[str, Any]) -> ExportResult:
-    """``vllm serve --config`` YAML (vLLM engine flags; REFERENCE §4.1 and §7)."""
+                prov: Mapping[str, Any], router: str | None = None,
+                router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """``vllm serve --config`` YAML (vLLM engine flags; REFERENCE §4.1 and §7); a router
+    study's router and its parameters are listed as not expressible."""
     native, unexp = _policy_unexpressible("vllm", policy, params)
     flags = set(engine_args("vllm")["flags"])
     cfg: dict[str, Any] = {
@@ -299,6 +360,7 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
         cfg["kv-offloading-size"] = round(spec.dram_kv_bytes / GiB, 3)
         cfg["kv-offloading-backend"] = "native"
     unexp += _spec_unexpressible("vllm", spec, partial)
+    unexp += _router_unexpressible("vllm", router, router_params)
     check_keys("vllm", cfg)
     notes = [f"serve with: vllm serve <HF id of {spec.model.name}> --config THIS_FILE "
              f"(keys checked against vLLM {engine_args('vllm')['version']} EngineArgs)"]
@@ -309,8 +371,11 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
 
 
 def export_sglang(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
-                  prov: Mapping[str, Any]) -> ExportResult:
-    """SGLang server arguments (REFERENCE §4.2 and §7; approximate where the engines differ)."""
+                  prov: Mapping[str, Any], router: str | None = None,
+                  router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """SGLang server arguments (REFERENCE §4.2 and §7; approximate where the engines differ);
+    a router study's router and its parameters are listed as not expressible (SGLang's router
+    is a separate process, the SGLang Model Gateway, with flags of its own)."""
     native, unexp = _policy_unexpressible("sglang", policy, params)
     chunk = (spec.long_prefill_token_threshold or spec.token_budget) if spec.enable_chunked_prefill else -1
     cfg: dict[str, Any] = {
@@ -342,6 +407,7 @@ def export_sglang(policy: str, params: Mapping[str, Any], engine: Mapping[str, A
         unexp.append(("dram_kv_bytes", spec.dram_kv_bytes, f"{hicache_gb:.3g} GB per rank: SGLang's hicache-size "
                                                            "takes whole GB (>= 1; 0 means 'use hicache-ratio')"))
     unexp += _spec_unexpressible("sglang", spec, partial_flags=False)
+    unexp += _router_unexpressible("sglang", router, router_params)
     check_keys("sglang", cfg)
     notes = [f"serve with: python -m sglang.launch_server --model-path <HF id of {spec.model.name}> --config THIS_FILE "
              f"(keys checked against SGLang {engine_args('sglang')['version']} server arguments)",
@@ -357,25 +423,50 @@ def export_sglang(policy: str, params: Mapping[str, Any], engine: Mapping[str, A
     return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
 
 
+#: kvsched ``llm-d`` router parameter -> the llm-d scorer plugin it weighs (REFERENCE §4.3:
+#: the default ``EndpointPickerConfig`` profile, ``max-score-picker`` taking the argmax of
+#: the weighted sum).
+LLMD_SCORERS: Mapping[str, str] = {"queue_weight": "queue-scorer",
+                                   "kv_cache_weight": "kv-cache-utilization-scorer",
+                                   "prefix_weight": "prefix-cache-scorer"}
+
+
 def export_llmd(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
-                prov: Mapping[str, Any]) -> ExportResult:
-    """llm-d ``EndpointPickerConfig``: router scorer weights (``schedulingProfiles[].plugins[].weight``)."""
-    router = {k[len("router."):]: v for k, v in params.items() if k.startswith("router.")}
+                prov: Mapping[str, Any], router: str | None = None,
+                router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """llm-d ``EndpointPickerConfig``: router scorer weights (``schedulingProfiles[].plugins[].weight``).
+
+    A study of kvsched's ``llm-d`` router writes its weights onto the scorers of
+    :data:`LLMD_SCORERS`; anything else configures ``random-picker`` and says so.
+    """
     unexp = [(f"policy_params.{k}", v, "an engine-side scheduling parameter; llm-d configures routing only "
                                        "(export --target vllm/sglang for the engine)")
-             for k, v in params.items() if not k.startswith("router.")]
+             for k, v in params.items()]
     unexp.insert(0, ("policy", policy, "engine-side policy; not a router setting"))
     for k, v in engine.items():
         unexp.append((f"engine.{k}", v, "engine argument; see --target vllm/sglang"))
-    if router:
-        plugins = [{"type": "single-profile-handler"}] + [{"type": s} for s in router] + [{"type": "max-score-picker"}]
-        refs = [{"pluginRef": s, "weight": w} for s, w in router.items()] + [{"pluginRef": "max-score-picker"}]
-        notes = []
+    if router == "llm-d":
+        rp = dict(router_params or {})
+        plugins = ([{"type": "single-profile-handler"}] + [{"type": s} for s in LLMD_SCORERS.values()]
+                   + [{"type": "max-score-picker"}])
+        refs = ([{"pluginRef": s, "weight": rp[k]} for k, s in LLMD_SCORERS.items()]
+                + [{"pluginRef": "max-score-picker"}])
+        unexp += [(f"router_params.{k}", v, "kvsched's own index of routed prefixes (approximate prefix matching); "
+                                            "llm-d's prefix-cache-scorer has an LRU capacity, not this setting "
+                                            "(REFERENCE §4.3); its parameters are left at llm-d's defaults")
+                  for k, v in rp.items() if k not in LLMD_SCORERS]
+        notes = ["scorer weights of kvsched's llm-d router (tuned); only their ratios change a decision"]
     else:
         plugins = [{"type": "single-profile-handler"}, {"type": "random-picker"}]
         refs = [{"pluginRef": "random-picker"}]
-        notes = ["the study tuned no router weights (kvsched tune tunes engine-side policies, not the scenario's "
-                 "router); random-picker is a stateless llm-d spread, not the scenario's router"]
+        if router is None:
+            notes = ["the study tuned no router weights (a policy study tunes the engine-side policy, not the "
+                     "scenario's router); random-picker is a stateless llm-d spread, not the scenario's router"]
+        else:
+            notes = [f"the study tuned kvsched's {router} router, which an EndpointPickerConfig cannot express "
+                     "(only kvsched's llm-d router maps onto llm-d scorers); random-picker is a stateless llm-d "
+                     "spread, not the tuned router"]
+            unexp += _router_unexpressible("llm-d", router, router_params)
     cfg = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
            "plugins": plugins, "schedulingProfiles": [{"name": "default", "plugins": refs}]}
     text = _header(f"llm-d EndpointPickerConfig exported by kvsched from study {prov['study']}", prov, unexp, notes)
@@ -383,18 +474,28 @@ def export_llmd(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
 
 
 def export_kvsched(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
-                   prov: Mapping[str, Any]) -> ExportResult:
-    """The full policy parameters as JSON (``kvsched simulate --policy-file``); nothing unexpressible."""
+                   prov: Mapping[str, Any], router: str | None = None,
+                   router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """The full policy parameters as JSON (``kvsched simulate --policy-file``); nothing unexpressible.
+
+    A router study's file also has ``router`` and ``router_params`` (every field of the router's
+    parameter dataclass), which ``--policy-file`` applies too.
+    """
     cfg = {"format": POLICY_FILE_FORMAT, "policy": policy, "policy_params": dict(params), "engine": dict(engine),
            "not_expressible": [], "provenance": dict(prov)}
+    if router is not None:
+        cfg["router"], cfg["router_params"] = router, dict(router_params or {})
     return ExportResult(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n", cfg, [], dict(prov))
 
 
 def load_policy_file(path: str | Path) -> dict:
-    """Read a ``--target kvsched`` file: ``{"policy", "policy_params", "engine"}`` (validated).
+    """Read a ``--target kvsched`` file: ``{"policy", "policy_params", "engine", "router",
+    "router_params"}`` (validated; ``router`` and ``router_params`` ``None`` unless the file
+    comes from a router study).
 
     Raises:
-        ConfigError: unreadable JSON, another format, an unknown policy or invalid parameters.
+        ConfigError: unreadable JSON, another format, an unknown policy or router, or invalid
+            parameters.
     """
     p = Path(path)
     try:
@@ -410,4 +511,15 @@ def load_policy_file(path: str | Path) -> dict:
     if not isinstance(d["policy_params"], dict) or not isinstance(d["engine"], dict):
         raise ConfigError(f"--policy-file {p}: policy_params and engine must be mappings")
     make_policy(d["policy"], dict(d["policy_params"]))  # validates name, fields and values
-    return {"policy": d["policy"], "policy_params": dict(d["policy_params"]), "engine": dict(d["engine"])}
+    router, router_params = d.get("router"), d.get("router_params")
+    if router is not None or router_params is not None:
+        if not isinstance(router, str) or not isinstance(router_params, dict):
+            raise ConfigError(f"--policy-file {p}: router={bounded_repr(router)} and router_params="
+                              f"{bounded_repr(router_params)} are not allowed: expected a router name and a mapping "
+                              "of its parameters (both or neither)")
+        from kvsched.policies.routing import make_router
+
+        make_router(router, dict(router_params))  # validates name, fields and values
+        router_params = dict(router_params)
+    return {"policy": d["policy"], "policy_params": dict(d["policy_params"]), "engine": dict(d["engine"]),
+            "router": router, "router_params": router_params}

@@ -66,7 +66,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                    help="advance every step one by one (same results, slower; for checking)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--policy-file", type=Path,
-                   help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON")
+                   help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON "
+                        "(and the router with its parameters, from a router study)")
 
 
 def _scenario_from_args(a: argparse.Namespace) -> Scenario:
@@ -109,6 +110,15 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
                                f"(policy {pf['policy']!r}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
+        if pf["router"] is not None:  # a router study's file: its tuned router and every parameter
+            from kvsched.policies.routing import ROUTERS
+
+            if a.router is not None and ROUTERS.canonical(a.router) != pf["router"]:
+                raise KvschedError(f"--router {a.router} contradicts --policy-file {a.policy_file} "
+                                   f"(router {pf['router']!r}); give one of them")
+            over["router"] = pf["router"]
+            over["router_params"] = {**pf["router_params"], **over.get("router_params", {})} \
+                if a.router_params is not None else pf["router_params"]
     if getattr(a, "policy_params", None) is not None:
         try:
             pp = json.loads(a.policy_params)

@@ -1,4 +1,4 @@
-"""Bayesian tuning of a policy's parameters with Optuna (``kvsched tune``).
+"""Bayesian tuning of a policy's or a cluster router's parameters with Optuna (``kvsched tune``).
 
 One *trial* serves the scenario's workload in ``len(windows) x len(seeds)`` short runs with
 one parameter set and scores each run on one metric of one length class (``goodput_rps:all``,
@@ -11,6 +11,15 @@ Search space. Each policy declares it next to its parameters
 e.g. :class:`~kvsched.policies.lars.LARSParams`). ``--tune-engine`` adds the engine knobs of
 :data:`ENGINE_SPACE` (vLLM flags of the same names, applied to the scenario's instance);
 those trial parameters are named ``engine.<field>``.
+
+Router studies (``--router NAME``, :attr:`TuneConfig.router`). The trial parameters are then
+the cluster router's (``RouterParams.SEARCH_SPACE`` in :mod:`kvsched.policies.routing`, plain
+field names as for a policy; ``--tune-engine`` may add the engine knobs). The tuned router
+replaces the scenario's ``router`` and ``router_params`` (its other fields keep the router's
+defaults; a ``seed`` field gets the run's seed, as for policies); the scenario's policy and
+``policy_params``, router delay, shared KV tier and instance count stay as the scenario says.
+It needs a scenario with ``n_instances >= 2``. ``--tune-residency`` (policy parameters) is
+refused there.
 
 Windows and seeds. Windows are ``[start, start + window_s)`` sub-intervals of the scenario's
 workload (inside its own ``window_s`` if it has one), spread evenly over its arrival span;
@@ -34,7 +43,7 @@ value told to Optuna is penalised: ``objective -/+ penalty x sum(relative violat
 in the ``objective_mean`` user attribute. The *best* trial is always chosen by kvsched among
 feasible finished trials by the raw mean objective, never from Optuna's penalised value.
 
-Baseline. The policy's published defaults (the parameter dataclass defaults, and the
+Baseline. The policy's (or router's) published defaults (the parameter dataclass defaults, and the
 scenario's engine settings) are enqueued as the study's first trial (user attribute
 ``baseline``). The report compares the best trial with it; when no trial beats it, that is
 said. ``--holdout-seeds K`` re-evaluates baseline and best on K seeds the study never saw
@@ -75,7 +84,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 import kvsched
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.metrics import LENGTH_CLASSES
 from kvsched.policies.base import SearchDim, make_policy
 
@@ -167,7 +176,8 @@ class TuneConfig:
     """Everything that defines a study's objective (stored with the study as provenance).
 
     Attributes:
-        policy: registered policy name.
+        policy: registered policy name (with ``router``: the scenario's policy, run with the
+            scenario's ``policy_params``, not tuned).
         objective: the metric to optimise (direction from :data:`MAXIMISED`).
         constraints: bounds on other metrics.
         windows_s: ``(start_s, end_s)`` per window, relative to the scenario's workload.
@@ -179,6 +189,8 @@ class TuneConfig:
         penalty: CMA-ES constraint penalty (objective units per 100 % violation).
         pruner: "median" or "none".
         sampler_seed: seed of the sampler (worker k uses ``sampler_seed + k``).
+        router: ``None`` (tune the policy) or a registered router name (canonical after
+            validation): tune that router's ``SEARCH_SPACE`` instead of the policy's.
     """
 
     policy: str
@@ -192,6 +204,7 @@ class TuneConfig:
     penalty: float = 10.0
     pruner: str = "median"
     sampler_seed: int = 0
+    router: str | None = None
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -203,17 +216,48 @@ class TuneConfig:
         if not (self.penalty >= 0 and math.isfinite(self.penalty)):
             raise ConfigError(f"--penalty={self.penalty!r} must be a finite number >= 0")
         make_policy(self.policy)  # unknown name -> error listing the known ones
+        if self.router is not None:
+            self._check_router()
+            return
         if not self.space():
             raise ConfigError(f"policy {self.policy!r} declares no search space (PolicyParams.SEARCH_SPACE); "
                               "add --tune-residency (the KV-residency knobs every policy has) or --tune-engine "
                               "(the engine knobs)")
 
+    def _check_router(self) -> None:
+        """Validate ``router`` and store its canonical name (``rr`` -> ``round-robin``)."""
+        from kvsched.policies.routing import ROUTERS, router_names, tunable_router_names
+
+        if not isinstance(self.router, str) or self.router not in ROUTERS:
+            raise ConfigError(f"--router={bounded_repr(self.router)} is not allowed: unknown router; known: "
+                              f"{', '.join(router_names())} (with a search space: {', '.join(tunable_router_names())})")
+        object.__setattr__(self, "router", ROUTERS.canonical(self.router))
+        if not ROUTERS.get(self.router).params_cls.SEARCH_SPACE:
+            raise ConfigError(f"--router={self.router!r} declares no search space (RouterParams.SEARCH_SPACE: it has "
+                              f"no tunable parameters); routers with one: {', '.join(tunable_router_names())}")
+        if self.tune_residency:
+            raise ConfigError(f"--tune-residency with --router={self.router!r} is not allowed: a router study keeps "
+                              "the scenario's policy and policy_params fixed; tune the residency knobs in a policy "
+                              "study (--policy)")
+
     @property
     def direction(self) -> str:
         return "maximize" if self.objective.maximise else "minimize"
 
+    @property
+    def tuned(self) -> str:
+        """What the study tunes, in words: ``"policy lars"`` or ``"router llm-d"``."""
+        return f"router {self.router}" if self.router is not None else f"policy {self.policy}"
+
     def space(self) -> dict[str, SearchDim]:
-        """Trial parameter name -> dimension (policy fields, then ``engine.<field>``)."""
+        """Trial parameter name -> dimension (policy or router fields, then ``engine.<field>``)."""
+        if self.router is not None:
+            from kvsched.policies.routing import ROUTERS
+
+            out = dict(ROUTERS.get(self.router).params_cls.SEARCH_SPACE)
+            if self.tune_engine:
+                out.update({ENGINE_PREFIX + k: v for k, v in ENGINE_SPACE.items()})
+            return out
         pcls = type(make_policy(self.policy)).params_cls
         out = dict(pcls.SEARCH_SPACE)
         if self.tune_residency:
@@ -227,7 +271,8 @@ class TuneConfig:
                 "constraints": [str(c) for c in self.constraints], "windows_s": [list(w) for w in self.windows_s],
                 "seeds": list(self.seeds), "tune_engine": self.tune_engine,
                 "tune_residency": self.tune_residency, "sampler": self.sampler,
-                "penalty": self.penalty, "pruner": self.pruner, "sampler_seed": self.sampler_seed}
+                "penalty": self.penalty, "pruner": self.pruner, "sampler_seed": self.sampler_seed,
+                "router": self.router}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TuneConfig":
@@ -236,7 +281,8 @@ class TuneConfig:
                    windows_s=tuple(tuple(w) for w in d["windows_s"]), seeds=tuple(d["seeds"]),
                    tune_engine=d["tune_engine"], tune_residency=bool(d.get("tune_residency", False)),
                    sampler=d["sampler"], penalty=d["penalty"],
-                   pruner=d["pruner"], sampler_seed=d["sampler_seed"])
+                   pruner=d["pruner"], sampler_seed=d["sampler_seed"],
+                   router=d.get("router"))  # studies from before --router existed: None
 
 
 def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[tuple[float, float], ...]:
@@ -269,15 +315,60 @@ def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[t
 
 # ----------------------------------------------------------------------------- evaluation
 def split_params(params: Mapping[str, Any]) -> tuple[dict, dict]:
-    """Trial parameters -> ``(policy params, engine overrides)``."""
+    """Trial parameters -> ``(policy or router params, engine overrides)``."""
     pol = {k: v for k, v in params.items() if not k.startswith(ENGINE_PREFIX)}
     eng = {k[len(ENGINE_PREFIX):]: v for k, v in params.items() if k.startswith(ENGINE_PREFIX)}
     return pol, eng
 
 
+def check_scenario(cfg: TuneConfig, scenario: Scenario) -> None:
+    """What a router study needs of its scenario (nothing for a policy study).
+
+    Raises:
+        ConfigError: ``n_instances < 2`` (a router picks among instances), or ``cfg.policy`` not
+            the scenario's policy (a router study runs the scenario's policy with its
+            ``policy_params``).
+    """
+    if cfg.router is None:
+        return
+    check_router_cluster(cfg.router, scenario)
+    mine, theirs = type(make_policy(cfg.policy)).name, type(make_policy(scenario.policy)).name
+    if mine != theirs:
+        raise ConfigError(f"policy={cfg.policy!r} is not allowed with --router={cfg.router!r}: expected the "
+                          f"scenario's policy {theirs!r} (a router study runs it with the scenario's policy_params)")
+
+
+def check_router_cluster(router: str, scenario: Scenario) -> None:
+    """A router study's scenario must have ``n_instances >= 2``.
+
+    Raises:
+        ConfigError: naming ``n_instances``, its value and the scenario.
+    """
+    if scenario.n_instances < 2:
+        raise ConfigError(f"n_instances={scenario.n_instances!r} is not allowed with --router={bounded_repr(router)}: "
+                          f"expected n_instances >= 2 (a router picks among instances; set n_instances in "
+                          f"scenario {scenario.name!r})")
+
+
+def run_args(cfg: TuneConfig, scenario: Scenario, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :func:`run_scenario` for one trial's parameters: policy and its
+    parameters, engine overrides and, in a router study, the router and its parameters."""
+    given, eng = split_params(params)
+    if cfg.router is None:
+        return {"policy": cfg.policy, "policy_params": given, "engine": eng}
+    return {"policy": cfg.policy, "policy_params": dict(scenario.policy_params), "engine": eng,
+            "router": cfg.router, "router_params": given}
+
+
 def baseline_params(cfg: TuneConfig, scenario: Scenario) -> dict[str, Any]:
-    """The policy's published defaults for every tuned dimension (and the scenario's engine values)."""
-    params = make_policy(cfg.policy).params
+    """The policy's (router's) published defaults for every tuned dimension (and the scenario's
+    engine values)."""
+    if cfg.router is not None:
+        from kvsched.policies.routing import make_router
+
+        params: Any = make_router(cfg.router).params
+    else:
+        params = make_policy(cfg.policy).params
     spec = scenario.instance_spec()
     out: dict[str, Any] = {}
     for name in cfg.space():
@@ -294,11 +385,15 @@ def baseline_params(cfg: TuneConfig, scenario: Scenario) -> dict[str, Any]:
 
 def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, policy: str,
                  policy_params: Mapping[str, Any], engine: Mapping[str, Any] | None = None,
-                 workload_cache: dict | None = None) -> dict:
+                 workload_cache: dict | None = None, router: str | None = None,
+                 router_params: Mapping[str, Any] | None = None) -> dict:
     """Serve one window of ``scenario`` with one seed; returns the run's summary dict.
 
     ``window`` is relative to the scenario's own ``window_s`` (if any). A policy with a
     ``seed`` parameter gets ``seed`` unless ``policy_params`` sets it (as ``kvsched compare``).
+    ``router`` ``None``: the scenario's router and ``router_params``; a router name: that
+    router with ``router_params`` over its defaults (the scenario's ``router_params`` are not
+    used; a ``seed`` field gets ``seed`` unless given), as a router study runs it.
     """
     from kvsched.envs.sim.instance import InstanceOptions
     from kvsched.runner.simulate import build_cluster
@@ -316,9 +411,13 @@ def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, pol
     spec = sc.instance_spec()
     # the cluster `kvsched simulate` builds for this scenario: router, its state delay, shared
     # KV tier and seed included (a --policy-file round trip must see the same cluster)
+    if router is None:
+        router, rparams = sc.router, dict(sc.router_params)
+    else:
+        rparams = full_router_params(router, router_params or {}, seed)
     cluster = build_cluster([spec] * sc.n_instances, policy, dict(params), metrics=sc.metrics_config(),
                             options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths),
-                            router=sc.router, router_params=dict(sc.router_params),
+                            router=router, router_params=rparams,
                             router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed)
     res = cluster.run(workload)
     res.summary["workload_sha256"] = workload.content_sha256()
@@ -344,6 +443,20 @@ def full_policy_params(policy: str, given: Mapping[str, Any], seed: int) -> dict
     return dataclasses.asdict(make_policy(policy, d).params)
 
 
+def full_router_params(router: str, given: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Every field of the router's parameter dataclass (``given`` over defaults; ``seed`` field = run seed).
+
+    Raises:
+        UnknownPresetError: unknown router. ConfigError: unknown fields or invalid values.
+    """
+    from kvsched.policies.routing import ROUTERS, make_router
+
+    d = dict(given)
+    if "seed" in {f.name for f in dataclasses.fields(ROUTERS.get(router).params_cls)} and "seed" not in d:
+        d["seed"] = int(seed)
+    return dataclasses.asdict(make_router(router, d).params)
+
+
 def metric_value(summary: Mapping[str, Any], ref: MetricRef) -> float:
     """The value of ``ref`` in one run's summary (NaN when the class or metric is undefined)."""
     c = summary["classes"].get(ref.cls)
@@ -358,6 +471,7 @@ class Objective:
 
     def __init__(self, cfg: TuneConfig, scenario: Scenario,
                  progress: Callable[[str], None] | None = None) -> None:
+        check_scenario(cfg, scenario)
         self.cfg, self.scenario, self.progress = cfg, scenario, progress
         self.space = cfg.space()
         self._cache: dict = {}
@@ -377,14 +491,14 @@ class Objective:
         import optuna
 
         params = self.suggest(trial)
-        pol, eng = split_params(params)
+        kw = run_args(self.cfg, self.scenario, params)
         cfg = self.cfg
         t0 = time.perf_counter()
         values: list[float] = []
         cons: list[list[float]] = [[] for _ in cfg.constraints]
         for k, window in enumerate(cfg.windows_s):
             for seed in cfg.seeds:
-                s = run_scenario(self.scenario, window, seed, cfg.policy, pol, eng, self._cache)
+                s = run_scenario(self.scenario, window, seed, workload_cache=self._cache, **kw)
                 values.append(metric_value(s, cfg.objective))
                 for j, c in enumerate(cfg.constraints):
                     cons[j].append(metric_value(s, c.metric))
@@ -588,6 +702,7 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
         mine = {k: v for k, v in cfg.to_dict().items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
         theirs = {k: v for k, v in stored.items() if k not in ("sampler", "sampler_seed", "penalty", "pruner")}
         theirs.setdefault("tune_residency", False)  # studies from before --tune-residency existed
+        theirs.setdefault("router", None)  # ... and before --router
         if json.loads(json.dumps(mine)) != theirs:
             diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ConfigError(f"study {name!r} exists with another objective ({', '.join(diff)} differ: stored "
@@ -658,12 +773,13 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
         if out is None:
             raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")
         storage_url = f"journal:{Path(out) / (study_name + '.journal')}"
+    check_scenario(cfg, scenario)
     t0 = time.perf_counter()
     storage = make_storage(storage_url)
     base = baseline_params(cfg, scenario)
     outside = [k for k, v in base.items() if not cfg.space()[k].contains(v)]
     if outside:  # Optuna would reject the enqueued values; say so instead of silently clipping
-        raise ConfigError(f"policy {cfg.policy!r}: published defaults {[(k, base[k]) for k in outside]} lie "
+        raise ConfigError(f"{cfg.tuned}: published defaults {[(k, base[k]) for k in outside]} lie "
                           "outside the declared search space; widen SEARCH_SPACE")
     try:  # exactly one of several workers starting together creates the study (unique name) ...
         created = optuna.create_study(study_name=study_name, storage=storage, direction=cfg.direction)
@@ -756,7 +872,7 @@ def report(study, cfg: TuneConfig) -> dict:
     base = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                  if t.user_attrs.get("baseline")), None)
     best = best_trial(study, cfg)
-    rep = {"study": study.study_name, "objective": str(cfg.objective), "direction": cfg.direction,
+    rep = {"study": study.study_name, "tuned": cfg.tuned, "objective": str(cfg.objective), "direction": cfg.direction,
            "constraints": [str(c) for c in cfg.constraints], "trials": states,
            "baseline": row(base), "best": row(best)}
     if base is not None and best is not None:
@@ -796,9 +912,8 @@ def holdout(scenario: Scenario, cfg: TuneConfig, rep: dict, n_seeds: int) -> dic
     seeds = [max(cfg.seeds) + 1 + k for k in range(n_seeds)]
     out = {"seeds": seeds}
     for key in ("baseline", "best"):
-        pol, eng = split_params(rep[key]["params"])
-        vals = [metric_value(run_scenario(scenario, w, s, cfg.policy, pol, eng), cfg.objective)
-                for w in cfg.windows_s for s in seeds]
+        kw = run_args(cfg, scenario, rep[key]["params"])
+        vals = [metric_value(run_scenario(scenario, w, s, **kw), cfg.objective) for w in cfg.windows_s for s in seeds]
         out[key] = {"objective_mean": _nanmean(vals), "objective_std": float(np.nanstd(vals)), "values": vals}
     return out
 

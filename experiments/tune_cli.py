@@ -16,8 +16,13 @@ from .outputs import prepare_out_dir, prepare_out_file
 
 
 def add_tune_arguments(t: argparse.ArgumentParser) -> None:
-    t.add_argument("--policy", required=True, help="registered policy whose SEARCH_SPACE is tuned")
-    t.add_argument("--scenario", required=True, help="scenario YAML file (its `policy` is ignored)")
+    which = t.add_mutually_exclusive_group(required=True)
+    which.add_argument("--policy", help="registered policy whose SEARCH_SPACE is tuned")
+    which.add_argument("--router", help="cluster router whose SEARCH_SPACE is tuned instead (cache-affinity, dynamo, "
+                                        "least-loaded, llm-d, prefix, session-affinity); the scenario's policy and "
+                                        "policy_params stay fixed; needs n_instances >= 2")
+    t.add_argument("--scenario", required=True, help="scenario YAML file (the tuned policy or router replaces the "
+                                                     "scenario's and its parameters)")
     t.add_argument("--objective", default="goodput_rps:all",
                    help="METRIC[:CLASS] to optimise, e.g. goodput_rps:all, slo_attainment:short, ttft_p99_s:short "
                         "(goodput/SLO attainment maximised, latencies minimised; default goodput_rps:all)")
@@ -26,7 +31,8 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
                         "(repeatable)")
     t.add_argument("--trials", type=count, default=20, help="finished trials the study should hold (default 20)")
     t.add_argument("--sampler", choices=("tpe", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
-    t.add_argument("--study", help="study name (default <policy>-<scenario name>)")
+    t.add_argument("--study", help="study name (default <policy>-<scenario name>; with --router "
+                                   "router-<router>-<scenario name>)")
     t.add_argument("--storage", help="journal:PATH, PATH.journal, sqlite:///FILE or postgresql://... "
                                      "(default: in memory)")
     t.add_argument("--workers", type=count, default=1, help="worker processes on this machine (default 1)")
@@ -60,19 +66,26 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
 
 def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     from kvsched.runner.scenario import load_scenario
-    from .tune import Constraint, MetricRef, TuneConfig, even_windows, tune, write_results
+    from .tune import (Constraint, MetricRef, TuneConfig, check_router_cluster, check_scenario, even_windows, tune,
+                       write_results)
 
     sc = load_scenario(a.scenario)
-    cfg = TuneConfig(policy=a.policy, objective=MetricRef.parse(a.objective),
+    if a.router is not None:
+        check_router_cluster(a.router, sc)  # before the workload is read for the windows
+    # a router study keeps the scenario's policy (and its policy_params) fixed
+    cfg = TuneConfig(policy=a.policy if a.router is None else sc.policy, objective=MetricRef.parse(a.objective),
                      constraints=tuple(Constraint.parse(c) for c in a.constraint),
                      windows_s=even_windows(sc, a.windows, a.window_s),
                      seeds=tuple(sc.seed + k for k in range(a.seeds)), tune_engine=a.tune_engine,
-                     tune_residency=a.tune_residency, sampler=a.sampler, penalty=a.penalty, pruner=a.pruner, sampler_seed=a.seed)
-    name = a.study or f"{a.policy}-{sc.name}"
+                     tune_residency=a.tune_residency, sampler=a.sampler, penalty=a.penalty, pruner=a.pruner,
+                     sampler_seed=a.seed, router=a.router)
+    check_scenario(cfg, sc)  # before the output folder is made
+    name = a.study or (f"{a.policy}-{sc.name}" if cfg.router is None else f"router-{cfg.router}-{sc.name}")
     out = a.out or Path("runs") / "tune" / name
     prepare_out_dir(out)  # before the trials (minutes), not when their results are written
     err = stderr_console()
-    err.print(f"tuning {a.policy} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
+    fixed = f" (policy {cfg.policy} fixed)" if cfg.router is not None else ""
+    err.print(f"tuning {cfg.tuned}{fixed} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
               f"{a.workers} worker(s)", highlight=False)
     res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
@@ -99,7 +112,8 @@ def _f(v) -> str:
 
 def report_table(rep: dict) -> Table:
     """Baseline vs best: objective mean ± std, constraints, parameters."""
-    t = Table(title=f"study {rep['study']}: {rep['objective']} ({rep['direction']}); trials "
+    tuned = f" ({rep['tuned']})" if rep.get("tuned") else ""
+    t = Table(title=f"study {rep['study']}{tuned}: {rep['objective']} ({rep['direction']}); trials "
                     + ", ".join(f"{k} {v}" for k, v in rep["trials"].items() if v))
     t.add_column("")
     t.add_column("baseline (published defaults)")
@@ -139,9 +153,11 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
         stderr_console().print(f"warning: trial {pv['trial']} violates the study's constraints "
                                    f"{pv['constraints']} (feasible: false in the file)", highlight=False)
     if "target_objective_mean" in pv:
+        behind = (f", behind the scenario's router {pv['target_router_simulated']}"
+                  if "target_router_simulated" in pv else "")
         console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} (baseline {_f(pv['baseline_objective_mean'])}); "
-                      f"this file alone ({pv['target_policy_simulated']} + its engine settings), simulated on the "
-                      f"study's windows and seeds: {_f(pv['target_objective_mean'])}", highlight=False)
+                      f"this file alone ({pv['target_policy_simulated']} + its engine settings{behind}), simulated on "
+                      f"the study's windows and seeds: {_f(pv['target_objective_mean'])}", highlight=False)
     if res.unexpressible:
         console.print(f"{len(res.unexpressible)} parameter(s) {a.target} cannot express (also listed in the file):",
                       highlight=False)

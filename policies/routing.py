@@ -21,19 +21,28 @@ Registered routers (``make_router(name, params)``; ``kvsched simulate --router N
 Ties (several instances with the best score) are broken by rotation: the k-th tied decision
 takes the (k mod m)-th of the m tied rows, so an idle cluster is filled evenly and the choice
 stays deterministic. Parameters are frozen dataclasses validated at construction.
+
+Search spaces. A router's parameter class declares what ``kvsched tune --router NAME`` may
+vary (``SEARCH_SPACE``, name -> :class:`~kvsched.policies.base.SearchDim`, each with the source
+of its range), next to the parameters, as policies do. Every space contains the router's
+published defaults (the dataclass defaults), which a study runs as its baseline.
+:func:`tunable_router_names` lists the routers that declare one (``round-robin`` has no
+parameters).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, ClassVar, Mapping
 
 import numpy as np
 
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 from kvsched.envs.sim.registry import Registry
 from kvsched.envs.sim.routing import RoundRobinPlacement, RouterTable
+
+from .base import SearchDim
 
 
 def _real(owner: str, name: str, v: object, ok: Callable[[float], bool], allowed: str) -> None:
@@ -44,6 +53,11 @@ def _real(owner: str, name: str, v: object, ok: Callable[[float], bool], allowed
 @dataclass(frozen=True)
 class RouterParams:
     """Base of every router's frozen parameter dataclass (no common parameters)."""
+
+    #: What ``kvsched tune --router`` may vary: parameter name -> :class:`SearchDim`. Empty
+    #: here (a router without parameters, e.g. round-robin, cannot be tuned); each router with
+    #: real tunables declares its own next to its parameters.
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {}
 
 
 class Router:
@@ -180,6 +194,11 @@ def router_names() -> list[str]:
     return ROUTERS.names()
 
 
+def tunable_router_names() -> list[str]:
+    """Registered routers whose parameter class declares a non-empty ``SEARCH_SPACE``."""
+    return [n for n, cls in ROUTERS.items() if cls.params_cls.SEARCH_SPACE]
+
+
 # ------------------------------------------------------------------------------ round-robin
 @register_router("round-robin")
 class RoundRobin(Router):
@@ -216,6 +235,20 @@ class LeastLoadedParams(RouterParams):
         queue_weight: weight of ``(queue_len + running) / max_num_seqs`` (requests per batch slot).
         kv_weight: weight of ``kv_utilization`` (fraction of HBM KV blocks in use).
     """
+
+    #: Only the ratio of the two weights changes a decision (the argmin of a positive multiple is
+    #: the same), so a log scale 0.1-10 for each spans ratios 0.01-100 (near-pure queue to
+    #: near-pure KV load); 0 is left out so the two cannot both vanish (an invalid pair).
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "queue_weight": SearchDim("float", 0.1, 10.0, log=True,
+                                  source="kvsched choice: log 0.1-10 around the default 1 (llm-d weighs its queue and "
+                                         "kv-cache-utilization scorers equally, REFERENCE.md §4.3); only the ratio "
+                                         "to kv_weight matters"),
+        "kv_weight": SearchDim("float", 0.1, 10.0, log=True,
+                               source="kvsched choice: log 0.1-10 around the default 1 (llm-d weighs its queue and "
+                                      "kv-cache-utilization scorers equally, REFERENCE.md §4.3); only the ratio to "
+                                      "queue_weight matters"),
+    }
 
     queue_weight: float = 1.0
     kv_weight: float = 1.0
@@ -259,6 +292,16 @@ class SessionAffinityParams(RouterParams):
         min_shared_blocks: prefix blocks a request must share with an earlier one to continue
             its session (>= 1).
     """
+
+    #: ``derive_sessions`` is a property of the trace (ids present or not), not a tunable.
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "ttl_s": SearchDim("float", 60.0, 86400.0, log=True,
+                           source="Kubernetes sessionAffinityConfig.clientIP.timeoutSeconds (default 10800 s, "
+                                  "allowed (0, 86400]); lower bound 60 s kvsched choice, log scale"),
+        "min_shared_blocks": SearchDim("int", 1, 8,
+                                       source="kvsched choice: session derivation from prefix keys is kvsched's "
+                                              "(default 1 block); up to 8 prefix blocks shared"),
+    }
 
     ttl_s: float = 10800.0
     derive_sessions: bool = True
@@ -363,6 +406,25 @@ class CacheAffinityParams(RouterParams):
             and Dynamo ``router_ttl_secs``).
     """
 
+    #: ``track_routed_prefixes`` models what SGLang's router does (insert at selection); it is
+    #: not a gateway flag and stays fixed.
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "cache_threshold": SearchDim("float", 0.0, 0.9,
+                                     source="SGLang Model Gateway --cache-threshold (default 0.3, a share of the "
+                                            "prompt in [0, 1)); range kvsched choice: 0 (any match) to 0.9"),
+        "balance_abs_threshold": SearchDim("int", 1, 1024, log=True,
+                                           source="SGLang Model Gateway --balance-abs-threshold (default 64 "
+                                                  "requests); range kvsched choice 1-1024 requests (vLLM's "
+                                                  "max_num_seqs default), log scale"),
+        "balance_rel_threshold": SearchDim("float", 1.0, 4.0,
+                                           source="SGLang Model Gateway --balance-rel-threshold (default 1.5, "
+                                                  ">= 1); range kvsched choice 1-4"),
+        "routed_prefix_ttl_s": SearchDim("float", 10.0, 1200.0, log=True,
+                                         source="SGLang Model Gateway --eviction-interval and Dynamo "
+                                                "router_ttl_secs (default 120 s); range kvsched choice 10-1200 s, "
+                                                "log scale"),
+    }
+
     cache_threshold: float = 0.3
     balance_abs_threshold: float = 64.0
     balance_rel_threshold: float = 1.5
@@ -410,7 +472,16 @@ class CacheAffinity(Router):
 
 @dataclass(frozen=True)
 class PrefixParams(CacheAffinityParams):
-    """Pure prefix matching: no match threshold, no load guard (see :class:`CacheAffinityParams`)."""
+    """Pure prefix matching: no match threshold, no load guard (see :class:`CacheAffinityParams`).
+
+    Its search space is the routed-prefix lifetime only: a threshold or a finite load guard
+    would make it :class:`CacheAffinity` (tune ``cache-affinity`` for those), and its infinite
+    guard defaults lie in no finite range.
+    """
+
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "routed_prefix_ttl_s": CacheAffinityParams.SEARCH_SPACE["routed_prefix_ttl_s"],
+    }
 
     cache_threshold: float = 0.0
     balance_abs_threshold: float = math.inf
@@ -437,6 +508,20 @@ class LlmdParams(RouterParams):
         track_routed_prefixes, routed_prefix_ttl_s: the prefix scorer's own record of routed
             blocks (llm-d's approximate mode), as in :class:`CacheAffinityParams`; True, 120 s.
     """
+
+    #: 0 switches a scorer off; only the ratios of the three weights change a decision (the
+    #: argmax of a positive multiple is the same).
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "queue_weight": SearchDim("float", 0.0, 10.0,
+                                  source="llm-d EndpointPickerConfig queue-scorer weight (default profile 2; "
+                                         "REFERENCE.md §4.3); range kvsched choice 0-10"),
+        "kv_cache_weight": SearchDim("float", 0.0, 10.0,
+                                     source="llm-d EndpointPickerConfig kv-cache-utilization-scorer weight (default "
+                                            "profile 2; REFERENCE.md §4.3); range kvsched choice 0-10"),
+        "prefix_weight": SearchDim("float", 0.0, 10.0,
+                                   source="llm-d EndpointPickerConfig prefix-cache-scorer weight (default profile "
+                                          "3; REFERENCE.md §4.3); range kvsched choice 0-10"),
+    }
 
     queue_weight: float = 2.0
     kv_cache_weight: float = 2.0
@@ -485,6 +570,18 @@ class DynamoParams(RouterParams):
             costs divided by their maximum (``--router-temperature``).
         seed: seed of the sampler when the temperature is > 0 (one seeded NumPy generator).
     """
+
+    #: ``seed`` is not tuned: ``kvsched tune`` gives it each run's seed.
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "overlap_score_weight": SearchDim("float", 0.0, 5.0,
+                                          source="Dynamo --kv-overlap-score-weight (--router-kv-overlap-score-weight "
+                                                 "in Dynamo 1.x; default 1.0, 0 = pure load balancing, higher "
+                                                 "favours TTFT over ITL; REFERENCE.md §4.3); range kvsched choice 0-5"),
+        "router_temperature": SearchDim("float", 0.0, 1.0,
+                                        source="Dynamo --router-temperature (default 0.0 = argmin; REFERENCE.md "
+                                               "§4.3); range kvsched choice 0-1: costs are divided by their "
+                                               "maximum, so at T = 1 the sampling weights differ by at most e"),
+    }
 
     overlap_score_weight: float = 1.0
     router_temperature: float = 0.0

@@ -256,3 +256,87 @@ def test_export_out_that_is_the_study_storage_is_refused_and_the_study_kept(stud
     assert journal.read_bytes() == before
     res = ex.export_study("exp", study, "kvsched", tmp_path / "k.yaml")  # another file is written as before
     assert (tmp_path / "k.yaml").read_text() == res.text
+
+
+# ----------------------------------------------------------------------------- router studies
+@pytest.fixture(scope="module")
+def router_studies(tmp_path_factory):
+    """Two router studies (dynamo, llm-d) of a two-instance scenario that routes round-robin."""
+    from test_tune import cluster_scenario
+
+    url = f"journal:{tmp_path_factory.mktemp('rstudy') / 'r.journal'}"
+    for router in ("dynamo", "llm-d"):
+        cfg = TuneConfig(policy="fcfs", objective=MetricRef.parse("ttft_p99_s"), windows_s=((0.0, 12.0),),
+                         seeds=(0,), router=router, pruner="none")
+        tune(cluster_scenario(router="round-robin"), cfg, f"r-{router}", url, n_trials=3)
+    return url
+
+
+def _trial(url: str, name: str, number: int):
+    from kvsched.experiments.tune import open_study
+
+    return [x for x in open_study(name, url).trials if x.number == number][0]
+
+
+def test_router_study_kvsched_file_carries_the_router_and_round_trips(router_studies, tmp_path, capsys):
+    from test_tune import CLUSTER_SYN
+
+    pf = tmp_path / "r.json"
+    res = ex.export_study("r-dynamo", router_studies, "kvsched", pf, trial=1)
+    t = _trial(router_studies, "r-dynamo", 1)
+    d = json.loads(pf.read_text())
+    assert d["policy"] == "fcfs" and d["router"] == "dynamo" and res.unexpressible == []
+    assert d["router_params"] == {**t.params, "seed": 0}  # every field; the seed pinned to the study's first
+    assert d["provenance"]["tuned"] == "router dynamo"
+    assert ex.load_policy_file(pf)["router_params"] == d["router_params"]
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump({"name": "tiny-cluster", "synthetic": CLUSTER_SYN, "seed": 0, "n_instances": 2,
+                                    "router": "round-robin"}))
+    got = {}
+    for key, extra in (("file", ["--policy-file", str(pf)]), ("scenario", [])):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert main(["simulate", "--scenario", str(scen), "--window", "0", "12", *extra, "--json",
+                         "--no-progress"]) == 0
+        got[key] = json.loads(buf.getvalue())["classes"]["all"]["ttft_s"]["p99"]
+    assert got["file"] != got["scenario"]  # the file's router matters, so the identity below can fail
+    assert t.user_attrs["objective_values"] == [got["file"]]
+    assert main(["simulate", "--scenario", str(scen), "--policy-file", str(pf), "--router", "llm-d",
+                 "--no-progress"]) == 2
+    assert "--router llm-d contradicts --policy-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang", "llm-d"])
+def test_router_study_engine_targets_list_the_router_as_not_expressible(router_studies, tmp_path, target):
+    res = ex.export_study("r-dynamo", router_studies, target, tmp_path / f"r.{target}", simulate_target=target == "vllm")
+    if target == "vllm":  # the engine file alone runs behind the scenario's router
+        assert res.provenance["target_router_simulated"] == "round-robin"
+    why = {n: w for n, _, w in res.unexpressible}
+    assert "router" in why and "cannot configure it" in why["router"]
+    assert "Dynamo --kv-overlap-score-weight" in why["router_params.overlap_score_weight"]
+    assert "Dynamo --router-temperature" in why["router_params.router_temperature"]
+    assert "router_params.seed" in why
+    if target == "llm-d":  # only kvsched's llm-d router maps onto llm-d's scorers
+        assert res.config["schedulingProfiles"][0]["plugins"] == [{"pluginRef": "random-picker"}]
+        assert "kvsched's dynamo router" in res.text
+    else:
+        assert set(res.config) <= set(ex.engine_args(target)["flags"])
+    for name in why:
+        assert f"#   {name} = " in res.text
+
+
+def test_llmd_router_study_exports_its_scorer_weights(router_studies, tmp_path):
+    res = ex.export_study("r-llm-d", router_studies, "llm-d", tmp_path / "epp.yaml", trial=2)
+    t = _trial(router_studies, "r-llm-d", 2)
+    assert yaml.safe_load((tmp_path / "epp.yaml").read_text()) == res.config
+    refs = res.config["schedulingProfiles"][0]["plugins"]
+    assert refs == [{"pluginRef": "queue-scorer", "weight": t.params["queue_weight"]},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": t.params["kv_cache_weight"]},
+                    {"pluginRef": "prefix-cache-scorer", "weight": t.params["prefix_weight"]},
+                    {"pluginRef": "max-score-picker"}]
+    assert [p["type"] for p in res.config["plugins"]] == ["single-profile-handler", "queue-scorer",
+                                                          "kv-cache-utilization-scorer", "prefix-cache-scorer",
+                                                          "max-score-picker"]
+    names = [n for n, _, _ in res.unexpressible]
+    assert "router_params.routed_prefix_ttl_s" in names and "router_params.track_routed_prefixes" in names
+    assert not any(n in names for n in ("router", "router_params.queue_weight", "router_params.prefix_weight"))

@@ -320,3 +320,181 @@ def test_tune_out_that_is_a_file_fails_before_any_trial(tmp_path, capsys, monkey
     scen = Path(__file__).parents[2] / "experiments" / "scenarios" / "mixed-long-short.yaml"
     assert main(["tune", "--policy", "lars", "--scenario", str(scen), "--trials", "1", "--out", str(f)]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err and f.read_text() == "keep"
+
+
+# ----------------------------------------------------------------------------- router studies
+# two instances, multi-turn sessions (shared prefixes) and enough load that router parameters
+# change the result (~0.1 s a run)
+CLUSTER_SYN = dict(SYN, rate_per_s=8.0, turns_per_session=4)
+
+
+def cluster_scenario(n_instances: int = 2, **kw) -> Scenario:
+    return Scenario(name="tiny-cluster", trace=None, synthetic=dict(CLUSTER_SYN), seed=0, n_instances=n_instances,
+                    **kw)
+
+
+def rcfg(**kw) -> TuneConfig:
+    d = dict(policy="fcfs", objective=MetricRef.parse("ttft_p99_s"), windows_s=(WINDOWS[0],), seeds=(0, 1),
+             router="dynamo", pruner="none")
+    d.update(kw)
+    return TuneConfig(**d)
+
+
+def test_every_router_search_space_contains_the_published_defaults_and_its_corners_are_valid():
+    import dataclasses
+
+    from kvsched.policies.routing import ROUTERS, make_router, router_names, tunable_router_names
+
+    spaces = 0
+    for name in router_names():
+        pcls = ROUTERS.get(name).params_cls
+        defaults, fields_ = pcls(), {f.name for f in dataclasses.fields(pcls)}
+        for field_name, dim in pcls.SEARCH_SPACE.items():
+            spaces += 1
+            assert isinstance(dim, SearchDim) and dim.source, (name, field_name)
+            assert field_name in fields_, (name, field_name)
+            assert dim.contains(getattr(defaults, field_name)), (name, field_name)
+        numeric = {k: d for k, d in pcls.SEARCH_SPACE.items() if d.kind != "categorical"}
+        for corner in ("low", "high"):  # every bound is a valid parameter set (no trial fails on validation)
+            make_router(name, {k: getattr(d, corner) for k, d in numeric.items()})
+    assert spaces >= 14
+    assert tunable_router_names() == ["cache-affinity", "dynamo", "least-loaded", "llm-d", "prefix", "session-affinity"]
+    # the prefix router's infinite load-guard defaults lie in no finite range: not exposed
+    assert set(ROUTERS.get("prefix").params_cls.SEARCH_SPACE) == {"routed_prefix_ttl_s"}
+
+
+def test_tune_router_help_lists_the_tunable_routers():
+    import argparse
+
+    from kvsched.experiments.tune_cli import add_tune_arguments
+    from kvsched.policies.routing import tunable_router_names
+
+    p = argparse.ArgumentParser()
+    add_tune_arguments(p)
+    helptext = next(a.help for a in p._actions if a.dest == "router")
+    assert helptext.startswith(f"cluster router whose SEARCH_SPACE is tuned instead ({', '.join(tunable_router_names())})")
+
+
+def test_router_study_trial_zero_is_the_routers_published_defaults():
+    sc = cluster_scenario(router="least-loaded", router_params={"queue_weight": 5.0})
+    for router, want in (("dynamo", {"overlap_score_weight": 1.0, "router_temperature": 0.0}),
+                         ("llm-d", {"queue_weight": 2.0, "kv_cache_weight": 2.0, "prefix_weight": 3.0})):
+        c = rcfg(router=router, seeds=(0,))
+        assert set(c.space()) == set(want) and c.tuned == f"router {router}"
+        assert baseline_params(c, sc) == want
+        res = tune(sc, c, router, None, n_trials=2)
+        t0 = res.study.trials[0]
+        assert t0.user_attrs["baseline"] is True and t0.params == want
+        assert res.report["baseline"]["trial"] == 0 and res.report["tuned"] == f"router {router}"
+
+
+def test_router_trial_value_is_a_direct_run_with_those_router_params(monkeypatch):
+    # the scenario routes round-robin and sets a policy parameter: the study replaces the router
+    # (its params too) and keeps the policy with its parameters
+    import kvsched.runner.simulate as simulate_mod
+
+    sc = cluster_scenario(policy="lars", policy_params={"kappa": 5.0}, router="round-robin",
+                          router_params={})
+    c = rcfg(policy="lars")
+    built = []
+    real_build = simulate_mod.build_cluster
+
+    def spy(specs, policy, policy_params, **kw):
+        built.append((policy, policy_params, kw["router"], kw["router_params"], kw["seed"]))
+        return real_build(specs, policy, policy_params, **kw)
+
+    monkeypatch.setattr(simulate_mod, "build_cluster", spy)
+    st = tune(sc, c, "direct", None, n_trials=3).study
+    monkeypatch.setattr(simulate_mod, "build_cluster", real_build)
+    assert len(built) == 3 * len(c.windows_s) * len(c.seeds)
+    for (policy, pp, router, rp, seed), t in zip(built, [t for t in st.trials for _ in range(2)]):
+        assert (policy, pp["kappa"], router) == ("lars", 5.0, "dynamo")  # the scenario's policy parameters kept
+        assert rp == {**t.params, "seed": seed}  # the trial's router parameters, the run's seed
+    assert len({t.value for t in st.trials}) > 1  # the router parameters matter here
+    for t in st.trials:
+        runs = [run_scenario(sc, w, s, "lars", {"kappa": 5.0}, router="dynamo", router_params=t.params)
+                for w in c.windows_s for s in c.seeds]
+        vals = [metric_value(r, c.objective) for r in runs]
+        assert t.user_attrs["objective_values"] == vals
+        assert t.value == pytest.approx(sum(vals) / len(vals), rel=1e-12)
+    rr = [metric_value(run_scenario(sc, w, s, "lars", {"kappa": 5.0}), c.objective) for w in c.windows_s
+          for s in c.seeds]
+    assert rr != st.trials[0].user_attrs["objective_values"]  # not the scenario's round-robin
+
+
+def test_bad_router_inputs_give_one_line_config_errors():
+    def err(fn) -> str:
+        with pytest.raises(ConfigError) as e:
+            fn()
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    m = err(lambda: rcfg(router="bogus"))
+    assert "--router='bogus'" in m and "known: cache-affinity" in m and "round-robin" in m
+    m = err(lambda: rcfg(router="rr"))  # an alias of round-robin, which has no parameters
+    assert "--router='round-robin' declares no search space" in m and "llm-d" in m
+    m = err(lambda: rcfg(tune_residency=True))
+    assert "--tune-residency" in m and "--router='dynamo'" in m
+    m = err(lambda: tune(cluster_scenario(n_instances=1), rcfg(), "one", None, n_trials=1))
+    assert "n_instances=1" in m and "n_instances >= 2" in m and "tiny-cluster" in m
+    m = err(lambda: tune(cluster_scenario(), rcfg(policy="lars"), "other-policy", None, n_trials=1))
+    assert "policy='lars'" in m and "'fcfs'" in m
+    assert rcfg(router="LLM-D").router == "llm-d"  # stored canonical
+
+
+def test_one_process_with_the_same_seed_repeats_a_router_study():
+    sc = cluster_scenario()
+    a, b = (tune(sc, rcfg(seeds=(0,)), "det", None, n_trials=4).study for _ in range(2))
+    assert [t.params for t in a.trials] == [t.params for t in b.trials]
+    assert [t.user_attrs["objective_values"] for t in a.trials] == [t.user_attrs["objective_values"]
+                                                                    for t in b.trials]
+    assert len({str(t.params) for t in a.trials}) == 4
+
+
+def test_router_config_round_trips_and_old_studies_resume(tmp_path):
+    c = rcfg(tune_engine=True)
+    assert TuneConfig.from_dict(c.to_dict()) == c and c.to_dict()["router"] == "dynamo"
+    assert set(c.space()) == {"overlap_score_weight", "router_temperature", "engine.max_num_batched_tokens",
+                              "engine.max_num_seqs", "engine.long_prefill_token_threshold"}
+    # a study stored before --router existed (no "router" key) is a policy study and resumes
+    storage = f"journal:{tmp_path / 'old.journal'}"
+    p = cfg(seeds=(0,), windows_s=(WINDOWS[0],), pruner="none")
+    assert TuneConfig.from_dict({k: v for k, v in p.to_dict().items() if k != "router"}) == p
+    study = tune(small_scenario(), p, "old", storage, n_trials=1).study
+    stored = dict(study.user_attrs["tune_config"])
+    del stored["router"]
+    study.set_user_attr("tune_config", stored)
+    assert len(tune(small_scenario(), p, "old", storage, n_trials=2).study.trials) == 2  # resumed
+    # a router study resumes as a router study, and a policy study of that name is refused
+    sc = cluster_scenario()
+    r = rcfg(seeds=(0,))
+    first = {t.number: t.value for t in tune(sc, r, "rs", storage, n_trials=2).study.trials}
+    again = tune(sc, r, "rs", storage, n_trials=3).study
+    assert {t.number: t.value for t in again.trials if t.number in first} == first and len(again.trials) == 3
+    with pytest.raises(ConfigError, match="another objective.*router"):
+        tune(sc, rcfg(seeds=(0,), router="llm-d"), "rs", storage, n_trials=4)
+
+
+def test_tune_router_command_line(tmp_path, capsys):
+    from kvsched.experiments.cli import main
+
+    scen = tmp_path / "c.yaml"
+    scen.write_text(json.dumps({"name": "tiny-cluster", "synthetic": CLUSTER_SYN, "seed": 0, "n_instances": 2,
+                                "policy": "fcfs"}))
+    base = ["tune", "--scenario", str(scen), "--windows", "1", "--window-s", "12", "--seeds", "1",
+            "--trials", "2", "--objective", "ttft_p99_s", "--pruner", "none"]
+    assert main(base + ["--router", "llm-d", "--out", str(tmp_path / "o")]) == 0
+    cap = capsys.readouterr()
+    assert "tuning router llm-d (policy fcfs fixed) on tiny-cluster" in cap.err
+    assert "(router llm-d)" in cap.out and "prefix_weight" in cap.out
+    rep = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert rep["tuned"] == "router llm-d" and rep["study"] == "router-llm-d-tiny-cluster"
+    assert rep["baseline"]["params"] == {"queue_weight": 2.0, "kv_cache_weight": 2.0, "prefix_weight": 3.0}
+    with pytest.raises(SystemExit) as e:  # tune the policy or the router, not both
+        main(base + ["--router", "llm-d", "--policy", "lars"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    one = tmp_path / "one.yaml"
+    one.write_text(json.dumps({"name": "one", "synthetic": CLUSTER_SYN, "seed": 0}))
+    out = tmp_path / "never"
+    assert main(["tune", "--scenario", str(one), "--router", "llm-d", "--out", str(out)]) == 2
+    assert "n_instances=1 is not allowed with --router='llm-d'" in capsys.readouterr().err and not out.exists()
