@@ -67,8 +67,12 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
     scenario = load_scenario(task.scenario)
     out_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
+    routing = task.env_id == "kvsched/Routing-v0"
+    if routing:  # the heuristics are routers; the instances keep the scenario's policy
+        scenario = scenario.with_overrides(n_instances=task.instances)
     for policy in task.tuned:
-        cfg = TuneConfig(policy=policy, objective=MetricRef.parse(OBJECTIVE), windows_s=tuple(windows),
+        cfg = TuneConfig(policy=scenario.policy if routing else policy, router=policy if routing else None,
+                         objective=MetricRef.parse(OBJECTIVE), windows_s=tuple(windows),
                          seeds=tuple(seeds), sampler="tpe", pruner="none", sampler_seed=0,
                          tune_residency=task.tune_residency)
         journal = out_dir / f"{policy}.journal"
@@ -87,7 +91,7 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
     for policy in task.heuristics:
         if policy in task.tuned:
             continue
-        vals = [_train_score(scenario, w, s, policy) for w in windows for s in seeds]
+        vals = [_train_score(scenario, w, s, policy, routing) for w in windows for s in seeds]
         out[policy] = {"params": {}, "train_objective": finite_mean(vals), "tuned": False}
     order = list(task.heuristics)
     ref = max(order, key=lambda p: (out[p]["train_objective"], -order.index(p)))
@@ -95,10 +99,17 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
     return out
 
 
-def _train_score(scenario, window, seed, policy) -> float:
+def _train_score(scenario, window, seed, heuristic: str, routing: bool = False) -> float:
+    """The train objective of ``heuristic`` with its defaults: a policy, or (``routing``) a router
+    in front of the scenario's policy."""
     from ..tune import MetricRef, metric_value, run_scenario
 
-    return metric_value(run_scenario(scenario, window, seed, policy, {}), MetricRef.parse(OBJECTIVE))
+    if routing:
+        summary = run_scenario(scenario, window, seed, scenario.policy, dict(scenario.policy_params),
+                               router=heuristic, router_params={})
+    else:
+        summary = run_scenario(scenario, window, seed, heuristic, {})
+    return metric_value(summary, MetricRef.parse(OBJECTIVE))
 
 
 #: train episodes in a task's behaviour-cloning dataset, and the clone's fitting epochs

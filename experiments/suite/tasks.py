@@ -174,6 +174,14 @@ def _v1_tasks() -> tuple[BenchTask, ...]:
                   scenario="bench-v1-sessions-small-kv", window_s=30.0, pool_seeds=8, hard_by="offered_load",
                   heuristics=("fcfs", "sarathi", "lars", "priority", "ewsjf"), tuned=("lars", "priority"),
                   tune_residency=True, **common),
+        BenchTask(task_id="routing-stale", lever="cluster routing with stale instance state",
+                  description="The Mooncake conversation trace at 1.5x its rate on four H100s, the router seeing "
+                              "instance state 2 s old; the agent places each arrival; hard = the windows of "
+                              "highest offered load.",
+                  scenario="bench-v1-routing-stale", window_s=20.0, hard_by="offered_load", instances=4,
+                  heuristics=("round-robin", "least-loaded", "session-affinity", "cache-affinity", "prefix",
+                              "llm-d", "dynamo"), tuned=("cache-affinity", "llm-d", "dynamo"),
+                  **{**common, "env_id": "kvsched/Routing-v0"}),
     )
 
 

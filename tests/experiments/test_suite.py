@@ -189,3 +189,21 @@ def test_alone_runs_in_one_spaced_simulation_equal_one_simulation_per_request(tm
         one = run(Workload.from_requests([Request(0, 0.0, p, o, slo_class=c)])).iloc[0]
         for col in ("first_scheduled_s", "first_token_s", "finish_s"):
             assert together.loc[i, col] == pytest.approx(one[col], abs=1e-9), (keys[i], col)
+
+
+def test_a_routing_task_tunes_routers_on_train_episodes_only_and_its_bound_tops_every_baseline(tmp_path):
+    p = tmp_path / "tiny-cluster.yaml"
+    p.write_text("name: tiny-cluster\nsynthetic: {rate_per_s: 30, duration_s: 40, arrival: bursty, burstiness_cv: 3, "
+                 "prompt_median_tokens: 2048, output_median_tokens: 64, output_max_tokens: 128}\n"
+                 "instance: {model: Llama-3.1-8B, gpu: H100-SXM}\nn_instances: 2\nrouter_delay_s: 1.0\n"
+                 "metrics: {slos: {short: {ttft_s: 0.3, tpot_s: 0.05}, long: {ttft_s: 5.0, tpot_s: 0.1}}}\nseed: 0\n")
+    t = tiny_task(str(p), env_id="kvsched/Routing-v0", instances=2, heuristics=("round-robin", "least-loaded", "llm-d"),
+                  tuned=("llm-d",))
+    tuned = tune_task(t, tmp_path / "tune")
+    check_tuning_saw_no_heldout(t, tuned)
+    assert tuned["llm-d"]["trials"]["complete"] == 2 and tuned["reference"] in t.heuristics
+    ep = pool(t)[0]
+    out = episode_baselines(t, ep, 0, tuned)
+    assert {"round-robin (default)", "llm-d (tuned)", "constant instance=0", "constant instance=1", "random"} <= set(
+        out["scores"])
+    assert all(out["bound"]["score"] >= s for s in out["scores"].values() if s is not None)
