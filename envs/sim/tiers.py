@@ -40,6 +40,11 @@ TIER_CONTENTS: tuple[str, ...] = ("running", "prefix", "swapped", "pnm_resident"
 #: ``nvme`` and ``pnm``.
 STANDARD_TIERS: tuple[str, ...] = ("hbm", "dram", "nvme", "pnm")
 
+#: Preemption modes no tier may take: what each already means (a tier named like one of them must
+#: set another ``preemption_mode``).
+RESERVED_MODES: dict[str, str] = {"recompute": "recompute preemption (vLLM V1)",
+                                  "migrate": "migration to the PNM tier"}
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -115,7 +120,7 @@ class TierSpec:
 
 def check_tier_list(tiers: tuple[TierSpec, ...], where: str) -> None:
     """Validate an ordered tier list: HBM first, unique names, each parent listed before its child,
-    and unique preemption modes.
+    and unique preemption modes, none of :data:`RESERVED_MODES`.
 
     Raises:
         ConfigError: naming ``where`` and the offending tier.
@@ -131,10 +136,11 @@ def check_tier_list(tiers: tuple[TierSpec, ...], where: str) -> None:
             raise ConfigError(f"{where}: tier {t.name!r} has parent {bounded_repr(t.parent)}, which is not a "
                               f"tier listed before it ({', '.join(sorted(seen))})")
         if t.preemption_mode:
-            if t.preemption_mode in modes or t.preemption_mode == "recompute":
+            if t.preemption_mode in modes or t.preemption_mode in RESERVED_MODES:
+                means = (f"tier {modes[t.preemption_mode]!r}" if t.preemption_mode in modes
+                         else RESERVED_MODES[t.preemption_mode])
                 raise ConfigError(f"{where}: tier {t.name!r} has preemption_mode {t.preemption_mode!r}, which "
-                                  f"{'tier ' + repr(modes[t.preemption_mode]) if t.preemption_mode in modes else 'recompute'}"
-                                  " already means")
+                                  f"{means} already means; give the tier another preemption_mode (or name)")
             modes[t.preemption_mode] = t.name
         seen.add(t.name)
 

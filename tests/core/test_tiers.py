@@ -126,3 +126,17 @@ def test_a_toy_tier_round_trips_through_yaml_and_bad_entries_are_named():
         spec(extra_tiers=(TierSpec("cxl", 1e9, ("swapped",), "nowhere", CXL_LINK, CXL_LINK),))
     with pytest.raises(ConfigError, match="preemption_mode"):
         spec(extra_tiers=(cxl_tier(0),))  # its mode, but no capacity
+
+
+@pytest.mark.parametrize("mode", ["migrate", "recompute"])
+def test_a_tier_may_not_take_a_reserved_preemption_mode(mode):
+    # a tier named "migrate" took the mode "migrate" by default: preemption then called the PNM
+    # migration without a PNM tier, which refused, and make_room looped forever
+    named = TierSpec(mode, 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match=f"preemption_mode '{mode}', which .* already means"):
+        spec(extra_tiers=(named,), preemption_mode=mode)
+    explicit = TierSpec("cxl", 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode=mode)
+    with pytest.raises(ConfigError, match=f"preemption_mode '{mode}', which .* already means"):
+        spec(extra_tiers=(explicit,), preemption_mode="recompute")
+    renamed = TierSpec(mode, 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="far")
+    assert spec(extra_tiers=(renamed,), preemption_mode="far").tiers[3].name == mode
