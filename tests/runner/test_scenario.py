@@ -61,3 +61,35 @@ def test_a_key_given_twice_is_refused(tmp_path):
     p.write_text("trace: azure-conv-2023\nrate_scale: 2\npolicy: fcfs\nrate_scale: 3\n")
     with pytest.raises(ConfigError, match="rate_scale"):
         load_scenario(p)
+
+
+BOMB_LIST = ('[&a ["xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx"], '
+             '&b [*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c], '
+             '&e [*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e]]')
+
+
+@pytest.mark.parametrize("key", ["policy", "router", "trace", "name", "seed", "n_instances", "rate_scale",
+                                 "max_requests", "window_s", "oracle_lengths", "policy_params", "router_params",
+                                 "metrics", "metrics_percentiles", "metrics_slo", "router_delay_s",
+                                 "synthetic_rate", "synthetic_duration"])
+def test_a_huge_value_is_named_in_a_bounded_message(tmp_path, key):
+    """A YAML alias bomb (a 300-byte value that expands to ~50,000 strings) in a scenario field is
+    refused with a message of bounded length (errors.bounded_repr), not its whole expansion (the
+    message was ~0.7 MB here, ~8.5 MB one level deeper, and grows ninefold per level)."""
+    if key == "metrics_percentiles":
+        text = f"trace: azure-conv-2023\nmetrics: {{percentiles: {{x: {BOMB_LIST}}}}}\n"
+    elif key == "metrics_slo":
+        text = f"trace: azure-conv-2023\nmetrics: {{slos: {{short: {BOMB_LIST}}}}}\n"
+    else:
+        text = f"trace: azure-conv-2023\n{key}: {BOMB_LIST}\n" if key != "trace" else f"trace: {BOMB_LIST}\n"
+    if key == "metrics":
+        text = f"trace: azure-conv-2023\nmetrics: {BOMB_LIST}\n"
+    if key == "synthetic_rate":  # SyntheticConfig is checked when the workload is built
+        text = f"synthetic: {{rate_per_s: {BOMB_LIST}, duration_s: 10}}\n"
+    if key == "synthetic_duration":
+        text = f"synthetic: {{rate_per_s: 1.0, duration_s: {BOMB_LIST}}}\n"
+    p = tmp_path / "bomb.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_scenario(p).workload()
+    assert len(str(e.value)) < 1000, str(e.value)[:300]
