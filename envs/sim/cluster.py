@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError
+from .errors import ConfigError, bounded_repr
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
@@ -384,7 +384,8 @@ class Cluster:
             view = self.state_provider.view(instances, t, self.shared_kv)
             idx = self.router.route(RouterTable(view, st, t, self.shared_kv))
             if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < len(instances):
-                raise ConfigError(f"router {getattr(self.router, 'name', self.router)!r} returned {idx!r} for "
+                raise ConfigError(f"router {bounded_repr(getattr(self.router, 'name', self.router))} returned "
+                                  f"{bounded_repr(idx)} for "
                                   f"request {st.rid}; expected an instance row 0..{len(instances) - 1}")
             idx = int(idx)
         self.routed_requests[idx] += 1
