@@ -69,8 +69,10 @@ class TierSpec:
             ``"offload"``).
 
     Raises:
-        ConfigError: a bad name, a negative or non-finite capacity, unknown contents, a tier
-            below HBM without both links, or links that are not :class:`LinkSpec` values.
+        ConfigError: a bad name, a negative or non-finite capacity, unknown contents (or
+            ``running`` / ``pnm_resident`` outside HBM / PNM), a tier below HBM without both links,
+            links that are not :class:`LinkSpec` values, or a preemption mode on a tier that does
+            not hold ``swapped``.
     """
 
     name: str
@@ -94,6 +96,9 @@ class TierSpec:
         require(isinstance(self.holds, tuple) and bool(self.holds) and all(h in TIER_CONTENTS for h in self.holds),
                 f"{o}.holds", self.holds, f"a non-empty list of {', '.join(TIER_CONTENTS)}")
         require(isinstance(self.parent, str), f"{o}.parent", self.parent, "a tier name")
+        for content, owner in (("running", "hbm"), ("pnm_resident", "pnm")):  # the mechanisms of those two tiers
+            require(content not in self.holds or self.name == owner, f"{o}.holds", self.holds,
+                    f"no {content!r}: only the {owner!r} tier holds it")
         if self.name == "hbm":
             return
         require(bool(self.parent) and self.parent != self.name, f"{o}.parent", self.parent,
@@ -109,6 +114,8 @@ class TierSpec:
             object.__setattr__(self, "write_queue", f"{self.name}_write")
         if not self.read_queue:
             object.__setattr__(self, "read_queue", f"{self.name}_read")
+        require(not self.preemption_mode or "swapped" in self.holds, f"{o}.preemption_mode", self.preemption_mode,
+                "'' for a tier that does not hold 'swapped' (a preemption mode sends victims' blocks there)")
         if not self.preemption_mode and "swapped" in self.holds:
             object.__setattr__(self, "preemption_mode", self.name)
 

@@ -140,3 +140,18 @@ def test_a_tier_may_not_take_a_reserved_preemption_mode(mode):
         spec(extra_tiers=(explicit,), preemption_mode="recompute")
     renamed = TierSpec(mode, 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="far")
     assert spec(extra_tiers=(renamed,), preemption_mode="far").tiers[3].name == mode
+
+
+def test_an_extra_tier_may_not_claim_what_only_hbm_or_pnm_hold_nor_a_mode_without_swapped_blocks():
+    """Accepted before, and silently nothing: an extra tier "holding" running requests or
+    PNM-resident KV (only HBM computes, only the PNM tier's migrations place KV there), or a
+    preemption mode on a tier that holds no swapped blocks (the spec's preemption_mode could name
+    it; victims then skipped it and went to the later swap tiers, or recomputed)."""
+    for holds in (("running",), ("swapped", "pnm_resident")):
+        with pytest.raises(ConfigError, match="holds=.* only the '(hbm|pnm)' tier holds it"):
+            TierSpec("cxl", 1e9, holds, "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match="preemption_mode='cxl' is not allowed: expected '' for a tier"):
+        TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="cxl")
+    assert TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK).preemption_mode == ""
+    assert [t.holds for t in spec().tiers] == [("running", "prefix"), ("swapped",), ("swapped",), ("swapped",),
+                                               ("pnm_resident",)]
