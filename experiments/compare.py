@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 
 from kvsched.runner.scenario import Scenario
@@ -87,17 +87,18 @@ class CompareResult:
 
 
 def _parse_names(text: str | Sequence[str], flag: str, what: str, make: Callable[[str], Any]) -> list[str]:
-    """Names from comma-separated ``text`` (or a list): non-empty, each once, each known to
-    ``make`` (which raises UnknownPresetError listing the known names)."""
+    """Names from comma-separated ``text`` (or a list): non-empty, each known to ``make`` (which
+    raises UnknownPresetError listing the known names) and each once, counting a name in another
+    case or an alias as the registered name it refers to (``make(name).name``). The names are
+    returned as given (they label the rows)."""
     names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
     names = [n for n in names if n]
     if not names:
-        raise ConfigError(f"{flag}={text!r}: give at least one {what} name, comma-separated")
-    dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"{flag}={bounded_repr(text)}: give at least one {what} name, comma-separated")
+    registered = [make(n).name for n in names]
+    dup = sorted({n for n in registered if registered.count(n) > 1})
     if dup:
-        raise ConfigError(f"{flag}={text!r}: {dup} given twice")
-    for n in names:
-        make(n)
+        raise ConfigError(f"{flag}={bounded_repr(text)}: {dup} given twice")
     return names
 
 
@@ -124,6 +125,9 @@ def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, comp
         raise ConfigError(f"{flag}: invalid JSON ({e.msg} at char {e.pos}); expected e.g. {example}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"{flag}={text!r}: must map {kind} name -> {{parameter: value}}")
+    # a key in another case or an alias ("LARS", "rr") is the compared name it refers to
+    label = {_registered(make, c): c for c in compared}
+    data = {label.get(_registered(make, k), k): v for k, v in data.items()}
     unknown = sorted(set(data) - set(compared))
     if unknown:
         raise ConfigError(f"{flag} names {kinds} {unknown} that are not compared; "
@@ -131,6 +135,16 @@ def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, comp
     for name, params in data.items():
         make(name, dict(params))  # validates names and values
     return {k: dict(v) for k, v in data.items()}
+
+
+def _registered(make: Callable, name: str) -> str:
+    """The registered name ``name`` refers to (``make(name).name``), or ``name`` when none."""
+    from kvsched.envs.sim.errors import UnknownPresetError
+
+    try:
+        return make(name).name
+    except UnknownPresetError:
+        return name
 
 
 def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, dict]:

@@ -102,9 +102,11 @@ class Scenario:
                               f"policy's parameters")
         from kvsched.policies.base import make_policy
         try:
-            make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
+            policy = make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
         except ConfigError as e:
             raise type(e)(f"{where}: {e}") from None
+        # the registered name ("LARS" finds "lars"): what runs, labels and comparisons see
+        object.__setattr__(self, "policy", policy.name)
         if not isinstance(self.router, str):
             raise ConfigError(f"{where}: router={bounded_repr(self.router)} must be a router name")
         if not isinstance(self.router_params, dict):
@@ -113,10 +115,11 @@ class Scenario:
         from kvsched.envs.sim.routing import StateProvider
         from kvsched.policies.routing import make_router
         try:
-            make_router(self.router, self.router_params)  # raises listing known routers / parameters
+            router = make_router(self.router, self.router_params)  # raises listing known routers / parameters
             StateProvider(self.router_delay_s)
         except ConfigError as e:
             raise type(e)(f"{where}: {e}") from None
+        object.__setattr__(self, "router", router.name)  # the registered name ("RR" finds "round-robin")
         if self.shared_kv is not None:
             self.shared_kv_spec()
         def is_int(v):

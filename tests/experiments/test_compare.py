@@ -185,3 +185,25 @@ def test_run_compare_routers_rows():
     assert allrow["load_imbalance"] >= 1.0 and math.isnan(allrow["shared_kv_bytes_fetched"])
     with pytest.raises(ConfigError, match="either policies or routers"):
         run_compare(sc, ["fcfs"], routers=["rr"])
+
+
+def test_names_in_another_case_or_an_alias_count_as_the_registered_name():
+    """The registries accept a name in any case or an alias ("LARS", "rr"); compare compared names
+    as typed, so "fcfs,FCFS" ran FCFS twice under two labels, and --policy-params keyed by "lars"
+    named a policy "not compared" when --policies said "LARS". Rows keep the names as given."""
+    from kvsched.experiments.compare import parse_policies, parse_router_params, parse_routers
+
+    assert parse_policies(" LARS,fcfs ") == ["LARS", "fcfs"]
+    with pytest.raises(ConfigError, match="\\['fcfs'\\] given twice"):
+        parse_policies("fcfs,FCFS")
+    assert parse_policy_params('{"lars": {"tier_aware_preemption": true}}', parse_policies("LARS")) == \
+        {"LARS": {"tier_aware_preemption": True}}
+    assert parse_policy_params('{"LARS": {}}', ["lars"]) == {"lars": {}}
+    with pytest.raises(ConfigError, match="not compared"):
+        parse_policy_params('{"LARS": {}}', ["fcfs"])
+    assert parse_routers("rr,least-loaded") == ["rr", "least-loaded"]
+    with pytest.raises(ConfigError, match="\\['round-robin'\\] given twice"):
+        parse_routers("rr,round-robin")
+    assert parse_router_params('{"round-robin": {}}', ["rr"]) == {"rr": {}}
+    assert parse_router_params('{"Least-Loaded": {"kv_weight": 0.5}}', ["least-loaded"]) == \
+        {"least-loaded": {"kv_weight": 0.5}}

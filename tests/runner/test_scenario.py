@@ -93,3 +93,28 @@ def test_a_huge_value_is_named_in_a_bounded_message(tmp_path, key):
     with pytest.raises(ConfigError) as e:
         load_scenario(p).workload()
     assert len(str(e.value)) < 1000, str(e.value)[:300]
+
+
+def test_policy_and_router_names_are_stored_as_registered():
+    """A scenario may name the policy and router in any case or by an alias (the registries accept
+    them); it keeps the registered name, so labels, the scenario hash and the environments'
+    "is this the scenario's policy" check (its policy_params) see one name."""
+    sc = Scenario(trace="mooncake-conversation", policy="LARS", policy_params={"tier_aware_preemption": True},
+                  router="RR", n_instances=2)
+    assert sc.policy == "lars" and sc.router == "round-robin"
+    same = Scenario(trace="mooncake-conversation", policy="lars", policy_params={"tier_aware_preemption": True},
+                    n_instances=2)
+    assert sc.sha256() == same.sha256()
+
+
+def test_an_environment_reference_gets_the_scenarios_params_whatever_the_case(tmp_path):
+    from kvsched.envs.common import reference
+    from kvsched.envs.episodes import EpisodeConfig, EpisodeSource
+
+    p = tmp_path / "sc.yaml"
+    p.write_text("synthetic: {rate_per_s: 2.0, duration_s: 30}\npolicy: LARS\n"
+                 "policy_params: {tier_aware_preemption: true}\n")
+    src = EpisodeSource(EpisodeConfig(str(p), window_s=10.0))
+    for name in ("lars", "Lars"):
+        assert reference(name, None, src).params.tier_aware_preemption is True
+    assert reference("fcfs", None, src).params.tier_aware_preemption is False
