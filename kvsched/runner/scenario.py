@@ -235,6 +235,8 @@ class Scenario:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
+        if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
+            del d["instance"]["extra_tiers"]
         # routing fields at their defaults are left out, so scenarios written before routing
         # existed keep their hash
         for key, default in (("router", "round-robin"), ("router_params", {}), ("router_delay_s", 0.0),
