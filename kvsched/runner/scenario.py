@@ -167,7 +167,7 @@ class Scenario:
         allowed = {f.name for f in fields(MetricsConfig)}
         unknown = set(m) - allowed
         if unknown:
-            raise ConfigError(f"scenario {self.source}: metrics has unknown keys {sorted(unknown)}; "
+            raise ConfigError(f"scenario {self.source}: metrics has unknown keys {sorted(unknown, key=str)}; "
                               f"allowed: {sorted(allowed)}")
         if "slos" in m:
             slos = m["slos"]
@@ -259,7 +259,7 @@ def _build(cls, d: dict | None, where: str):
     allowed = {f.name for f in fields(cls)}
     unknown = set(d) - allowed
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     try:
         return cls(**d)
     except TypeError as e:
@@ -351,7 +351,7 @@ def load_scenario(path: str | Path) -> Scenario:
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed
     if unknown:
-        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     if "synthetic" in data and "trace" not in data:
         data["trace"] = None
     return Scenario(**data, source=str(p))

@@ -131,3 +131,30 @@ def test_a_scenario_without_extra_tiers_keeps_the_hash_it_had_before_tiers_exist
     tier = {"name": "cxl", "capacity_bytes": 1e9, "write_link": "pcie5", "read_link": "pcie5"}
     with_tier = Scenario(instance={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "extra_tiers": [tier]})
     assert with_tier.to_dict()["instance"]["extra_tiers"][0]["name"] == "cxl"
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("policy: lars\npolicy_params: {1: 2, foo: 3}\n", "policy 'lars': unknown parameters [1, 'foo']"),
+    ("router: least-loaded\nrouter_params: {1: 2, foo: 3}\n", "router 'least-loaded': unknown parameters [1, 'foo']"),
+    ("metrics: {1: 2, foo: 3}\n", "metrics has unknown keys [1, 'foo']"),
+    ("1: 2\nfoo: 3\n", "unknown keys [1, 'foo']"),
+])
+def test_unknown_keys_of_mixed_types_are_named_not_a_type_error(tmp_path, body, fragment):
+    """YAML reads ``1:`` as an integer key; sorting it with text keys for the message raised
+    ``TypeError: '<' not supported between instances of 'int' and 'str'`` (a traceback, exit 1)."""
+    p = tmp_path / "sc.yaml"
+    p.write_text("synthetic: {rate_per_s: 1.0, duration_s: 5}\n" + body)
+    with pytest.raises(ConfigError, match=fragment.replace("[", "\\[").replace("]", "\\]")):
+        load_scenario(p)
+
+
+def test_a_policy_or_router_named_with_padding_is_named_as_registered_in_messages():
+    """A name the registry matches after stripping spaces (a quoted YAML string may carry
+    100,000 of them) is named as registered in later messages, so they stay short."""
+    padded = "lars" + " " * 100_000
+    with pytest.raises(ConfigError) as e:
+        Scenario(trace="mooncake-conversation", policy=padded, policy_params={"nope": 1})
+    assert "policy 'lars': unknown parameters ['nope']" in str(e.value) and len(str(e.value)) < 1000
+    with pytest.raises(ConfigError) as e:
+        Scenario(trace="mooncake-conversation", router="least-loaded" + " " * 100_000, router_params={"nope": 1})
+    assert "router 'least-loaded': unknown parameters ['nope']" in str(e.value) and len(str(e.value)) < 1000
