@@ -78,7 +78,7 @@ def reference(name: str, params: dict | None, source: EpisodeSource):
     """The named policy with ``params`` (default: the scenario's parameters when it names the
     same policy)."""
     sc = source.scenario
-    if params is None and sc.policy == name:
+    if params is None and make_policy(name).name == sc.policy:  # registered names ("LARS" is "lars")
         params = sc.policy_params
     return make_policy(name, dict(params or {}))
 

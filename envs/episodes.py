@@ -198,7 +198,7 @@ class EpisodeSource:
         """
         options = dict(options or {})
         unknown = set(options) - {"workload_seed", "window_index"}
-        require(not unknown, "reset options", sorted(unknown), "'workload_seed' and 'window_index'")
+        require(not unknown, "reset options", sorted(unknown, key=str), "'workload_seed' and 'window_index'")
         wseed, widx = self.draw(rng)
         wseed = options.get("workload_seed", wseed)
         widx = options.get("window_index", widx)

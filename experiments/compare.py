@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 
 from kvsched.runner.scenario import Scenario
@@ -88,17 +88,18 @@ class CompareResult:
 
 
 def _parse_names(text: str | Sequence[str], flag: str, what: str, make: Callable[[str], Any]) -> list[str]:
-    """Names from comma-separated ``text`` (or a list): non-empty, each once, each known to
-    ``make`` (which raises UnknownPresetError listing the known names)."""
+    """Names from comma-separated ``text`` (or a list): non-empty, each known to ``make`` (which
+    raises UnknownPresetError listing the known names) and each once, counting a name in another
+    case or an alias as the registered name it refers to (``make(name).name``). The names are
+    returned as given (they label the rows)."""
     names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
     names = [n for n in names if n]
     if not names:
-        raise ConfigError(f"{flag}={text!r}: give at least one {what} name, comma-separated")
-    dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"{flag}={bounded_repr(text)}: give at least one {what} name, comma-separated")
+    registered = [make(n).name for n in names]
+    dup = sorted({n for n in registered if registered.count(n) > 1})
     if dup:
-        raise ConfigError(f"{flag}={text!r}: {dup} given twice")
-    for n in names:
-        make(n)
+        raise ConfigError(f"{flag}={bounded_repr(text)}: {dup} given twice")
     return names
 
 
@@ -125,6 +126,9 @@ def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, comp
         raise ConfigError(f"{flag}: invalid JSON ({e.msg} at char {e.pos}); expected e.g. {example}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"{flag}={text!r}: must map {kind} name -> {{parameter: value}}")
+    # a key in another case or an alias ("LARS", "rr") is the compared name it refers to
+    label = {_registered(make, c): c for c in compared}
+    data = {label.get(_registered(make, k), k): v for k, v in data.items()}
     unknown = sorted(set(data) - set(compared))
     if unknown:
         raise ConfigError(f"{flag} names {kinds} {unknown} that are not compared; "
@@ -132,6 +136,16 @@ def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, comp
     for name, params in data.items():
         make(name, dict(params))  # validates names and values
     return {k: dict(v) for k, v in data.items()}
+
+
+def _registered(make: Callable, name: str) -> str:
+    """The registered name ``name`` refers to (``make(name).name``), or ``name`` when none."""
+    from kvsched.envs.sim.errors import UnknownPresetError
+
+    try:
+        return make(name).name
+    except UnknownPresetError:
+        return name
 
 
 def parse_policy_params(text: str | None, policies: Sequence[str]) -> dict[str, dict]:
@@ -179,7 +193,18 @@ def _metric_row(c: Mapping[str, Any]) -> dict[str, float]:
         row[col] = g("bytes_moved", col[len("bytes_"):])
     row["max_wait_s"] = g("starvation", "max_queueing_delay_s")
     row["prefix_hit_rate"] = g("prefix", "hit_rate")
+    for key in (c.get("bytes_moved") or {}):  # the links of extra KV tiers (tiers as data)
+        if key != "total" and f"bytes_{key}" not in row:
+            row[f"bytes_{key}"] = g("bytes_moved", key)
     return row
+
+
+def extra_link_columns(frame: pd.DataFrame) -> list[str]:
+    """The ``bytes_<from>_to_<to>`` columns of ``frame`` beyond :data:`LINK_COLUMNS` (the links of
+    extra KV tiers, ``InstanceSpec.extra_tiers``), in frame order; they follow
+    :data:`METRIC_COLUMNS` in a runs frame."""
+    return [str(c) for c in frame.columns if str(c).startswith("bytes_") and c not in METRIC_COLUMNS
+            and not str(c).endswith(("_std", "_min", "_max"))]
 
 
 def _cluster_row(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -319,7 +344,8 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
             row = {axis: label, "seed": cell.seed, "window": cell.window, "class": cls, **_metric_row(c)}
             row.update(cluster_row if cls == "all" else dict.fromkeys(cluster_row, math.nan))
             rows.append(row)
-    result.runs = pd.DataFrame(rows, columns=[axis, "seed", "window", "class", *METRIC_COLUMNS])
+    extra = list(dict.fromkeys(k for row in rows for k in row if k.startswith("bytes_") and k not in METRIC_COLUMNS))
+    result.runs = pd.DataFrame(rows, columns=[axis, "seed", "window", "class", *METRIC_COLUMNS, *extra])
     return result
 
 
@@ -336,6 +362,7 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
     key = "router" if "router" in runs.columns else "policy"
     if policies is None:
         policies = list(dict.fromkeys(runs[key]))
+    metrics = [*METRIC_COLUMNS, *extra_link_columns(runs)]
     out = []
     for p in policies:
         for cls in CLASS_ORDER:
@@ -343,7 +370,7 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
             if sub.empty:
                 continue
             row: dict[str, Any] = {key: p, "class": cls, "seeds": int(len(sub))}
-            for m in METRIC_COLUMNS:
+            for m in metrics:
                 v = sub[m].to_numpy(dtype=np.float64)
                 v = v[np.isfinite(v)]
                 row[m] = float(v.mean()) if v.size else math.nan
@@ -351,7 +378,7 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
                 row[f"{m}_min"] = float(v.min()) if v.size else math.nan
                 row[f"{m}_max"] = float(v.max()) if v.size else math.nan
             out.append(row)
-    cols = [key, "class", "seeds"] + [f"{m}{s}" for m in METRIC_COLUMNS for s in ("", "_std", "_min", "_max")]
+    cols = [key, "class", "seeds"] + [f"{m}{s}" for m in metrics for s in ("", "_std", "_min", "_max")]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -376,7 +403,7 @@ def rich_table(agg: pd.DataFrame, title: str):
 
     key = "router" if "router" in agg.columns else "policy"
     spread = bool((agg["seeds"] > 1).any()) if len(agg) else False
-    links = [c for c in LINK_COLUMNS if (agg[c].fillna(0) > 0).any()]
+    links = [c for c in (*LINK_COLUMNS, *extra_link_columns(agg)) if (agg[c].fillna(0) > 0).any()]
     cols = [("TTFT p50 ms", "ttft_p50_s", 1e3, 0), ("TTFT p99 ms", "ttft_p99_s", 1e3, 0),
             ("TPOT p50 ms", "tpot_p50_s", 1e3, 1), ("TPOT p99 ms", "tpot_p99_s", 1e3, 1),
             ("E2E p50 s", "e2e_p50_s", 1.0, 2), ("E2E p99 s", "e2e_p99_s", 1.0, 2),
@@ -462,8 +489,10 @@ def plot_occupancy(result: CompareResult, path: Path) -> None:
 
     seed = result.seeds[0]
     occs = {p: result.occupancy[(p, seed, 0)] for p in result.policies}
-    tiers = [t for t in ("hbm", "dram", "nvme")
-             if any(f"capacity_blocks_{t}" in o and (o[f"capacity_blocks_{t}"] > 0).any() for o in occs.values())]
+    names = dict.fromkeys(str(c)[len("capacity_blocks_"):] for o in occs.values() for c in o.columns
+                          if str(c).startswith("capacity_blocks_"))  # standard tiers first, then extra ones
+    tiers = [t for t in names if t != "pnm"
+             and any(f"capacity_blocks_{t}" in o and (o[f"capacity_blocks_{t}"] > 0).any() for o in occs.values())]
     tiers = tiers or ["hbm"]
     fig, axes = plt.subplots(len(tiers), 1, figsize=(9, 2.8 * len(tiers)), squeeze=False, sharex=True)
     for ax, tier in zip(axes[:, 0], tiers):

@@ -70,6 +70,17 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                         "(and the router with its parameters, from a router study)")
 
 
+def _registered(registry, name: str) -> str:
+    """The registered name ``name`` refers to in ``registry`` (any case, aliases), or ``name``
+    itself when unknown (the scenario's validation then names it)."""
+    from kvsched.envs.sim.errors import UnknownPresetError
+
+    try:
+        return registry.canonical(name)
+    except UnknownPresetError:
+        return name
+
+
 def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     """The scenario to run: the ``--scenario`` file (or the defaults) with the flags given applied over it."""
     sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
@@ -81,9 +92,12 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         if val is not None:
             inst[key] = val
     over["instance"] = inst
-    if a.policy is not None and a.policy != sc.policy:
+    from kvsched.policies.base import POLICIES
+    from kvsched.policies.routing import ROUTERS
+
+    if a.policy is not None and _registered(POLICIES, a.policy) != sc.policy:
         over["policy_params"] = {}  # the scenario's parameters belong to its own policy
-    if a.router is not None and a.router != sc.router:
+    if a.router is not None and _registered(ROUTERS, a.router) != sc.router:
         over["router"], over["router_params"] = a.router, {}  # the scenario's parameters belong to its router
     if a.router_params is not None:
         try:

@@ -348,6 +348,7 @@ def make_policy(name: str, params: PolicyParams | dict | None = None) -> Schedul
     """
     from kvsched import policies as _p  # noqa: F401  (registers the built-in policies)
 
+    name = POLICIES.canonical(name)  # messages name the registered policy, not what was typed
     cls = POLICIES.get(name)
     if isinstance(params, dict):
         from dataclasses import fields
@@ -356,7 +357,7 @@ def make_policy(name: str, params: PolicyParams | dict | None = None) -> Schedul
         allowed = {f.name for f in fields(pcls)}
         unknown = set(params) - allowed
         if unknown:
-            raise ConfigError(f"policy {name!r}: unknown parameters {bounded_repr(sorted(unknown))}; "
+            raise ConfigError(f"policy {name!r}: unknown parameters {bounded_repr(sorted(unknown, key=str))}; "
                               f"allowed: {sorted(allowed)}")
         params = pcls(**params)
     return cls(params)

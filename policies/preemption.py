@@ -49,7 +49,8 @@ from kvsched.envs.sim.features import FeatureTable
 
 #: Values of ``PolicyParams.admission_preemption``.
 ADMISSION_PREEMPTION_MODES = ("never", "always", "cost-gated")
-#: Preemption modes an admission preemption may use (migration to PNM is the ``pnm`` policy's).
+#: The standard preemption modes (an extra tier adds its own, ``TierSpec.preemption_mode``);
+#: migration to PNM is the ``pnm`` policy's, never an admission preemption's.
 _MODES = ("recompute", "swap", "offload")
 
 
@@ -178,8 +179,8 @@ def _reload_modes(tier_aware: bool, rows: np.ndarray, n_running: int, costs_s: d
 
     Args:
         tier_aware: ``PolicyParams.tier_aware_preemption``: the cheapest mode per row; otherwise
-            ``default_mode`` with the instance's fallbacks (as ``_preempt``: a swap (offload)
-            that finds no room falls back to NVMe, then to recompute).
+            ``default_mode`` with the instance's fallbacks (:func:`_fallback_chain`: a swap
+            that finds no room falls back to NVMe and the later tiers, then to recompute).
         rows: candidate rows of ``running``, int array.
         n_running: rows of ``running``.
         costs_s: seconds per mode and row (``inf``: infeasible), each of shape ``(n_running,)``.
@@ -190,19 +191,36 @@ def _reload_modes(tier_aware: bool, rows: np.ndarray, n_running: int, costs_s: d
         when tier-aware, else a dict over the candidates) and its reload cost ``reload_s[r]``
         (s, float64 array of shape ``(n_running,)``, set for the candidates).
     """
-    modes = [m for m in _MODES if m in costs_s]
+    modes = [m for m in costs_s if m != "migrate"]  # recompute, then each lower tier's mode in tier order
     if tier_aware:
         cost = np.vstack([costs_s[m] for m in modes])
         pick = np.argmin(cost, axis=0)
         return [modes[int(k)] for k in pick], cost[pick, np.arange(cost.shape[1])]
-    chain = {"swap": ("swap", "offload", "recompute"), "offload": ("offload", "recompute")}.get(
-        default_mode, ("recompute",))
+    chain = _fallback_chain(default_mode, modes)
     mode_of, reload_s = {}, np.empty(n_running)
     for r in rows.tolist():  # only the candidates' modes are ever used
         m = next(m for m in chain if m in costs_s and np.isfinite(costs_s[m][r]))
         mode_of[r] = m
         reload_s[r] = costs_s[m][r]
     return mode_of, reload_s
+
+
+def _fallback_chain(default_mode: str, modes: list[str]) -> tuple[str, ...]:
+    """The modes a preemption in ``default_mode`` ends up in, in the order the instance tries them
+    (``KVManager.swap_tiers``): its own tier, then every later tier holding swapped blocks (tier
+    order, as the keys of ``costs_s``; a tier without capacity is absent), then recompute.
+
+    A default mode whose tier has no capacity is absent from ``modes``: swap then starts at NVMe,
+    offload at the extra tiers, an extra tier's mode at recompute.
+    """
+    lower = [m for m in modes if m != "recompute"]
+    if default_mode in lower:
+        later = lower[lower.index(default_mode):]
+    elif default_mode in _MODES[1:]:  # swap / offload without room in their tier's capacity
+        later = lower if default_mode == "swap" else [m for m in lower if m != "swap"]
+    else:
+        later = []
+    return (*later, "recompute")
 
 
 def _remaining_times(policy, running: FeatureTable, waiting: FeatureTable,

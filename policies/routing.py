@@ -172,11 +172,12 @@ def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
     if not isinstance(name, str):
         raise ConfigError(f"router={bounded_repr(name)} is not allowed: expected a router name "
                           f"({', '.join(router_names())})")
+    name = ROUTERS.canonical(name)  # messages name the registered router, not what was typed
     cls = ROUTERS.get(name)
     if params is None or isinstance(params, dict):
         given = dict(params or {})
         allowed = {f.name for f in fields(cls.params_cls)}
-        unknown = sorted(set(given) - allowed)
+        unknown = sorted(set(given) - allowed, key=str)  # YAML keys may be numbers
         if unknown:
             raise ConfigError(f"router {name!r}: unknown parameters {bounded_repr(unknown)}; allowed: {sorted(allowed)}")
         try:

@@ -396,7 +396,8 @@ class Cluster:
             view = self.state_provider.view(instances, t, self.shared_kv)
             idx = self.router.route(RouterTable(view, st, t, self.shared_kv))
             if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < len(instances):
-                raise ConfigError(f"router {getattr(self.router, 'name', self.router)!r} returned {idx!r} for "
+                raise ConfigError(f"router {bounded_repr(getattr(self.router, 'name', self.router))} returned "
+                                  f"{bounded_repr(idx)} for "
                                   f"request {st.rid}; expected an instance row 0..{len(instances) - 1}")
             idx = int(idx)
         self.routed_requests[idx] += 1

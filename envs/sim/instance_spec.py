@@ -26,6 +26,9 @@ from .tiers import STANDARD_TIERS, TierSpec, check_tier_list
 PREEMPTION_MODES = ("recompute", "swap", "offload")
 """Preemption modes of the standard tiers (recompute: vLLM V1; swap: to DRAM; offload: to NVMe)."""
 TP_DEGREES = (1, 2, 4, 8)
+#: Most KV blocks one tier may hold: 2**53 (exact as a float, fits the int64 columns of router and
+#: feature tables; 2**53 blocks of the smallest KV block are far beyond any real memory).
+MAX_TIER_BLOCKS = 2**53
 
 def _vllm_batch_defaults(gpu: GPUSpec) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) vLLM picks for the OpenAI API server.
@@ -277,6 +280,10 @@ class InstanceSpec:
             require(blocks[-1] >= 1, f"{o}.pnm.capacity_bytes", pnm.capacity_bytes,
                     f"at least one KV block ({kv_block:.0f} bytes over {pnm.n_devices} device(s))")
         check_tier_list(tuple(tiers), o)
+        for t, n in zip(tiers, blocks):  # block counts go into int64 columns (router tables, features)
+            require(n <= MAX_TIER_BLOCKS, f"{o}: blocks of tier {t.name!r}", n,
+                    f"at most {MAX_TIER_BLOCKS} blocks of {kv_block:.0f} bytes (set by hbm_kv_blocks, dram_kv_bytes, "
+                    "nvme_kv_bytes, pnm or extra_tiers[].capacity_bytes)")
         self._set("_tiers", tuple(tiers))
         self._set("_tier_blocks", tuple(blocks))
         self._set("_num_hbm_blocks", hbm_blocks)

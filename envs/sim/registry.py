@@ -23,7 +23,9 @@ class Registry(Generic[T]):
 
     Args:
         kind: what the entries are, for messages ("model", "policy", "router", ...).
-        entries: initial ``name -> entry`` mapping (insertion order is the listing order).
+        entries: initial ``name -> entry`` mapping (insertion order is the listing order). A
+            ``dict`` is used as the registry's store, not copied: entries added to either show
+            in both.
         aliases: other accepted names (matched ignoring case) -> canonical name.
         sort_names: list known names sorted (True) or in insertion order (False) in
             :meth:`names` and in error messages.
@@ -32,24 +34,22 @@ class Registry(Generic[T]):
         ValueError: an alias naming no entry.
     """
 
-    __slots__ = ("kind", "_entries", "_folded", "_aliases", "_sort")
+    __slots__ = ("kind", "_entries", "_aliases", "_sort")
 
     def __init__(self, kind: str, entries: Mapping[str, T] | None = None,
                  aliases: Mapping[str, str] | None = None, sort_names: bool = False) -> None:
         self.kind = kind
-        self._entries: dict[str, T] = {}
-        self._folded: dict[str, str] = {}
+        # a dict given is the registry's own store, not a copy: a preset table (``MODEL_PRESETS``)
+        # and its registry (``MODELS``) stay one table, whichever of the two is added to
+        self._entries: dict[str, T] = entries if isinstance(entries, dict) else dict(entries or {})
         self._aliases: dict[str, str] = {}
         self._sort = sort_names
-        for name, entry in (entries or {}).items():
-            self.add(name, entry)
         for alias, name in (aliases or {}).items():
             self.add_alias(alias, name)
 
     def add(self, name: str, entry: T) -> T:
         """Register ``entry`` under ``name`` (a later ``add`` of the same name replaces it)."""
         self._entries[name] = entry
-        self._folded[name.strip().casefold()] = name
         return entry
 
     def add_alias(self, alias: str, name: str) -> None:
@@ -83,8 +83,9 @@ class Registry(Generic[T]):
             if name in self._entries:
                 return name
             key = name.strip().casefold()
-            if key in self._folded:
-                return self._folded[key]
+            for known in self._entries:  # a few entries, looked up while reading a configuration
+                if known.strip().casefold() == key:
+                    return known
             if key in self._aliases:
                 return self._aliases[key]
         raise UnknownPresetError(f"unknown {self.kind} {bounded_repr(name)}; known: {', '.join(self.names())}")

@@ -63,7 +63,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, bounded_repr
 
 #: Instance columns of a :class:`RouterTable` (all of shape ``(n_instances,)``).
 INSTANCE_COLUMNS: tuple[str, ...] = (
@@ -274,7 +274,7 @@ class StateProvider:
     def __init__(self, delay_s: float = 0.0) -> None:
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) \
                 or delay_s < 0:
-            raise ConfigError(f"router_delay_s={delay_s!r} is not allowed: expected a finite number >= 0 "
+            raise ConfigError(f"router_delay_s={bounded_repr(delay_s)} is not allowed: expected a finite number >= 0 "
                               "(seconds of staleness of the state routers see)")
         self.delay_s = float(delay_s)
         self._snapshot: InstanceStateView | None = None

@@ -40,6 +40,11 @@ TIER_CONTENTS: tuple[str, ...] = ("running", "prefix", "swapped", "pnm_resident"
 #: ``nvme`` and ``pnm``.
 STANDARD_TIERS: tuple[str, ...] = ("hbm", "dram", "nvme", "pnm")
 
+#: Preemption modes no tier may take: what each already means (a tier named like one of them must
+#: set another ``preemption_mode``).
+RESERVED_MODES: dict[str, str] = {"recompute": "recompute preemption (vLLM V1)",
+                                  "migrate": "migration to the PNM tier"}
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -64,8 +69,10 @@ class TierSpec:
             ``"offload"``).
 
     Raises:
-        ConfigError: a bad name, a negative or non-finite capacity, unknown contents, a tier
-            below HBM without both links, or links that are not :class:`LinkSpec` values.
+        ConfigError: a bad name, a negative or non-finite capacity, unknown contents (or
+            ``running`` / ``pnm_resident`` outside HBM / PNM), a tier below HBM without both links,
+            links that are not :class:`LinkSpec` values, or a preemption mode on a tier that does
+            not hold ``swapped``.
     """
 
     name: str
@@ -89,6 +96,9 @@ class TierSpec:
         require(isinstance(self.holds, tuple) and bool(self.holds) and all(h in TIER_CONTENTS for h in self.holds),
                 f"{o}.holds", self.holds, f"a non-empty list of {', '.join(TIER_CONTENTS)}")
         require(isinstance(self.parent, str), f"{o}.parent", self.parent, "a tier name")
+        for content, owner in (("running", "hbm"), ("pnm_resident", "pnm")):  # the mechanisms of those two tiers
+            require(content not in self.holds or self.name == owner, f"{o}.holds", self.holds,
+                    f"no {content!r}: only the {owner!r} tier holds it")
         if self.name == "hbm":
             return
         require(bool(self.parent) and self.parent != self.name, f"{o}.parent", self.parent,
@@ -117,7 +127,7 @@ class TierSpec:
 
 def check_tier_list(tiers: tuple[TierSpec, ...], where: str) -> None:
     """Validate an ordered tier list: HBM first, unique names, each parent listed before its child,
-    and unique preemption modes.
+    and unique preemption modes, none of :data:`RESERVED_MODES`.
 
     Raises:
         ConfigError: naming ``where`` and the offending tier.
@@ -133,10 +143,11 @@ def check_tier_list(tiers: tuple[TierSpec, ...], where: str) -> None:
             raise ConfigError(f"{where}: tier {t.name!r} has parent {bounded_repr(t.parent)}, which is not a "
                               f"tier listed before it ({', '.join(sorted(seen))})")
         if t.preemption_mode:
-            if t.preemption_mode in modes or t.preemption_mode == "recompute":
+            if t.preemption_mode in modes or t.preemption_mode in RESERVED_MODES:
+                means = (f"tier {modes[t.preemption_mode]!r}" if t.preemption_mode in modes
+                         else RESERVED_MODES[t.preemption_mode])
                 raise ConfigError(f"{where}: tier {t.name!r} has preemption_mode {t.preemption_mode!r}, which "
-                                  f"{'tier ' + repr(modes[t.preemption_mode]) if t.preemption_mode in modes else 'recompute'}"
-                                  " already means")
+                                  f"{means} already means; give the tier another preemption_mode (or name)")
             modes[t.preemption_mode] = t.name
         seen.add(t.name)
 

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.request import Workload
 
 __all__ = ["ARRIVAL_PROCESSES", "GENERATOR_VERSION", "SLO_CLASSES", "SyntheticConfig", "generate",
@@ -145,14 +145,14 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, allowed: str) -> None:
             if not ok:
-                raise ConfigError(f"SyntheticConfig.{field}={getattr(self, field)!r} is not "
+                raise ConfigError(f"SyntheticConfig.{field}={bounded_repr(getattr(self, field))} is not "
                                   f"allowed: expected {allowed}")
 
         need(_is_num(self.rate_per_s) and self.rate_per_s > 0, "rate_per_s",
              "a finite number > 0 (requests per second)")
         if (self.duration_s is None) == (self.num_requests is None):
             raise ConfigError(f"SyntheticConfig: give exactly one of duration_s and num_requests "
-                              f"(duration_s={self.duration_s!r}, num_requests={self.num_requests!r})")
+                              f"(duration_s={bounded_repr(self.duration_s)}, num_requests={bounded_repr(self.num_requests)})")
         if self.duration_s is not None:
             need(_is_num(self.duration_s) and self.duration_s > 0, "duration_s",
                  "a finite number of seconds > 0")
@@ -392,9 +392,9 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
             duration is so short that no request arrives.
     """
     if not isinstance(config, SyntheticConfig):
-        raise ConfigError(f"config={config!r} is not allowed: expected a SyntheticConfig")
+        raise ConfigError(f"config={bounded_repr(config)} is not allowed: expected a SyntheticConfig")
     if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"seed={seed!r} is not allowed: expected an integer >= 0")
+        raise ConfigError(f"seed={bounded_repr(seed)} is not allowed: expected an integer >= 0")
     seed = int(seed)
     c = config
     rng = np.random.default_rng(seed)

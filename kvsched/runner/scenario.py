@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.metrics import SLO, MetricsConfig
 from kvsched.envs.sim.request import Workload
 from kvsched.envs.sim.specs import InstanceSpec, instance_spec_from_dict, instance_spec_to_dict
@@ -84,63 +84,66 @@ class Scenario:
         where = f"scenario {self.source}" if self.source not in ("command line", "<defaults>") else self.source
         if (self.trace is None) == (self.synthetic is None):
             raise ConfigError(f"{where}: give exactly one of 'trace' and 'synthetic' "
-                              f"(trace={self.trace!r}, synthetic={'set' if self.synthetic else None})")
+                              f"(trace={bounded_repr(self.trace)}, synthetic={'set' if self.synthetic else None})")
         if self.window_s is not None:
             ws = self.window_s
             ok = isinstance(ws, (list, tuple)) and len(ws) == 2 and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in ws)
             if not ok or not (0 <= ws[0] < ws[1]):
-                raise ConfigError(f"{where}: window_s={ws!r} must be [start_s, end_s] (two numbers, "
+                raise ConfigError(f"{where}: window_s={bounded_repr(ws)} must be [start_s, end_s] (two numbers, "
                                   f"0 <= start_s < end_s)")
             object.__setattr__(self, "window_s", (float(ws[0]), float(ws[1])))
         if not isinstance(self.oracle_lengths, bool):
-            raise ConfigError(f"{where}: oracle_lengths={self.oracle_lengths!r} must be true or false")
+            raise ConfigError(f"{where}: oracle_lengths={bounded_repr(self.oracle_lengths)} must be true or false")
         if not isinstance(self.policy, str):
-            raise ConfigError(f"{where}: policy={self.policy!r} must be a policy name")
+            raise ConfigError(f"{where}: policy={bounded_repr(self.policy)} must be a policy name")
         if not isinstance(self.policy_params, dict):
-            raise ConfigError(f"{where}: policy_params={self.policy_params!r} must be a mapping of the "
+            raise ConfigError(f"{where}: policy_params={bounded_repr(self.policy_params)} must be a mapping of the "
                               f"policy's parameters")
         from kvsched.policies.base import make_policy
         try:
-            make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
+            policy = make_policy(self.policy, self.policy_params)  # raises listing known policies / parameters
         except ConfigError as e:
             raise type(e)(f"{where}: {e}") from None
+        # the registered name ("LARS" finds "lars"): what runs, labels and comparisons see
+        object.__setattr__(self, "policy", policy.name)
         if not isinstance(self.router, str):
-            raise ConfigError(f"{where}: router={self.router!r} must be a router name")
+            raise ConfigError(f"{where}: router={bounded_repr(self.router)} must be a router name")
         if not isinstance(self.router_params, dict):
-            raise ConfigError(f"{where}: router_params={self.router_params!r} must be a mapping of the "
+            raise ConfigError(f"{where}: router_params={bounded_repr(self.router_params)} must be a mapping of the "
                               f"router's parameters")
         from kvsched.envs.sim.routing import StateProvider
         from kvsched.policies.routing import make_router
         try:
-            make_router(self.router, self.router_params)  # raises listing known routers / parameters
+            router = make_router(self.router, self.router_params)  # raises listing known routers / parameters
             StateProvider(self.router_delay_s)
         except ConfigError as e:
             raise type(e)(f"{where}: {e}") from None
+        object.__setattr__(self, "router", router.name)  # the registered name ("RR" finds "round-robin")
         if self.shared_kv is not None:
             self.shared_kv_spec()
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
         if self.trace is not None and not isinstance(self.trace, str):
-            raise ConfigError(f"{where}: trace={self.trace!r} must be a bundled trace name or a file path")
+            raise ConfigError(f"{where}: trace={bounded_repr(self.trace)} must be a bundled trace name or a file path")
         if self.synthetic is not None and not isinstance(self.synthetic, dict):
-            raise ConfigError(f"{where}: synthetic={self.synthetic!r} must be a mapping of SyntheticConfig fields")
+            raise ConfigError(f"{where}: synthetic={bounded_repr(self.synthetic)} must be a mapping of SyntheticConfig fields")
         if not isinstance(self.name, str):
-            raise ConfigError(f"{where}: name={self.name!r} must be text")
+            raise ConfigError(f"{where}: name={bounded_repr(self.name)} must be text")
         if isinstance(self.rate_scale, bool) or not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0
                                                      and self.rate_scale != float("inf")):
-            raise ConfigError(f"{where}: rate_scale={self.rate_scale!r} must be a finite number > 0")
+            raise ConfigError(f"{where}: rate_scale={bounded_repr(self.rate_scale)} must be a finite number > 0")
         if self.max_requests is not None and (not is_int(self.max_requests) or self.max_requests < 1):
-            raise ConfigError(f"{where}: max_requests={self.max_requests!r} must be an integer >= 1")
+            raise ConfigError(f"{where}: max_requests={bounded_repr(self.max_requests)} must be an integer >= 1")
         if not is_int(self.n_instances) or self.n_instances < 1:
-            raise ConfigError(f"{where}: n_instances={self.n_instances!r} must be an integer >= 1")
+            raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer >= 1")
         if not is_int(self.seed) or self.seed < 0:
-            raise ConfigError(f"{where}: seed={self.seed!r} must be an integer >= 0")
+            raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer >= 0")
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
         if not isinstance(self.metrics, dict):
-            raise ConfigError(f"{where}: metrics={self.metrics!r} must be a mapping of MetricsConfig fields")
+            raise ConfigError(f"{where}: metrics={bounded_repr(self.metrics)} must be a mapping of MetricsConfig fields")
         # build once to validate early (errors name the scenario file)
         self.instance_spec()
         self.metrics_config()
@@ -164,7 +167,7 @@ class Scenario:
         allowed = {f.name for f in fields(MetricsConfig)}
         unknown = set(m) - allowed
         if unknown:
-            raise ConfigError(f"scenario {self.source}: metrics has unknown keys {sorted(unknown)}; "
+            raise ConfigError(f"scenario {self.source}: metrics has unknown keys {sorted(unknown, key=str)}; "
                               f"allowed: {sorted(allowed)}")
         if "slos" in m:
             slos = m["slos"]
@@ -180,18 +183,18 @@ class Scenario:
                     if unknown_slo or missing_slo:
                         what = "; ".join(([f"unknown keys {unknown_slo}"] if unknown_slo else [])
                                          + ([f"missing {missing_slo}"] if missing_slo else []))
-                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r}: {what}; allowed: "
+                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={bounded_repr(v)}: {what}; allowed: "
                                           "ttft_s, tpot_s (required), e2e_s (optional), all in seconds")
                     try:
                         built[k] = SLO(**v)
                     except (TypeError, ConfigError) as e:
-                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r}: {e}") from None
+                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={bounded_repr(v)}: {e}") from None
                 else:
-                    raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={v!r} must be a mapping")
+                    raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={bounded_repr(v)} must be a mapping")
             m["slos"] = built
         if "percentiles" in m:
             if not isinstance(m["percentiles"], (list, tuple)):
-                raise ConfigError(f"scenario {self.source}: metrics.percentiles={m['percentiles']!r} must be a "
+                raise ConfigError(f"scenario {self.source}: metrics.percentiles={bounded_repr(m['percentiles'])} must be a "
                                   "list of numbers in (0, 100]")
             m["percentiles"] = tuple(m["percentiles"])
         try:
@@ -232,6 +235,8 @@ class Scenario:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
+        if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
+            del d["instance"]["extra_tiers"]
         # routing fields at their defaults are left out, so scenarios written before routing
         # existed keep their hash
         for key, default in (("router", "round-robin"), ("router_params", {}), ("router_delay_s", 0.0),
@@ -254,7 +259,7 @@ def _build(cls, d: dict | None, where: str):
     allowed = {f.name for f in fields(cls)}
     unknown = set(d) - allowed
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     try:
         return cls(**d)
     except TypeError as e:
@@ -346,7 +351,7 @@ def load_scenario(path: str | Path) -> Scenario:
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed
     if unknown:
-        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     if "synthetic" in data and "trace" not in data:
         data["trace"] = None
     return Scenario(**data, source=str(p))

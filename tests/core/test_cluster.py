@@ -192,3 +192,24 @@ def test_result_names_requests_neither_finished_nor_rejected():
     c.run_until_decision(until_s=0.15)
     with pytest.raises(RuntimeError, match="requests neither finished nor were rejected"):
         c.result()
+
+
+def test_a_router_returning_a_huge_value_is_named_in_a_bounded_message():
+    """The router's wrong answer (and a router without a ``name``, shown by its repr) is bounded in
+    the message (errors.bounded_repr), as every value a message prints."""
+
+    class Huge:
+        def __repr__(self) -> str:
+            return "Huge" + "!" * 1_000_000
+
+        def bind(self, n_instances, seed=0):
+            pass
+
+        def route(self, table):
+            return list(range(100_000))
+
+    w = Workload.from_requests([Request(0, 0.0, 10, 2)])
+    c = Cluster([make_spec()] * 2, lambda: make_policy("fcfs"), router=Huge())
+    with pytest.raises(ConfigError, match="returned \\[0, 1, 2") as info:
+        c.run(w)
+    assert len(str(info.value)) < 500

@@ -172,3 +172,20 @@ def test_tier_list_and_capacities_follow_the_byte_sizes() -> None:
     assert [t.name for t in s.tiers] == ["hbm", "dram", "nvme", "pnm"]
     assert s.tier_capacity_blocks == (100, 10, 0, 0)  # floor(bytes / block), absent tiers hold 0
     assert s.with_overrides(hbm_kv_blocks=50).num_hbm_blocks == 50 and s.num_hbm_blocks == 100  # frozen copy
+
+
+@pytest.mark.parametrize("kw, tier", [(dict(dram_kv_bytes=1e30, preemption_mode="swap"), "dram"),
+                                      (dict(nvme_kv_bytes=1e30), "nvme"), (dict(hbm_kv_blocks=2**60), "hbm")])
+def test_a_tier_too_large_for_the_int64_tables_is_a_config_error(kw, tier) -> None:
+    """A tier of more than 2**53 blocks (1e30 bytes of DRAM) was accepted, then crashed a routed
+    run with an OverflowError where router tables hold free blocks as int64 (at once with a
+    router delay, which snapshots every column). An extra tier too."""
+    with pytest.raises(ConfigError, match=f"blocks of tier '{tier}'=\\d+ is not allowed: expected at most"):
+        InstanceSpec(get_model("Llama-3.1-8B"), get_gpu("H100-SXM"), **kw)
+    from kvsched.envs.sim.specs import LinkSpec, TierSpec
+
+    link = LinkSpec("x", 1e9, 1e-6)
+    with pytest.raises(ConfigError, match="blocks of tier 'cxl'"):
+        InstanceSpec(get_model("Llama-3.1-8B"), get_gpu("H100-SXM"),
+                     extra_tiers=(TierSpec("cxl", 1e30, ("swapped",), "hbm", link, link),))
+    InstanceSpec(get_model("Llama-3.1-8B"), get_gpu("H100-SXM"), dram_kv_bytes=1e15)  # a petabyte is fine

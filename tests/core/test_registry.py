@@ -64,3 +64,31 @@ def test_register_decorator_adds_the_class_and_sets_its_name():
         pass
 
     assert r.get("MY-POLICY") is Mine and Mine.name == "my-policy"
+
+
+def test_a_preset_table_and_its_registry_are_one_table():
+    """A preset added to the public table (``MODEL_PRESETS["x"] = ...``, as before the Registry)
+    is found by ``get_model`` and YAML; one added to the registry is listed by ``kvsched presets``
+    (``presets_rows`` reads the table). The registry used to copy the table at import, so each
+    addition was seen by only one of the two."""
+    import dataclasses
+
+    from kvsched.envs.sim.specs import (GPU_PRESETS, GPUS, MODEL_PRESETS, MODELS, get_gpu, get_model,
+                                        instance_spec_from_dict, presets_rows)
+
+    mine = dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], name="My-8B")
+    MODEL_PRESETS["My-8B"] = mine
+    try:
+        assert get_model("my-8b") is mine and "My-8B" in MODELS.names()
+        assert instance_spec_from_dict({"model": "My-8B", "gpu": "H100-SXM"}).model is mine
+    finally:
+        del MODEL_PRESETS["My-8B"]
+    with pytest.raises(UnknownPresetError):
+        get_model("My-8B")
+    gpu = dataclasses.replace(GPU_PRESETS["H100-SXM"], name="My-GPU")
+    GPUS.add("My-GPU", gpu)
+    try:
+        assert GPU_PRESETS["My-GPU"] is gpu and get_gpu("MY-GPU") is gpu
+        assert any(row["name"] == "My-GPU" for row in presets_rows()["gpus"])
+    finally:
+        del GPU_PRESETS["My-GPU"]

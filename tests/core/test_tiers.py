@@ -128,8 +128,10 @@ def test_a_toy_tier_round_trips_through_yaml_and_bad_entries_are_named():
         spec(extra_tiers=(cxl_tier(0),))  # its mode, but no capacity
 
 
-@pytest.mark.parametrize("holds", [("running",), ("prefix",), ("pnm_resident",), ("swapped", "prefix")])
+@pytest.mark.parametrize("holds", [("prefix",), ("swapped", "prefix")])
 def test_an_extra_tier_may_only_hold_swapped_blocks_the_one_content_with_a_generic_mechanism(holds):
+    # running / pnm_resident are refused by TierSpec itself (the next test); prefix is a valid
+    # content of HBM's tier, refused only on an extra tier
     tier = TierSpec("cxl", 1e9, holds, "hbm", CXL_LINK, CXL_LINK)
     with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.holds.*\['swapped'\] on an extra tier"):
         spec(extra_tiers=(tier,))
@@ -138,3 +140,32 @@ def test_an_extra_tier_may_only_hold_swapped_blocks_the_one_content_with_a_gener
 def test_a_preemption_mode_on_a_tier_that_holds_no_swapped_blocks_is_refused():
     with pytest.raises(ConfigError, match=r"TierSpec\(.cxl.\)\.preemption_mode.*only a swap target"):
         TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="cxl")
+
+
+@pytest.mark.parametrize("mode", ["migrate", "recompute"])
+def test_a_tier_may_not_take_a_reserved_preemption_mode(mode):
+    # a tier named "migrate" took the mode "migrate" by default: preemption then called the PNM
+    # migration without a PNM tier, which refused, and make_room looped forever
+    named = TierSpec(mode, 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match=f"preemption_mode '{mode}', which .* already means"):
+        spec(extra_tiers=(named,), preemption_mode=mode)
+    explicit = TierSpec("cxl", 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode=mode)
+    with pytest.raises(ConfigError, match=f"preemption_mode '{mode}', which .* already means"):
+        spec(extra_tiers=(explicit,), preemption_mode="recompute")
+    renamed = TierSpec(mode, 400 * BLOCK_BYTES, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="far")
+    assert spec(extra_tiers=(renamed,), preemption_mode="far").tiers[3].name == mode
+
+
+def test_an_extra_tier_may_not_claim_what_only_hbm_or_pnm_hold_nor_a_mode_without_swapped_blocks():
+    """Accepted before, and silently nothing: an extra tier "holding" running requests or
+    PNM-resident KV (only HBM computes, only the PNM tier's migrations place KV there), or a
+    preemption mode on a tier that holds no swapped blocks (the spec's preemption_mode could name
+    it; victims then skipped it and went to the later swap tiers, or recomputed)."""
+    for holds in (("running",), ("swapped", "pnm_resident")):
+        with pytest.raises(ConfigError, match="holds=.* only the '(hbm|pnm)' tier holds it"):
+            TierSpec("cxl", 1e9, holds, "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match="preemption_mode='cxl' is not allowed: expected '' for a tier"):
+        TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="cxl")
+    assert TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK).preemption_mode == ""
+    assert [t.holds for t in spec().tiers] == [("running", "prefix"), ("swapped",), ("swapped",), ("swapped",),
+                                               ("pnm_resident",)]

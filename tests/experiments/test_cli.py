@@ -596,3 +596,19 @@ def test_cli_router_params_errors(capsys):
     assert main(["simulate", "--trace", "azure-conv-2023", "--max-requests", "5", "--instances", "2",
                  "--router", "cache-affinity", "--router-params", '{"cache_threshold": 2}', "--no-progress"]) == 2
     assert "cache_threshold=2" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("flags", [["--policy", "FCFS"], ["--policy", " fcfs "], ["--router", "Least-Loaded"]])
+def test_naming_the_scenarios_policy_or_router_in_another_case_keeps_its_parameters(tmp_path, flags):
+    """The registries accept "FCFS" / "RR" for "fcfs" / "round-robin"; the CLI compared the flag
+    with the scenario's name as typed, took "FCFS" for another policy and silently dropped the
+    scenario's policy_params (tier-aware preemption and prefetch here), as a router's its router_params."""
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("synthetic: {rate_per_s: 2.0, duration_s: 5}\nn_instances: 2\npolicy: fcfs\n"
+                  "policy_params: {tier_aware_preemption: true, prefetch: true}\nrouter: least-loaded\n"
+                  "router_params: {kv_weight: 0.5}\n")
+    assert main(["simulate", "--scenario", str(sc), "--out", str(tmp_path / "o"), "--json", "--no-progress"]
+                + flags) == 0
+    run = json.loads((tmp_path / "o" / "run.json").read_text())["scenario"]
+    assert run["policy"] == "fcfs" and run["policy_params"] == {"tier_aware_preemption": True, "prefetch": True}
+    assert run["router"] == "least-loaded" and run["router_params"] == {"kv_weight": 0.5}

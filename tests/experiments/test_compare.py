@@ -191,3 +191,54 @@ def test_comparing_routers_on_one_instance_is_refused_not_a_table_of_identical_r
     sc = Scenario(trace=None, synthetic={"duration_s": 15, "rate_per_s": 3}, n_instances=1)
     with pytest.raises(ConfigError, match="n_instances >= 2.*n_instances=1"):
         run_compare(sc, routers=["rr", "least-loaded"])
+
+
+def test_names_in_another_case_or_an_alias_count_as_the_registered_name():
+    """The registries accept a name in any case or an alias ("LARS", "rr"); compare compared names
+    as typed, so "fcfs,FCFS" ran FCFS twice under two labels, and --policy-params keyed by "lars"
+    named a policy "not compared" when --policies said "LARS". Rows keep the names as given."""
+    from kvsched.experiments.compare import parse_policies, parse_router_params, parse_routers
+
+    assert parse_policies(" LARS,fcfs ") == ["LARS", "fcfs"]
+    with pytest.raises(ConfigError, match="\\['fcfs'\\] given twice"):
+        parse_policies("fcfs,FCFS")
+    assert parse_policy_params('{"lars": {"tier_aware_preemption": true}}', parse_policies("LARS")) == \
+        {"LARS": {"tier_aware_preemption": True}}
+    assert parse_policy_params('{"LARS": {}}', ["lars"]) == {"lars": {}}
+    with pytest.raises(ConfigError, match="not compared"):
+        parse_policy_params('{"LARS": {}}', ["fcfs"])
+    assert parse_routers("rr,least-loaded") == ["rr", "least-loaded"]
+    with pytest.raises(ConfigError, match="\\['round-robin'\\] given twice"):
+        parse_routers("rr,round-robin")
+    assert parse_router_params('{"round-robin": {}}', ["rr"]) == {"rr": {}}
+    assert parse_router_params('{"Least-Loaded": {"kv_weight": 0.5}}', ["least-loaded"]) == \
+        {"least-loaded": {"kv_weight": 0.5}}
+
+
+def test_an_extra_tiers_links_are_compared_tabled_and_plotted(tmp_path, monkeypatch):
+    """Tiers as data reach the comparison: the bytes over an extra tier's links (summary
+    ``bytes_moved``) are columns of the runs and aggregate frames and of the table, and its
+    occupancy is plotted. They were dropped (fixed standard link columns, a fixed hbm/dram/nvme
+    plot), so a policy comparison on a CXL swap tier showed no bytes moved at all."""
+    from kvsched.experiments import compare as cmp
+    from kvsched.experiments.compare import rich_table
+
+    tier = {"name": "cxl", "capacity_bytes": 400 * 131072 * 16, "write_link": "pcie5", "read_link": "pcie5"}
+    sc = Scenario(trace=None, synthetic={"rate_per_s": 10.0, "duration_s": 8, "prompt_median_tokens": 400,
+                             "output_median_tokens": 120, "output_max_tokens": 300}, seed=3,
+                  instance={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "hbm_kv_blocks": 160,
+                            "max_num_batched_tokens": 2048, "max_num_seqs": 64, "extra_tiers": [tier],
+                            "preemption_mode": "cxl"})
+    res = run_compare(sc, ["fcfs"])
+    runs = res.runs
+    assert list(runs.columns[-2:]) == ["bytes_hbm_to_cxl", "bytes_cxl_to_hbm"]
+    moved = runs[runs["class"] == "all"]["bytes_hbm_to_cxl"].iloc[0]
+    assert moved == res.records[("fcfs", 3, 0)]["bytes_hbm_to_cxl"].sum() > 0
+    agg = aggregate(runs, res.policies)
+    assert agg["bytes_cxl_to_hbm"].iloc[0] > 0 and "bytes_cxl_to_hbm_std" in agg.columns
+    assert "GB hbm→cxl" in [c.header for c in rich_table(agg, "t").columns]
+    plotted = []
+    summed = cmp._summed_occupancy
+    monkeypatch.setattr(cmp, "_summed_occupancy", lambda occ, t: (plotted.append(t), summed(occ, t))[1])
+    cmp.plot_occupancy(res, tmp_path / "occ.png")
+    assert plotted == ["hbm", "cxl"]

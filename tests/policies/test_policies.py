@@ -345,6 +345,47 @@ def test_the_cost_gate_prefers_the_tier_that_makes_preemption_cheap(admission_ru
     assert n["none"]["always"] >= 1 and n["dram"]["always"] >= 1
 
 
+def test_admission_preemption_uses_an_extra_tiers_mode_as_it_uses_dram():
+    """An extra tier holding swapped blocks is a preemption target under its own mode for admission
+    preemption too: with the spec's mode naming it, the victim swaps there (no recompute), priced
+    by its round trip (it used to be ignored: the victim was recomputed and the gate priced a
+    re-prefill), and a tier-aware policy offers it."""
+    from kvsched.envs.sim.specs import LinkSpec, TierSpec
+
+    w = _burst()
+    pcie = spec().pcie_link  # the same link as DRAM's: the same costs, the same decisions
+    cxl = TierSpec("cxl", 64 * 2**30, ("swapped",), "hbm", pcie, pcie)
+    dram_runs = admission_runs_for(w, dict(dram_kv_bytes=64 * 2**30, preemption_mode="swap"))
+    cxl_runs = admission_runs_for(w, dict(extra_tiers=(cxl,), preemption_mode="cxl"))
+    for m in ("always", "cost-gated"):
+        d, c = dram_runs[m], cxl_runs[m]
+        assert c.stats["admission_preemptions"] == d.stats["admission_preemptions"] >= 1
+        assert c.summary["classes"]["all"]["preemptions"]["recomputed_tokens"] == 0
+        assert c.stats["link_bytes"]["cxl_write"] == d.stats["link_bytes"]["pcie_d2h"] > 0
+    tier_aware = _run_admission(w, spec(hbm_kv_blocks=6_400, extra_tiers=(cxl,)), "always",
+                                tier_aware_preemption=True)
+    assert tier_aware.stats["admission_preemptions"] >= 1 and tier_aware.stats["link_bytes"]["cxl_write"] > 0
+    assert tier_aware.summary["classes"]["all"]["preemptions"]["recomputed_tokens"] == 0
+
+
+def test_admission_preemption_falls_back_in_the_instances_tier_order():
+    from kvsched.policies.preemption import _fallback_chain
+
+    modes = ["recompute", "swap", "offload", "cxl", "far"]
+    assert _fallback_chain("swap", modes) == ("swap", "offload", "cxl", "far", "recompute")
+    assert _fallback_chain("offload", modes) == ("offload", "cxl", "far", "recompute")
+    assert _fallback_chain("cxl", modes) == ("cxl", "far", "recompute")
+    assert _fallback_chain("recompute", modes) == ("recompute",)
+    # a tier without capacity is not offered: its mode starts at the next tier
+    assert _fallback_chain("swap", ["recompute", "offload"]) == ("offload", "recompute")
+    assert _fallback_chain("offload", ["recompute", "swap", "cxl"]) == ("cxl", "recompute")
+
+
+def admission_runs_for(w, tier_kw):
+    sp = spec(hbm_kv_blocks=6_400, **tier_kw)
+    return {m: _run_admission(w, sp, m) for m in ("always", "cost-gated")}
+
+
 def test_admission_preemption_is_deterministic_and_fast_forward_exact():
     from kvsched.envs.sim.cluster import Cluster
     from kvsched.envs.sim.instance import InstanceOptions

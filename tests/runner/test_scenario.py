@@ -61,3 +61,100 @@ def test_a_key_given_twice_is_refused(tmp_path):
     p.write_text("trace: azure-conv-2023\nrate_scale: 2\npolicy: fcfs\nrate_scale: 3\n")
     with pytest.raises(ConfigError, match="rate_scale"):
         load_scenario(p)
+
+
+BOMB_LIST = ('[&a ["xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx"], '
+             '&b [*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c], '
+             '&e [*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e]]')
+
+
+@pytest.mark.parametrize("key", ["policy", "router", "trace", "name", "seed", "n_instances", "rate_scale",
+                                 "max_requests", "window_s", "oracle_lengths", "policy_params", "router_params",
+                                 "metrics", "metrics_percentiles", "metrics_slo", "router_delay_s",
+                                 "synthetic_rate", "synthetic_duration"])
+def test_a_huge_value_is_named_in_a_bounded_message(tmp_path, key):
+    """A YAML alias bomb (a 300-byte value that expands to ~50,000 strings) in a scenario field is
+    refused with a message of bounded length (errors.bounded_repr), not its whole expansion (the
+    message was ~0.7 MB here, ~8.5 MB one level deeper, and grows ninefold per level)."""
+    if key == "metrics_percentiles":
+        text = f"trace: azure-conv-2023\nmetrics: {{percentiles: {{x: {BOMB_LIST}}}}}\n"
+    elif key == "metrics_slo":
+        text = f"trace: azure-conv-2023\nmetrics: {{slos: {{short: {BOMB_LIST}}}}}\n"
+    else:
+        text = f"trace: azure-conv-2023\n{key}: {BOMB_LIST}\n" if key != "trace" else f"trace: {BOMB_LIST}\n"
+    if key == "metrics":
+        text = f"trace: azure-conv-2023\nmetrics: {BOMB_LIST}\n"
+    if key == "synthetic_rate":  # SyntheticConfig is checked when the workload is built
+        text = f"synthetic: {{rate_per_s: {BOMB_LIST}, duration_s: 10}}\n"
+    if key == "synthetic_duration":
+        text = f"synthetic: {{rate_per_s: 1.0, duration_s: {BOMB_LIST}}}\n"
+    p = tmp_path / "bomb.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_scenario(p).workload()
+    assert len(str(e.value)) < 1000, str(e.value)[:300]
+
+
+def test_policy_and_router_names_are_stored_as_registered():
+    """A scenario may name the policy and router in any case or by an alias (the registries accept
+    them); it keeps the registered name, so labels, the scenario hash and the environments'
+    "is this the scenario's policy" check (its policy_params) see one name."""
+    sc = Scenario(trace="mooncake-conversation", policy="LARS", policy_params={"tier_aware_preemption": True},
+                  router="RR", n_instances=2)
+    assert sc.policy == "lars" and sc.router == "round-robin"
+    same = Scenario(trace="mooncake-conversation", policy="lars", policy_params={"tier_aware_preemption": True},
+                    n_instances=2)
+    assert sc.sha256() == same.sha256()
+
+
+def test_an_environment_reference_gets_the_scenarios_params_whatever_the_case(tmp_path):
+    from kvsched.envs.common import reference
+    from kvsched.envs.episodes import EpisodeConfig, EpisodeSource
+
+    p = tmp_path / "sc.yaml"
+    p.write_text("synthetic: {rate_per_s: 2.0, duration_s: 30}\npolicy: LARS\n"
+                 "policy_params: {tier_aware_preemption: true}\n")
+    src = EpisodeSource(EpisodeConfig(str(p), window_s=10.0))
+    for name in ("lars", "Lars"):
+        assert reference(name, None, src).params.tier_aware_preemption is True
+    assert reference("fcfs", None, src).params.tier_aware_preemption is False
+
+
+def test_a_scenario_without_extra_tiers_keeps_the_hash_it_had_before_tiers_existed():
+    """Provenance hashes (run.json, compare, tune studies) of scenarios written before a field
+    existed stay as they were: routing fields at their defaults are left out of the hashed form,
+    and so is an empty ``extra_tiers`` (it had changed every scenario's ``scenario_sha256``)."""
+    sc = Scenario(source="command line")
+    assert "extra_tiers" not in sc.to_dict()["instance"]
+    # the default scenario's hash at 007aee3, before the house (change it only with the scenario's content)
+    assert sc.sha256() == "7a4abc9744c0365245aa63d3e6398b7e982a1153740fcfd141fad9ffeac9b666"
+    tier = {"name": "cxl", "capacity_bytes": 1e9, "write_link": "pcie5", "read_link": "pcie5"}
+    with_tier = Scenario(instance={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "extra_tiers": [tier]})
+    assert with_tier.to_dict()["instance"]["extra_tiers"][0]["name"] == "cxl"
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("policy: lars\npolicy_params: {1: 2, foo: 3}\n", "policy 'lars': unknown parameters [1, 'foo']"),
+    ("router: least-loaded\nrouter_params: {1: 2, foo: 3}\n", "router 'least-loaded': unknown parameters [1, 'foo']"),
+    ("metrics: {1: 2, foo: 3}\n", "metrics has unknown keys [1, 'foo']"),
+    ("1: 2\nfoo: 3\n", "unknown keys [1, 'foo']"),
+])
+def test_unknown_keys_of_mixed_types_are_named_not_a_type_error(tmp_path, body, fragment):
+    """YAML reads ``1:`` as an integer key; sorting it with text keys for the message raised
+    ``TypeError: '<' not supported between instances of 'int' and 'str'`` (a traceback, exit 1)."""
+    p = tmp_path / "sc.yaml"
+    p.write_text("synthetic: {rate_per_s: 1.0, duration_s: 5}\n" + body)
+    with pytest.raises(ConfigError, match=fragment.replace("[", "\\[").replace("]", "\\]")):
+        load_scenario(p)
+
+
+def test_a_policy_or_router_named_with_padding_is_named_as_registered_in_messages():
+    """A name the registry matches after stripping spaces (a quoted YAML string may carry
+    100,000 of them) is named as registered in later messages, so they stay short."""
+    padded = "lars" + " " * 100_000
+    with pytest.raises(ConfigError) as e:
+        Scenario(trace="mooncake-conversation", policy=padded, policy_params={"nope": 1})
+    assert "policy 'lars': unknown parameters ['nope']" in str(e.value) and len(str(e.value)) < 1000
+    with pytest.raises(ConfigError) as e:
+        Scenario(trace="mooncake-conversation", router="least-loaded" + " " * 100_000, router_params={"nope": 1})
+    assert "router 'least-loaded': unknown parameters ['nope']" in str(e.value) and len(str(e.value)) < 1000
