@@ -59,6 +59,11 @@ class HeuristicAgent:
             return
         require(params is None, "params", params, "None outside Routing-v0 (the environment's reference or "
                 "heuristic brings its own parameters)")
+        if policy is not None:  # the registered name: 'LARS' is 'lars', as for simulate
+            from kvsched.policies.base import POLICIES
+
+            policy = POLICIES.canonical(policy)
+            self.policy = policy
         self._args = (policy,)
         if env_id.endswith("Scheduling-v0"):
             ref = attr("reference_policy")

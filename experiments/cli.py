@@ -43,7 +43,21 @@ from .commands import COMMANDS, Command
 from .consoles import stderr_console, stdout_console
 
 
-class _CommandParser(argparse.ArgumentParser):
+#: longest argparse error message printed (argparse quotes the offending argument whole)
+MAX_ERROR_CHARS = 400
+
+
+class _BoundedErrors(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are cut to :data:`MAX_ERROR_CHARS` characters
+    (``invalid choice: '<100 kB>'`` would otherwise print the whole argument)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS - 3] + f"... ({len(message)} characters)"
+        super().error(message)
+
+
+class _CommandParser(_BoundedErrors):
     """The sub-parser of one :class:`~kvsched.experiments.commands.Command`. Its options and its
     ``func`` default (the handler) are added the first time it parses or formats its help, which
     imports the command's module then and not before."""
@@ -81,7 +95,7 @@ class _CommandParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvsched`` parser: one sub-parser per entry of
     :data:`~kvsched.experiments.commands.COMMANDS`, in its order, each filled in when selected."""
-    p = argparse.ArgumentParser(
+    p = _BoundedErrors(
         prog="kvsched",
         description="kvsched: LLM-serving scheduling as a KV-cache residency problem. "
                     "`kvsched simulate` serves a real trace on a simulated vLLM-like instance.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from kvsched.envs.sim.errors import bounded_repr
+
 
 def integer(minimum: int, maximum: int | None = None):
     """argparse type of an integer flag in [``minimum``, ``maximum``] (no upper bound when
@@ -20,9 +22,9 @@ def integer(minimum: int, maximum: int | None = None):
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{bounded_repr(text)} is not allowed: expected {allowed}") from None
         if v < minimum or (maximum is not None and v > maximum):
-            raise argparse.ArgumentTypeError(f"{v} is not allowed: expected {allowed}")
+            raise argparse.ArgumentTypeError(f"{bounded_repr(v)} is not allowed: expected {allowed}")
         return v
 
     parse.__name__ = "integer"  # argparse names the type in some messages
@@ -53,9 +55,9 @@ def number(minimum: float, strict: bool):
         try:
             v = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{bounded_repr(text)} is not allowed: expected {allowed}") from None
         if not math.isfinite(v) or v < minimum or (strict and v == minimum):
-            raise argparse.ArgumentTypeError(f"{text} is not allowed: expected {allowed}")
+            raise argparse.ArgumentTypeError(f"{bounded_repr(text)[1:-1]} is not allowed: expected {allowed}")
         return v
 
     parse.__name__ = "number"  # argparse names the type in some messages

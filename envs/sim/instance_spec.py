@@ -211,6 +211,9 @@ class InstanceSpec:
                     f"a tier name other than the standard ones ({', '.join(STANDARD_TIERS)})")
             # the one content with a tier-generic mechanism: running blocks compute in HBM, PNM
             # residency needs a device that computes, and the prefix cache lives in HBM (#21)
+            # (recompute and migrate are reserved modes: check_tier_list says what they mean)
+            require(t.preemption_mode not in ("swap", "offload"), f"{o}.extra_tiers[{t.name}].preemption_mode",
+                    t.preemption_mode, "a mode of its own, not the DRAM tier's 'swap' or NVMe's 'offload'")
             require(t.holds == ("swapped",), f"{o}.extra_tiers[{t.name}].holds", list(t.holds),
                     "['swapped'] on an extra tier (running: HBM only; pnm_resident: the PNM tier; "
                     "prefix: HBM's prefix cache)")
@@ -284,6 +287,10 @@ class InstanceSpec:
             require(n <= MAX_TIER_BLOCKS, f"{o}: blocks of tier {t.name!r}", n,
                     f"at most {MAX_TIER_BLOCKS} blocks of {kv_block:.0f} bytes (set by hbm_kv_blocks, dram_kv_bytes, "
                     "nvme_kv_bytes, pnm or extra_tiers[].capacity_bytes)")
+        for t, n in zip(tiers, blocks):  # the spec's mode sends victims there: it must hold a block
+            require(t.preemption_mode != self.preemption_mode or n >= 1, f"{o}.preemption_mode",
+                    self.preemption_mode, f"a mode whose tier ({t.name!r}) holds at least one KV block of "
+                    f"{kv_block:.0f} bytes; it holds {t.capacity_bytes:g} bytes")
         self._set("_tiers", tuple(tiers))
         self._set("_tier_blocks", tuple(blocks))
         self._set("_num_hbm_blocks", hbm_blocks)

@@ -309,8 +309,10 @@ class RoundRobinPlacement:
         self._turn = 0
 
     def bind(self, n_instances: int, seed: int = 0) -> None:
-        """Called once by the cluster before the first request (``seed`` is not used)."""
+        """Called once by each cluster before its first request (``seed`` is not used); starts
+        the turn at instance 0, so a router object reused for another run routes it the same."""
         self.n_instances = int(n_instances)
+        self._turn = 0
 
     def route(self, table: RouterTable) -> int:
         """The next instance in turn."""

@@ -83,3 +83,10 @@ def test_a_routing_agent_needs_a_known_router():
         HeuristicAgent("no-such-router", env)
     with pytest.raises(ConfigError, match="router name"):
         HeuristicAgent(None, env)
+
+
+def test_a_heuristic_named_in_another_case_is_the_registered_one():
+    env = gym.make("kvsched/Scheduling-v0", reference_policy="lars", **KW)
+    agent = HeuristicAgent("LARS", env)
+    assert agent.policy == "lars"
+    env.close()

@@ -189,3 +189,12 @@ def test_a_tier_too_large_for_the_int64_tables_is_a_config_error(kw, tier) -> No
         InstanceSpec(get_model("Llama-3.1-8B"), get_gpu("H100-SXM"),
                      extra_tiers=(TierSpec("cxl", 1e30, ("swapped",), "hbm", link, link),))
     InstanceSpec(get_model("Llama-3.1-8B"), get_gpu("H100-SXM"), dram_kv_bytes=1e15)  # a petabyte is fine
+
+
+@pytest.mark.parametrize("mode", ["swap", "offload"])
+def test_a_preemption_mode_whose_tier_holds_less_than_one_block_is_refused(mode):
+    from simkit import make_spec
+
+    with pytest.raises(ConfigError, match="holds at least one KV block"):
+        make_spec(preemption_mode=mode, dram_kv_bytes=1000.0, nvme_kv_bytes=1000.0)
+    assert make_spec(preemption_mode=mode, dram_kv_bytes=4e9, nvme_kv_bytes=4e9).preemption_mode == mode

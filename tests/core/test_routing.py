@@ -169,3 +169,14 @@ def test_round_robin_tells_how_many_arrivals_come_before_an_instances_turn():
     assert [rr.arrivals_until(i, 3) for i in range(3)] == [0, 1, 2]
     assert rr.route([0, 1, 2]) == 0  # instance 0 took one (a table of 3 rows): instance 1 is next
     assert [rr.arrivals_until(i, 3) for i in range(3)] == [2, 0, 1]
+
+
+def test_a_round_robin_placement_reused_for_another_run_routes_it_the_same():
+    from kvsched.policies.base import make_policy
+    from simkit import make_spec
+
+    rr = RoundRobinPlacement()
+    w = Workload.from_requests([Request(i, 0.05 * i, 64, 4) for i in range(5)])
+    runs = [Cluster([make_spec()] * 3, lambda: make_policy("fcfs"), router=rr).run(w) for _ in range(2)]
+    placed = [r.records.sort_values("request_id")["instance_id"].tolist() for r in runs]
+    assert placed[0] == placed[1] == [0, 1, 2, 0, 1]

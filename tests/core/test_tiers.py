@@ -169,3 +169,9 @@ def test_an_extra_tier_may_not_claim_what_only_hbm_or_pnm_hold_nor_a_mode_withou
     assert TierSpec("cxl", 1e9, ("prefix",), "hbm", CXL_LINK, CXL_LINK).preemption_mode == ""
     assert [t.holds for t in spec().tiers] == [("running", "prefix"), ("swapped",), ("swapped",), ("swapped",),
                                                ("pnm_resident",)]
+
+
+def test_an_extra_tier_taking_a_standard_tiers_mode_is_named_as_the_duplicate():
+    tier = TierSpec("cxl", 1e9, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="swap")
+    with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.preemption_mode='swap'.*a mode of its own"):
+        spec(extra_tiers=(tier,))

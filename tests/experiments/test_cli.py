@@ -612,3 +612,15 @@ def test_naming_the_scenarios_policy_or_router_in_another_case_keeps_its_paramet
     run = json.loads((tmp_path / "o" / "run.json").read_text())["scenario"]
     assert run["policy"] == "fcfs" and run["policy_params"] == {"tier_aware_preemption": True, "prefetch": True}
     assert run["router"] == "least-loaded" and run["router_params"] == {"kv_weight": 0.5}
+
+
+def test_a_huge_bad_argument_is_named_in_a_bounded_message(capsys):
+    from kvsched.experiments.cli import main
+
+    for argv in (["simulate", "--format", "y" * 100_000], ["tune", "--trials", "-" + "9" * 3000],
+                 ["simulate", "--max-requests", "z" * 100_000]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and len(err.splitlines()[-1]) < 600, argv[:2]

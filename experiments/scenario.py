@@ -1,0 +1,13 @@
+"""Moved to :mod:`kvsched.runner.scenario` (the house redesign, issue #18); this alias keeps old imports
+working and warns. It will be removed in kvsched 0.3."""
+
+import warnings as _warnings
+
+import kvsched.runner.scenario as _moved
+
+_warnings.warn("kvsched.experiments.scenario moved to kvsched.runner.scenario; import it from there",
+               DeprecationWarning, stacklevel=2)
+
+
+def __getattr__(name: str):
+    return getattr(_moved, name)
