@@ -264,6 +264,123 @@ def stage_of(config: SharedPrefixConfig, arrival_s: np.ndarray) -> np.ndarray:
     return np.searchsorted(starts, np.asarray(arrival_s, dtype=np.float64), side="right").astype(np.int64)
 
 
+def _prompt_parts(c: SharedPrefixConfig, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each user's group and the re-tokenised system-prompt and question lengths (tokens).
+
+    Drawn in a fixed order from ``rng``: the user -> group permutation, then the noise of the
+    system prompts (per group), then of the questions (per user). A length is
+    ``rint(nominal · prompt_scale + prompt_jitter · sqrt(nominal) · N(0, 1))``, floored at 0
+    (system prompt; all 0 when ``system_prompt_len`` is 0) or 1 (question).
+
+    Returns:
+        ``(group_of_user, sys_len, q_len)``: int64 arrays of shapes ``(num_users,)``,
+        ``(num_groups,)`` and ``(num_users,)``.
+    """
+    group_of_user = rng.permutation(np.repeat(np.arange(c.num_groups), c.users_per_group))
+    sys_noise = rng.standard_normal(c.num_groups)
+    q_noise = rng.standard_normal(c.num_users)
+    sys_len = np.rint(c.system_prompt_len * c.prompt_scale
+                      + c.prompt_jitter * math.sqrt(c.system_prompt_len) * sys_noise).astype(np.int64)
+    sys_len = np.maximum(sys_len, 0) if c.system_prompt_len else np.zeros(c.num_groups, np.int64)
+    q_len = np.rint(c.question_len * c.prompt_scale
+                    + c.prompt_jitter * math.sqrt(c.question_len) * q_noise).astype(np.int64)
+    q_len = np.maximum(q_len, 1)
+    return group_of_user, sys_len, q_len
+
+
+def _append_history(c: SharedPrefixConfig, fixed_prompt: np.ndarray, q_len: np.ndarray,
+                    user: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts and conversations of ``history="append"`` (sequential over requests).
+
+    A user's turn sends its previous prompt + ``output_len`` + its question; a user's first turn,
+    or a turn whose prompt + ``output_len`` would exceed ``max_context_tokens``, starts a new
+    conversation (next id) from the user's fixed prompt (system prompt + question).
+
+    Args:
+        fixed_prompt: int64 tokens of each request's first-turn prompt, shape ``(n,)``.
+        q_len: int64 question tokens per user, shape ``(num_users,)``.
+        user: int64 user of each request, shape ``(n,)``.
+
+    Returns:
+        ``(prompt, conversation)``: int64 prompt tokens and conversation ids, shape ``(n,)``.
+    """
+    n = len(fixed_prompt)
+    prompt = np.empty(n, dtype=np.int64)
+    conversation = np.empty(n, dtype=np.int64)
+    cur_len = [0] * c.num_users   # prompt + output of the user's last turn (0: no conversation)
+    cur_conv = [-1] * c.num_users
+    next_conv = 0
+    fp, ql, us = fixed_prompt.tolist(), q_len.tolist(), user.tolist()
+    out, cap = c.output_len, c.max_context_tokens
+    for i in range(n):
+        u = us[i]
+        p = cur_len[u] + ql[u] if cur_conv[u] >= 0 else fp[i]
+        if cur_conv[u] < 0 or p + out > cap:
+            p = fp[i]
+            cur_conv[u] = next_conv
+            next_conv += 1
+        prompt[i] = p
+        conversation[i] = cur_conv[u]
+        cur_len[u] = p + out
+    return prompt, conversation
+
+
+def _prefix_hashes(c: SharedPrefixConfig, seed: int, prompt: np.ndarray, sys_tokens: np.ndarray,
+                   group: np.ndarray, conversation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix hashes, one per ``hash_block_tokens`` prompt tokens (``ceil(prompt / block)`` per
+    request; see the module docstring).
+
+    A block entirely inside the system prompt hashes (seed, group, block index), another block
+    (seed, conversation, block index). Blocks that ``prefix_sharing`` does not share
+    (``"system"``: those outside the system prompt; ``"none"``: all) and a trailing partial
+    block hash (seed, request, block index) instead: unique to the request.
+
+    Args:
+        prompt, sys_tokens, group, conversation: int64 per request, shape ``(n,)``: prompt and
+            system-prompt tokens, system-prompt group and conversation id.
+
+    Returns:
+        ``(offsets, hashes)``: int64 offsets of shape ``(n + 1,)`` and non-negative int64 hashes
+        (request ``i`` owns ``hashes[offsets[i]:offsets[i + 1]]``).
+    """
+    b = c.hash_block_tokens
+    n = len(prompt)
+    nblocks = -(-prompt // b)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(nblocks, out=offsets[1:])
+    owner = np.repeat(np.arange(n, dtype=np.int64), nblocks)
+    j = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[owner]
+    in_sys = (j + 1) * b <= sys_tokens[owner]
+    full = (j + 1) * b <= prompt[owner]
+    hashes = np.where(in_sys, _block_hashes(seed, _TAG_SYS, group[owner], j),
+                      _block_hashes(seed, _TAG_CONV, conversation[owner], j))
+    if c.prefix_sharing != "system+user":
+        own = ~in_sys if c.prefix_sharing == "system" else np.ones(len(j), dtype=bool)
+        hashes[own] = _block_hashes(seed, _TAG_PARTIAL, owner[own], j[own])
+    partial = ~full
+    if partial.any():
+        hashes[partial] = _block_hashes(seed, _TAG_PARTIAL, owner[partial], j[partial])
+    return offsets, hashes
+
+
+def _provenance(c: SharedPrefixConfig, seed: int, prompt: np.ndarray) -> tuple[str, str, tuple[str, str]]:
+    """The workload's name, ``source_sha256`` (SHA-256 of the canonical JSON of generator
+    version, config and seed) and notes (a summary, then that JSON), from the generated
+    ``prompt`` tokens (shape ``(n,)``)."""
+    full_json = json.dumps({"generator": GENERATOR_VERSION, "config": c.to_dict(), "seed": seed},
+                           sort_keys=True)
+    sha = hashlib.sha256(full_json.encode()).hexdigest()
+    rates = "/".join(f"{s.rate_per_s:g}" for s in c.stages)
+    name = (f"inference-perf shared_prefix({c.num_groups}x{c.users_per_group} users, sys {c.system_prompt_len}"
+            f" + q {c.question_len} -> out {c.output_len}, {rates} req/s, history={c.history}, seed={seed})")
+    notes = (f"inference-perf shared_prefix workload: {len(prompt)} requests, {c.num_users} users in "
+             f"{c.num_groups} groups, {len(c.stages)} constant-rate stage(s), prompt tokens "
+             f"{int(prompt.min())}-{int(prompt.max())} (mean {float(prompt.mean()):.1f})",
+             f"inference-perf config: {full_json}")
+    return name, sha, notes
+
+
 def generate(config: SharedPrefixConfig, seed: int = 0) -> Workload:
     """Generate the requests of ``config`` (see the module docstring).
 
@@ -286,78 +403,22 @@ def generate(config: SharedPrefixConfig, seed: int = 0) -> Workload:
     if not _is_int(seed) or seed < 0:
         raise ConfigError(f"seed={seed!r} is not allowed: expected an integer >= 0")
     c, seed = config, int(seed)
-    rng = np.random.default_rng(seed)
-    n_users = c.num_users
-    group_of_user = rng.permutation(np.repeat(np.arange(c.num_groups), c.users_per_group))
-    # fixed draw order: system prompts (per group), then questions (per user)
-    sys_noise = rng.standard_normal(c.num_groups)
-    q_noise = rng.standard_normal(n_users)
-    sys_len = np.rint(c.system_prompt_len * c.prompt_scale
-                      + c.prompt_jitter * math.sqrt(c.system_prompt_len) * sys_noise).astype(np.int64)
-    sys_len = np.maximum(sys_len, 0) if c.system_prompt_len else np.zeros(c.num_groups, np.int64)
-    q_len = np.rint(c.question_len * c.prompt_scale
-                    + c.prompt_jitter * math.sqrt(c.question_len) * q_noise).astype(np.int64)
-    q_len = np.maximum(q_len, 1)
-
+    group_of_user, sys_len, q_len = _prompt_parts(c, np.random.default_rng(seed))
     arrival = _arrivals(c)
     n = len(arrival)
-    user = np.arange(n, dtype=np.int64) % n_users
+    user = np.arange(n, dtype=np.int64) % c.num_users
     group = group_of_user[user]
     sys_tokens = sys_len[group]
     fixed_prompt = sys_tokens + q_len[user]
     if c.history == "fixed":
-        prompt = fixed_prompt
-        conversation = user.copy()
+        prompt, conversation = fixed_prompt, user.copy()
     else:
-        prompt = np.empty(n, dtype=np.int64)
-        conversation = np.empty(n, dtype=np.int64)
-        cur_len = [0] * n_users   # prompt + output of the user's last turn (0: no conversation)
-        cur_conv = [-1] * n_users
-        next_conv = 0
-        fp, ql, us = fixed_prompt.tolist(), q_len.tolist(), user.tolist()
-        out, cap = c.output_len, c.max_context_tokens
-        for i in range(n):
-            u = us[i]
-            p = cur_len[u] + ql[u] if cur_conv[u] >= 0 else fp[i]
-            if cur_conv[u] < 0 or p + out > cap:
-                p = fp[i]
-                cur_conv[u] = next_conv
-                next_conv += 1
-            prompt[i] = p
-            conversation[i] = cur_conv[u]
-            cur_len[u] = p + out
-
-    # prefix hashes: one per hash block; system-prompt blocks by group, others by conversation
-    b = c.hash_block_tokens
-    nblocks = -(-prompt // b)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(nblocks, out=offsets[1:])
-    owner = np.repeat(np.arange(n, dtype=np.int64), nblocks)
-    j = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[owner]
-    in_sys = (j + 1) * b <= sys_tokens[owner]
-    full = (j + 1) * b <= prompt[owner]
-    hashes = np.where(in_sys, _block_hashes(seed, _TAG_SYS, group[owner], j),
-                      _block_hashes(seed, _TAG_CONV, conversation[owner], j))
-    if c.prefix_sharing != "system+user":
-        own = ~in_sys if c.prefix_sharing == "system" else np.ones(len(j), dtype=bool)
-        hashes[own] = _block_hashes(seed, _TAG_PARTIAL, owner[own], j[own])
-    partial = ~full
-    if partial.any():
-        hashes[partial] = _block_hashes(seed, _TAG_PARTIAL, owner[partial], j[partial])
-
-    full_json = json.dumps({"generator": GENERATOR_VERSION, "config": c.to_dict(), "seed": seed},
-                           sort_keys=True)
-    sha = hashlib.sha256(full_json.encode()).hexdigest()
-    rates = "/".join(f"{s.rate_per_s:g}" for s in c.stages)
-    name = (f"inference-perf shared_prefix({c.num_groups}x{c.users_per_group} users, sys {c.system_prompt_len}"
-            f" + q {c.question_len} -> out {c.output_len}, {rates} req/s, history={c.history}, seed={seed})")
-    notes = (f"inference-perf shared_prefix workload: {n} requests, {n_users} users in {c.num_groups} groups, "
-             f"{len(c.stages)} constant-rate stage(s), prompt tokens {int(prompt.min())}-{int(prompt.max())} "
-             f"(mean {float(prompt.mean()):.1f})",
-             f"inference-perf config: {full_json}")
+        prompt, conversation = _append_history(c, fixed_prompt, q_len, user)
+    offsets, hashes = _prefix_hashes(c, seed, prompt, sys_tokens, group, conversation)
+    name, sha, notes = _provenance(c, seed, prompt)
     return Workload(
         name=name, request_id=np.arange(n, dtype=np.int64), arrival_s=arrival,
         prompt_tokens=prompt.astype(np.int64), output_tokens=np.full(n, c.output_len, dtype=np.int64),
         session_id=conversation.astype(np.int64), slo_class=np.zeros(n, dtype=np.int16),
-        hash_offsets=offsets, hashes=hashes.astype(np.int64), hash_block_tokens=b,
+        hash_offsets=offsets, hashes=hashes.astype(np.int64), hash_block_tokens=c.hash_block_tokens,
         slo_class_names=("default",), source_sha256=sha, notes=notes)

@@ -55,7 +55,7 @@ import hashlib
 import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -143,11 +143,29 @@ class SyntheticConfig:
     hash_block_tokens: int = 16
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, allowed: str) -> None:
-            if not ok:
-                raise ConfigError(f"SyntheticConfig.{field}={bounded_repr(getattr(self, field))} is not "
-                                  f"allowed: expected {allowed}")
+        # checked in field order; the first violation raises
+        self._check_volume()
+        self._check_arrival_process()
+        for kind in ("prompt", "output"):
+            self._check_lognormal(kind)
+        self._check_long_requests()
+        self._check_conversations()
+        self._canonicalize()
 
+    def _need(self, ok: bool, field: str, allowed: str) -> None:
+        """Raise ConfigError naming ``field``, its value (bounded repr) and ``allowed`` unless ``ok``."""
+        if not ok:
+            raise ConfigError(f"SyntheticConfig.{field}={bounded_repr(getattr(self, field))} is not "
+                              f"allowed: expected {allowed}")
+
+    def _check_volume(self) -> None:
+        """``rate_per_s`` (requests/s) and exactly one of ``duration_s`` (s) / ``num_requests``,
+        with at most :data:`MAX_REQUESTS` requests expected.
+
+        Raises:
+            ConfigError: a value out of range, or both / neither of the two stop conditions.
+        """
+        need = self._need
         need(_is_num(self.rate_per_s) and self.rate_per_s > 0, "rate_per_s",
              "a finite number > 0 (requests per second)")
         if (self.duration_s is None) == (self.num_requests is None):
@@ -161,32 +179,59 @@ class SyntheticConfig:
         if self.num_requests is not None:
             need(_is_int(self.num_requests) and 1 <= self.num_requests <= MAX_REQUESTS,
                  "num_requests", f"an integer in [1, {MAX_REQUESTS:,}]")
-        need(self.arrival in ARRIVAL_PROCESSES, "arrival", f"one of {list(ARRIVAL_PROCESSES)}")
+
+    def _check_arrival_process(self) -> None:
+        """``arrival`` in :data:`ARRIVAL_PROCESSES`; ``burstiness_cv`` in (1, 100] for
+        ``"bursty"``, ``None`` for ``"poisson"``.
+
+        Raises:
+            ConfigError: either field out of range.
+        """
+        self._need(self.arrival in ARRIVAL_PROCESSES, "arrival", f"one of {list(ARRIVAL_PROCESSES)}")
         if self.arrival == "bursty":
-            need(self.burstiness_cv is not None and _is_num(self.burstiness_cv)
-                 and 1 < self.burstiness_cv <= 100, "burstiness_cv",
-                 "a number in (1, 100] (coefficient of variation of inter-arrival times) for "
-                 "arrival='bursty'")
+            self._need(self.burstiness_cv is not None and _is_num(self.burstiness_cv)
+                       and 1 < self.burstiness_cv <= 100, "burstiness_cv",
+                       "a number in (1, 100] (coefficient of variation of inter-arrival times) for "
+                       "arrival='bursty'")
         else:
-            need(self.burstiness_cv is None, "burstiness_cv",
-                 "None for arrival='poisson' (it only applies to arrival='bursty')")
-        for kind in ("prompt", "output"):
-            med, sig = f"{kind}_median_tokens", f"{kind}_sigma"
-            lo, hi = f"{kind}_min_tokens", f"{kind}_max_tokens"
-            need(_is_num(getattr(self, med)) and getattr(self, med) > 0, med, "a number > 0")
-            need(_is_num(getattr(self, sig)) and getattr(self, sig) >= 0, sig,
-                 "a number >= 0 (lognormal sigma)")
-            need(_is_int(getattr(self, lo)) and getattr(self, lo) >= 1, lo, "an integer >= 1")
-            need(_is_int(getattr(self, hi)) and getattr(self, hi) >= getattr(self, lo), hi,
-                 f"an integer >= {lo}={getattr(self, lo)}")
-            mass = _lognormal_mass(getattr(self, med), getattr(self, sig), getattr(self, lo),
-                                   getattr(self, hi))
-            if mass < _MIN_ACCEPT:
-                raise ConfigError(
-                    f"SyntheticConfig: the lognormal({med}={getattr(self, med)}, "
-                    f"{sig}={getattr(self, sig)}) puts only {mass:.2e} of its mass in "
-                    f"[{lo}={getattr(self, lo)}, {hi}={getattr(self, hi)}]; expected >= "
-                    f"{_MIN_ACCEPT:g} (move the median inside the bounds or widen them)")
+            self._need(self.burstiness_cv is None, "burstiness_cv",
+                       "None for arrival='poisson' (it only applies to arrival='bursty')")
+
+    def _check_lognormal(self, kind: str) -> None:
+        """The truncated lognormal of ``kind`` (``"prompt"`` or ``"output"``) tokens: median > 0,
+        sigma >= 0, integer bounds ``1 <= min <= max`` holding at least :data:`_MIN_ACCEPT` of the
+        distribution's mass (else rejection sampling would stall).
+
+        Raises:
+            ConfigError: a field out of range (median, sigma, min, max in that order), or too
+                little mass inside the bounds (the message gives the mass).
+        """
+        med, sig = f"{kind}_median_tokens", f"{kind}_sigma"
+        lo, hi = f"{kind}_min_tokens", f"{kind}_max_tokens"
+        need = self._need
+        need(_is_num(getattr(self, med)) and getattr(self, med) > 0, med, "a number > 0")
+        need(_is_num(getattr(self, sig)) and getattr(self, sig) >= 0, sig,
+             "a number >= 0 (lognormal sigma)")
+        need(_is_int(getattr(self, lo)) and getattr(self, lo) >= 1, lo, "an integer >= 1")
+        need(_is_int(getattr(self, hi)) and getattr(self, hi) >= getattr(self, lo), hi,
+             f"an integer >= {lo}={getattr(self, lo)}")
+        mass = _lognormal_mass(getattr(self, med), getattr(self, sig), getattr(self, lo),
+                               getattr(self, hi))
+        if mass < _MIN_ACCEPT:
+            raise ConfigError(
+                f"SyntheticConfig: the lognormal({med}={getattr(self, med)}, "
+                f"{sig}={getattr(self, sig)}) puts only {mass:.2e} of its mass in "
+                f"[{lo}={getattr(self, lo)}, {hi}={getattr(self, hi)}]; expected >= "
+                f"{_MIN_ACCEPT:g} (move the median inside the bounds or widen them)")
+
+    def _check_long_requests(self) -> None:
+        """``long_fraction`` in [0, 1) and the bounded Pareto of long prompts: integer tokens
+        ``1 <= long_min_tokens <= long_max_tokens``, tail index ``long_pareto_alpha > 0``.
+
+        Raises:
+            ConfigError: a field out of range (in that order).
+        """
+        need = self._need
         need(_is_num(self.long_fraction) and 0 <= self.long_fraction < 1, "long_fraction",
              "a number in [0, 1)")
         need(_is_int(self.long_min_tokens) and self.long_min_tokens >= 1, "long_min_tokens",
@@ -195,6 +240,16 @@ class SyntheticConfig:
              "long_max_tokens", f"an integer >= long_min_tokens={self.long_min_tokens}")
         need(_is_num(self.long_pareto_alpha) and self.long_pareto_alpha > 0, "long_pareto_alpha",
              "a number > 0 (Pareto tail index; smaller = heavier tail)")
+
+    def _check_conversations(self) -> None:
+        """System prompts (tokens >= 0, count >= 1), open conversations and turns (>= 1), the
+        conversation token cap (a first turn always fits) and ``hash_block_tokens`` (a positive
+        multiple of the 16-token KV block).
+
+        Raises:
+            ConfigError: a field out of range (in that order).
+        """
+        need = self._need
         need(_is_int(self.system_prompt_tokens) and self.system_prompt_tokens >= 0,
              "system_prompt_tokens", "an integer >= 0")
         need(_is_int(self.num_system_prompts) and self.num_system_prompts >= 1,
@@ -211,7 +266,10 @@ class SyntheticConfig:
         need(_is_int(self.hash_block_tokens) and self.hash_block_tokens >= 16
              and self.hash_block_tokens % 16 == 0, "hash_block_tokens",
              "a positive multiple of 16 (tokens per prefix hash; KV blocks are 16 tokens)")
-        # canonical types (so equal configs hash equally and NumPy scalars serialize to JSON)
+
+    def _canonicalize(self) -> None:
+        """Store every numeric field as a plain ``float`` or ``int`` (by its annotation), so equal
+        configs hash equally and NumPy scalars serialize to JSON; ``None`` and strings are kept."""
         for f in fields(self):
             v = getattr(self, f.name)
             if v is None or isinstance(v, str):
@@ -374,6 +432,85 @@ def _provenance(cfg: SyntheticConfig, seed: int) -> tuple[str, str, str]:
     return f"synthetic(seed={seed}, {parts})", sha, full
 
 
+class _Draws(NamedTuple):
+    """The per-request random draws of :func:`generate`, each of shape ``(n,)``.
+
+    Attributes:
+        is_long: bool, the request is long-context.
+        question: int64 new prompt tokens of a short turn (truncated lognormal).
+        output: int64 output tokens (truncated lognormal).
+        long_len: int64 prompt tokens of a long request (bounded Pareto).
+        slot_of: int64 conversation slot a short request goes to, in ``[0, concurrent_sessions)``.
+        group_of_new: int64 system prompt a conversation started by this request uses, in
+            ``[0, num_system_prompts)``.
+    """
+
+    is_long: np.ndarray
+    question: np.ndarray
+    output: np.ndarray
+    long_len: np.ndarray
+    slot_of: np.ndarray
+    group_of_new: np.ndarray
+
+
+def _draw_requests(c: SyntheticConfig, rng: np.random.Generator, n: int) -> _Draws:
+    """Draw every per-request random array for ``n`` requests, in a fixed order (each array is
+    drawn for every request, used or not, so one field's value never shifts another's draws)."""
+    is_long = rng.random(n) < c.long_fraction
+    question = _trunc_lognormal(rng, n, c.prompt_median_tokens, c.prompt_sigma,
+                                c.prompt_min_tokens, c.prompt_max_tokens)
+    output = _trunc_lognormal(rng, n, c.output_median_tokens, c.output_sigma,
+                              c.output_min_tokens, c.output_max_tokens)
+    long_len = _bounded_pareto(rng, n, c.long_min_tokens, c.long_max_tokens, c.long_pareto_alpha)
+    slot_of = rng.integers(0, c.concurrent_sessions, n)
+    group_of_new = rng.integers(0, c.num_system_prompts, n)
+    return _Draws(is_long, question, output, long_len, slot_of, group_of_new)
+
+
+def _conversations(c: SyntheticConfig, d: _Draws) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Assign short requests to conversations and grow their prompts (sequential: each turn
+    extends its conversation's history; see the module docstring).
+
+    A slot opens a new conversation (next id, system prompt ``d.group_of_new[i]``, history
+    ``system_prompt_tokens``) when it has none, has had ``turns_per_session`` turns, or the turn
+    would exceed ``max_session_tokens``. A turn's prompt is the history + its question; the
+    history then becomes that prompt + the turn's output.
+
+    Returns:
+        ``(prompt, session, group, n_conversations)``: int64 arrays of shape ``(n,)`` -- prompt
+        tokens (``d.long_len`` for long requests), conversation id and system-prompt group (-1
+        for long requests) -- and the number of conversations opened.
+    """
+    S, T, M = c.system_prompt_tokens, c.turns_per_session, c.max_session_tokens
+    k_slots = c.concurrent_sessions
+    slot_uid, slot_turns = [-1] * k_slots, [0] * k_slots
+    slot_len, slot_group = [0] * k_slots, [0] * k_slots
+    n = len(d.is_long)
+    prompt_l = d.long_len.tolist()
+    session_l = [-1] * n
+    group_l = [-1] * n
+    q_l, o_l, long_l = d.question.tolist(), d.output.tolist(), d.is_long.tolist()
+    slots_l, newgrp_l = d.slot_of.tolist(), d.group_of_new.tolist()
+    next_uid = 0
+    for i in range(n):
+        if long_l[i]:
+            continue
+        k = slots_l[i]
+        q, o = q_l[i], o_l[i]
+        if slot_uid[k] < 0 or slot_turns[k] >= T or slot_len[k] + q + o > M:
+            slot_uid[k], slot_turns[k], slot_len[k] = next_uid, 0, S
+            slot_group[k] = newgrp_l[i]
+            next_uid += 1
+        p = slot_len[k] + q
+        prompt_l[i] = p
+        slot_len[k] = p + o
+        slot_turns[k] += 1
+        session_l[i] = slot_uid[k]
+        group_l[i] = slot_group[k]
+    return (np.asarray(prompt_l, dtype=np.int64), np.asarray(session_l, dtype=np.int64),
+            np.asarray(group_l, dtype=np.int64), next_uid)
+
+
 def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
     """Generate a workload from ``config`` with ``numpy.random.default_rng(seed)``.
 
@@ -403,61 +540,23 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
     if n == 0:
         raise ConfigError(f"SyntheticConfig: no request arrived within duration_s={c.duration_s} at"
                           f" rate_per_s={c.rate_per_s}; lengthen duration_s or raise the rate")
-    # fixed draw order (each array is drawn for every request, used or not)
-    is_long = rng.random(n) < c.long_fraction
-    question = _trunc_lognormal(rng, n, c.prompt_median_tokens, c.prompt_sigma,
-                                c.prompt_min_tokens, c.prompt_max_tokens)
-    output = _trunc_lognormal(rng, n, c.output_median_tokens, c.output_sigma,
-                              c.output_min_tokens, c.output_max_tokens)
-    long_len = _bounded_pareto(rng, n, c.long_min_tokens, c.long_max_tokens, c.long_pareto_alpha)
-    slot_of = rng.integers(0, c.concurrent_sessions, n)
-    group_of_new = rng.integers(0, c.num_system_prompts, n)
-
-    # conversations (sequential: each turn extends its conversation's history)
-    S, T, M = c.system_prompt_tokens, c.turns_per_session, c.max_session_tokens
-    k_slots = c.concurrent_sessions
-    slot_uid, slot_turns = [-1] * k_slots, [0] * k_slots
-    slot_len, slot_group = [0] * k_slots, [0] * k_slots
-    prompt_l = long_len.tolist()
-    session_l = [-1] * n
-    group_l = [-1] * n
-    q_l, o_l, long_l = question.tolist(), output.tolist(), is_long.tolist()
-    slots_l, newgrp_l = slot_of.tolist(), group_of_new.tolist()
-    next_uid = 0
-    for i in range(n):
-        if long_l[i]:
-            continue
-        k = slots_l[i]
-        q, o = q_l[i], o_l[i]
-        if slot_uid[k] < 0 or slot_turns[k] >= T or slot_len[k] + q + o > M:
-            slot_uid[k], slot_turns[k], slot_len[k] = next_uid, 0, S
-            slot_group[k] = newgrp_l[i]
-            next_uid += 1
-        p = slot_len[k] + q
-        prompt_l[i] = p
-        slot_len[k] = p + o
-        slot_turns[k] += 1
-        session_l[i] = slot_uid[k]
-        group_l[i] = slot_group[k]
-    prompt = np.asarray(prompt_l, dtype=np.int64)
-    session = np.asarray(session_l, dtype=np.int64)
-    group = np.asarray(group_l, dtype=np.int64)
-
+    d = _draw_requests(c, rng, n)
+    prompt, session, group, n_conversations = _conversations(c, d)
     # prefix hashes (vectorized): see the module docstring for what is shared
-    offsets, hashes = _prefix_hashes(seed, prompt, is_long, session, group,
-                                     c.hash_block_tokens, S // c.hash_block_tokens)
+    offsets, hashes = _prefix_hashes(seed, prompt, d.is_long, session, group,
+                                     c.hash_block_tokens, c.system_prompt_tokens // c.hash_block_tokens)
 
     name, sha, full_json = _provenance(c, seed)
-    n_long = int(is_long.sum())
+    n_long = int(d.is_long.sum())
     notes = (
-        f"synthetic workload: {n} requests ({n_long} long-context), {next_uid} conversations, "
+        f"synthetic workload: {n} requests ({n_long} long-context), {n_conversations} conversations, "
         f"{c.arrival} arrivals at {c.rate_per_s:g} req/s, seed {seed}",
         f"synthetic config: {full_json}",
     )
     return Workload(
         name=name, request_id=np.arange(n, dtype=np.int64), arrival_s=arrival.astype(np.float64),
-        prompt_tokens=prompt, output_tokens=output, session_id=session,
-        slo_class=is_long.astype(np.int16), hash_offsets=offsets, hashes=hashes,
+        prompt_tokens=prompt, output_tokens=d.output, session_id=session,
+        slo_class=d.is_long.astype(np.int16), hash_offsets=offsets, hashes=hashes,
         hash_block_tokens=c.hash_block_tokens, slo_class_names=SLO_CLASSES, source_sha256=sha, notes=notes)
 
 

@@ -321,15 +321,87 @@ def _read_csv_rows(data: bytes, file: str, columns: Sequence[str]
         allv = df.to_numpy(dtype=object)
         empty = (allv == "").all(axis=1)
         if empty.any():
-            blank_lines = lines[empty]
-            msg = (f"skipped {len(blank_lines)} empty line(s) in {file} (lines "
-                   f"{', '.join(map(str, blank_lines[:10]))}{', ...' if len(blank_lines) > 10 else ''})")
-            log.warning(msg)
-            notes.append(msg)
+            notes = _blank_lines_notes(lines[empty].tolist(), file)
             keep = ~empty
             lines = lines[keep]
             cols = {c: v[keep] for c, v in cols.items()}
     return cols, lines, notes
+
+
+def _blank_lines_notes(blank: Sequence[int], file: str) -> list[str]:
+    """The note on skipped empty lines (logged at WARNING): ``[]`` if ``blank`` is empty.
+
+    Args:
+        blank: 1-based line numbers of the empty lines, ascending (the first 10 are listed).
+        file: the file name used in the note.
+    """
+    if not blank:
+        return []
+    msg = (f"skipped {len(blank)} empty line(s) in {file} (lines "
+           f"{', '.join(map(str, blank[:10]))}{', ...' if len(blank) > 10 else ''})")
+    log.warning(msg)
+    return [msg]
+
+
+def _jsonl_object(line: bytes, lineno: int, file: str) -> dict:
+    """The JSON object on one non-empty JSONL line.
+
+    Raises:
+        TraceFormatError: the line is not valid JSON, or holds a JSON value other than an object
+            (the message names the file and the 1-based line and quotes its first 80 bytes).
+    """
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        snippet = line[:80].decode("utf-8", "replace")
+        raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e}); the line starts "
+                               f"{snippet!r}; expected one JSON object per line") from None
+    if type(obj) is not dict:
+        raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
+                               f"{type(obj).__name__}: {line[:80].decode('utf-8', 'replace')!r}")
+    return obj
+
+
+def _append_row_values(obj: dict, appenders: Sequence[tuple[str, Callable[[Any], None], bool]],
+                       file: str, lineno: int) -> None:
+    """Append one row's value of every scalar field (``None`` when the key is missing or null).
+
+    Args:
+        obj: the row's JSON object.
+        appenders: per field, in order: (JSON key, the append of its value list, required?).
+        file, lineno: the file and 1-based line, for the error.
+
+    Raises:
+        TraceFormatError: a required key is missing or null (the first such key in ``appenders``
+            order; the message lists the keys present).
+    """
+    for key, app, req in appenders:
+        v = obj.get(key)
+        if v is None and req:
+            raise TraceFormatError(
+                f"{file}: line {lineno}: required key {key!r} is "
+                f"{'null' if key in obj else 'missing'}; keys present: {sorted(obj)}")
+        app(v)
+
+
+def _row_hash_ids(obj: dict, key: str, required: bool, file: str, lineno: int) -> list:
+    """One row's list of hash ids under ``key``: a missing or null optional key is ``[]``.
+
+    The ids themselves are not checked here (see :func:`_hash_array`).
+
+    Raises:
+        TraceFormatError: the key is required and missing or null (the message says "missing"
+            for both), or its value is not a JSON list.
+    """
+    h = obj.get(key)
+    if h is None:
+        if required:
+            raise TraceFormatError(f"{file}: line {lineno}: required key {key!r} is missing;"
+                                   f" keys present: {sorted(obj)}")
+        h = []
+    if type(h) is not list:
+        raise _bad(file, lineno, "prefix_hashes", key, h, "a JSON list of integer hash ids")
+    return h
 
 
 def _read_jsonl_rows(data: bytes, file: str, keys: dict[str, str], required: Sequence[str],
@@ -338,9 +410,13 @@ def _read_jsonl_rows(data: bytes, file: str, keys: dict[str, str], required: Seq
     """Parse JSONL. ``keys`` maps field -> JSON key; ``required`` fields must be present.
 
     The ``list_key`` field (hash ids) is flattened: returns its per-row lengths and a flat list.
-    Missing optional keys read as ``None``.
+    Missing optional keys read as ``None``. Empty lines are skipped and noted.
 
     Returns ({field: list of values}, line numbers, list lengths or None, flat list, notes).
+
+    Raises:
+        TraceFormatError: see :func:`_jsonl_object`, :func:`_append_row_values` and
+            :func:`_row_hash_ids` (checked in that order per line, lines in file order).
     """
     out: dict[str, list] = {f: [] for f in keys if f != list_key}
     appenders = [(keys[f], out[f].append, f in required) for f in out]
@@ -348,52 +424,25 @@ def _read_jsonl_rows(data: bytes, file: str, keys: dict[str, str], required: Seq
     flat: list = []
     lines: list[int] = []
     blank: list[int] = []
-    loads = json.loads
     lk = keys[list_key] if list_key else None
     lk_required = list_key in required if list_key else False
     for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             blank.append(lineno)
             continue
-        try:
-            obj = loads(line)
-        except ValueError as e:
-            snippet = line[:80].decode("utf-8", "replace")
-            raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e}); the line starts "
-                                   f"{snippet!r}; expected one JSON object per line") from None
-        if type(obj) is not dict:
-            raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
-                                   f"{type(obj).__name__}: {line[:80].decode('utf-8', 'replace')!r}")
-        for key, app, req in appenders:
-            v = obj.get(key)
-            if v is None and req:
-                raise TraceFormatError(
-                    f"{file}: line {lineno}: required key {key!r} is "
-                    f"{'null' if key in obj else 'missing'}; keys present: {sorted(obj)}")
-            app(v)
+        obj = _jsonl_object(line, lineno, file)
+        _append_row_values(obj, appenders, file, lineno)
         if lk is not None:
-            h = obj.get(lk)
-            if h is None:
-                if lk_required:
-                    raise TraceFormatError(f"{file}: line {lineno}: required key {lk!r} is missing;"
-                                           f" keys present: {sorted(obj)}")
-                h = []
-            if type(h) is not list:
-                raise _bad(file, lineno, "prefix_hashes", lk, h, "a JSON list of integer hash ids")
+            h = _row_hash_ids(obj, lk, lk_required, file, lineno)
             flat.extend(h)
             lens.append(len(h))
         lines.append(lineno)
     # the final newline yields one empty piece: not a blank line of the file
     if blank and blank[-1] == data.count(b"\n") + 1:
         blank.pop()
-    notes: list[str] = []
-    if blank:
-        msg = (f"skipped {len(blank)} empty line(s) in {file} (lines "
-               f"{', '.join(map(str, blank[:10]))}{', ...' if len(blank) > 10 else ''})")
-        log.warning(msg)
-        notes.append(msg)
     return (out, np.asarray(lines, dtype=np.int64),
-            np.asarray(lens, dtype=np.int64) if lk is not None else None, flat, notes)
+            np.asarray(lens, dtype=np.int64) if lk is not None else None, flat,
+            _blank_lines_notes(blank, file))
 
 
 def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str, column: str,
@@ -536,6 +585,270 @@ def _parse_hash_cell(cell: str, line: int, file: str, column: str) -> list[int]:
                    ) from None
 
 
+def _check_column_map(columns: dict[str, str]) -> None:
+    """Check :func:`load_generic`'s ``columns``: a dict over :data:`GENERIC_FIELDS` holding every
+    required field (``arrival_s``, ``prompt_tokens``, ``output_tokens``).
+
+    Raises:
+        ConfigError: ``columns`` is not a dict, maps an unknown field (the message lists the
+            allowed ones) or misses a required one.
+    """
+    if not isinstance(columns, dict):
+        raise ConfigError(f"columns={columns!r} must be a dict mapping field -> file column")
+    unknown = [f for f in columns if f not in GENERIC_FIELDS]
+    if unknown:
+        raise ConfigError(f"columns has unknown field(s) {unknown}; allowed: {list(GENERIC_FIELDS)}")
+    missing = [f for f in _REQUIRED_FIELDS if f not in columns]
+    if missing:
+        raise ConfigError(f"columns must map the required field(s) {missing}; required: "
+                          f"{list(_REQUIRED_FIELDS)}, given: {columns}")
+
+
+def _generic_format(path: str | os.PathLike, fmt: str | None) -> str:
+    """``fmt`` checked, or (``None``) inferred from the file name: ``"csv"`` or ``"jsonl"``.
+
+    Raises:
+        TraceFormatError: ``fmt`` is ``None`` and the suffix is neither ``.csv`` nor
+            ``.jsonl``/``.json``/``.ndjson`` (optionally ``.gz``).
+        ConfigError: ``fmt`` is given but is neither ``"csv"`` nor ``"jsonl"``.
+    """
+    if fmt is None:
+        fmt = _format_of(path)
+        if fmt is None:
+            raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
+                                   "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
+    if fmt not in ("csv", "jsonl"):
+        raise ConfigError(f"fmt={fmt!r} is not allowed: expected 'csv', 'jsonl' or None")
+    return fmt
+
+
+def _check_generic_args(path: str | os.PathLike, columns: dict[str, str], time_unit: str,
+                        fmt: str | None, hash_block_tokens: int) -> str:
+    """Check :func:`load_generic`'s arguments before the file is read; returns the format.
+
+    Checked in this order: ``columns`` (:func:`_check_column_map`), ``time_unit``, ``fmt``
+    (:func:`_generic_format`), then ``hash_block_tokens`` (only when ``prefix_hashes`` is mapped).
+
+    Returns:
+        ``"csv"`` or ``"jsonl"``.
+
+    Raises:
+        ConfigError: a bad argument, as listed (the first one found).
+        TraceFormatError: the format cannot be told from the file name.
+    """
+    _check_column_map(columns)
+    if time_unit not in (*_TIME_UNITS, "datetime"):
+        raise ConfigError(f"time_unit={time_unit!r} is not allowed: expected one of "
+                          f"{[*_TIME_UNITS, 'datetime']}")
+    fmt = _generic_format(path, fmt)
+    if "prefix_hashes" in columns and (isinstance(hash_block_tokens, bool)
+                                       or not isinstance(hash_block_tokens, int) or hash_block_tokens <= 0):
+        raise ConfigError(f"hash_block_tokens={hash_block_tokens!r} is not allowed: expected an "
+                          "integer > 0 (tokens per prefix hash) when 'prefix_hashes' is mapped")
+    return fmt
+
+
+class _GenericRows(NamedTuple):
+    """A generic trace's data rows as read, before the values are range-checked.
+
+    Every per-row sequence has one entry per data row (empty lines skipped), in file order.
+
+    Attributes:
+        raw: field -> the row cells as read: CSV strings (object array) or JSON values (list).
+        lines: 1-based file line of each row (int64).
+        arrival: float64 arrival numbers in the file's time unit, or with
+            ``time_unit="datetime"`` seconds since the earliest timestamp.
+        t0: the earliest timestamp (``time_unit="datetime"`` only; else ``""``).
+        tokens: ``prompt_tokens`` and ``output_tokens`` as float64 numbers (not yet checked as
+            counts).
+        hash_lens: hash ids per row (int64); ``None`` when ``prefix_hashes`` is not mapped.
+        flat: all rows' hash ids concatenated in row order (not yet checked as int64).
+        sess_raw: the ``session_id`` cells; ``None`` when not mapped.
+        slo_raw: the ``slo_class`` cells; ``None`` when not mapped.
+        empty: the cell that means "no value": ``""`` (CSV) or ``None`` (JSONL).
+        notes: the reader's notes (skipped empty lines).
+    """
+
+    raw: dict[str, Any]
+    lines: np.ndarray
+    arrival: np.ndarray
+    t0: str
+    tokens: dict[str, np.ndarray]
+    hash_lens: np.ndarray | None
+    flat: list
+    sess_raw: Sequence[Any] | None
+    slo_raw: Sequence[Any] | None
+    empty: Any
+    notes: list[str]
+
+
+def _parse_arrivals(raw: Any, lines: np.ndarray, file: str, column: str, time_unit: str,
+                    numbers: Callable[..., np.ndarray]) -> tuple[np.ndarray, str]:
+    """The arrival cells as float64 and the earliest timestamp (``""`` unless datetime).
+
+    Args:
+        raw: the arrival cells (CSV strings or JSON values).
+        numbers: the number parser of the format (:func:`_numbers_from_strings` or
+            :func:`_numbers_from_json`), used unless ``time_unit == "datetime"``.
+
+    Returns:
+        ``(arrival, t0)``: numbers in ``time_unit`` (not range-checked, not scaled), or for
+        ``"datetime"`` seconds since the earliest timestamp ``t0``.
+
+    Raises:
+        TraceFormatError: a cell that is not a number (not a timestamp), naming its line.
+    """
+    if time_unit == "datetime":
+        return _datetime_seconds(np.asarray(raw, dtype=object), lines, file, "arrival_s", column,
+                                 slice26=False)
+    return numbers(raw, lines, file, "arrival_s", column), ""
+
+
+def _csv_hash_cells(cells: np.ndarray, lines: np.ndarray, file: str,
+                    column: str) -> tuple[np.ndarray, list[int]]:
+    """Parse a CSV column of hash-id lists (:func:`_parse_hash_cell`).
+
+    Returns:
+        ``(hash_lens, flat)``: ids per row (int64) and all ids concatenated in row order.
+
+    Raises:
+        TraceFormatError: the first cell that is not a list of integers, naming its line.
+    """
+    per_row = [_parse_hash_cell(c, int(ln), file, column) for c, ln in zip(cells, lines)]
+    hash_lens = np.fromiter(map(len, per_row), dtype=np.int64, count=len(per_row))
+    return hash_lens, [h for r in per_row for h in r]
+
+
+def _generic_csv_rows(data: bytes, file: str, columns: dict[str, str], time_unit: str,
+                      has_hashes: bool) -> _GenericRows:
+    """Read a generic CSV trace's mapped columns (:func:`_read_csv_rows`).
+
+    Parsed in this order: arrivals, prompt tokens, output tokens, hash-id cells.
+
+    Raises:
+        TraceFormatError: a malformed file, a missing column or an unparsable cell (the first
+            one in that order), naming the file, line, field, column and value.
+    """
+    cols, lines, notes = _read_csv_rows(data, file, list(dict.fromkeys(columns.values())))
+    raw: dict[str, Any] = {f: cols[c] for f, c in columns.items()}
+    arrival, t0 = _parse_arrivals(raw["arrival_s"], lines, file, columns["arrival_s"], time_unit,
+                                  _numbers_from_strings)
+    tokens = {f: _numbers_from_strings(raw[f], lines, file, f, columns[f])
+              for f in ("prompt_tokens", "output_tokens")}
+    hash_lens: np.ndarray | None = None
+    flat: list = []
+    if has_hashes:
+        hash_lens, flat = _csv_hash_cells(raw["prefix_hashes"], lines, file, columns["prefix_hashes"])
+    return _GenericRows(raw, lines, arrival, t0, tokens, hash_lens, flat,
+                        list(raw["session_id"]) if "session_id" in raw else None,
+                        list(raw["slo_class"]) if "slo_class" in raw else None, "", notes)
+
+
+def _generic_jsonl_rows(data: bytes, file: str, columns: dict[str, str], time_unit: str,
+                        has_hashes: bool) -> _GenericRows:
+    """Read a generic JSONL trace's mapped keys (:func:`_read_jsonl_rows`; missing optional keys
+    read as ``None``).
+
+    Parsed in this order: every line (JSON, required keys, hash-id lists), then arrivals, prompt
+    tokens, output tokens.
+
+    Raises:
+        TraceFormatError: a malformed line, a missing/null required key, a hash-id value that is
+            not a list, or a value of the wrong type (the first one in that order), naming the
+            file, line, field, key and value.
+    """
+    vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
+        data, file, dict(columns), required=_REQUIRED_FIELDS,
+        list_key="prefix_hashes" if has_hashes else None)
+    arrival, t0 = _parse_arrivals(vals["arrival_s"], lines, file, columns["arrival_s"], time_unit,
+                                  _numbers_from_json)
+    tokens = {f: _numbers_from_json(vals[f], lines, file, f, columns[f])
+              for f in ("prompt_tokens", "output_tokens")}
+    return _GenericRows(vals, lines, arrival, t0, tokens, hash_lens, flat, vals.get("session_id"),
+                        vals.get("slo_class"), None, notes)
+
+
+def _generic_token_counts(rows: _GenericRows, file: str,
+                          columns: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output token counts (int64, one per row), prompt checked first.
+
+    Raises:
+        TraceFormatError: a count that is not an integer in ``[1, 2**62]``, naming its line.
+    """
+    prompt = _token_column(rows.tokens["prompt_tokens"], rows.raw["prompt_tokens"], rows.lines, file,
+                           "prompt_tokens", columns["prompt_tokens"])
+    output = _token_column(rows.tokens["output_tokens"], rows.raw["output_tokens"], rows.lines, file,
+                           "output_tokens", columns["output_tokens"])
+    return prompt, output
+
+
+def _generic_arrival_s(rows: _GenericRows, file: str, column: str, time_unit: str,
+                       rebase_time: bool) -> tuple[np.ndarray, str]:
+    """Arrival times in seconds, and the end of the workload's "loaded ..." note saying how.
+
+    Numeric arrivals must be finite and >= 0 (any finite value with ``rebase_time``); they are
+    scaled by ``time_unit`` and, with ``rebase_time``, shifted so the earliest is 0. Datetime
+    arrivals are already seconds since the earliest timestamp.
+
+    Returns:
+        ``(arrival_s, note_tail)``: float64 seconds, one per row, in file order.
+
+    Raises:
+        TraceFormatError: a NaN / infinite / negative (without ``rebase_time``) arrival.
+    """
+    if time_unit == "datetime":
+        return rows.arrival, f", arrival_s = seconds since the earliest timestamp {rows.t0})"
+    _check_numbers(rows.arrival, rows.raw["arrival_s"], rows.lines, file, "arrival_s", column,
+                   integer=False, minimum=-np.inf if rebase_time else 0, strict=rebase_time)
+    arrival = rows.arrival * _TIME_UNITS[time_unit]
+    note_tail = f", time unit {time_unit})"
+    if rebase_time and len(arrival):
+        t_min = float(arrival.min())
+        arrival = arrival - t_min
+        note_tail += f"; arrivals rebased by -{t_min:g} s to start at 0"
+    return arrival, note_tail
+
+
+def _generic_hashes(rows: _GenericRows, prompt: np.ndarray, file: str, column: str,
+                    block: int, exact: bool) -> np.ndarray | None:
+    """The flat int64 hash ids, ``None`` when ``prefix_hashes`` is not mapped.
+
+    Each row holds at most (``exact``: exactly) ``ceil(prompt / block)`` ids.
+
+    Raises:
+        TraceFormatError: a row with too many (or, ``exact``, a wrong number of) ids, then an id
+            that is not an integer fitting in int64, naming its line.
+    """
+    if rows.hash_lens is None:
+        return None
+    _check_hash_lengths(rows.hash_lens, prompt, rows.lines, file, column, block, exact=exact)
+    return _hash_array(rows.flat, rows.hash_lens, rows.lines, file, column)
+
+
+def _generic_labels(rows: _GenericRows, file: str, columns: dict[str, str]
+                    ) -> tuple[np.ndarray | None, np.ndarray | None, tuple[str, ...], list[str]]:
+    """The optional per-request labels: session ids (:func:`_session_column`) and SLO classes
+    (:func:`_slo_column`).
+
+    Returns:
+        ``(session, slo_codes, slo_names, notes)``: int64 session ids or ``None`` (not mapped),
+        int16 class codes or ``None`` with names ``("default",)`` (not mapped), and the note on
+        renumbered session ids if any.
+
+    Raises:
+        TraceFormatError: 32768 distinct SLO classes; OverflowError: more (see
+            :func:`_slo_column`).
+    """
+    session, notes = None, []
+    if rows.sess_raw is not None:
+        session, note = _session_column(rows.sess_raw, rows.empty, rows.lines, file, columns["session_id"])
+        if note:
+            notes.append(note)
+    if rows.slo_raw is None:
+        return session, None, ("default",), notes
+    return (session, *_slo_column(rows.slo_raw, file, columns["slo_class"]), notes)
+
+
 def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: str = "s",
                  fmt: str | None = None, name: str | None = None, *,
                  hash_block_tokens: int = 0, exact_hash_length: bool = False,
@@ -570,113 +883,21 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
             values, zero token counts, unparsable timestamps, bad hash lists -- naming the file,
             the 1-based line, the field, the value and what is allowed.
     """
-    if not isinstance(columns, dict):
-        raise ConfigError(f"columns={columns!r} must be a dict mapping field -> file column")
-    unknown = [f for f in columns if f not in GENERIC_FIELDS]
-    if unknown:
-        raise ConfigError(f"columns has unknown field(s) {unknown}; allowed: {list(GENERIC_FIELDS)}")
-    missing = [f for f in _REQUIRED_FIELDS if f not in columns]
-    if missing:
-        raise ConfigError(f"columns must map the required field(s) {missing}; required: "
-                          f"{list(_REQUIRED_FIELDS)}, given: {columns}")
-    if time_unit not in (*_TIME_UNITS, "datetime"):
-        raise ConfigError(f"time_unit={time_unit!r} is not allowed: expected one of "
-                          f"{[*_TIME_UNITS, 'datetime']}")
-    if fmt is None:
-        fmt = _format_of(path)
-        if fmt is None:
-            raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
-                                   "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
-    if fmt not in ("csv", "jsonl"):
-        raise ConfigError(f"fmt={fmt!r} is not allowed: expected 'csv', 'jsonl' or None")
+    fmt = _check_generic_args(path, columns, time_unit, fmt, hash_block_tokens)
     has_hashes = "prefix_hashes" in columns
-    if has_hashes and (isinstance(hash_block_tokens, bool) or not isinstance(hash_block_tokens, int)
-                       or hash_block_tokens <= 0):
-        raise ConfigError(f"hash_block_tokens={hash_block_tokens!r} is not allowed: expected an "
-                          "integer > 0 (tokens per prefix hash) when 'prefix_hashes' is mapped")
     file = str(path)
     data, sha = _read(path)
-    hash_lens = hashes = None
-    flat: list = []
-    if fmt == "csv":
-        wanted = list(dict.fromkeys(columns.values()))
-        cols, lines, notes = _read_csv_rows(data, file, wanted)
-        raw: dict[str, Any] = {f: cols[c] for f, c in columns.items()}
-        if time_unit == "datetime":
-            arrival, t0 = _datetime_seconds(raw["arrival_s"], lines, file, "arrival_s",
-                                            columns["arrival_s"], slice26=False)
-        else:
-            arrival = _numbers_from_strings(raw["arrival_s"], lines, file, "arrival_s",
-                                            columns["arrival_s"])
-        num = {f: _numbers_from_strings(raw[f], lines, file, f, columns[f])
-               for f in ("prompt_tokens", "output_tokens")}
-        if has_hashes:
-            col = columns["prefix_hashes"]
-            per_row = [_parse_hash_cell(c, int(ln), file, col)
-                       for c, ln in zip(raw["prefix_hashes"], lines)]
-            hash_lens = np.fromiter(map(len, per_row), dtype=np.int64, count=len(per_row))
-            flat = [h for r in per_row for h in r]
-        sess_raw = list(raw["session_id"]) if "session_id" in raw else None
-        slo_raw = list(raw["slo_class"]) if "slo_class" in raw else None
-        empty = ""
-    else:
-        vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
-            data, file, dict(columns), required=_REQUIRED_FIELDS,
-            list_key="prefix_hashes" if has_hashes else None)
-        raw = vals
-        if time_unit == "datetime":
-            arr_raw = np.asarray(vals["arrival_s"], dtype=object)
-            arrival, t0 = _datetime_seconds(arr_raw, lines, file, "arrival_s",
-                                            columns["arrival_s"], slice26=False)
-        else:
-            arrival = _numbers_from_json(vals["arrival_s"], lines, file, "arrival_s",
-                                         columns["arrival_s"])
-        num = {f: _numbers_from_json(vals[f], lines, file, f, columns[f])
-               for f in ("prompt_tokens", "output_tokens")}
-        sess_raw = vals.get("session_id")
-        slo_raw = vals.get("slo_class")
-        empty = None
-    prompt = _token_column(num["prompt_tokens"], raw["prompt_tokens"], lines, file,
-                           "prompt_tokens", columns["prompt_tokens"])
-    output = _token_column(num["output_tokens"], raw["output_tokens"], lines, file,
-                           "output_tokens", columns["output_tokens"])
-    head_note = f"loaded {len(lines)} rows from {file} (generic {fmt}, columns {columns}"
-    if time_unit == "datetime":
-        head_note += f", arrival_s = seconds since the earliest timestamp {t0})"
-    else:
-        _check_numbers(arrival, raw["arrival_s"], lines, file, "arrival_s", columns["arrival_s"],
-                       integer=False, minimum=-np.inf if rebase_time else 0, strict=rebase_time)
-        arrival = arrival * _TIME_UNITS[time_unit]
-        head_note += f", time unit {time_unit})"
-        if rebase_time and len(arrival):
-            t_min = float(arrival.min())
-            arrival = arrival - t_min
-            head_note += f"; arrivals rebased by -{t_min:g} s to start at 0"
-    notes.insert(0, head_note)
-    if has_hashes:
-        assert hash_lens is not None
-        _check_hash_lengths(hash_lens, prompt, lines, file, columns["prefix_hashes"],
-                            hash_block_tokens, exact=exact_hash_length)
-        hashes = _hash_array(flat, hash_lens, lines, file, columns["prefix_hashes"])
-    session = None
-    if sess_raw is not None:
-        session, note = _session_column(sess_raw, empty, lines, file, columns["session_id"])
-        if note:
-            notes.append(note)
-    slo_codes: np.ndarray | None = None
-    slo_names: tuple[str, ...] = ("default",)
-    if slo_raw is not None:
-        names: dict[str, int] = {}
-        codes = np.empty(len(slo_raw), dtype=np.int16)
-        for i, v in enumerate(slo_raw):
-            key = "default" if v is None or v == "" else str(v)
-            codes[i] = names.setdefault(key, len(names))
-        if len(names) > np.iinfo(np.int16).max:
-            raise TraceFormatError(f"{file}: column {columns['slo_class']!r} has {len(names)} "
-                                   "distinct SLO classes; at most 32767 are allowed")
-        slo_codes, slo_names = codes, tuple(names) or ("default",)
+    read = _generic_csv_rows if fmt == "csv" else _generic_jsonl_rows
+    rows = read(data, file, columns, time_unit, has_hashes)
+    prompt, output = _generic_token_counts(rows, file, columns)
+    arrival, note_tail = _generic_arrival_s(rows, file, columns["arrival_s"], time_unit, rebase_time)
+    hashes = _generic_hashes(rows, prompt, file, columns.get("prefix_hashes", ""), hash_block_tokens,
+                             exact_hash_length)
+    session, slo_codes, slo_names, label_notes = _generic_labels(rows, file, columns)
+    notes = [f"loaded {len(rows.lines)} rows from {file} (generic {fmt}, columns {columns}{note_tail}",
+             *rows.notes, *label_notes]
     return _assemble(file, name or _default_name(path), sha, arrival, prompt, output,
-                     hash_lens=hash_lens if has_hashes else None, hashes=hashes,
+                     hash_lens=rows.hash_lens if has_hashes else None, hashes=hashes,
                      hash_block_tokens=hash_block_tokens if has_hashes else 0, session=session,
                      slo_codes=slo_codes, slo_names=slo_names, notes=notes)
 
@@ -704,6 +925,28 @@ def _session_column(vals: Sequence[Any], empty: Any, lines: np.ndarray, file: st
             out[i] = codes.setdefault(str(v), len(codes))
     return out, (f"session ids in column {column!r} of {file} are not all non-negative integers; "
                  f"numbered {len(codes)} distinct ids 0..{len(codes) - 1} by first appearance")
+
+
+def _slo_column(vals: Sequence[Any], file: str, column: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """SLO class names -> int16 codes numbered by first appearance (empty/null -> ``"default"``).
+
+    Returns:
+        ``(codes, names)``: int16 codes, one per row, and the class names in code order.
+
+    Raises:
+        TraceFormatError: 32768 distinct classes (at most 32767 are allowed).
+        OverflowError: more than 32768 distinct classes: storing code 32768 in the int16 array
+            fails before the check above (behaviour kept as found).
+    """
+    names: dict[str, int] = {}
+    codes = np.empty(len(vals), dtype=np.int16)
+    for i, v in enumerate(vals):
+        key = "default" if v is None or v == "" else str(v)
+        codes[i] = names.setdefault(key, len(names))
+    if len(names) > np.iinfo(np.int16).max:
+        raise TraceFormatError(f"{file}: column {column!r} has {len(names)} "
+                               "distinct SLO classes; at most 32767 are allowed")
+    return codes, tuple(names) or ("default",)
 
 
 # =============================================================================================
