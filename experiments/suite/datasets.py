@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -97,13 +98,24 @@ def _record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, seed
     ds_id = dataset_id(task, ref)
     if ds_id in minari.list_local_datasets():
         minari.delete_dataset(ds_id)
-    ds = collector.create_dataset(
+    with warnings.catch_warnings():
+        # Minari asks for a code permalink, an author e-mail and an evaluation env; the dataset's
+        # description names the task, provenance (command, versions, commit) is in the suite's results file,
+        # and evaluation is the leaderboard's (held-out episodes), so the reminders are noise
+        warnings.filterwarnings("ignore", message=r"`(code_permalink|author_email|eval_env)` is set to None",
+                                category=UserWarning)
+        ds = _create(collector, ds_id, task, ref, tuning)
+    collector.close()
+    return ds
+
+
+def _create(collector, ds_id: str, task: BenchTask, ref: str, tuning: Mapping[str, Any]):
+    """``collector.create_dataset`` with the suite's metadata."""
+    return collector.create_dataset(
         dataset_id=ds_id, algorithm_name=f"{ref} tuned on train episodes (kvsched HeuristicAgent)",
         author="kvsched",
         description=f"{task.description} Behaviour: the tuned reference {ref} {tuning[ref]['params']} (action 0 "
                     f"of {task.env_id} whose reference policy it is); train split of {task.scenario}.")
-    collector.close()
-    return ds
 
 
 def _mask_only_callback():
