@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import cli_types
 from kvsched import atomic_files
@@ -119,7 +120,7 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
         data["tasks"][t.task_id] = res
         data["provenance"] = res["provenance"]
         write_json(results_path(a.suite, out), data)  # after every task: a long run keeps what it finished
-    console.print(f"wrote {results_path(a.suite, out)}", highlight=False)
+    console.print(f"wrote {results_path(a.suite, out)}", highlight=False, markup=False)
 
 
 def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) -> dict:
@@ -153,17 +154,18 @@ def _print(rows: list[dict], results, console: Console) -> None:
                  f"{_fmt(r0['isolation_mean'])}, tuned best {r0['tuned_best']} {_fmt(r0['tuned_mean'])}, headroom "
                  f"{_fmt(r0['headroom'], signed=True)} [{_fmt(r0['headroom_lo'], signed=True)}, "
                  f"{_fmt(r0['headroom_hi'], signed=True)}]")
-        table = Table(title=title)
+        table = Table(title=Text(title))  # Text: '[all, 24 episodes]' and agent paths are not markup
         for col in ("agent", "SLO attainment", "diff vs tuned", "95 % CI", "normalised", "worse"):
             table.add_column(col, justify="left" if col == "agent" else "right")
         for r in sorted(rs, key=lambda r: (r["kind"] != "agent", -(r["mean"] if r["mean"] == r["mean"] else -9))):
-            table.add_row(("* " if r["kind"] == "agent" else "") + r["agent"], _fmt(r["mean"]),
+            table.add_row(Text(("* " if r["kind"] == "agent" else "") + r["agent"]), _fmt(r["mean"]),
                           _fmt(r["diff"], signed=True), f"[{_fmt(r['diff_lo'], signed=True)}, "
                           f"{_fmt(r['diff_hi'], signed=True)}]", _fmt(r["normalised"], 2), str(r["worse"]))
         console.print(table)
     prov = results.get("provenance", {})
     if prov:
-        console.print(f"results: {prov.get('command')} (kvsched {prov.get('kvsched_version')})", highlight=False)
+        console.print(f"results: {prov.get('command')} (kvsched {prov.get('kvsched_version')})", highlight=False,
+                      markup=False)
 
 
 def _write(rows: list[dict], out: Path, console: Console) -> None:
@@ -175,7 +177,7 @@ def _write(rows: list[dict], out: Path, console: Console) -> None:
     with atomic_files.replacing(out / "leaderboard.csv") as tmp:
         pd.DataFrame([{k: v for k, v in r.items() if k != "tuned_params"} for r in rows]).to_csv(tmp, index=False)
     _plot(rows, out / "leaderboard.png")
-    console.print(f"wrote {out}/leaderboard.json, leaderboard.csv, leaderboard.png", highlight=False)
+    console.print(f"wrote {out}/leaderboard.json, leaderboard.csv, leaderboard.png", highlight=False, markup=False)
 
 
 def _plot(rows: list[dict], path: Path) -> None:

@@ -207,3 +207,24 @@ def test_a_routing_task_tunes_routers_on_train_episodes_only_and_its_bound_tops_
     assert {"round-robin (default)", "llm-d (tuned)", "constant instance=0", "constant instance=1", "random"} <= set(
         out["scores"])
     assert all(out["bound"]["score"] >= s for s in out["scores"].values() if s is not None)
+
+
+def test_the_printed_leaderboard_shows_strata_and_agent_names_verbatim_not_as_markup():
+    """Rich reads '[hard, 24 episodes]' or a checkpoint named 'runs/[a]/ppo.zip' as markup tags
+    and drops them; the leaderboard prints them as text."""
+    import io
+
+    from rich.console import Console
+
+    from kvsched.experiments.leaderboard_cli import _print
+
+    base = {"task": "t", "stratum": "hard", "episodes": 24, "isolation_mean": 1.0, "bound_mean": 0.9,
+            "tuned_best": "lars (tuned)", "tuned_mean": 0.8, "headroom": 0.1, "headroom_lo": 0.05, "headroom_hi": 0.15}
+    rows = [{**base, "agent": a, "kind": k, "mean": 0.8, "diff": 0.0, "diff_lo": 0.0, "diff_hi": 0.0,
+             "normalised": 0.0, "worse": 0} for a, k in [("lars (tuned)", "baseline"), ("runs/[bold]/ppo.zip", "agent")]]
+    buf = io.StringIO()
+    _print(rows, {"provenance": {"command": "kvsched leaderboard --out [x]", "kvsched_version": "0"}},
+           Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "t [hard, 24 episodes]: bound 0.900" in text
+    assert "* runs/[bold]/ppo.zip" in text and "--out [x]" in text
