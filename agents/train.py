@@ -145,11 +145,16 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           subprocess: bool = False, checkpoint_every: int = 10_000, eval_every: int = 10_000,
           eval_episodes: int = 4, resume: str | Path | None = None, threads: int = 1, progress_bar: bool = True,
           hyperparameters: dict | None = None, verbose: int = 0,
-          max_cpu_s: float | None = None) -> dict[str, Any]:
+          max_cpu_s: float | None = None, eval_split: str = "heldout") -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
+    ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
+    checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
+    held-out windows are a benchmark's and must not select a model (``kvsched train --task``).
+
     Raises:
-        ConfigError: unknown algorithm, incompatible action space, bad counts.
+        ConfigError: unknown algorithm, incompatible action space, bad counts, an unknown
+            ``eval_split``.
     """
     import torch
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
@@ -162,6 +167,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                     ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
+    if eval_split not in ("train", "heldout"):
+        raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
     if threads > cpus:  # torch.set_num_threads(100_000) crashed the process (segmentation fault)
         raise ConfigError(f"--threads={threads!r} is not allowed: expected an integer in [1, {cpus}] "
@@ -177,7 +184,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     out.mkdir(parents=True, exist_ok=True)
     kw = env_kwargs_for(env_id, algo, scenario, window_s, env_kwargs)
     venv = make_vec_env(env_id, {**kw, "split": "train"}, n_envs=n_envs, seed=seed, subprocess=subprocess)
-    eval_env = make_vec_env(env_id, {**kw, "split": "heldout"}, n_envs=1, seed=seed + 10_000)
+    eval_env = make_vec_env(env_id, {**kw, "split": eval_split}, n_envs=1, seed=seed + 10_000)
     hp = default_hyperparameters(algo, n_envs)
     hp.update(hyperparameters or {})
     if resume is not None:
@@ -229,7 +236,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         "hyperparameters": hp, "resumed_from": None if resume is None else str(resume),
         "timesteps": steps, "total_timesteps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
         "env_steps_per_s": steps / wall if wall > 0 else None, "torch_threads": threads,
-        "pid": os.getpid(), "max_cpu_s": max_cpu_s,
+        "pid": os.getpid(), "max_cpu_s": max_cpu_s, "eval_split": eval_split,
         "stopped_by_cpu_budget": bool(max_cpu_s is not None and cpu >= max_cpu_s),
     }
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))

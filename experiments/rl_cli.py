@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from .cli_types import count, integer, number, seed
 from .outputs import prepare_out_dir
@@ -21,7 +21,13 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     from kvsched.agents.train import ALGOS
     from kvsched.envs import ENV_IDS
 
-    t.add_argument("--env", required=True, choices=ENV_IDS, help="environment id")
+    t.add_argument("--env", choices=ENV_IDS, help="environment id (required unless --task)")
+    t.add_argument("--task", help="a kvsched bench task id (docs/bench.md): sets --env, --scenario, --window-s and "
+                                  "the environment's reference to the task's tuned best heuristic; evaluations "
+                                  "during training use train windows (the held-out ones are the leaderboard's)")
+    t.add_argument("--suite", default="v1", help="the bench suite of --task (default v1)")
+    t.add_argument("--suite-results", type=Path,
+                   help="with --task: read the suite's results from this folder (default: the committed ones)")
     t.add_argument("--algo", required=True, choices=ALGOS, help="SB3 / sb3-contrib algorithm")
     t.add_argument("--timesteps", type=count, required=True, help="environment steps to train")
     t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")
@@ -83,7 +89,35 @@ def _json_arg(text: str, flag: str) -> dict:
     return v
 
 
+def _task_args(args) -> str:
+    """With ``--task``: fill ``args.env`` and ``args.env_kwargs`` from the bench task (the
+    options it sets may not be given too) and return the evaluation split ("train"); without it,
+    require ``--env`` and return "heldout"."""
+    if args.task is None:
+        given = [f for f, v in (("--suite", args.suite != "v1"), ("--suite-results", args.suite_results)) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need --task")
+        if args.env is None:
+            raise ConfigError("--env or --task is required (--env: an environment id; --task: a bench task id)")
+        return "heldout"
+    from .suite.agents import task_training
+
+    clash = [f for f, v in (("--env", args.env), ("--scenario", args.scenario), ("--window-s", args.window_s)) if v]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)}: set by --task {bounded_repr(args.task)}; leave them out")
+    env_id, task_kw = task_training(args.suite, args.task, args.suite_results)
+    mine = _json_arg(args.env_kwargs, "--env-kwargs")
+    fixed = sorted(set(mine) & set(task_kw))
+    if fixed:
+        raise ConfigError(f"--env-kwargs: {fixed} set by --task {bounded_repr(args.task)}; an agent of the task "
+                          "may set only other arguments (e.g. k, action_mode)")
+    args.env = env_id
+    args.env_kwargs = json.dumps({**task_kw, **mine})
+    return "train"
+
+
 def cmd_train(args, console) -> int:
+    eval_split = _task_args(args)
     prepare_out_dir(args.out)  # an --out that cannot be written was an OSError traceback
     if args.backend == "rllib":
         return _train_rllib(args, console)
@@ -96,7 +130,8 @@ def cmd_train(args, console) -> int:
                  subprocess=args.subprocess, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                  eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
                  progress_bar=not args.no_progress,
-                 hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s)
+                 hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
+                 eval_split=eval_split)
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s); model: {args.out / 'final.zip'}")
     return 0

@@ -35,6 +35,31 @@ def _reference(task_result: Mapping[str, Any]) -> tuple[str, dict]:
     return ref, dict(tuning[ref]["params"])
 
 
+def task_training(suite: str, task_id: str, results_folder: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """``(env_id, env keyword arguments)`` an agent of a task trains with (``kvsched train --task``):
+    the task record's environment and window, its scenario, and (Scheduling-v0) the tuned best
+    heuristic of the suite's results as the reference policy, so that action 0 is the tuned
+    heuristic. ``split`` is left out: training sets it ("train"); the leaderboard serves held-out.
+
+    Raises:
+        ConfigError: an unknown suite or task, or results that do not hold the task (computed
+            with ``kvsched leaderboard --compute``).
+    """
+    from .results import load_results
+    from .tasks import get_task
+
+    task = get_task(suite, task_id)
+    results = load_results(suite, results_folder)
+    if task_id not in results["tasks"]:
+        raise ConfigError(f"the {suite} results hold no task {task_id!r} (they hold: "
+                          f"{', '.join(results['tasks']) or 'none'}); compute it with kvsched leaderboard "
+                          f"--suite {suite} --tasks {task_id} --compute --out DIR")
+    ref, params = _reference(results["tasks"][task_id])
+    kw = task.env_kwargs_for("train", ref, params)
+    kw.pop("split")
+    return task.env_id, kw
+
+
 def load_checkpoint(path: Path) -> tuple[Any, dict]:
     """The model of a ``kvsched train`` checkpoint and its metadata.
 

@@ -1,0 +1,65 @@
+"""``kvsched train --task``: an agent of a bench task trains in the task's environment, with the
+tuned best heuristic of the suite's results as its reference, and never selects a checkpoint on
+the held-out windows the leaderboard uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+from kvsched.experiments.cli import main  # noqa: E402
+from kvsched.experiments.suite.results import FORMAT  # noqa: E402
+
+TUNED = {"kappa": 3.5, "min_chunk_tokens": 96}
+
+
+def results(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "tasks": {"overload-burst": {"tuning": {"reference": "lars", "lars": {"params": TUNED}}}}}
+    (folder / "v1.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_train_task_uses_the_tasks_environment_and_tuned_reference_and_evaluates_on_train_windows(tmp_path, capsys):
+    res = results(tmp_path / "res")
+    out = tmp_path / "run"
+    rc = main(["train", "--task", "overload-burst", "--suite-results", str(res), "--algo", "maskable_ppo",
+               "--timesteps", "64", "--hyperparameters", '{"n_steps": 32, "batch_size": 32, "n_epochs": 1}',
+               "--eval-every", "32", "--eval-episodes", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    meta = json.loads((out / "train.json").read_text())
+    assert meta["env_id"] == "kvsched/Scheduling-v0" and meta["eval_split"] == "train"
+    kw = meta["env_kwargs"]
+    assert kw["scenario"] == "bench-v1-overload-burst" and kw["window_s"] == 30.0
+    assert kw["reference_policy"] == "lars" and kw["reference_params"] == TUNED and "split" not in kw
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--task", "overload-burst", "--env", "kvsched/Scheduling-v0"], "--env: set by --task 'overload-burst'"),
+    (["--task", "overload-burst", "--window-s", "10"], "--window-s: set by --task"),
+    (["--task", "overload-burst", "--env-kwargs", '{"scenario": "x.yaml"}'], "['scenario'] set by --task"),
+    (["--task", "no-such-task"], "suite v1 has no task 'no-such-task'; tasks: kv-burst-tiers"),
+    (["--task", "overload-burst", "--suite", "v9"], "unknown suite 'v9'"),
+    (["--suite", "v1", "--suite-results", "x"], "--suite-results need --task"),
+    ([], "--env or --task is required"),
+])
+def test_train_task_refuses_what_the_task_sets_and_unknown_tasks(tmp_path, capsys, argv, needle):
+    res = results(tmp_path / "res")
+    extra = [] if "--suite-results" in argv else ["--suite-results", str(res)] if "--task" in argv else []
+    rc = main(["train", "--algo", "maskable_ppo", "--timesteps", "8", "--out", str(tmp_path / "o"), *argv, *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_train_task_names_the_command_that_computes_missing_results(tmp_path, capsys):
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "v1.json").write_text(json.dumps({"format": FORMAT, "tasks": {}}))
+    rc = main(["train", "--task", "routing-stale", "--suite-results", str(res), "--algo", "ppo",
+               "--timesteps", "8", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hold no task 'routing-stale'" in err and "--tasks routing-stale --compute" in err
