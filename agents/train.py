@@ -2,12 +2,18 @@
 
 Writes into ``--out``:
 
+- ``train.json``: the command, environment arguments and ``status`` "running", written before
+  training starts (so a checkpoint of a killed run can be evaluated); at the end, the steps, CPU
+  and wall time, env steps/s, the last evaluation's metrics and ``status`` "finished" or
+  "stopped: cpu budget | wall budget | signal SIGINT | signal SIGTERM";
 - ``checkpoints/<algo>_<steps>_steps.zip`` every ``--checkpoint-every`` steps (SB3
-  ``CheckpointCallback``), ``final.zip`` at the end;
-- ``tb/`` TensorBoard logs (``tensorboard --logdir OUT/tb``);
-- ``eval/evaluations.npz`` and ``eval/best_model.zip``: mean return on held-out windows every
-  ``--eval-every`` steps (SB3 ``EvalCallback``; ``MaskableEvalCallback`` for MaskablePPO);
-- ``train.json``: the command, environment arguments, steps, wall time and env steps/s.
+  ``CheckpointCallback``), ``final.zip`` at the end, also when a budget or a signal stopped it;
+- ``tb/`` TensorBoard logs (``tensorboard --logdir OUT/tb``): SB3's training scalars and, at each
+  evaluation, ``eval/slo_attainment``, ``eval/goodput_rps``, ``eval/ttft_p99_s/<class>`` and
+  ``eval/tpot_p99_s/<class>`` (:mod:`kvsched.agents.callbacks`);
+- ``eval/evaluations.npz`` and ``eval/best_model.zip``: mean return on held-out windows (train
+  windows with ``--task``) every ``--eval-every`` steps (SB3 ``EvalCallback``;
+  ``MaskableEvalCallback`` for MaskablePPO).
 
 Algorithms and the action spaces they need: ``ppo`` and ``maskable_ppo`` (Discrete or
 MultiDiscrete; MaskablePPO uses ``action_masks()``), ``dqn`` (Discrete: on Scheduling-v0 the
@@ -27,31 +33,6 @@ from kvsched.envs.sim.errors import ConfigError
 from kvsched import atomic_files
 
 ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
-
-
-def _cpu_budget_callback():
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class _CpuBudget(BaseCallback):
-        """Stop training once this process has used ``max_cpu_s`` seconds of CPU (user + system,
-        ``time.process_time``; counts the training process, not SubprocVecEnv workers)."""
-
-        def __init__(self, max_cpu_s: float) -> None:
-            super().__init__()
-            self.max_cpu_s = float(max_cpu_s)
-            self.start = time.process_time()
-
-        def _on_step(self) -> bool:
-            return time.process_time() - self.start < self.max_cpu_s
-
-    return _CpuBudget
-
-
-def CpuBudget(max_cpu_s: float):
-    """A callback stopping training after ``max_cpu_s`` CPU seconds of this process."""
-    if isinstance(max_cpu_s, bool) or not isinstance(max_cpu_s, (int, float)) or not max_cpu_s > 0:
-        raise ConfigError(f"--max-cpu-s={max_cpu_s!r} is not allowed: expected a number of seconds > 0")
-    return _cpu_budget_callback()(max_cpu_s)
 
 
 def _algo_class(name: str):
@@ -129,6 +110,43 @@ def _algo_parameters(cls) -> list[str]:
     return [p for p in inspect.signature(cls.__init__).parameters if p not in own]
 
 
+def default_interval(timesteps: int) -> int:
+    """Steps between checkpoints and between evaluations unless given: 10,000, or a fifth of a
+    shorter run (at least 1), so that a short run still writes checkpoints and evaluates."""
+    return max(1, min(10_000, int(timesteps) // 5))
+
+
+def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int,
+           checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
+           max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
+    """Run ``model.learn`` with the checkpoint, evaluation, budget and signal callbacks, save
+    ``final.zip`` (also when stopped early), and return what ``train.json`` adds at the end."""
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+
+    from .callbacks import SignalStop, budget_callback, slo_eval_callback
+
+    budget = budget_callback(max_cpu_s, max_wall_s)
+    evaluation = slo_eval_callback(algo == "maskable_ppo", eval_env, n_eval_episodes=eval_episodes,
+                                   eval_freq=max(1, eval_every // n_envs), log_path=str(out / "eval"),
+                                   best_model_save_path=str(out / "eval"), deterministic=True)
+    start_steps = model.num_timesteps
+    t0, c0 = time.time(), time.process_time()
+    with SignalStop() as signals:
+        callbacks = CallbackList([budget, signals.callback(), evaluation, CheckpointCallback(
+            save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"), name_prefix=algo)])
+        model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
+                    reset_num_timesteps=reset, tb_log_name=algo)
+    wall, cpu = time.time() - t0, time.process_time() - c0
+    with atomic_files.replacing(out / "final.zip") as tmp:
+        model.save(str(tmp))
+    steps = model.num_timesteps - start_steps
+    stopped = budget.stopped_by or (signals.received and f"signal {signals.received}")
+    return {"status": f"stopped: {stopped}" if stopped else "finished", "timesteps": steps,
+            "total_timesteps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
+            "env_steps_per_s": steps / wall if wall > 0 else None,
+            "stopped_by_cpu_budget": budget.stopped_by == "cpu budget", "last_eval": evaluation.last_metrics}
+
+
 def default_hyperparameters(algo: str, n_envs: int) -> dict[str, Any]:
     """Hyper-parameters used unless overridden (small rollouts: an env step is a simulated
     scheduler decision, ~1-10 ms of CPU)."""
@@ -142,11 +160,19 @@ def default_hyperparameters(algo: str, n_envs: int) -> dict[str, Any]:
 
 def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str | None = None,
           window_s: float | None = None, env_kwargs: dict | None = None, seed: int = 0, n_envs: int = 1,
-          subprocess: bool = False, checkpoint_every: int = 10_000, eval_every: int = 10_000,
+          subprocess: bool = False, checkpoint_every: int | None = None, eval_every: int | None = None,
           eval_episodes: int = 4, resume: str | Path | None = None, threads: int = 1, progress_bar: bool = True,
           hyperparameters: dict | None = None, verbose: int = 0,
-          max_cpu_s: float | None = None, eval_split: str = "heldout") -> dict[str, Any]:
+          max_cpu_s: float | None = None, eval_split: str = "heldout",
+          max_wall_s: float | None = None) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
+
+    ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
+    fifth of a shorter run, so a short run still checkpoints and evaluates). ``max_cpu_s`` /
+    ``max_wall_s`` stop training early (CPU seconds of this process / wall seconds); so does
+    SIGINT or SIGTERM (the run then saves ``final.zip`` and says so in ``train.json``, whose
+    ``status`` is "running" from the start, so any checkpoint of an interrupted run can be
+    evaluated, then "finished" or "stopped: <reason>").
 
     ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
     checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
@@ -157,12 +183,13 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             ``eval_split``.
     """
     import torch
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
 
     from kvsched.agents.factory import make_vec_env
 
     if algo not in ALGOS:
         raise ConfigError(f"--algo {algo!r} is not allowed: expected one of {ALGOS}")
+    checkpoint_every = default_interval(timesteps) if checkpoint_every is None else checkpoint_every
+    eval_every = default_interval(timesteps) if eval_every is None else eval_every
     for name, v in (("timesteps", timesteps), ("n_envs", n_envs), ("checkpoint_every", checkpoint_every),
                     ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -207,38 +234,18 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             raise ConfigError(f"--hyperparameters {json.dumps(hyperparameters or {})}: {cls.__name__} refused "
                               f"{hp}: {e}") from None
         reset = True
-    if algo == "maskable_ppo":
-        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as EvalCB
-    else:
-        from stable_baselines3.common.callbacks import EvalCallback as EvalCB
-    cbs = []
-    if max_cpu_s is not None:
-        cbs.append(CpuBudget(max_cpu_s))
-    callbacks = CallbackList(cbs + [
-        CheckpointCallback(save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"),
-                           name_prefix=algo),
-        EvalCB(eval_env, n_eval_episodes=eval_episodes, eval_freq=max(1, eval_every // n_envs),
-               log_path=str(out / "eval"), best_model_save_path=str(out / "eval"), deterministic=True),
-    ])
-    start_steps = model.num_timesteps
-    t0 = time.time()
-    c0 = time.process_time()
-    model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
-                reset_num_timesteps=reset, tb_log_name=algo)
-    wall = time.time() - t0
-    cpu = time.process_time() - c0
-    with atomic_files.replacing(out / "final.zip") as tmp:
-        model.save(str(tmp))
-    steps = model.num_timesteps - start_steps
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
-        "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
-        "hyperparameters": hp, "resumed_from": None if resume is None else str(resume),
-        "timesteps": steps, "total_timesteps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
-        "env_steps_per_s": steps / wall if wall > 0 else None, "torch_threads": threads,
-        "pid": os.getpid(), "max_cpu_s": max_cpu_s, "eval_split": eval_split,
-        "stopped_by_cpu_budget": bool(max_cpu_s is not None and cpu >= max_cpu_s),
+        "status": "running", "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
+        "hyperparameters": hp, "resumed_from": None if resume is None else str(resume), "torch_threads": threads,
+        "pid": os.getpid(), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s, "eval_split": eval_split,
+        "checkpoint_every": checkpoint_every, "eval_every": eval_every,
     }
+    # written now: a checkpoint of a run that is killed can still be evaluated
+    atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
+    meta.update(_learn(model, algo, timesteps, out, eval_env, reset=reset, n_envs=n_envs,
+                       checkpoint_every=checkpoint_every, eval_every=eval_every, eval_episodes=eval_episodes,
+                       progress_bar=progress_bar, max_cpu_s=max_cpu_s, max_wall_s=max_wall_s))
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     venv.close()
     eval_env.close()

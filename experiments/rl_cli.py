@@ -39,17 +39,19 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=count, default=1, help="parallel environments (default 1)")
     t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
-    t.add_argument("--checkpoint-every", type=count, default=10_000,
-                   help="steps between checkpoints (default 10,000: a shorter run writes none)")
-    t.add_argument("--eval-every", type=count, default=10_000,
-                   help="steps between held-out evaluations (default 10,000: a shorter run makes none)")
+    t.add_argument("--checkpoint-every", type=count,
+                   help="steps between checkpoints (default 10,000, or a fifth of a shorter run)")
+    t.add_argument("--eval-every", type=count,
+                   help="steps between evaluations (default 10,000, or a fifth of a shorter run)")
     t.add_argument("--eval-episodes", type=count, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
     t.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=1,
                    help="torch threads, at most this machine's CPUs (default 1; far more crashed torch)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--max-cpu-s", type=number(0.0, strict=True),
-                   help="stop after this many CPU seconds of the training process")
+                   help="stop after this many CPU seconds of the training process (final.zip is saved)")
+    t.add_argument("--max-wall-s", type=number(0.0, strict=True),
+                   help="stop after this many wall-clock seconds (final.zip is saved; so does SIGINT/SIGTERM)")
     t.add_argument("--backend", choices=("sb3", "rllib"), default="sb3",
                    help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs kvsched[ray]; --algo ppo)")
     t.add_argument("--num-env-runners", type=integer(0), default=0,
@@ -131,9 +133,11 @@ def cmd_train(args, console) -> int:
                  eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
                  progress_bar=not args.no_progress,
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
-                 eval_split=eval_split)
+                 eval_split=eval_split, max_wall_s=args.max_wall_s)
+    stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
-                  f"({meta['env_steps_per_s']:.1f} env steps/s); model: {args.out / 'final.zip'}")
+                  f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
+                  highlight=False, markup=False)
     return 0
 
 
@@ -145,7 +149,8 @@ def _train_rllib(args, console) -> int:
     if args.algo != "ppo":
         raise ConfigError(f"--backend rllib trains PPO; --algo {args.algo!r} is not allowed there (use --algo ppo)")
     unused = [f for f, v in (("--n-envs", args.n_envs != 1), ("--subprocess", args.subprocess),
-                             ("--max-cpu-s", args.max_cpu_s is not None)) if v]
+                             ("--max-cpu-s", args.max_cpu_s is not None),
+                             ("--max-wall-s", args.max_wall_s is not None)) if v]
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
                           "--num-env-runners")

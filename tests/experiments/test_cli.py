@@ -248,6 +248,8 @@ def test_number_flags_name_the_flag(argv, flag, allowed, capsys):
      "-1 is not allowed: expected a finite number > 0"),
     (TRAIN + ["--timesteps", "10", "--max-cpu-s", "nan"], "--max-cpu-s",
      "nan is not allowed: expected a finite number > 0"),
+    (TRAIN + ["--timesteps", "10", "--max-wall-s", "0"], "--max-wall-s",
+     "0 is not allowed: expected a finite number > 0"),
     (TRAIN + ["--timesteps", "10", "--num-env-runners", "-1"], "--num-env-runners",
      "-1 is not allowed: expected an integer >= 0"),
     (["evaluate", "--agents", "fcfs", "--window-s", "0"], "--window-s",

@@ -1,0 +1,165 @@
+"""Stable-Baselines3 callbacks of ``kvsched train``: budgets, a graceful stop on signals, and the
+serving metrics of each evaluation.
+
+- :func:`budget_callback` stops training after a CPU-time (``--max-cpu-s``, ``time.process_time``
+  of the training process; SubprocVecEnv workers are not counted) or wall-clock budget
+  (``--max-wall-s``, ``time.monotonic``) and records which one stopped it;
+- :class:`SignalStop` turns SIGINT / SIGTERM into a stop at the next environment step, so that
+  training ends through SB3's normal path and ``final.zip`` is written (a second signal of the same
+  kind gets the previous handler: Ctrl-C twice still kills a stuck run);
+- :func:`slo_eval_callback` extends SB3's ``EvalCallback`` (``MaskableEvalCallback`` for
+  MaskablePPO) to log, beside the mean return, the serving metrics of the evaluation episodes'
+  ``info["summary"]`` to TensorBoard: ``eval/slo_attainment`` (all requests), ``eval/goodput_rps``
+  and, per length class, ``eval/ttft_p99_s/<class>`` and ``eval/tpot_p99_s/<class>`` (means over
+  the episodes that have the value).
+
+These use the wall clock: training is outside the simulator, whose results never depend on it.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from typing import Any, Mapping
+
+from kvsched.envs.sim.errors import ConfigError
+
+
+def _positive_seconds(value: Any, flag: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{flag}={value!r} is not allowed: expected a finite number of seconds > 0")
+    return float(value)
+
+
+def budget_callback(max_cpu_s: float | None = None, max_wall_s: float | None = None):
+    """A callback that stops training once ``max_cpu_s`` CPU seconds of this process or
+    ``max_wall_s`` wall seconds have passed since it was made; its ``stopped_by`` is then
+    ``"cpu budget"`` or ``"wall budget"`` (``None`` while running).
+
+    Raises:
+        ConfigError: a budget that is not a finite number > 0.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    cpu = _positive_seconds(max_cpu_s, "--max-cpu-s")
+    wall = _positive_seconds(max_wall_s, "--max-wall-s")
+
+    class _Budget(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stopped_by: str | None = None
+            self.cpu0, self.wall0 = time.process_time(), time.monotonic()
+
+        def _on_step(self) -> bool:
+            if cpu is not None and time.process_time() - self.cpu0 >= cpu:
+                self.stopped_by = "cpu budget"
+            elif wall is not None and time.monotonic() - self.wall0 >= wall:
+                self.stopped_by = "wall budget"
+            return self.stopped_by is None
+
+    return _Budget()
+
+
+class SignalStop:
+    """Installs SIGINT / SIGTERM handlers for the duration of a ``with`` block; a signal sets
+    :attr:`received` (its name) and :meth:`callback` returns a callback that stops training at the
+    next step. The previous handlers are restored on exit, and a second signal while stopping
+    is handed to them. Outside the main thread (where Python cannot install handlers) it does
+    nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "SignalStop":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received == name:  # the second one: the user insists
+            previous = self._previous.get(signum)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        self.received = name
+
+    def callback(self):
+        """A callback that returns False (stop) once a signal was received."""
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        outer = self
+
+        class _Stop(BaseCallback):
+            def _on_step(self) -> bool:
+                return outer.received is None
+
+        return _Stop()
+
+
+def summary_metrics(summaries: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Means over episode summaries (:func:`kvsched.envs.sim.metrics.summarize`'s dicts) of the
+    metrics logged at each evaluation; a metric no episode has (e.g. an empty class) is left out.
+    Keys: ``slo_attainment``, ``goodput_rps``, ``ttft_p99_s/<class>``, ``tpot_p99_s/<class>``."""
+    values: dict[str, list[float]] = {}
+
+    def add(key: str, v: Any) -> None:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            values.setdefault(key, []).append(float(v))
+
+    for s in summaries:
+        classes = s.get("classes", {})
+        every = classes.get("all", {})
+        add("slo_attainment", every.get("slo", {}).get("attainment"))
+        add("goodput_rps", every.get("goodput_rps"))
+        for name, c in classes.items():
+            add(f"ttft_p99_s/{name}", c.get("ttft_s", {}).get("p99"))
+            add(f"tpot_p99_s/{name}", c.get("tpot_s", {}).get("p99"))
+    return {k: sum(v) / len(v) for k, v in sorted(values.items())}
+
+
+def slo_eval_callback(masked: bool, eval_env, **kwargs):
+    """SB3's ``EvalCallback`` (``MaskableEvalCallback`` when ``masked``) that also logs
+    :func:`summary_metrics` of the evaluation episodes under ``eval/`` and keeps the latest in
+    ``last_metrics``. ``kwargs`` go to the SB3 class."""
+    if masked:
+        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as base
+    else:
+        from stable_baselines3.common.callbacks import EvalCallback as base
+
+    class _SloEval(base):  # type: ignore[misc, valid-type]
+        last_metrics: dict[str, float] = {}
+
+        def _log_success_callback(self, locals_: dict, globals_: dict) -> None:
+            super()._log_success_callback(locals_, globals_)
+            if locals_.get("done"):
+                summary = locals_.get("info", {}).get("summary")
+                if summary is not None:
+                    self._summaries.append(summary)
+
+        def _on_step(self) -> bool:
+            self._summaries: list = []
+            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            go_on = super()._on_step()
+            if evaluating and self._summaries:
+                self.last_metrics = summary_metrics(self._summaries)
+                for key, v in self.last_metrics.items():
+                    self.logger.record(f"eval/{key}", v)
+                self.logger.dump(self.num_timesteps)
+            return go_on
+
+    return _SloEval(eval_env, **kwargs)
