@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute", action="store_true", help="recompute the suite's baselines and bounds into --out "
                                                            "(hours)")
     p.add_argument("--jobs", type=cli_types.count, default=1, help="processes for --compute (default 1)")
+    p.add_argument("--datasets", action="store_true",
+                   help="record each task's Minari dataset of its tuned best heuristic (train episodes; minutes) "
+                        "into --out DIR/<suite>/<task>/minari from the results, without recomputing them")
     p.add_argument("--results", type=Path, help="read results from this folder instead of the committed ones")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--markdown", action="store_true",
@@ -64,12 +67,16 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
 
     if a.json and a.markdown:
         raise KvschedError("--json and --markdown: give one output format")
+    if a.datasets and (a.agents or a.compute):
+        raise KvschedError("--datasets records datasets only: leave out --agents and --compute (--compute records "
+                           "them too)")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
     chosen = ids if not a.tasks else [x.strip() for x in a.tasks.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in ids]
     if unknown or not chosen:
-        raise KvschedError(f"--tasks {a.tasks!r}: unknown or empty; suite {a.suite} has: {', '.join(ids)}")
+        raise KvschedError(f"--tasks {cli_types.bounded_repr(a.tasks)}: unknown or empty; suite {a.suite} has: "
+                           f"{', '.join(ids)}")
     if a.out is not None:
         prepare_out_dir(a.out)
     if a.compute:
@@ -81,7 +88,16 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     else:
         folder = a.results
     results = load_results(a.suite, folder)
+    missing = [x for x in chosen if x not in results["tasks"]]
+    if missing and a.tasks:
+        raise KvschedError(f"the {a.suite} results hold no task {', '.join(missing)} (they hold: "
+                           f"{', '.join(results['tasks']) or 'none'}); compute it with --compute --out DIR")
+    if missing:
+        console.print(f"not in the results (not computed): {', '.join(missing)}", highlight=False, markup=False)
+    chosen = [x for x in chosen if x not in missing]
     results = {**results, "tasks": {k: v for k, v in results["tasks"].items() if k in chosen}}
+    if a.datasets:
+        return _datasets(a, [t for t in tasks if t.task_id in chosen], results, console)
     agents = _evaluate_agents(a, [t for t in tasks if t.task_id in chosen], results, console) if a.agents else {}
     rows = leaderboard(results, agents)
     if a.json:
@@ -123,13 +139,40 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
     console.print(f"wrote {results_path(a.suite, out)}", highlight=False, markup=False)
 
 
+def _datasets(a: argparse.Namespace, tasks, results, console: Console) -> int:
+    """``--datasets``: record each task's Minari dataset of its tuned best heuristic (from the
+    results' tuned parameters, train episodes) into ``--out/<suite>/<task>/minari``."""
+    from kvsched.envs.sim.errors import KvschedError
+
+    from .suite.compute import CLONE_EPISODES
+    from .suite.datasets import dataset_id, record
+
+    if a.out is None:
+        raise KvschedError("--datasets writes Minari datasets: give --out DIR")
+    for t in tasks:
+        tuning = results["tasks"][t.task_id]["tuning"]
+        where = a.out / a.suite / t.task_id / "minari"
+        record(t, {"tuning": tuning}, CLONE_EPISODES, path=where)
+        console.print(f"{dataset_id(t, tuning['reference'])}: {CLONE_EPISODES} train episodes in {where} "
+                      f"(MINARI_DATASETS_PATH={where.resolve()})", highlight=False, markup=False)
+    return 0
+
+
 def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) -> dict:
+    from kvsched.envs.sim.errors import KvschedError
+
     from .suite.agents import evaluate_agent
 
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice or not names:
+        raise KvschedError(f"--agents {cli_types.bounded_repr(a.agents)}: "
+                           f"{'given twice: ' + ', '.join(twice) if twice else 'empty'}")
     out: dict = {}
     for name in names:
-        label = Path(name).name if name.endswith(".zip") else name
+        # a checkpoint is labelled by its file name unless two share it (runs/a/final.zip, runs/b/final.zip)
+        short = Path(name).name
+        label = short if name.endswith(".zip") and sum(Path(n).name == short for n in names) == 1 else name
         out[label] = {}
         for t in tasks:
             tr = results["tasks"][t.task_id]

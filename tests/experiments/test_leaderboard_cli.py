@@ -1,0 +1,86 @@
+"""``kvsched leaderboard`` as a user runs it: on results of a real v1 task (two of its held-out
+episodes, baseline scores planted), agents evaluated on the same episodes, datasets recorded
+from the results, and clean one-line errors for what cannot be done."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gymnasium")
+
+from kvsched.experiments.cli import main  # noqa: E402
+from kvsched.experiments.suite.episodes import pool  # noqa: E402
+from kvsched.experiments.suite.results import FORMAT  # noqa: E402
+from kvsched.experiments.suite.tasks import get_task  # noqa: E402
+
+TASK = "overload-burst"
+
+
+def results(folder: Path) -> Path:
+    """A v1 results file holding TASK with two held-out episodes per stratum."""
+    eps = [f"{e.workload_seed}:{e.window_index}" for e in pool(get_task("v1", TASK))[:2]]
+    episodes = {k: {"scores": {"lars (tuned)": 0.8, "fcfs (default)": 0.6, "constant reference": 0.8},
+                    "bound": {"score": 0.9}, "isolation": 1.0} for k in eps}
+    data = {"format": FORMAT, "suite": "v1", "provenance": {"command": "planted", "kvsched_version": "test"},
+            "tasks": {TASK: {"strata": {"all": eps, "hard": eps[::-1]}, "episodes": episodes,
+                             "tuning": {"reference": "lars", "lars": {"params": {"kappa": 3.0}, "journal": "lars.journal"}}}}}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "v1.json").write_text(json.dumps(data))
+    return folder
+
+
+def run(argv, capsys):
+    rc = main(["leaderboard", *argv])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return rc, out
+
+
+def test_an_agent_is_evaluated_on_the_strata_episodes_beside_the_baselines(tmp_path, capsys):
+    res = results(tmp_path / "res")
+    rc, out = run(["--results", str(res), "--tasks", TASK, "--agents", "fcfs", "--json"], capsys)
+    assert rc == 0, out.err
+    rows = json.loads(out.out)
+    mine = [r for r in rows if r["kind"] == "agent"]
+    assert [(r["agent"], r["stratum"], r["paired_episodes"]) for r in mine] == [("fcfs", "all", 2), ("fcfs", "hard", 2)]
+    assert all(r["headroom"] == pytest.approx(0.1) for r in rows)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--agents", "fcfs,fcfs"], "given twice: fcfs"),
+    (["--agents", ","], "empty"),
+    (["--tasks", "routing-stale"], "results hold no task routing-stale (they hold: overload-burst)"),
+    (["--tasks", "nope"], "unknown or empty; suite v1 has: kv-burst-tiers"),
+    (["--datasets"], "--datasets writes Minari datasets: give --out DIR"),
+    (["--datasets", "--agents", "fcfs"], "--datasets records datasets only"),
+    (["--json", "--markdown"], "give one output format"),
+])
+def test_what_the_leaderboard_cannot_do_is_a_one_line_error(tmp_path, capsys, argv, needle):
+    rc, out = run(["--results", str(results(tmp_path / "res")), *argv], capsys)
+    assert rc == 2 and needle in out.err and len(out.err.strip().splitlines()) == 1
+
+
+def test_tasks_missing_from_the_results_are_named_not_dropped_silently(tmp_path, capsys):
+    rc, out = run(["--results", str(results(tmp_path / "res"))], capsys)
+    assert rc == 0 and "not in the results (not computed): kv-burst-tiers" in out.out
+    assert "overload-burst [all, 2 episodes]" in out.out
+
+
+def test_datasets_are_recorded_from_the_results_without_recomputing(tmp_path, capsys):
+    pytest.importorskip("minari")
+    pytest.importorskip("jax")
+    import minari
+
+    from kvsched.experiments.suite.datasets import _minari_root
+
+    res = results(tmp_path / "res")
+    rc, out = run(["--results", str(res), "--tasks", TASK, "--datasets", "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, out.err
+    where = tmp_path / "o" / "v1" / TASK / "minari"
+    assert "kvsched/overload-burst/lars-v1: 8 train episodes" in out.out
+    with _minari_root(where):
+        ds = minari.load_dataset("kvsched/overload-burst/lars-v1")
+        assert ds.total_episodes == 8 and "kappa" in str(ds.storage.metadata)
