@@ -141,7 +141,9 @@ def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Ma
                 ) -> list[dict[str, Any]]:
     """Rows of the leaderboard: per task and stratum, the bounds, the tuned best heuristic, the
     headroom with its CI, and every baseline (and agent of ``agents``: name -> task -> stratum ->
-    per-episode scores) with its paired comparison. JSON-ready."""
+    per-episode scores) with its paired comparison. An agent with scores on the first ``n`` episodes
+    of a stratum only (``--episodes n``) is paired with the tuned heuristic and the bound on those
+    ``n`` (``paired_episodes``). JSON-ready."""
     rows: list[dict[str, Any]] = []
     for task_id, tr in results["tasks"].items():
         ref = reference_label(tr)
@@ -159,7 +161,10 @@ def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Ma
                 if task_id in per_task and stratum in per_task[task_id]:
                     entries.append((name, list(per_task[task_id][stratum]), "agent"))
             for label, scores, kind in entries:
-                p = paired(scores, tuned, bound)
+                n = len(scores)  # an agent evaluated on the first n episodes (--episodes) is paired on those
+                if n > len(tuned):
+                    raise ConfigError(f"{label} has {n} scores on {task_id} {stratum}; the stratum has {len(tuned)}")
+                p = paired(scores, tuned[:n], bound[:n])
                 rows.append({**base, "agent": label, "kind": kind, "mean": p.agent_mean, "diff": p.diff_mean,
                              "diff_lo": p.diff_lo, "diff_hi": p.diff_hi, "normalised": p.normalised,
                              "norm_lo": p.norm_lo, "norm_hi": p.norm_hi, "worse": p.worse,

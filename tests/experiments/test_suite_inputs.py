@@ -1,0 +1,36 @@
+"""kvsched bench (experiments/suite): what a careless user or a hand-edited file can feed the
+leaderboard -- a partial evaluation (``--episodes``), bad task records, bad results files and
+checkpoints -- is either handled as documented or refused with a one-line message."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments.suite.results import FORMAT, leaderboard
+
+
+def fake_results(n: int = 3) -> dict:
+    """A results file of one task with ``n`` episodes in each stratum (no simulation)."""
+    keys = [f"1048576:{i}" for i in range(n)]
+    episodes = {k: {"scores": {"lars (tuned)": 0.5 + 0.1 * i, "fcfs (default)": 0.4, "random": 0.3},
+                    "bound": {"score": 0.9, "schedule": None}, "isolation": 1.0, "requests": 10}
+                for i, k in enumerate(keys)}
+    tuning = {"lars": {"params": {"kappa": 2.0}, "journal": "lars.journal", "train_objective": 0.5},
+              "fcfs": {"params": {}, "train_objective": 0.4, "tuned": False}, "reference": "lars"}
+    return {"format": FORMAT, "suite": "v1", "tasks": {"overload-burst": {
+        "tuning": tuning, "strata": {"all": keys, "hard": list(reversed(keys))}, "episodes": episodes}}}
+
+
+def test_an_agent_on_the_first_n_episodes_is_paired_with_the_tuned_heuristic_on_those_n():
+    res = fake_results(3)
+    rows = leaderboard(res, {"mine": {"overload-burst": {"all": [0.6], "hard": [0.7, 0.6]}}})
+    mine = {r["stratum"]: r for r in rows if r["agent"] == "mine"}
+    assert mine["all"]["paired_episodes"] == 1 and mine["all"]["diff"] == pytest.approx(0.1)  # vs 0.5 on 1048576:0
+    assert mine["hard"]["paired_episodes"] == 2 and mine["hard"]["diff"] == pytest.approx(0.0)  # vs 0.7, 0.6
+    with pytest.raises(ConfigError, match="4 scores"):
+        leaderboard(res, {"mine": {"overload-burst": {"all": [0.6] * 4}}})
