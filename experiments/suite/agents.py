@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from kvsched.envs.sim.errors import ConfigError
 
-from .episodes import Episode
+from .episodes import Episode, episode_indices
 from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
 from .tasks import BenchTask
 
@@ -58,6 +58,7 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     """
     ref, ref_params = _reference(task_result)
     kind, act_for, env = _agent(task, agent, ref, ref_params)
+    index = episode_indices({s: stratum_episodes(task_result, s) for s in task_result["strata"]})
     out: dict[str, list[float | None]] = {}
     for stratum in task_result["strata"]:
         scores: list[float | None] = []
@@ -65,7 +66,8 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
             if kind == "heuristic":
                 scores.append(score(run_heuristic(task, ep, agent, {}).summary))
             else:
-                scores.append(score(run_env(env, ep, act_for(i), seed=episode_seed(i))))
+                j = index[ep.key()]  # the episode's seed, as the random baseline's
+                scores.append(score(run_env(env, ep, act_for(j), seed=episode_seed(j))))
             if progress:
                 progress(f"{task.name} {stratum}: {agent} episode {i + 1}: {scores[-1]}")
         out[stratum] = scores

@@ -34,3 +34,22 @@ def test_an_agent_on_the_first_n_episodes_is_paired_with_the_tuned_heuristic_on_
     assert mine["hard"]["paired_episodes"] == 2 and mine["hard"]["diff"] == pytest.approx(0.0)  # vs 0.7, 0.6
     with pytest.raises(ConfigError, match="4 scores"):
         leaderboard(res, {"mine": {"overload-burst": {"all": [0.6] * 4}}})
+
+
+def test_the_random_agent_on_the_leaderboard_reproduces_the_random_baseline_on_every_stratum_episode(tmp_path,
+                                                                                                   monkeypatch):
+    """A stochastic agent's seed is its episode's (the same in both strata), as the random baseline's."""
+    pytest.importorskip("gymnasium")
+    from kvsched.experiments.suite import compute
+    from kvsched.experiments.suite.agents import evaluate_agent
+    from test_suite import scenario, tiny_task
+
+    monkeypatch.setattr(compute, "hindsight", lambda *a, **k: {"score": 1.0, "schedule": None})  # not under test
+    monkeypatch.setattr(compute, "train_clone", lambda *a, **k: None)
+    t = tiny_task(scenario(tmp_path), pool_seeds=4, stratum_episodes=2, heuristics=("lars",))
+    tuned = {"lars": {"params": {}, "train_objective": 0.5}, "reference": "lars"}
+    tr = compute.compute_task(t, tmp_path / "r", tuned=tuned)
+    assert tr["strata"]["all"] != tr["strata"]["hard"]  # an episode's place differs between the strata
+    got = evaluate_agent(t, tr, "random")
+    for stratum, keys in tr["strata"].items():
+        assert got[stratum] == [tr["episodes"][k]["scores"]["random"] for k in keys], stratum
