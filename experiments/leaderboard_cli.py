@@ -27,6 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvsched.envs.sim.errors import bounded_repr
+
 from . import cli_types
 from kvsched import atomic_files
 
@@ -63,12 +65,17 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
 
     if a.json and a.markdown:
         raise KvschedError("--json and --markdown: give one output format")
+    if a.episodes is not None and not a.agents:
+        raise KvschedError(f"--episodes {a.episodes}: limits the agents' evaluation; give --agents too")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
-    chosen = ids if not a.tasks else [x.strip() for x in a.tasks.split(",") if x.strip()]
+    chosen = ids if a.tasks is None else [x.strip() for x in a.tasks.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in ids]
-    if unknown or not chosen:
-        raise KvschedError(f"--tasks {a.tasks!r}: unknown or empty; suite {a.suite} has: {', '.join(ids)}")
+    if unknown or not chosen or len(set(chosen)) < len(chosen):
+        why = (f"unknown {bounded_repr(', '.join(unknown))}" if unknown else "no task" if not chosen
+               else "a task named twice")
+        raise KvschedError(f"--tasks {bounded_repr(a.tasks)}: {why}; expected distinct task ids of suite "
+                           f"{a.suite}: {', '.join(ids)}")
     if a.out is not None:
         prepare_out_dir(a.out)
     if a.compute:
@@ -80,6 +87,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     else:
         folder = a.results
     results = load_results(a.suite, folder)
+    missing = [x for x in chosen if x not in results["tasks"]]
+    if missing and (a.tasks is not None or a.agents or len(missing) == len(chosen)):
+        raise KvschedError(f"{'--tasks' if a.tasks is not None else 'task'} {bounded_repr(', '.join(missing))}: not "
+                           f"in the results of suite {a.suite} (they hold: {', '.join(results['tasks']) or 'no task'})")
     results = {**results, "tasks": {k: v for k, v in results["tasks"].items() if k in chosen}}
     agents = _evaluate_agents(a, [t for t in tasks if t.task_id in chosen], results, console) if a.agents else {}
     rows = leaderboard(results, agents)
@@ -123,12 +134,17 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
 
 
 def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) -> dict:
+    from kvsched.envs.sim.errors import KvschedError
+
     from .suite.agents import evaluate_agent
 
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
+    labels = [Path(name).name if name.endswith(".zip") else name for name in names]
+    if not names or len(set(labels)) < len(labels):
+        raise KvschedError(f"--agents {bounded_repr(a.agents)}: {'no agent' if not names else 'two agents named alike'}; "
+                           "expected distinct checkpoints (.zip, told apart by file name), heuristic names or random")
     out: dict = {}
-    for name in names:
-        label = Path(name).name if name.endswith(".zip") else name
+    for name, label in zip(names, labels):
         out[label] = {}
         for t in tasks:
             tr = results["tasks"][t.task_id]

@@ -53,3 +53,32 @@ def test_the_random_agent_on_the_leaderboard_reproduces_the_random_baseline_on_e
     got = evaluate_agent(t, tr, "random")
     for stratum, keys in tr["strata"].items():
         assert got[stratum] == [tr["episodes"][k]["scores"]["random"] for k in keys], stratum
+
+
+def _write_results(folder: Path, data: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "v1.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tasks", "nope"], "unknown 'nope'"),
+    (["--tasks", ","], "no task"),
+    (["--tasks", ""], "no task"),
+    (["--tasks", "overload-burst,overload-burst"], "named twice"),
+    (["--tasks", "x" * 5000], "..."),
+    (["--tasks", "mooncake-1i"], "not in the results"),
+    (["--tasks", "overload-burst", "--agents", ","], "no agent"),
+    (["--tasks", "overload-burst", "--agents", "a/final.zip,b/final.zip"], "named alike"),
+    (["--tasks", "overload-burst", "--episodes", "2"], "give --agents"),
+])
+def test_leaderboard_flags_that_name_nothing_or_twice_are_refused_in_one_line(argv, says, tmp_path, capsys):
+    """--tasks / --agents that named no, an absent or the same task or agent twice were dropped or
+    deduplicated silently (two checkpoints called final.zip: one row, the second's scores), or a
+    task missing from the results file ended in a KeyError traceback."""
+    from kvsched.experiments.cli import main
+
+    folder = _write_results(tmp_path / "r", fake_results(2))
+    assert main(["leaderboard", "--results", str(folder), *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err) < 600
