@@ -82,3 +82,42 @@ def test_leaderboard_flags_that_name_nothing_or_twice_are_refused_in_one_line(ar
     assert main(["leaderboard", "--results", str(folder), *argv]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and len(err) < 600
+
+
+@pytest.mark.parametrize("sidecar, says", [
+    ({"algo": "ppo", "env_id": "kvsched/Scheduling-v0"}, "not a loadable 'ppo' checkpoint"),
+    ("{not json", "not readable JSON"),
+    ({"env_id": "kvsched/Scheduling-v0"}, "algo"),
+    ([1, 2], "env_id and algo"),
+    ({"algo": "ppo", "env_id": "kvsched/Routing-v0"}, "was trained on 'kvsched/Routing-v0'"),  # before loading
+])
+def test_a_broken_or_foreign_checkpoint_is_a_config_error_not_a_traceback(sidecar, says, tmp_path):
+    pytest.importorskip("gymnasium")
+    from kvsched.experiments.suite.agents import evaluate_agent
+    from test_suite import scenario, tiny_task
+
+    t = tiny_task(scenario(tmp_path))
+    ckpt = tmp_path / "final.zip"
+    ckpt.write_bytes(b"not a zip")
+    (tmp_path / "final.json").write_text(sidecar if isinstance(sidecar, str) else json.dumps(sidecar))
+    with pytest.raises(ConfigError, match=says):
+        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(ckpt))
+
+
+def test_a_checkpoint_of_other_spaces_is_refused_not_run_in_an_environment_of_its_own_choosing(tmp_path):
+    """The checkpoint's k (or action mode) used to replace the task's, so an agent was scored in an
+    environment that was not the task's."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+
+    from kvsched.experiments.suite.agents import evaluate_agent
+    from kvsched.experiments.suite.runs import make_env
+    from test_suite import scenario, tiny_task
+
+    t = tiny_task(scenario(tmp_path))
+    env = make_env(t, "lars", {}, split="train", k=8)
+    PPO("MlpPolicy", env, n_steps=8, batch_size=8, device="cpu").save(tmp_path / "k8.zip")
+    env.close()
+    (tmp_path / "k8.json").write_text(json.dumps({"algo": "ppo", "env_id": t.env_id, "env_kwargs": {"k": 8}}))
+    with pytest.raises(ConfigError, match="observes shape"):
+        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(tmp_path / "k8.zip"))
