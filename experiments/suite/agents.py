@@ -83,8 +83,17 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring).
 
     Raises:
-        ConfigError: an unknown agent, or a checkpoint of another environment or other spaces.
+        ConfigError: an unknown agent, a checkpoint of another environment or other spaces, or
+            results computed for another definition of the task.
     """
+    import json
+
+    from .compute import task_record
+
+    stored = task_result.get("task")
+    if stored is not None and json.loads(json.dumps(stored)) != json.loads(json.dumps(task_record(task))):
+        raise ConfigError(f"the results of {task.name} were computed for another definition of the task "
+                          f"({bounded_repr(stored)}): their baselines and bounds are not this task's; recompute them")
     ref, ref_params = _reference(task_result)
     kind, act_for, env = _agent(task, agent, ref, ref_params)
     index = episode_indices({s: stratum_episodes(task_result, s) for s in task_result["strata"]})

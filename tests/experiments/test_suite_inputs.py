@@ -121,3 +121,62 @@ def test_a_checkpoint_of_other_spaces_is_refused_not_run_in_an_environment_of_it
     (tmp_path / "k8.json").write_text(json.dumps({"algo": "ppo", "env_id": t.env_id, "env_kwargs": {"k": 8}}))
     with pytest.raises(ConfigError, match="observes shape"):
         evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(tmp_path / "k8.zip"))
+
+
+def _edit(path: str, value):
+    def apply(data):
+        *head, last = path.split("/")
+        d = data
+        for k in head:
+            d = d[k]
+        if value is KeyError:
+            del d[last]
+        else:
+            d[last] = value
+    return apply
+
+
+T = "tasks/overload-burst"
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_edit("tasks", []), "tasks=[]"),
+    (_edit(f"{T}/strata", KeyError), "tuning, strata and episodes"),
+    (_edit(f"{T}/strata/all", ["9:9"]), "strata.all"),
+    (_edit(f"{T}/strata/all", ["1048576:0", "1048576:0"]), "distinct"),
+    (_edit(f"{T}/episodes/1048576:0/scores/fcfs (default)", "0.5"), "scores.fcfs (default)='0.5'"),
+    (_edit(f"{T}/episodes/1048576:0/scores/fcfs (default)", 1.5), "in [0, 1]"),
+    (_edit(f"{T}/episodes/1048576:1/scores/extra", 0.1), "the baselines"),
+    (_edit(f"{T}/episodes/1048576:0/bound/score", 0.45), ">= every baseline"),
+    (_edit(f"{T}/episodes/1048576:0/isolation", None), None),  # allowed: an empty episode's
+    (_edit(f"{T}/tuning/reference", "nope"), "tuning.reference='nope'"),
+    (_edit(f"{T}/tuning/lars/journal", KeyError), "scores of the reference lars (default)"),
+])
+def test_a_hand_edited_results_file_is_refused_naming_the_field_not_a_traceback(edit, says, tmp_path, capsys):
+    """A results file missing a part or with a bad score ended in KeyError / TypeError tracebacks, or
+    (a bound below a baseline) in a leaderboard with a negative headroom."""
+    from kvsched.experiments.cli import main
+
+    data = fake_results(2)
+    edit(data)
+    folder = _write_results(tmp_path / "r", data)
+    code = main(["leaderboard", "--results", str(folder), "--json"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if says is None:
+        assert code == 0
+    else:
+        assert code == 2 and says in err and str(folder / "v1.json") in err, err
+
+
+def test_results_of_another_definition_of_the_task_are_not_compared_with_an_agent_on_this_one(tmp_path):
+    pytest.importorskip("gymnasium")
+    from kvsched.experiments.suite.agents import evaluate_agent
+    from kvsched.experiments.suite.compute import task_record
+    from test_suite import scenario, tiny_task
+
+    t = tiny_task(scenario(tmp_path))
+    tr = fake_results(1)["tasks"]["overload-burst"]
+    tr["task"] = json.loads(json.dumps(task_record(tiny_task(t.scenario, window_s=20.0))))
+    with pytest.raises(ConfigError, match="another definition"):
+        evaluate_agent(t, tr, "fcfs")
