@@ -180,3 +180,32 @@ def test_results_of_another_definition_of_the_task_are_not_compared_with_an_agen
     tr["task"] = json.loads(json.dumps(task_record(tiny_task(t.scenario, window_s=20.0))))
     with pytest.raises(ConfigError, match="another definition"):
         evaluate_agent(t, tr, "fcfs")
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("task_id", "tâsk", "BenchTask.task_id"),
+    ("suite", "", "BenchTask.suite"),
+    ("scenario", None, "BenchTask.scenario"),
+    ("description", "  ", "BenchTask.description"),
+    ("heuristics", ("fcfs", "larss"), "BenchTask.heuristics"),
+    ("heuristics", ("fcfs", "fcfs", "lars"), "BenchTask.heuristics"),
+    ("heuristics", ("llm-d", "lars"), "BenchTask.heuristics"),  # a router on a scheduling task
+    ("tuned", ["lars"], "BenchTask.tuned"),
+    ("tuned", ("fcfs",), "no search space"),  # nothing to tune without the residency knobs
+    ("env_kwargs", {"k": 8}, "BenchTask.env_kwargs"),
+    ("env_kwargs", (("split", "train"),), "BenchTask.env_kwargs"),  # the task sets the split itself
+    ("env_kwargs", (("k", 8), ("k", 16)), "BenchTask.env_kwargs"),
+    ("search", {"param_trials": 1}, "BenchTask.search"),
+    ("instances", "4", "BenchTask.instances"),
+    ("instances", -1, "BenchTask.instances"),
+])
+def test_a_bench_task_with_a_bad_field_is_refused_naming_it(field, value, says):
+    """These were accepted (a typo of a heuristic failed hours later, after the pool was measured;
+    a dict made the frozen record unhashable; instances='4' raised a TypeError)."""
+    from kvsched.experiments.suite.tasks import BenchTask
+
+    base = dict(task_id="t", suite="v1", description="d", lever="l", env_id="kvsched/Scheduling-v0", scenario="s",
+                window_s=10.0, heuristics=("fcfs", "lars"), tuned=("lars",))
+    with pytest.raises(ConfigError, match=says):
+        BenchTask(**{**base, field: value})
+    assert BenchTask(**{**base, "tuned": ("fcfs",), "tune_residency": True}).tuned == ("fcfs",)
