@@ -209,3 +209,17 @@ def test_a_bench_task_with_a_bad_field_is_refused_naming_it(field, value, says):
     with pytest.raises(ConfigError, match=says):
         BenchTask(**{**base, field: value})
     assert BenchTask(**{**base, "tuned": ("fcfs",), "tune_residency": True}).tuned == ("fcfs",)
+
+
+def test_the_hindsight_search_counts_only_the_simulations_it_ran(tmp_path):
+    """A start heuristic without parameters (priority) runs no per-episode trials; evals counted
+    the budget's trials anyway."""
+    pytest.importorskip("gymnasium")
+    from kvsched.experiments.suite.episodes import pool
+    from kvsched.experiments.suite.search import Schedule, hindsight
+    from kvsched.experiments.suite.tasks import SearchBudget
+    from test_suite import scenario, tiny_task
+
+    t = tiny_task(scenario(tmp_path), search=SearchBudget(param_trials=5, local_evals=2))
+    out = hindsight(t, pool(t)[0], {"priority (default)": (0.0, Schedule("priority", {}))})
+    assert out["param_score"] is None and out["evals"] <= 2
