@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "or --compute)")
     p.add_argument("--compute", action="store_true", help="recompute the suite's baselines and bounds into --out "
                                                            "(hours)")
-    p.add_argument("--jobs", type=cli_types.count, default=1, help="processes for --compute (default 1)")
+    p.add_argument("--jobs", type=cli_types.count, help="processes for --compute (default 1)")
     p.add_argument("--results", type=Path, help="read results from this folder instead of the committed ones")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--markdown", action="store_true",
@@ -67,6 +67,11 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
         raise KvschedError("--json and --markdown: give one output format")
     if a.episodes is not None and not a.agents:
         raise KvschedError(f"--episodes {a.episodes}: limits the agents' evaluation; give --agents too")
+    if a.jobs is not None and not a.compute:
+        raise KvschedError(f"--jobs {a.jobs}: processes of --compute; give --compute too")
+    if a.results is not None and a.compute:
+        raise KvschedError(f"--results {bounded_repr(str(a.results))}: --compute writes and reads its results in "
+                           "--out; give one of them")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
     chosen = ids if a.tasks is None else [x.strip() for x in a.tasks.split(",") if x.strip()]
@@ -124,7 +129,7 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
     data = load_results(a.suite, out) if results_path(a.suite, out).is_file() else \
         {"format": FORMAT, "suite": a.suite, "tasks": {}}
     for t in tasks:
-        res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs,
+        res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs or 1,
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
         res["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
         data["tasks"][t.task_id] = res
