@@ -148,6 +148,10 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     if not names or len(set(labels)) < len(labels):
         raise KvschedError(f"--agents {bounded_repr(a.agents)}: {'no agent' if not names else 'two agents named alike'}; "
                            "expected distinct checkpoints (.zip, told apart by file name), heuristic names or random")
+    sizes = {len(keys) for t in tasks for keys in results["tasks"][t.task_id]["strata"].values()}
+    if a.episodes is not None and a.episodes > min(sizes):
+        raise KvschedError(f"--episodes {a.episodes}: more than a stratum holds; expected at most {min(sizes)} "
+                           "(omit it for every episode)")
     out: dict = {}
     for name, label in zip(names, labels):
         out[label] = {}

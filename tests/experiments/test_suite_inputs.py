@@ -72,6 +72,7 @@ def _write_results(folder: Path, data: dict) -> Path:
     (["--tasks", "overload-burst", "--agents", "a/final.zip,b/final.zip"], "named alike"),
     (["--tasks", "overload-burst", "--episodes", "2"], "give --agents"),
     (["--tasks", "overload-burst", "--jobs", "2"], "give --compute"),
+    (["--tasks", "overload-burst", "--agents", "fcfs", "--episodes", "3"], "at most 2"),  # not clipped to 2
     (["--tasks", "overload-burst", "--compute", "--out", "o"], "--compute writes and reads its results in --out"),
 ])
 def test_leaderboard_flags_that_name_nothing_or_twice_are_refused_in_one_line(argv, says, tmp_path, capsys):
