@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvsched.envs.sim.errors import bounded_repr
@@ -178,11 +179,13 @@ def _print(rows: list[dict], results, console: Console) -> None:
                  f"{_fmt(r0['isolation_mean'])}, tuned best {r0['tuned_best']} {_fmt(r0['tuned_mean'])}, headroom "
                  f"{_fmt(r0['headroom'], signed=True)} [{_fmt(r0['headroom_lo'], signed=True)}, "
                  f"{_fmt(r0['headroom_hi'], signed=True)}]")
-        table = Table(title=title)
+        table = Table(title=escape(title))  # "[hard, 24 episodes]" is not rich markup
         for col in ("agent", "SLO attainment", "diff vs tuned", "95 % CI", "normalised", "worse"):
             table.add_column(col, justify="left" if col == "agent" else "right")
         for r in sorted(rs, key=lambda r: (r["kind"] != "agent", -(r["mean"] if r["mean"] == r["mean"] else -9))):
-            table.add_row(("* " if r["kind"] == "agent" else "") + r["agent"], _fmt(r["mean"]),
+            part = f" (first {r['paired_episodes']})" if r["kind"] == "agent" and r["paired_episodes"] < r["episodes"] \
+                else ""  # --episodes: paired on the first N episodes only
+            table.add_row(escape(("* " if r["kind"] == "agent" else "") + r["agent"] + part), _fmt(r["mean"]),
                           _fmt(r["diff"], signed=True), f"[{_fmt(r['diff_lo'], signed=True)}, "
                           f"{_fmt(r['diff_hi'], signed=True)}]", _fmt(r["normalised"], 2), str(r["worse"]))
         console.print(table)

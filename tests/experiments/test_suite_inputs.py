@@ -226,3 +226,14 @@ def test_the_hindsight_search_counts_only_the_simulations_it_ran(tmp_path):
     t = tiny_task(scenario(tmp_path), search=SearchBudget(param_trials=5, local_evals=2))
     out = hindsight(t, pool(t)[0], {"priority (default)": (0.0, Schedule("priority", {}))})
     assert out["param_score"] is None and out["evals"] <= 2
+
+
+def test_the_printed_leaderboard_names_each_tables_stratum(tmp_path, capsys):
+    """"[hard, 24 episodes]" in a table's title was read as rich markup and vanished: the all and
+    hard tables had the same title."""
+    from kvsched.experiments.cli import main
+
+    folder = _write_results(tmp_path / "r", fake_results(2))
+    assert main(["leaderboard", "--results", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "overload-burst [all, 2 episodes]" in out and "overload-burst [hard, 2 episodes]" in out
