@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvsched.envs.sim.errors import ConfigError, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 from .stats import Paired, headroom, paired
 from kvsched import atomic_files
@@ -91,16 +91,21 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
         ConfigError: no results file, or one of another format.
     """
     p = results_path(suite, folder)
-    if not p.is_file():
-        raise ConfigError(f"no results for suite {suite!r} at {p}; compute them with "
+    where = bounded_repr(str(p))[1:-1]
+    try:
+        exists = p.is_file()
+    except OSError as e:  # a name too long, no permission
+        raise ConfigError(f"results {where}: cannot be read ({e.strerror})") from None
+    if not exists:
+        raise ConfigError(f"no results for suite {suite!r} at {where}; compute them with "
                           f"`kvsched leaderboard --suite {suite} --compute --out DIR`")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{p}: not a readable results file ({e})") from None
+        raise ConfigError(f"{where}: not a readable results file ({bounded_repr(str(e))[1:-1]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(f"{p}: not a {FORMAT} results file")
-    check_results(data, str(p))
+        raise ConfigError(f"{where}: not a {FORMAT} results file")
+    check_results(data, where)
     return data
 
 

@@ -237,3 +237,16 @@ def test_the_printed_leaderboard_names_each_tables_stratum(tmp_path, capsys):
     assert main(["leaderboard", "--results", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "overload-burst [all, 2 episodes]" in out and "overload-burst [hard, 2 episodes]" in out
+
+
+def test_a_results_folder_of_a_huge_or_unreadable_name_is_one_bounded_line(tmp_path, capsys):
+    from kvsched.experiments.cli import main
+
+    for folder in (tmp_path / ("q" * 3000), tmp_path / "missing"):
+        assert main(["leaderboard", "--results", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert "results" in err and len(err) < 400 and "Traceback" not in err
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "v1.json").write_bytes(b"\x00\xff{")
+    assert main(["leaderboard", "--results", str(tmp_path / "bin")]) == 2
+    assert "not a readable results file" in capsys.readouterr().err
