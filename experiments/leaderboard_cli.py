@@ -147,7 +147,8 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
     labels = [Path(name).name if name.endswith(".zip") else name for name in names]
     if not names or len(set(labels)) < len(labels):
-        raise KvschedError(f"--agents {bounded_repr(a.agents)}: {'no agent' if not names else 'two agents named alike'}; "
+        why = "no agent" if not names else "two agents named alike"
+        raise KvschedError(f"--agents {bounded_repr(a.agents)}: {why}; "
                            "expected distinct checkpoints (.zip, told apart by file name), heuristic names or random")
     sizes = {len(keys) for t in tasks for keys in results["tasks"][t.task_id]["strata"].values()}
     if a.episodes is not None and a.episodes > min(sizes):

@@ -139,7 +139,8 @@ def check_results(data: Mapping[str, Any], where: str) -> None:
             sc = ep.get("scores") if isinstance(ep, dict) else None
             need(isinstance(sc, dict), f"tasks.{tid}.episodes.{key}.scores", sc, "an object of baseline -> score")
             for label, v in sc.items():
-                need(score_ok(v), f"tasks.{tid}.episodes.{key}.scores.{label}", v, "an SLO attainment in [0, 1] or null")
+                need(score_ok(v), f"tasks.{tid}.episodes.{key}.scores.{label}", v,
+                     "an SLO attainment in [0, 1] or null")
             labels = list(sc) if labels is None else labels
             need(list(sc) == labels, f"tasks.{tid}.episodes.{key}.scores", list(sc), f"the baselines {labels}")
             bound = ep.get("bound")
