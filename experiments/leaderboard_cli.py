@@ -25,8 +25,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
+
+from kvsched.envs.sim.errors import bounded_repr
 
 from . import cli_types
 from kvsched import atomic_files
@@ -44,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "or --compute)")
     p.add_argument("--compute", action="store_true", help="recompute the suite's baselines and bounds into --out "
                                                            "(hours)")
-    p.add_argument("--jobs", type=cli_types.count, default=1, help="processes for --compute (default 1)")
+    p.add_argument("--jobs", type=cli_types.count, help="processes for --compute (default 1)")
     p.add_argument("--datasets", action="store_true",
                    help="record each task's Minari dataset of its tuned best heuristic (train episodes; minutes) "
                         "into --out DIR/<suite>/<task>/minari from the results, without recomputing them")
@@ -70,13 +72,22 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.datasets and (a.agents or a.compute):
         raise KvschedError("--datasets records datasets only: leave out --agents and --compute (--compute records "
                            "them too)")
+    if a.episodes is not None and not a.agents:
+        raise KvschedError(f"--episodes {a.episodes}: limits the agents' evaluation; give --agents too")
+    if a.jobs is not None and not a.compute:
+        raise KvschedError(f"--jobs {a.jobs}: processes of --compute; give --compute too")
+    if a.results is not None and a.compute:
+        raise KvschedError(f"--results {bounded_repr(str(a.results))}: --compute writes and reads its results in "
+                           "--out; give one of them")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
-    chosen = ids if not a.tasks else [x.strip() for x in a.tasks.split(",") if x.strip()]
+    chosen = ids if a.tasks is None else [x.strip() for x in a.tasks.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in ids]
-    if unknown or not chosen:
-        raise KvschedError(f"--tasks {cli_types.bounded_repr(a.tasks)}: unknown or empty; suite {a.suite} has: "
-                           f"{', '.join(ids)}")
+    if unknown or not chosen or len(set(chosen)) < len(chosen):
+        why = (f"unknown {bounded_repr(', '.join(unknown))}" if unknown else "no task" if not chosen
+               else "a task named twice")
+        raise KvschedError(f"--tasks {bounded_repr(a.tasks)}: {why}; expected distinct task ids of suite "
+                           f"{a.suite}: {', '.join(ids)}")
     if a.out is not None:
         prepare_out_dir(a.out)
     if a.compute:
@@ -89,9 +100,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
         folder = a.results
     results = load_results(a.suite, folder)
     missing = [x for x in chosen if x not in results["tasks"]]
-    if missing and a.tasks:
-        raise KvschedError(f"the {a.suite} results hold no task {', '.join(missing)} (they hold: "
-                           f"{', '.join(results['tasks']) or 'none'}); compute it with --compute --out DIR")
+    if missing and (a.tasks is not None or a.agents or a.datasets or len(missing) == len(chosen)):
+        raise KvschedError(f"{'--tasks' if a.tasks is not None else 'task'} {bounded_repr(', '.join(missing))}: not "
+                           f"in the results of suite {a.suite} (they hold: {', '.join(results['tasks']) or 'no task'}"
+                           f"); compute with --compute --out DIR")
     if missing:
         console.print(f"not in the results (not computed): {', '.join(missing)}", highlight=False, markup=False)
     chosen = [x for x in chosen if x not in missing]
@@ -130,7 +142,7 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
     data = load_results(a.suite, out) if results_path(a.suite, out).is_file() else \
         {"format": FORMAT, "suite": a.suite, "tasks": {}}
     for t in tasks:
-        res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs,
+        res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs or 1,
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
         res["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
         data["tasks"][t.task_id] = res
@@ -166,13 +178,17 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
     twice = sorted({x for x in names if names.count(x) > 1})
     if twice or not names:
-        raise KvschedError(f"--agents {cli_types.bounded_repr(a.agents)}: "
-                           f"{'given twice: ' + ', '.join(twice) if twice else 'empty'}")
+        raise KvschedError(f"--agents {bounded_repr(a.agents)}: {'given twice: ' + ', '.join(twice) if twice else 'no agent'}"
+                           "; expected distinct checkpoints (.zip), heuristic names or random")
+    sizes = {len(keys) for t in tasks for keys in results["tasks"][t.task_id]["strata"].values()}
+    if a.episodes is not None and a.episodes > min(sizes):
+        raise KvschedError(f"--episodes {a.episodes}: more than a stratum holds; expected at most {min(sizes)} "
+                           "(omit it for every episode)")
+    # a checkpoint is labelled by its file name unless two share it (runs/a/final.zip, runs/b/final.zip)
+    labels = [Path(n).name if n.endswith(".zip") and sum(Path(m).name == Path(n).name for m in names) == 1 else n
+              for n in names]
     out: dict = {}
-    for name in names:
-        # a checkpoint is labelled by its file name unless two share it (runs/a/final.zip, runs/b/final.zip)
-        short = Path(name).name
-        label = short if name.endswith(".zip") and sum(Path(n).name == short for n in names) == 1 else name
+    for name, label in zip(names, labels):
         out[label] = {}
         for t in tasks:
             tr = results["tasks"][t.task_id]
@@ -197,11 +213,13 @@ def _print(rows: list[dict], results, console: Console) -> None:
                  f"{_fmt(r0['isolation_mean'])}, tuned best {r0['tuned_best']} {_fmt(r0['tuned_mean'])}, headroom "
                  f"{_fmt(r0['headroom'], signed=True)} [{_fmt(r0['headroom_lo'], signed=True)}, "
                  f"{_fmt(r0['headroom_hi'], signed=True)}]")
-        table = Table(title=Text(title))  # Text: '[all, 24 episodes]' and agent paths are not markup
+        table = Table(title=escape(title))  # "[hard, 24 episodes]" is not rich markup
         for col in ("agent", "SLO attainment", "diff vs tuned", "95 % CI", "normalised", "worse"):
             table.add_column(col, justify="left" if col == "agent" else "right")
         for r in sorted(rs, key=lambda r: (r["kind"] != "agent", -(r["mean"] if r["mean"] == r["mean"] else -9))):
-            table.add_row(Text(("* " if r["kind"] == "agent" else "") + r["agent"]), _fmt(r["mean"]),
+            part = f" (first {r['paired_episodes']})" if r["kind"] == "agent" and r["paired_episodes"] < r["episodes"] \
+                else ""  # --episodes: paired on the first N episodes only
+            table.add_row(escape(("* " if r["kind"] == "agent" else "") + r["agent"] + part), _fmt(r["mean"]),
                           _fmt(r["diff"], signed=True), f"[{_fmt(r['diff_lo'], signed=True)}, "
                           f"{_fmt(r['diff_hi'], signed=True)}]", _fmt(r["normalised"], 2), str(r["worse"]))
         console.print(table)

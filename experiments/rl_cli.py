@@ -112,7 +112,8 @@ def _task_args(args) -> str:
     fixed = sorted(set(mine) & set(task_kw))
     if fixed:
         raise ConfigError(f"--env-kwargs: {fixed} set by --task {bounded_repr(args.task)}; an agent of the task "
-                          "may set only other arguments (e.g. k, action_mode)")
+                          "may set only other arguments (those that change the observation or action space, such "
+                          "as k, make a checkpoint the leaderboard refuses)")
     args.env = env_id
     args.env_kwargs = json.dumps({**task_kw, **mine})
     return "train"

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
-from .episodes import Episode
+from .episodes import Episode, episode_indices
 from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
 from .tasks import BenchTask
 
@@ -60,18 +60,47 @@ def task_training(suite: str, task_id: str, results_folder: Path | None = None) 
     return task.env_id, kw
 
 
-def load_checkpoint(path: Path) -> tuple[Any, dict]:
-    """The model of a ``kvsched train`` checkpoint and its metadata.
+def checkpoint_meta(path: Path) -> dict:
+    """The metadata of a ``kvsched train`` checkpoint (``<stem>.json`` or ``train.json`` beside it).
 
     Raises:
-        ConfigError: a missing file or missing metadata.
+        ConfigError: a missing checkpoint, or metadata missing, unreadable or without its
+            ``env_id`` and ``algo``.
     """
-    from kvsched.agents.evaluate import _load_model, _sidecar
+    from kvsched.agents.evaluate import _sidecar
 
     if not path.is_file():
-        raise ConfigError(f"checkpoint {str(path)!r} does not exist")
-    meta = _sidecar(path)
-    return _load_model(path, meta), meta
+        raise ConfigError(f"checkpoint {bounded_repr(str(path))} does not exist")
+    try:
+        meta = _sidecar(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"checkpoint {bounded_repr(str(path))}: its metadata is not readable JSON "
+                          f"({bounded_repr(str(e))})") from None
+    require(isinstance(meta, dict) and isinstance(meta.get("env_id"), str) and isinstance(meta.get("algo"), str),
+            f"metadata of checkpoint {bounded_repr(str(path))}", meta if not isinstance(meta, dict) else
+            {k: meta.get(k) for k in ("env_id", "algo")}, "an object naming its env_id and algo (written by "
+            "`kvsched train`)")
+    return meta
+
+
+def load_checkpoint(path: Path, meta: dict | None = None) -> tuple[Any, dict]:
+    """The model of a ``kvsched train`` checkpoint and its metadata (:func:`checkpoint_meta`).
+
+    Raises:
+        ConfigError: a missing file, missing or bad metadata, or a file the algorithm cannot load.
+    """
+    import zipfile
+
+    from kvsched.agents.evaluate import _load_model
+
+    meta = checkpoint_meta(path) if meta is None else meta
+    try:
+        return _load_model(path, meta), meta
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"checkpoint {bounded_repr(str(path))}: not a loadable {bounded_repr(meta['algo'])} "
+                          f"checkpoint ({bounded_repr(str(e))})") from None
 
 
 def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, limit: int | None = None,
@@ -79,10 +108,20 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring).
 
     Raises:
-        ConfigError: an unknown agent, or a checkpoint of another environment or other spaces.
+        ConfigError: an unknown agent, a checkpoint of another environment or other spaces, or
+            results computed for another definition of the task.
     """
+    import json
+
+    from .compute import task_record
+
+    stored = task_result.get("task")
+    if stored is not None and json.loads(json.dumps(stored)) != json.loads(json.dumps(task_record(task))):
+        raise ConfigError(f"the results of {task.name} were computed for another definition of the task "
+                          f"({bounded_repr(stored)}): their baselines and bounds are not this task's; recompute them")
     ref, ref_params = _reference(task_result)
     kind, act_for, env = _agent(task, agent, ref, ref_params)
+    index = episode_indices({s: stratum_episodes(task_result, s) for s in task_result["strata"]})
     out: dict[str, list[float | None]] = {}
     for stratum in task_result["strata"]:
         scores: list[float | None] = []
@@ -90,7 +129,8 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
             if kind == "heuristic":
                 scores.append(score(run_heuristic(task, ep, agent, {}).summary))
             else:
-                scores.append(score(run_env(env, ep, act_for(i), seed=episode_seed(i))))
+                j = index[ep.key()]  # the episode's seed, as the random baseline's
+                scores.append(score(run_env(env, ep, act_for(j), seed=episode_seed(j))))
             if progress:
                 progress(f"{task.name} {stratum}: {agent} episode {i + 1}: {scores[-1]}")
         out[stratum] = scores
@@ -107,21 +147,23 @@ def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
     if agent == "random":
         return "env", random_actor_for, make_env(task, ref, ref_params)
     if agent.endswith(".zip"):
-        model, meta = load_checkpoint(Path(agent))
-        if meta.get("env_id") != task.env_id:
-            raise ConfigError(f"checkpoint {agent!r} was trained on {meta.get('env_id')}; task {task.name} is "
-                              f"{task.env_id}")
-        env = make_env(task, ref, ref_params, **{k: v for k, v in meta.get("env_kwargs", {}).items()
-                                                   if k in ("k", "action_mode")})
-        if model.observation_space.shape != env.observation_space.shape:
-            raise ConfigError(f"checkpoint {agent!r} observes shape {model.observation_space.shape}; task "
-                              f"{task.name}'s environment gives {env.observation_space.shape}")
+        meta = checkpoint_meta(Path(agent))
+        if meta["env_id"] != task.env_id:  # before loading the model: a wrong checkpoint fails fast
+            raise ConfigError(f"checkpoint {bounded_repr(agent)} was trained on {bounded_repr(meta['env_id'])}; task "
+                              f"{task.name} is {task.env_id}")
+        model, meta = load_checkpoint(Path(agent), meta)
+        env = make_env(task, ref, ref_params)  # the task's environment, never one the checkpoint picks
+        if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:
+            env.close()
+            raise ConfigError(f"checkpoint {bounded_repr(agent)} observes shape {model.observation_space.shape} and "
+                              f"acts in {model.action_space}; task {task.name}'s environment gives "
+                              f"{env.observation_space.shape} and {env.action_space}")
         masked = meta.get("algo") == "maskable_ppo"
         return "env", (lambda i: model_actor(model, masked)), env
     known = router_names() if task.env_id == "kvsched/Routing-v0" else policy_names()
     if agent in known:
         return "heuristic", None, None
-    raise ConfigError(f"agent {agent!r} is not a checkpoint (.zip), 'random' or a "
+    raise ConfigError(f"agent {bounded_repr(agent)} is not a checkpoint (.zip), 'random' or a "
                       f"{'router' if task.env_id == 'kvsched/Routing-v0' else 'policy'} ({', '.join(known)})")
 
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from kvsched.envs.sim.errors import ConfigError
 
-from .episodes import Episode, measure_pool, pool, strata, task_source, train_episodes
+from .episodes import Episode, episode_indices, measure_pool, pool, strata, task_source, train_episodes
 from .runs import (constant_actions, episode_seed, make_env, random_actor, run_env, run_heuristic, score)
 from .search import Schedule, hindsight
 from .tasks import BenchTask
@@ -207,8 +207,8 @@ def compute_task(task: BenchTask, out_dir: Path, jobs: int = 1, progress: Callab
     if progress:
         progress(f"{task.name}: recording the tuned reference's dataset and fitting its behaviour clone")
     clone = train_clone(task, tuned, out_dir)
-    todo = sorted({ep for eps in st.values() for ep in eps}, key=lambda e: (e.workload_seed, e.window_index))
-    index = {ep.key(): i for i, ep in enumerate(todo)}
+    index = episode_indices(st)
+    todo = sorted({ep for eps in st.values() for ep in eps}, key=lambda e: index[e.key()])
     if progress:
         progress(f"{task.name}: baselines and hindsight search on {len(todo)} episodes ({jobs} processes)")
     args = [(task, ep, index[ep.key()], tuned, clone) for ep in todo]

@@ -12,8 +12,9 @@ that the strata do not favour or disfavour any agent:
 - ``hard``: the ``stratum_episodes`` episodes of the pool with the highest ``hard_by`` measure
   (offered load or KV pressure; ties broken by pool order).
 
-Every agent is evaluated on the same episodes; the episode seed (for stochastic agents) is the
-episode's index in its stratum.
+Every agent is evaluated on the same episodes; the episode seed (for stochastic agents, and the
+hindsight search's) comes from the episode's index among the strata's episodes
+(:func:`episode_indices`), so an episode in both strata gets one seed, the random baseline's.
 """
 
 from __future__ import annotations
@@ -108,3 +109,10 @@ def strata(task: BenchTask, episodes: list[Episode], stats: dict[str, IsolationS
     measure = np.array([getattr(stats[ep.key()], task.hard_by) for ep in served])
     order = np.lexsort((np.arange(len(served)), -measure))  # highest first, then pool order
     return {"all": [served[i] for i in pick], "hard": [served[i] for i in sorted(order[:k].tolist())]}
+
+
+def episode_indices(strata: dict[str, list[Episode]]) -> dict[str, int]:
+    """Key -> index of every episode of the strata (one in both counted once), in the order of
+    workload seed and window: what seeds a stochastic agent on the episode (:func:`.runs.episode_seed`)."""
+    todo = sorted({ep for eps in strata.values() for ep in eps}, key=lambda e: (e.workload_seed, e.window_index))
+    return {ep.key(): i for i, ep in enumerate(todo)}

@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 from .stats import Paired, headroom, paired
 from kvsched import atomic_files
@@ -91,16 +91,73 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
         ConfigError: no results file, or one of another format.
     """
     p = results_path(suite, folder)
-    if not p.is_file():
-        raise ConfigError(f"no results for suite {suite!r} at {p}; compute them with "
+    where = bounded_repr(str(p))[1:-1]
+    try:
+        exists = p.is_file()
+    except OSError as e:  # a name too long, no permission
+        raise ConfigError(f"results {where}: cannot be read ({e.strerror})") from None
+    if not exists:
+        raise ConfigError(f"no results for suite {suite!r} at {where}; compute them with "
                           f"`kvsched leaderboard --suite {suite} --compute --out DIR`")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{p}: not a readable results file ({e})") from None
+        raise ConfigError(f"{where}: not a readable results file ({bounded_repr(str(e))[1:-1]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(f"{p}: not a {FORMAT} results file")
+        raise ConfigError(f"{where}: not a {FORMAT} results file")
+    check_results(data, where)
     return data
+
+
+def check_results(data: Mapping[str, Any], where: str) -> None:
+    """Refuse a results file (hand-edited, truncated, of another layout) whose leaderboard could not
+    be built or would mislead: per task its tuning's reference and parameters, its strata (episode
+    keys ``<seed>:<window>``, each in ``episodes``), per episode every baseline's score (the same
+    labels everywhere, the reference's among them) and its bounds, the hindsight bound >= every
+    baseline.
+
+    Raises:
+        ConfigError: naming the file, the field, its value (bounded) and what is allowed.
+    """
+    def score_ok(x: Any) -> bool:
+        return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1)
+
+    def need(ok: bool, field: str, value: Any, allowed: str) -> None:
+        require(ok, f"{where}: {field}", value, allowed)
+
+    tasks = data.get("tasks")
+    need(isinstance(tasks, dict), "tasks", tasks, "an object of task id -> task results")
+    for tid, tr in tasks.items():
+        need(isinstance(tr, dict) and all(isinstance(tr.get(k), dict) for k in ("tuning", "strata", "episodes")),
+             f"tasks.{tid}", tr, "an object with tuning, strata and episodes objects")
+        tuning, eps = tr["tuning"], tr["episodes"]
+        ref = tuning.get("reference")
+        need(isinstance(ref, str) and isinstance(tuning.get(ref), dict) and isinstance(tuning[ref].get("params"), dict),
+             f"tasks.{tid}.tuning.reference", ref, "a heuristic of the tuning with its params")
+        labels = None
+        for key, ep in eps.items():
+            sc = ep.get("scores") if isinstance(ep, dict) else None
+            need(isinstance(sc, dict), f"tasks.{tid}.episodes.{key}.scores", sc, "an object of baseline -> score")
+            for label, v in sc.items():
+                need(score_ok(v), f"tasks.{tid}.episodes.{key}.scores.{label}", v,
+                     "an SLO attainment in [0, 1] or null")
+            labels = list(sc) if labels is None else labels
+            need(list(sc) == labels, f"tasks.{tid}.episodes.{key}.scores", list(sc), f"the baselines {labels}")
+            bound = ep.get("bound")
+            need(isinstance(bound, dict) and score_ok(bound.get("score")), f"tasks.{tid}.episodes.{key}.bound",
+                 bound, "an object with the hindsight bound's score in [0, 1] or null")
+            need(score_ok(ep.get("isolation")), f"tasks.{tid}.episodes.{key}.isolation", ep.get("isolation"),
+                 "an SLO attainment in [0, 1] or null")
+            top = max((v for v in sc.values() if v is not None), default=None)
+            need(top is None or (bound["score"] is not None and bound["score"] >= top),
+                 f"tasks.{tid}.episodes.{key}.bound.score", bound["score"], f">= every baseline's score ({top})")
+        need(labels is not None and reference_label(tr) in labels, f"tasks.{tid}.episodes", labels,
+             f"scores of the reference {reference_label(tr)}")
+        for name, keys in tr["strata"].items():
+            need(isinstance(keys, list) and bool(keys) and all(isinstance(k, str) and k in eps for k in keys)
+                 and all(len(k.split(":")) == 2 and all(x.isdigit() for x in k.split(":")) for k in keys)
+                 and len(set(keys)) == len(keys), f"tasks.{tid}.strata.{name}", keys,
+                 "a list of distinct episode keys <seed>:<window>, each in episodes")
 
 
 def reference_label(task_result: Mapping[str, Any]) -> str:
@@ -141,7 +198,9 @@ def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Ma
                 ) -> list[dict[str, Any]]:
     """Rows of the leaderboard: per task and stratum, the bounds, the tuned best heuristic, the
     headroom with its CI, and every baseline (and agent of ``agents``: name -> task -> stratum ->
-    per-episode scores) with its paired comparison. JSON-ready."""
+    per-episode scores) with its paired comparison. An agent with scores on the first ``n`` episodes
+    of a stratum only (``--episodes n``) is paired with the tuned heuristic and the bound on those
+    ``n`` (``paired_episodes``). JSON-ready."""
     rows: list[dict[str, Any]] = []
     for task_id, tr in results["tasks"].items():
         ref = reference_label(tr)
@@ -159,7 +218,10 @@ def leaderboard(results: Mapping[str, Any], agents: Mapping[str, Mapping[str, Ma
                 if task_id in per_task and stratum in per_task[task_id]:
                     entries.append((name, list(per_task[task_id][stratum]), "agent"))
             for label, scores, kind in entries:
-                p = paired(scores, tuned, bound)
+                n = len(scores)  # an agent evaluated on the first n episodes (--episodes) is paired on those
+                if n > len(tuned):
+                    raise ConfigError(f"{label} has {n} scores on {task_id} {stratum}; the stratum has {len(tuned)}")
+                p = paired(scores, tuned[:n], bound[:n])
                 rows.append({**base, "agent": label, "kind": kind, "mean": p.agent_mean, "diff": p.diff_mean,
                              "diff_lo": p.diff_lo, "diff_hi": p.diff_hi, "normalised": p.normalised,
                              "norm_lo": p.norm_lo, "norm_hi": p.norm_hi, "worse": p.worse,

@@ -295,7 +295,8 @@ def hindsight(task: BenchTask, episode: Episode, baselines: Mapping[str, tuple[f
         s0, start = lscore, lsched
     found = s0 >= best_score  # the search's schedule reaches the bound (else a baseline without one does)
     return {"score": max(s0, best_score), "schedule": start.to_dict() if found else None, "from": from_label,
-            "param_score": None if pscore == -math.inf else pscore, "evals": task.search.param_trials + spent,
+            "param_score": None if pscore == -math.inf else pscore,
+            "evals": (0 if pscore == -math.inf else task.search.param_trials) + spent,  # simulations run
             "best_baseline": best_label}
 
 

@@ -14,6 +14,7 @@ Changing a task after its suite is released means a new suite version (a new tas
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -62,10 +63,11 @@ class BenchTask:
         heldout_fraction: share of the scenario's span held out (``EpisodeConfig``), in (0, 1).
         env_kwargs: other keyword arguments of the environment (e.g. ``k`` for Scheduling-v0),
             as ``(name, value)`` pairs.
-        heuristics: baseline heuristics with their defaults: policy names (Scheduling-v0) or
-            router names (Routing-v0).
-        tuned: the heuristics tuned on train episodes (a subset of ``heuristics``); the best of
-            them on the train episodes is the task's reference.
+        heuristics: baseline heuristics with their defaults: distinct policy names (Scheduling-v0)
+            or router names (Routing-v0).
+        tuned: the heuristics tuned on train episodes (a subset of ``heuristics``, each with a
+            search space, or any policy with ``tune_residency``); the best of them on the train
+            episodes is the task's reference.
         tune_trials: Optuna trials per tuned heuristic (TPE, defaults enqueued first), >= 1.
         tune_residency: also tune the KV-residency knobs every policy has (``kvsched tune
             --tune-residency``); lets a heuristic without parameters of its own be tuned.
@@ -99,25 +101,46 @@ class BenchTask:
     instances: int = 0
 
     def __post_init__(self) -> None:
-        require(isinstance(self.task_id, str) and self.task_id != ""
-                and all(c.isalnum() or c == "-" for c in self.task_id) and self.task_id == self.task_id.lower(),
-                "BenchTask.task_id", self.task_id, "a lower-case name of letters, digits and '-'")
+        for name in ("task_id", "suite"):
+            v = getattr(self, name)
+            require(isinstance(v, str) and re.fullmatch(r"[a-z0-9][a-z0-9-]*", v) is not None, f"BenchTask.{name}", v,
+                    "a lower-case name of letters a-z, digits and '-'")
+        for name in ("description", "lever", "scenario"):
+            v = getattr(self, name)
+            require(isinstance(v, str) and v.strip() != "", f"BenchTask.{name}", v, "a non-empty text")
         require(self.env_id in ENV_IDS, "BenchTask.env_id", self.env_id, f"one of {ENV_IDS}")
         require(isinstance(self.window_s, (int, float)) and not isinstance(self.window_s, bool)
                 and math.isfinite(self.window_s) and self.window_s > 0, "BenchTask.window_s", self.window_s,
                 "a finite number of seconds > 0")
         require(isinstance(self.heldout_fraction, float) and 0 < self.heldout_fraction < 1,
                 "BenchTask.heldout_fraction", self.heldout_fraction, "a number in (0, 1)")
-        require(bool(self.heuristics) and set(self.tuned) <= set(self.heuristics) and bool(self.tuned),
-                "BenchTask.tuned", self.tuned, f"a non-empty subset of heuristics {self.heuristics}")
+        routing = self.env_id == "kvsched/Routing-v0"
+        require(isinstance(self.instances, int) and not isinstance(self.instances, bool) and self.instances >= 0
+                and (not routing or self.instances >= 2), "BenchTask.instances", self.instances,
+                "an integer >= 2 for a routing task (>= 0, ignored, otherwise)")
+        known = _heuristic_names(routing)
+        require(isinstance(self.heuristics, tuple) and bool(self.heuristics)
+                and all(isinstance(h, str) and h in known for h in self.heuristics)
+                and len(set(self.heuristics)) == len(self.heuristics), "BenchTask.heuristics", self.heuristics,
+                f"a non-empty tuple of distinct {'routers' if routing else 'policies'} of {tuple(known)}")
+        require(isinstance(self.tuned, tuple) and bool(self.tuned) and set(self.tuned) <= set(self.heuristics)
+                and len(set(self.tuned)) == len(self.tuned), "BenchTask.tuned", self.tuned,
+                f"a non-empty tuple of distinct heuristics of {self.heuristics}")
+        require(isinstance(self.env_kwargs, tuple)
+                and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.env_kwargs)
+                and len({kv[0] for kv in self.env_kwargs}) == len(self.env_kwargs)
+                and not {kv[0] for kv in self.env_kwargs} & set(TASK_SET_ENV_KWARGS), "BenchTask.env_kwargs",
+                self.env_kwargs, f"a tuple of distinct (name, value) pairs, none of {TASK_SET_ENV_KWARGS}")
+        require(isinstance(self.search, SearchBudget), "BenchTask.search", self.search, "a SearchBudget")
         for name in ("tune_trials", "tune_episodes", "pool_seeds", "stratum_episodes"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"BenchTask.{name}", v,
                     "an integer >= 1")
         require(isinstance(self.tune_residency, bool), "BenchTask.tune_residency", self.tune_residency, "true or false")
         require(self.hard_by in HARD_BY, "BenchTask.hard_by", self.hard_by, f"one of {HARD_BY}")
-        require(self.env_id != "kvsched/Routing-v0" or self.instances >= 2, "BenchTask.instances",
-                self.instances, ">= 2 for a routing task")
+        untunable = [h for h in self.tuned if not _tunable(h, routing, self.tune_residency)]
+        require(not untunable, "BenchTask.tuned", self.tuned, f"heuristics with something to tune ({untunable} have "
+                "no search space" + ("" if routing else "; tune_residency=True tunes the residency knobs") + ")")
 
     @property
     def name(self) -> str:
@@ -139,6 +162,30 @@ class BenchTask:
         else:
             kw["n_instances"] = self.instances
         return kw
+
+
+#: environment keyword arguments a task sets itself (:meth:`BenchTask.env_kwargs_for`), not in ``env_kwargs``
+TASK_SET_ENV_KWARGS = ("scenario", "window_s", "split", "heldout_fraction", "horizon_s", "reference_policy",
+                       "reference_params", "n_instances")
+
+
+def _heuristic_names(routing: bool) -> list[str]:
+    """The heuristics a task may name: routers (Routing-v0) or policies (Scheduling-v0)."""
+    from kvsched.policies.base import policy_names
+    from kvsched.policies.routing import router_names
+
+    return router_names() if routing else policy_names()
+
+
+def _tunable(heuristic: str, routing: bool, residency: bool) -> bool:
+    """Whether tuning ``heuristic`` has a search space (its own, or the residency knobs)."""
+    from kvsched.policies.routing import tunable_router_names
+
+    if routing:
+        return heuristic in tunable_router_names()
+    from kvsched.policies.base import make_policy
+
+    return residency or bool(type(make_policy(heuristic)).params_cls.SEARCH_SPACE)
 
 
 #: the hindsight search's budget in suite v1 (per episode): 8 trials of the tuned reference's

@@ -50,11 +50,11 @@ def test_an_agent_is_evaluated_on_the_strata_episodes_beside_the_baselines(tmp_p
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--agents", "fcfs,fcfs"], "given twice: fcfs"),
-    (["--agents", ","], "empty"),
-    (["--tasks", "routing-stale"], "results hold no task routing-stale (they hold: overload-burst)"),
-    (["--tasks", "nope"], "unknown or empty; suite v1 has: kv-burst-tiers"),
-    (["--datasets"], "--datasets writes Minari datasets: give --out DIR"),
+    (["--tasks", TASK, "--agents", "fcfs,fcfs"], "given twice: fcfs"),
+    (["--tasks", TASK, "--agents", ","], "no agent"),
+    (["--tasks", "routing-stale"], "--tasks 'routing-stale': not in the results of suite v1 (they hold: overload-burst)"),
+    (["--tasks", "nope"], "unknown 'nope'; expected distinct task ids of suite v1: kv-burst-tiers"),
+    (["--tasks", TASK, "--datasets"], "--datasets writes Minari datasets: give --out DIR"),
     (["--datasets", "--agents", "fcfs"], "--datasets records datasets only"),
     (["--json", "--markdown"], "give one output format"),
 ])

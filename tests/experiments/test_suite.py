@@ -221,7 +221,8 @@ def test_the_printed_leaderboard_shows_strata_and_agent_names_verbatim_not_as_ma
     base = {"task": "t", "stratum": "hard", "episodes": 24, "isolation_mean": 1.0, "bound_mean": 0.9,
             "tuned_best": "lars (tuned)", "tuned_mean": 0.8, "headroom": 0.1, "headroom_lo": 0.05, "headroom_hi": 0.15}
     rows = [{**base, "agent": a, "kind": k, "mean": 0.8, "diff": 0.0, "diff_lo": 0.0, "diff_hi": 0.0,
-             "normalised": 0.0, "worse": 0} for a, k in [("lars (tuned)", "baseline"), ("runs/[bold]/ppo.zip", "agent")]]
+             "normalised": 0.0, "worse": 0, "paired_episodes": 24} for a, k in [("lars (tuned)", "baseline"),
+                                                                    ("runs/[bold]/ppo.zip", "agent")]]
     buf = io.StringIO()
     _print(rows, {"provenance": {"command": "kvsched leaderboard --out [x]", "kvsched_version": "0"}},
            Console(file=buf, width=200))
