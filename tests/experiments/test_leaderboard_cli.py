@@ -11,25 +11,15 @@ import pytest
 
 pytest.importorskip("gymnasium")
 
+from bench_fixtures import planted_results  # noqa: E402
+
 from kvsched.experiments.cli import main  # noqa: E402
-from kvsched.experiments.suite.episodes import pool  # noqa: E402
-from kvsched.experiments.suite.results import FORMAT  # noqa: E402
-from kvsched.experiments.suite.tasks import get_task  # noqa: E402
 
 TASK = "overload-burst"
 
 
 def results(folder: Path) -> Path:
-    """A v1 results file holding TASK with two held-out episodes per stratum."""
-    eps = [f"{e.workload_seed}:{e.window_index}" for e in pool(get_task("v1", TASK))[:2]]
-    episodes = {k: {"scores": {"lars (tuned)": 0.8, "fcfs (default)": 0.6, "constant reference": 0.8},
-                    "bound": {"score": 0.9}, "isolation": 1.0} for k in eps}
-    data = {"format": FORMAT, "suite": "v1", "provenance": {"command": "planted", "kvsched_version": "test"},
-            "tasks": {TASK: {"strata": {"all": eps, "hard": eps[::-1]}, "episodes": episodes,
-                             "tuning": {"reference": "lars", "lars": {"params": {"kappa": 3.0}, "journal": "lars.journal"}}}}}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "v1.json").write_text(json.dumps(data))
-    return folder
+    return planted_results(folder, TASK)
 
 
 def run(argv, capsys):

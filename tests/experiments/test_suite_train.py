@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("sb3_contrib")
 
+from bench_fixtures import planted_results  # noqa: E402
+
 from kvsched.experiments.cli import main  # noqa: E402
 from kvsched.experiments.suite.results import FORMAT  # noqa: E402
 
@@ -18,10 +20,7 @@ TUNED = {"kappa": 3.5, "min_chunk_tokens": 96}
 
 
 def results(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "tasks": {"overload-burst": {"tuning": {"reference": "lars", "lars": {"params": TUNED}}}}}
-    (folder / "v1.json").write_text(json.dumps(data))
-    return folder
+    return planted_results(folder, "overload-burst", TUNED)
 
 
 def test_train_task_uses_the_tasks_environment_and_tuned_reference_and_evaluates_on_train_windows(tmp_path, capsys):
