@@ -48,7 +48,7 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("simulate", help="serve a trace on a simulated instance and report latency metrics",
             module="kvsched.experiments.simulate_cli", add_arguments="add_arguments", run="cmd_simulate"),
-    Command("tune", help="Bayesian tuning of a policy's parameters (Optuna); see README 'Tuning'",
+    Command("tune", help="Bayesian tuning of a policy's parameters (Optuna); see docs/tuning-and-export.md",
             module="kvsched.experiments.tune_cli", add_arguments="add_tune_arguments", run="cmd_tune"),
     Command("export", help="export a tuned trial as vLLM / SGLang / llm-d / kvsched configuration",
             module="kvsched.experiments.tune_cli", add_arguments="add_export_arguments", run="cmd_export"),

@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", action="store_true",
                    help="record each task's Minari dataset of its tuned best heuristic (train episodes; minutes) "
                         "into --out DIR/<suite>/<task>/minari from the results, without recomputing them")
-    p.add_argument("--results", type=Path, help="read results from this folder instead of the committed ones")
+    p.add_argument("--results", type=Path,
+                   help="read results from this folder (or its <suite>.json) instead of the committed ones")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--markdown", action="store_true",
                    help="print one summary row per task and stratum as a Markdown table (bounds, tuned best, "
@@ -98,6 +99,11 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
         folder = a.out
     else:
         folder = a.results
+        if folder is not None and _is_file(folder):  # the results file itself, not its folder
+            if folder.name != f"{a.suite}.json":
+                raise KvschedError(f"--results {bounded_repr(str(folder))} is a file; expected the folder holding "
+                                   f"{a.suite}.json (or that file)")
+            folder = folder.parent
     results = load_results(a.suite, folder)
     missing = [x for x in chosen if x not in results["tasks"]]
     if missing and (a.tasks is not None or a.agents or a.datasets or len(missing) == len(chosen)):
@@ -123,6 +129,15 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.out is not None:
         _write(rows, a.out, console)
     return 0
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the system refuses (too long): load_results then
+    reports it in one bounded line."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _jsonable(x):
@@ -175,6 +190,8 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
 
     from .suite.agents import evaluate_agent
 
+    from .suite.agents import check_agent
+
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
     twice = sorted({x for x in names if names.count(x) > 1})
     if twice or not names:
@@ -187,6 +204,9 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     # a checkpoint is labelled by its file name unless two share it (runs/a/final.zip, runs/b/final.zip)
     labels = [Path(n).name if n.endswith(".zip") and sum(Path(m).name == Path(n).name for m in names) == 1 else n
               for n in names]
+    for name in names:  # every name before the first episode: a typo in the last agent costs nothing
+        for t in tasks:
+            check_agent(t, name)
     out: dict = {}
     for name, label in zip(names, labels):
         out[label] = {}

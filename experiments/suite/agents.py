@@ -121,6 +121,9 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
                           f"({bounded_repr(stored)}): their baselines and bounds are not this task's; recompute them")
     ref, ref_params = _reference(task_result)
     kind, act_for, env = _agent(task, agent, ref, ref_params)
+    if progress and agent.endswith(".zip"):
+        for note in checkpoint_mismatches(task, checkpoint_meta(Path(agent)), ref, ref_params):
+            progress(f"note: {agent}: {note}")
     index = episode_indices({s: stratum_episodes(task_result, s) for s in task_result["strata"]})
     out: dict[str, list[float | None]] = {}
     for stratum in task_result["strata"]:
@@ -139,18 +142,71 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     return out
 
 
-def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
-    """``(kind, act_for(episode index) -> actor, env)`` of an agent name."""
+def check_agent(task: BenchTask, agent: str) -> dict | None:
+    """Check an agent name for ``task`` without running it (a command evaluating several agents
+    checks them all before the first episode); returns a checkpoint's metadata (None otherwise).
+
+    Raises:
+        ConfigError: an unknown agent, a missing checkpoint or bad metadata, or a checkpoint of
+            another environment.
+    """
     from kvsched.policies.base import policy_names
     from kvsched.policies.routing import router_names
 
     if agent == "random":
-        return "env", random_actor_for, make_env(task, ref, ref_params)
+        return None
     if agent.endswith(".zip"):
         meta = checkpoint_meta(Path(agent))
         if meta["env_id"] != task.env_id:  # before loading the model: a wrong checkpoint fails fast
             raise ConfigError(f"checkpoint {bounded_repr(agent)} was trained on {bounded_repr(meta['env_id'])}; task "
                               f"{task.name} is {task.env_id}")
+        return meta
+    known = router_names() if task.env_id == "kvsched/Routing-v0" else policy_names()
+    if agent in known:
+        return None
+    raise ConfigError(f"agent {bounded_repr(agent)} is not a checkpoint (.zip), 'random' or a "
+                      f"{'router' if task.env_id == 'kvsched/Routing-v0' else 'policy'} ({', '.join(known)})")
+
+
+def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
+                          ref_params: Mapping[str, Any]) -> list[str]:
+    """How the environment a checkpoint was trained in (its metadata's ``env_kwargs``) differs
+    from the task's, which it is evaluated in: scenario, window, held-out share and, for
+    Scheduling-v0, the reference policy and its tuned parameters. Empty when it was trained on
+    the task's environment (``split`` aside). Such a checkpoint is still evaluated (a transfer
+    experiment is legitimate); the leaderboard notes the differences."""
+    from kvsched.envs.sim.errors import KvschedError
+    from kvsched.runner.scenario import bundled_scenario_dir, scenario_path
+
+    def where(x: Any) -> str:
+        try:
+            return str(scenario_path(x).resolve())
+        except KvschedError:
+            return str(x)
+
+    trained = dict(meta.get("env_kwargs") or {})
+    want = task.env_kwargs_for("heldout", ref if task.env_id == "kvsched/Scheduling-v0" else None, ref_params)
+    out = []
+    scenario = trained.get("scenario", str(bundled_scenario_dir() / "mixed-long-short.yaml"))
+    if where(scenario) != where(want["scenario"]):
+        out.append(f"trained on scenario {bounded_repr(scenario)}, the task's is {want['scenario']}")
+    for name, default in (("window_s", 60.0), ("heldout_fraction", 0.25)):
+        if trained.get(name, default) != want[name]:
+            out.append(f"trained with {name}={bounded_repr(trained.get(name, default))}, the task's is {want[name]}")
+    if task.env_id == "kvsched/Scheduling-v0":
+        got = (trained.get("reference_policy", "fcfs"), dict(trained.get("reference_params") or {}))
+        if got != (ref, dict(ref_params)):
+            out.append(f"trained on reference {bounded_repr(got[0])} {bounded_repr(got[1])}, the task's is its tuned "
+                       f"best heuristic {ref} {dict(ref_params)} (kvsched train --task {task.task_id} trains on it)")
+    return out
+
+
+def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
+    """``(kind, act_for(episode index) -> actor, env)`` of an agent name."""
+    meta = check_agent(task, agent)
+    if agent == "random":
+        return "env", random_actor_for, make_env(task, ref, ref_params)
+    if meta is not None:
         model, meta = load_checkpoint(Path(agent), meta)
         env = make_env(task, ref, ref_params)  # the task's environment, never one the checkpoint picks
         if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:
@@ -160,11 +216,7 @@ def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
                               f"{env.observation_space.shape} and {env.action_space}")
         masked = meta.get("algo") == "maskable_ppo"
         return "env", (lambda i: model_actor(model, masked)), env
-    known = router_names() if task.env_id == "kvsched/Routing-v0" else policy_names()
-    if agent in known:
-        return "heuristic", None, None
-    raise ConfigError(f"agent {bounded_repr(agent)} is not a checkpoint (.zip), 'random' or a "
-                      f"{'router' if task.env_id == 'kvsched/Routing-v0' else 'policy'} ({', '.join(known)})")
+    return "heuristic", None, None
 
 
 def random_actor_for(index: int):

@@ -98,7 +98,8 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
         raise ConfigError(f"results {where}: cannot be read ({e.strerror})") from None
     if not exists:
         raise ConfigError(f"no results for suite {suite!r} at {where}; compute them with "
-                          f"`kvsched leaderboard --suite {suite} --compute --out DIR`")
+                          f"`kvsched leaderboard --suite {suite} --compute --out DIR` (hours), then read them "
+                          f"with --results DIR")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -74,3 +74,39 @@ def test_datasets_are_recorded_from_the_results_without_recomputing(tmp_path, ca
     with _minari_root(where):
         ds = minari.load_dataset("kvsched/overload-burst/lars-v1")
         assert ds.total_episodes == 8 and "kappa" in str(ds.storage.metadata)
+
+
+def test_a_checkpoint_trained_off_the_tasks_environment_is_noted():
+    from kvsched.experiments.suite.agents import checkpoint_mismatches
+    from kvsched.experiments.suite.tasks import get_task
+
+    t = get_task("v1", TASK)
+    params = {"kappa": 2.5}
+    same = {"env_kwargs": {k: v for k, v in t.env_kwargs_for("train", "lars", params).items() if k != "split"}}
+    assert checkpoint_mismatches(t, same, "lars", params) == []
+    yaml = Path(__file__).resolve().parents[2] / "experiments" / "scenarios" / "bench-v1-overload-burst.yaml"
+    path = {"env_kwargs": {**same["env_kwargs"], "scenario": str(yaml)}}
+    assert checkpoint_mismatches(t, path, "lars", params) == []  # a path or the bundled name: the same file
+    notes = checkpoint_mismatches(t, {"env_kwargs": {"window_s": 60.0}}, "lars", params)
+    assert len(notes) == 3 and "mixed-long-short" in notes[0] and "window_s=60.0" in notes[1]
+    assert "reference 'fcfs' {}" in notes[2] and "tuned best heuristic lars {'kappa': 2.5}" in notes[2]
+
+
+def test_every_agent_name_is_checked_before_the_first_episode(tmp_path, capsys):
+    """A typo in the last of several agents failed only after the agents before it had run."""
+    res = results(tmp_path / "res")
+    for agents, why in (("fcfs,lrs", "agent 'lrs' is not a checkpoint"),
+                        (f"fcfs,{tmp_path / 'no.zip'}", "no.zip' does not exist")):
+        rc, out = run(["--results", str(res), "--tasks", TASK, "--agents", agents], capsys)
+        assert rc == 2 and why in out.err and "episode" not in out.err
+
+
+def test_results_may_be_given_as_the_file_itself(tmp_path, capsys):
+    res = results(tmp_path / "res")
+    rc, out = run(["--results", str(res / "v1.json"), "--tasks", TASK], capsys)
+    assert rc == 0 and "overload-burst [all, 2 episodes]" in out.out
+    (tmp_path / "other.json").write_text("{}")
+    rc, out = run(["--results", str(tmp_path / "other.json")], capsys)
+    assert rc == 2 and "is a file; expected the folder holding v1.json" in out.err
+    rc, out = run(["--results", str(tmp_path / "nowhere")], capsys)
+    assert rc == 2 and "then read them with --results DIR" in out.err
