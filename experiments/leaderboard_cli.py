@@ -287,6 +287,7 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.axvline(0, color="grey", lw=0.8)
         ax.axvline(1, color="grey", lw=0.8, ls="--")
         ax.set_title(f"{task} ({stratum}): 0 = tuned best heuristic, 1 = hindsight bound", fontsize=8)
+        ax.set_xlabel("normalised score (agent - tuned) / (bound - tuned), 95 % CI", fontsize=7)
     fig.tight_layout()
     with atomic_files.replacing(path) as tmp:
         fig.savefig(tmp, dpi=120)
