@@ -33,6 +33,16 @@ from kvsched.envs.sim.errors import ConfigError
 from kvsched import atomic_files
 
 ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
+POLICY_NETS = ("mlp", "candidate-set")
+
+
+def _policy(algo: str, policy_net: str):
+    """The SB3 policy (name or class) of ``policy_net`` for ``algo``."""
+    if policy_net == "mlp":
+        return "MlpPolicy"
+    from kvsched.agents.encoder import CandidateSetMaskablePolicy, CandidateSetPolicy
+
+    return CandidateSetMaskablePolicy if algo == "maskable_ppo" else CandidateSetPolicy
 
 
 def _algo_class(name: str):
@@ -164,7 +174,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           eval_episodes: int = 4, resume: str | Path | None = None, threads: int = 1, progress_bar: bool = True,
           hyperparameters: dict | None = None, verbose: int = 0,
           max_cpu_s: float | None = None, eval_split: str = "heldout",
-          max_wall_s: float | None = None) -> dict[str, Any]:
+          max_wall_s: float | None = None, policy_net: str = "mlp") -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
@@ -173,6 +183,10 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     SIGINT or SIGTERM (the run then saves ``final.zip`` and says so in ``train.json``, whose
     ``status`` is "running" from the start, so any checkpoint of an interrupted run can be
     evaluated, then "finished" or "stopped: <reason>").
+
+    ``policy_net`` is the network: "mlp" (SB3's ``MlpPolicy`` over the flat observation) or
+    "candidate-set" (:mod:`kvsched.agents.encoder`: one network per candidate row; PPO and
+    MaskablePPO on Scheduling-v0).
 
     ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
     checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
@@ -194,6 +208,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                     ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
+    if policy_net not in POLICY_NETS:
+        raise ConfigError(f"--policy-net {policy_net!r} is not allowed: expected one of {POLICY_NETS}")
+    if policy_net == "candidate-set" and (algo not in ("ppo", "maskable_ppo") or env_id != "kvsched/Scheduling-v0"):
+        raise ConfigError(f"--policy-net candidate-set is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0; "
+                          f"got --algo {algo} on {env_id}")
     if eval_split not in ("train", "heldout"):
         raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
@@ -228,7 +247,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         reset = False
     else:
         try:
-            model = cls("MlpPolicy", venv, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose,
+            model = cls(_policy(algo, policy_net), venv, seed=seed, tensorboard_log=str(out / "tb"),
+                        verbose=verbose,
                         device="cpu", **hp)
         except (AssertionError, TypeError, ValueError) as e:  # Stable-Baselines3 checks its arguments so
             raise ConfigError(f"--hyperparameters {json.dumps(hyperparameters or {})}: {cls.__name__} refused "
@@ -239,6 +259,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         "status": "running", "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
         "hyperparameters": hp, "resumed_from": None if resume is None else str(resume), "torch_threads": threads,
         "pid": os.getpid(), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s, "eval_split": eval_split,
+        "policy_net": "candidate-set" if type(model.policy).__name__.startswith("CandidateSet") else "mlp",
         "checkpoint_every": checkpoint_every, "eval_every": eval_every,
     }
     # written now: a checkpoint of a run that is killed can still be evaluated

@@ -35,6 +35,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--window-s", type=number(0.0, strict=True), help="episode window length (s; default 60)")
     t.add_argument("--env-kwargs", default="{}", help="JSON of further environment arguments")
     t.add_argument("--hyperparameters", default="{}", help="JSON of algorithm hyper-parameters")
+    t.add_argument("--policy-net", choices=("mlp", "candidate-set"), default="mlp",
+                   help="the network: mlp (SB3's MlpPolicy, default) or candidate-set (one network shared by "
+                        "the candidate rows; ppo / maskable_ppo on Scheduling-v0; docs/training.md)")
     t.add_argument("--seed", type=seed, default=0,
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=count, default=1, help="parallel environments (default 1)")
@@ -134,7 +137,7 @@ def cmd_train(args, console) -> int:
                  eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
                  progress_bar=not args.no_progress,
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
-                 eval_split=eval_split, max_wall_s=args.max_wall_s)
+                 eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net)
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
@@ -151,7 +154,8 @@ def _train_rllib(args, console) -> int:
         raise ConfigError(f"--backend rllib trains PPO; --algo {args.algo!r} is not allowed there (use --algo ppo)")
     unused = [f for f, v in (("--n-envs", args.n_envs != 1), ("--subprocess", args.subprocess),
                              ("--max-cpu-s", args.max_cpu_s is not None),
-                             ("--max-wall-s", args.max_wall_s is not None)) if v]
+                             ("--max-wall-s", args.max_wall_s is not None),
+                             ("--policy-net", args.policy_net != "mlp")) if v]
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
                           "--num-env-runners")
