@@ -93,6 +93,9 @@ class _Heads(nn.Module):
         self.k, self.row_dim, self.ctx_dim = k, row_dim, ctx_dim
         self.slot = nn.Sequential(_mlp([row_dim + ctx_dim, hidden]), nn.Linear(hidden, 1))
         self.other = nn.Linear(ctx_dim, other_choices) if other_choices else None
+        # a fixed bias on row 0's slot logit (the reference's first choice; 0 unless a warm start
+        # sets it: kvsched.agents.warm_start.reference_bias)
+        self.register_buffer("first_row_bias", th.zeros(()))
 
     def forward(self, features: th.Tensor) -> th.Tensor:
         b = features.shape[0]
@@ -100,6 +103,7 @@ class _Heads(nn.Module):
         rows = features[:, self.ctx_dim:].reshape(b, self.k, self.row_dim)
         per_row = th.cat([rows, ctx.unsqueeze(1).expand(b, self.k, self.ctx_dim)], dim=2)
         slot = self.slot(per_row).squeeze(2)
+        slot = th.cat([slot[:, :1] + self.first_row_bias, slot[:, 1:]], dim=1)
         return slot if self.other is None else th.cat([slot, self.other(ctx)], dim=1)
 
 

@@ -174,7 +174,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           eval_episodes: int = 4, resume: str | Path | None = None, threads: int = 1, progress_bar: bool = True,
           hyperparameters: dict | None = None, verbose: int = 0,
           max_cpu_s: float | None = None, eval_split: str = "heldout",
-          max_wall_s: float | None = None, policy_net: str = "mlp") -> dict[str, Any]:
+          max_wall_s: float | None = None, policy_net: str = "mlp",
+          reference_bias: float = 0.0) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
@@ -187,6 +188,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     ``policy_net`` is the network: "mlp" (SB3's ``MlpPolicy`` over the flat observation) or
     "candidate-set" (:mod:`kvsched.agents.encoder`: one network per candidate row; PPO and
     MaskablePPO on Scheduling-v0).
+
+    ``reference_bias`` > 0 starts a new model near the environment's reference (Scheduling-v0:
+    action 0) instead of uniform (:func:`kvsched.agents.warm_start.reference_bias`).
 
     ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
     checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
@@ -213,6 +217,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     if policy_net == "candidate-set" and (algo not in ("ppo", "maskable_ppo") or env_id != "kvsched/Scheduling-v0"):
         raise ConfigError(f"--policy-net candidate-set is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0; "
                           f"got --algo {algo} on {env_id}")
+    if reference_bias and (env_id != "kvsched/Scheduling-v0" or algo not in ("ppo", "maskable_ppo")):
+        raise ConfigError(f"--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0, whose action 0 "
+                          f"is the reference policy; got --algo {algo} on {env_id}")
     if eval_split not in ("train", "heldout"):
         raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
@@ -253,12 +260,17 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         except (AssertionError, TypeError, ValueError) as e:  # Stable-Baselines3 checks its arguments so
             raise ConfigError(f"--hyperparameters {json.dumps(hyperparameters or {})}: {cls.__name__} refused "
                               f"{hp}: {e}") from None
+        if reference_bias:
+            from .warm_start import reference_bias as bias_towards_reference
+
+            bias_towards_reference(model.policy, reference_bias)
         reset = True
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
         "status": "running", "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
         "hyperparameters": hp, "resumed_from": None if resume is None else str(resume), "torch_threads": threads,
         "pid": os.getpid(), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s, "eval_split": eval_split,
+        "reference_bias": reference_bias,
         "policy_net": "candidate-set" if type(model.policy).__name__.startswith("CandidateSet") else "mlp",
         "checkpoint_every": checkpoint_every, "eval_every": eval_every,
     }

@@ -38,6 +38,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--policy-net", choices=("mlp", "candidate-set"), default="mlp",
                    help="the network: mlp (SB3's MlpPolicy, default) or candidate-set (one network shared by "
                         "the candidate rows; ppo / maskable_ppo on Scheduling-v0; docs/training.md)")
+    t.add_argument("--reference-bias", type=number(0.0, strict=False), default=0.0,
+                   help="start near the reference: add this to the initial logit of action 0 of every action part "
+                        "(Scheduling-v0; e.g. 5; default 0: uniform)")
     t.add_argument("--seed", type=seed, default=0,
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=count, default=1, help="parallel environments (default 1)")
@@ -137,7 +140,8 @@ def cmd_train(args, console) -> int:
                  eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
                  progress_bar=not args.no_progress,
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
-                 eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net)
+                 eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net,
+                 reference_bias=args.reference_bias)
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
@@ -155,7 +159,8 @@ def _train_rllib(args, console) -> int:
     unused = [f for f, v in (("--n-envs", args.n_envs != 1), ("--subprocess", args.subprocess),
                              ("--max-cpu-s", args.max_cpu_s is not None),
                              ("--max-wall-s", args.max_wall_s is not None),
-                             ("--policy-net", args.policy_net != "mlp")) if v]
+                             ("--policy-net", args.policy_net != "mlp"),
+                             ("--reference-bias", args.reference_bias != 0.0)) if v]
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
                           "--num-env-runners")

@@ -109,3 +109,40 @@ def test_the_candidate_set_policy_is_refused_where_it_cannot_act(tmp_path):
         train("kvsched/Routing-v0", "ppo", 8, tmp_path, policy_net="candidate-set", progress_bar=False)
     with pytest.raises(ConfigError, match="--policy-net 'deepsets' is not allowed"):
         train("kvsched/Scheduling-v0", "ppo", 8, tmp_path, policy_net="deepsets", progress_bar=False)
+
+
+@pytest.mark.parametrize("net", ["mlp", "candidate-set"])
+def test_a_reference_bias_starts_the_policy_at_action_0_the_reference(tmp_path, net):
+    """Uniform exploration around a strong reference scores below it; with the bias the initial
+    policy plays the reference's action (0 in every part) with high probability."""
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    import kvsched.envs  # noqa: F401
+    from kvsched.agents.train import _policy
+    from kvsched.agents.warm_start import reference_bias
+
+    env = gym.make("kvsched/Scheduling-v0", window_s=10.0)
+    obs, info = env.reset(seed=0)
+    model = MaskablePPO(_policy("maskable_ppo", net), env, seed=0, device="cpu")
+
+    def p0():
+        with th.no_grad():
+            dist = model.policy.get_distribution(model.policy.obs_to_tensor(obs)[0], action_masks=info["action_mask"])
+        return [float(d.probs[0, 0]) for d in dist.distributions]
+
+    before = p0()
+    reference_bias(model.policy, 5.0)
+    after = p0()
+    assert before[1] < 0.3 and before[2] < 0.3 and min(after) > 0.9, (before, after)  # chunk (7), victim (5)
+    assert list(model.predict(obs, action_masks=info["action_mask"], deterministic=True)[0]) == [0, 0, 0, 0]
+
+
+def test_a_reference_bias_is_refused_where_action_0_is_no_reference(tmp_path):
+    from kvsched.agents.train import train
+    from kvsched.agents.warm_start import reference_bias
+
+    with pytest.raises(ConfigError, match="--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling"):
+        train("kvsched/Routing-v0", "ppo", 8, tmp_path, reference_bias=5.0, progress_bar=False)
+    with pytest.raises(ConfigError, match="expected a finite number >= 0"):
+        reference_bias(policy(4), float("nan"))
