@@ -11,7 +11,8 @@ serving metrics of each evaluation.
   MaskablePPO) to log, beside the mean return, the serving metrics of the evaluation episodes'
   ``info["summary"]`` to TensorBoard: ``eval/slo_attainment`` (all requests), ``eval/goodput_rps``
   and, per length class, ``eval/ttft_p99_s/<class>`` and ``eval/tpot_p99_s/<class>`` (means over
-  the episodes that have the value).
+  the episodes that have the value); on Scheduling-v0 also the reference policy's attainment on
+  the same episodes and the agent's paired difference to it.
 
 These use the wall clock: training is outside the simulator, whose results never depend on it.
 """
@@ -132,10 +133,29 @@ def summary_metrics(summaries: list[Mapping[str, Any]]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
-def slo_eval_callback(masked: bool, eval_env, **kwargs):
+def reference_attainment(env, window: Mapping[str, Any]) -> float | None:
+    """SLO attainment of the environment's reference policy (action 0 in every step: Scheduling-v0)
+    on the episode ``window`` (``info["window"]``: ``workload_seed``, ``window_index``)."""
+    import numpy as np
+
+    options = {"workload_seed": int(window["workload_seed"]), "window_index": int(window["window_index"])}
+    env.reset(options=options)
+    zero = np.zeros(env.action_space.shape, dtype=np.int64) if env.action_space.shape else 0
+    while True:
+        _, _, terminated, truncated, info = env.step(zero)
+        if terminated or truncated:
+            summary = info.get("summary")
+            return None if summary is None else summary["classes"]["all"]["slo"]["attainment"]
+
+
+def slo_eval_callback(masked: bool, eval_env, reference_env=None, **kwargs):
     """SB3's ``EvalCallback`` (``MaskableEvalCallback`` when ``masked``) that also logs
     :func:`summary_metrics` of the evaluation episodes under ``eval/`` and keeps the latest in
-    ``last_metrics``. ``kwargs`` go to the SB3 class."""
+    ``last_metrics``. With ``reference_env`` (a Scheduling-v0 environment of the evaluation's
+    split), the reference policy serves the same episodes and ``eval/reference_slo_attainment``
+    and ``eval/slo_attainment_vs_reference`` (the paired mean difference; > 0: the agent beats its
+    reference on those windows) are logged too; each window's reference score is computed once.
+    ``kwargs`` go to the SB3 class."""
     if masked:
         from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as base
     else:
@@ -144,22 +164,44 @@ def slo_eval_callback(masked: bool, eval_env, **kwargs):
     class _SloEval(base):  # type: ignore[misc, valid-type]
         last_metrics: dict[str, float] = {}
 
+        _reference_cache: dict = {}
+
         def _log_success_callback(self, locals_: dict, globals_: dict) -> None:
             super()._log_success_callback(locals_, globals_)
             if locals_.get("done"):
-                summary = locals_.get("info", {}).get("summary")
-                if summary is not None:
-                    self._summaries.append(summary)
+                info = locals_.get("info", {})
+                if info.get("summary") is not None:
+                    self._summaries.append(info["summary"])
+                    self._windows.append(info.get("window"))
 
         def _on_step(self) -> bool:
             self._summaries: list = []
+            self._windows: list = []
             evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
             go_on = super()._on_step()
             if evaluating and self._summaries:
                 self.last_metrics = summary_metrics(self._summaries)
+                if reference_env is not None:
+                    self.last_metrics.update(self._versus_reference())
                 for key, v in self.last_metrics.items():
                     self.logger.record(f"eval/{key}", v)
                 self.logger.dump(self.num_timesteps)
             return go_on
+
+        def _versus_reference(self) -> dict[str, float]:
+            pairs = []
+            for summary, window in zip(self._summaries, self._windows):
+                if window is None:
+                    continue
+                key = (int(window["workload_seed"]), int(window["window_index"]))
+                if key not in self._reference_cache:
+                    self._reference_cache[key] = reference_attainment(reference_env, window)
+                mine, ref = summary["classes"]["all"]["slo"]["attainment"], self._reference_cache[key]
+                if mine is not None and ref is not None:
+                    pairs.append((mine, ref))
+            if not pairs:
+                return {}
+            return {"reference_slo_attainment": sum(r for _, r in pairs) / len(pairs),
+                    "slo_attainment_vs_reference": sum(m - r for m, r in pairs) / len(pairs)}
 
     return _SloEval(eval_env, **kwargs)

@@ -10,7 +10,9 @@ Writes into ``--out``:
   ``CheckpointCallback``), ``final.zip`` at the end, also when a budget or a signal stopped it;
 - ``tb/`` TensorBoard logs (``tensorboard --logdir OUT/tb``): SB3's training scalars and, at each
   evaluation, ``eval/slo_attainment``, ``eval/goodput_rps``, ``eval/ttft_p99_s/<class>`` and
-  ``eval/tpot_p99_s/<class>`` (:mod:`kvsched.agents.callbacks`);
+  ``eval/tpot_p99_s/<class>``, and on Scheduling-v0 ``eval/reference_slo_attainment`` and
+  ``eval/slo_attainment_vs_reference`` (the reference on the same windows;
+  :mod:`kvsched.agents.callbacks`);
 - ``eval/evaluations.npz`` and ``eval/best_model.zip``: mean return on held-out windows (train
   windows with ``--task``) every ``--eval-every`` steps (SB3 ``EvalCallback``;
   ``MaskableEvalCallback`` for MaskablePPO).
@@ -126,7 +128,7 @@ def default_interval(timesteps: int) -> int:
     return max(1, min(10_000, int(timesteps) // 5))
 
 
-def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int,
+def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int, reference_env,
            checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
            max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
     """Run ``model.learn`` with the checkpoint, evaluation, budget and signal callbacks, save
@@ -136,7 +138,8 @@ def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool
     from .callbacks import SignalStop, budget_callback, slo_eval_callback
 
     budget = budget_callback(max_cpu_s, max_wall_s)
-    evaluation = slo_eval_callback(algo == "maskable_ppo", eval_env, n_eval_episodes=eval_episodes,
+    evaluation = slo_eval_callback(algo == "maskable_ppo", eval_env, reference_env=reference_env,
+                                   n_eval_episodes=eval_episodes,
                                    eval_freq=max(1, eval_every // n_envs), log_path=str(out / "eval"),
                                    best_model_save_path=str(out / "eval"), deterministic=True)
     start_steps = model.num_timesteps
@@ -276,10 +279,18 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     }
     # written now: a checkpoint of a run that is killed can still be evaluated
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
+    reference_env = None
+    if env_id == "kvsched/Scheduling-v0":  # action 0 is the reference: its score on the same windows
+        import gymnasium as gym
+
+        reference_env = gym.make(env_id, **{**kw, "split": eval_split})
     meta.update(_learn(model, algo, timesteps, out, eval_env, reset=reset, n_envs=n_envs,
+                       reference_env=reference_env,
                        checkpoint_every=checkpoint_every, eval_every=eval_every, eval_episodes=eval_episodes,
                        progress_bar=progress_bar, max_cpu_s=max_cpu_s, max_wall_s=max_wall_s))
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     venv.close()
     eval_env.close()
+    if reference_env is not None:
+        reference_env.close()
     return meta

@@ -42,7 +42,8 @@ def test_a_short_run_checkpoints_evaluates_and_logs_serving_metrics_to_tensorboa
     acc = EventAccumulator(str(run))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"eval/slo_attainment", "eval/goodput_rps", "eval/ttft_p99_s/all", "eval/tpot_p99_s/all"} <= tags
+    assert {"eval/slo_attainment", "eval/goodput_rps", "eval/ttft_p99_s/all", "eval/tpot_p99_s/all",
+            "eval/reference_slo_attainment", "eval/slo_attainment_vs_reference"} <= tags
 
 
 def test_a_wall_budget_stops_the_run_and_saves_final_zip(tmp_path):
@@ -92,3 +93,13 @@ def test_summary_metrics_average_what_each_episode_has():
     assert m == pytest.approx({"slo_attainment": 0.75, "goodput_rps": 3.0, "ttft_p99_s/all": 0.3,
                                "tpot_p99_s/all": 0.05, "ttft_p99_s/short": 0.1, "tpot_p99_s/short": 0.02})
     assert summary_metrics([]) == {}
+
+
+def test_evaluations_pair_the_agent_with_its_reference_on_the_same_windows(tmp_path):
+    """An agent that always plays action 0 *is* the reference: its paired difference to the
+    reference on the evaluation windows is exactly 0 (a window mismatch would show)."""
+    meta = train("kvsched/Scheduling-v0", "maskable_ppo", 32, tmp_path, window_s=10.0, hyperparameters=SMALL,
+                 eval_episodes=3, eval_every=32, progress_bar=False, reference_bias=50.0, eval_split="train")
+    last = meta["last_eval"]
+    assert last["slo_attainment_vs_reference"] == 0.0
+    assert last["reference_slo_attainment"] == pytest.approx(last["slo_attainment"])
