@@ -12,6 +12,14 @@ when it becomes certain, not when the request finishes seconds later, shortens t
 assignment without changing the episode's sum. When an episode is truncated at its horizon,
 the requests already past their TTFT SLO are charged too.
 
+Optional **potential-based shaping** (``RewardConfig.shaping`` > 0; Ng, Harada and Russell,
+"Policy invariance under reward transformations", ICML 1999, Thm. 1): a component
+``gamma * Phi(s') - Phi(s)`` with the potential ``Phi(s) = -shaping * sum over the requests
+still without a first token of min(1, waited / their TTFT SLO)`` (0 at the end of an episode).
+Over an episode its discounted sum is ``-Phi(s_0)``, the same for every policy, so with
+``shaping_gamma`` equal to the learner's discount the optimal policies are unchanged; it only
+moves credit earlier (a request's wait costs as it grows, not when its miss is charged).
+
 Components are reported in ``info["reward_components"]``.
 """
 
@@ -43,18 +51,42 @@ class RewardConfig:
         missed: penalty for one that misses it or is rejected (>= 0; the reward is ``-missed``).
         early_miss: charge ``missed`` as soon as a request waited past its TTFT SLO without a
             first token (else at its record).
+        shaping: weight of the potential-based shaping term (>= 0; 0: none; module docstring).
+        shaping_gamma: its discount (0 < gamma <= 1); set it to the learner's ``gamma``.
     """
 
     met: float = 1.0
     missed: float = 1.0
     early_miss: bool = True
+    shaping: float = 0.0
+    shaping_gamma: float = 0.99
 
     def __post_init__(self) -> None:
-        for name in ("met", "missed"):
+        for name in ("met", "missed", "shaping"):
             v = getattr(self, name)
             require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
                     f"RewardConfig.{name}", v, "a finite number >= 0")
         require(isinstance(self.early_miss, bool), "RewardConfig.early_miss", self.early_miss, "True or False")
+        g = self.shaping_gamma
+        require(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g <= 1,
+                "RewardConfig.shaping_gamma", g, "a number in (0, 1] (the learner's discount)")
+
+    @classmethod
+    def from_mapping(cls, values) -> "RewardConfig":
+        """A config from a mapping (e.g. ``--env-kwargs '{"reward": {"shaping": 0.5}}'``).
+
+        Raises:
+            ConfigError: a key that is not a field (the message lists them), or a bad value.
+        """
+        import dataclasses
+
+        from kvsched.envs.sim.errors import ConfigError, bounded_repr
+
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(k) for k in values if k not in names)
+        if unknown:
+            raise ConfigError(f"reward: {bounded_repr(unknown)} not allowed: expected keys of {names}")
+        return cls(**dict(values))
 
 
 def _bounds(slo) -> tuple:
@@ -152,6 +184,16 @@ class SLOReward:
         return -self.config.missed * n
 
     truncation_penalty = certain_misses
+
+    def potential(self, states, now_s: float) -> float:
+        """The shaping potential ``Phi`` at ``now_s`` (module docstring): ``-shaping`` times the
+        sum over ``states`` without a first token of ``min(1, waited / TTFT SLO)``."""
+        total = 0.0
+        for st in states:
+            if st.generated == 0:
+                total += min(1.0, max(0.0, now_s - st.arrival_s) /
+                             self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s)
+        return -self.config.shaping * total
 
 
 def ttft_slo_by_length_class(reward: SLOReward) -> tuple[float, float]:

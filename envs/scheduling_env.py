@@ -8,6 +8,8 @@ its decision points into Gymnasium steps (observation: :mod:`.observation`, acti
 from __future__ import annotations
 
 
+from collections.abc import Mapping
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -89,7 +91,9 @@ class SchedulingEnv(gym.Env):
                  horizon_s: float | None = None, reward: RewardConfig = RewardConfig()) -> None:
         require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", k, "an integer >= 1")
         require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
-        require(isinstance(reward, RewardConfig), "reward", reward, "a RewardConfig")
+        if isinstance(reward, Mapping):  # e.g. from --env-kwargs JSON
+            reward = RewardConfig.from_mapping(reward)
+        require(isinstance(reward, RewardConfig), "reward", reward, "a RewardConfig or a mapping of its fields")
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         self.reference_policy = reference_policy
         self.reference_params = reference_params
@@ -149,7 +153,15 @@ class SchedulingEnv(gym.Env):
         else:
             self._pending_end = _DECIDING
             obs = self._observe(point.time_s)
+        self._potential = self._phi(point)
         return obs, self._info({})
+
+    def _phi(self, point) -> float:
+        """The shaping potential at a decision ``point`` (0 when shaping is off, and at the end of
+        an episode: ``point`` None)."""
+        if not self.reward_config.shaping or point is None:
+            return 0.0
+        return self.slo_reward.potential(unfinished(self.cluster), point.time_s)
 
     def _observe(self, now_s: float) -> np.ndarray:
         inst = self.inst
@@ -235,6 +247,10 @@ class SchedulingEnv(gym.Env):
         extra = {"invalid_action": invalid}
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(unfinished(cluster), cluster.now_s)
+        if self.reward_config.shaping:  # gamma * Phi(s') - Phi(s); Phi = 0 once the episode ended
+            phi = self._phi(None if terminated else point)
+            comps["shaping"] = self.reward_config.shaping_gamma * phi - self._potential
+            self._potential = phi
         if terminated or truncated:
             self._over = True
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
