@@ -6,8 +6,10 @@ token) and E2E <= ``e2e_s`` (when set); its class is the record's ``slo_class`` 
 metrics configuration names it, else its length class. SLO attainment = met / arrived, so the
 episode's reward sum is ``w_met * met - w_missed * missed`` where every request counts once:
 ``+w_met`` when its record is written (finish), ``-w_missed`` at the first decision at which
-its miss is certain -- it waited past its TTFT SLO without a first token (``early_miss``,
-default) -- or else when its record is written (finish or rejection). Charging a certain miss
+its miss is certain (``early_miss``, default: it waited past its TTFT SLO without a first token,
+its first token came late, its TPOT can no longer meet the SLO given its output length, or it
+waited past its E2E SLO; :meth:`SLOReward.certain_misses`) -- or else when its record is
+written (finish or rejection). Charging a certain miss
 when it becomes certain, not when the request finishes seconds later, shortens the credit
 assignment without changing the episode's sum. When an episode is truncated at its horizon,
 the requests already past their TTFT SLO are charged too.
@@ -172,13 +174,29 @@ class SLOReward:
         return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
 
     def certain_misses(self, states, now_s: float) -> float:
-        """``-missed`` for each request of ``states`` not yet charged that waited past its TTFT
-        SLO without a first token (its miss is certain); marks them charged."""
+        """``-missed`` for each unfinished request of ``states`` not yet charged whose miss is
+        certain at ``now_s``; marks them charged. Certain means (the request finishes after
+        ``now_s``): no first token yet and waited past its TTFT SLO; a first token that came after
+        the TTFT SLO; ``now_s - first_token_s > tpot_s * (output_tokens - 1)`` (its TPOT,
+        ``(finish - first) / (output_tokens - 1)``, must exceed the SLO); or waited past its
+        E2E SLO. The output length is the environment's to judge by, never an observation."""
         n = 0
         charged, min_ttft_s = self.charged, self._min_ttft_s
         for st in states:
-            if st.generated == 0 and now_s - st.arrival_s > min_ttft_s and st.rid not in charged and \
-                    now_s - st.arrival_s > self.judged_slo(st.req.slo_class, st.prompt_tokens).ttft_s:
+            waited = now_s - st.arrival_s
+            if st.generated == 0:
+                if waited <= min_ttft_s or st.rid in charged:
+                    continue
+                slo = self.judged_slo(st.req.slo_class, st.prompt_tokens)
+                certain = waited > slo.ttft_s or (slo.e2e_s is not None and waited > slo.e2e_s)
+            else:
+                if st.rid in charged:
+                    continue
+                slo = self.judged_slo(st.req.slo_class, st.prompt_tokens)
+                certain = (st.first_token_s - st.arrival_s > slo.ttft_s
+                           or (st.output_tokens > 1 and now_s - st.first_token_s > slo.tpot_s * (st.output_tokens - 1))
+                           or (slo.e2e_s is not None and waited > slo.e2e_s))
+            if certain:
                 charged.add(st.rid)
                 n += 1
         return -self.config.missed * n

@@ -690,13 +690,16 @@ def test_reward_judges_records_as_summarize_does():
     class St:  # the RequestState fields certain_misses reads
         def __init__(self, rid, arrival_s, prompt_tokens, slo_class, generated=0):
             self.rid, self.arrival_s, self.prompt_tokens, self.generated = rid, arrival_s, prompt_tokens, generated
+            self.first_token_s, self.output_tokens = 0.1, 1000  # a timely first token, a TPOT still possible
             self.req = type("Req", (), {"slo_class": slo_class})()
 
     states = [St(20, 0.0, 100, "gold"), St(21, 0.0, 100, "x"), St(22, 0.0, 2000, "x"), St(23, 0.0, 100, "gold", 1)]
     assert rw.certain_misses(states, 0.5) == -0.0  # waited 0.5 s: no TTFT SLO exceeded yet
     assert rw.certain_misses(states, 0.75) == -3.0 and rw.charged >= {20}  # gold (0.5 s) only
     assert rw.certain_misses(states, 1.5) == -3.0 and 21 in rw.charged  # short (1 s); 20 not again
-    assert rw.certain_misses(states, 6.0) == -3.0 and 22 in rw.charged and 23 not in rw.charged
+    assert rw.certain_misses(states, 2.9) == -0.0 and 23 not in rw.charged  # a timely first token
+    # long (5 s) misses its TTFT; gold 23 has its first token but is past gold's E2E bound (3 s)
+    assert rw.certain_misses(states, 6.0) == -6.0 and {22, 23} <= rw.charged
 
 
 def test_knob_env_parameters_equal_dataclasses_replace_and_are_validated(tmp_path):

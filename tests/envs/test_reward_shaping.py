@@ -76,3 +76,31 @@ def test_the_shaping_potential_is_nonzero_somewhere_so_the_test_above_can_fail()
 def test_bad_reward_configs_are_refused_naming_the_field(reward, says):
     with pytest.raises(ConfigError, match=says):
         gym.make("kvsched/Scheduling-v0", window_s=10.0, reward=reward)
+
+
+def _missed_curve(tmp_path, early: bool) -> list[float]:
+    sc = tmp_path / "tight-tpot.yaml"
+    sc.write_text("name: tight-tpot\nsynthetic: {rate_per_s: 6.0, duration_s: 40, prompt_median_tokens: 512, "
+                  "output_median_tokens: 200, output_max_tokens: 400}\ninstance: {model: Llama-3.1-8B, gpu: H100-SXM}\n"
+                  "metrics: {slos: {short: {ttft_s: 5.0, tpot_s: 0.005}, long: {ttft_s: 10.0, tpot_s: 0.005}}}\n"
+                  "seed: 0\n")
+    env = gym.make("kvsched/Scheduling-v0", scenario=str(sc), window_s=20.0, split="train",
+                   horizon_s=float("inf"), reward={"early_miss": early})
+    env.reset(seed=0)
+    curve, total = [], 0.0
+    while True:
+        _, _, terminated, truncated, info = env.step(np.asarray([0, 6, 0, 0]))  # no chunk cap: long steps
+        total += info["reward_components"]["slo_missed"]
+        curve.append(total)
+        if terminated or truncated:
+            return curve
+
+
+def test_a_tpot_miss_is_charged_once_certain_not_at_finish_and_the_sum_is_unchanged(tmp_path):
+    """With early charging a TPOT miss is charged at the first decision after it became certain
+    (elapsed decode time > tpot_s x (output tokens - 1)); the episode's sum is the same as when
+    every miss is charged at its record, and the charge is never later."""
+    early, late = _missed_curve(tmp_path, True), _missed_curve(tmp_path, False)
+    assert len(early) == len(late) and early[-1] == late[-1] < 0
+    assert all(e <= l for e, l in zip(early, late))
+    assert any(e < l for e, l in zip(early, late))
