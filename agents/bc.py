@@ -74,15 +74,36 @@ def behaviour_clone(dataset, env, algo: str = "maskable_ppo", epochs: int = 5, b
     else:
         from stable_baselines3 import PPO as Algo
     model = Algo("MlpPolicy", env, seed=seed, device="cpu", policy_kwargs=policy_kwargs or None, verbose=0)
-    policy = model.policy
+    fit_policy(model.policy, (obs, acts, masks if algo == "maskable_ppo" else None), epochs=epochs,
+               batch_size=batch_size, learning_rate=learning_rate, seed=seed)
+    return model
+
+
+def fit_policy(policy, arrays: tuple[np.ndarray, np.ndarray, np.ndarray | None], epochs: int = 5,
+               batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0) -> float:
+    """Fit an SB3 policy (in place) to ``(observations, actions, masks)`` (:func:`dataset_arrays`;
+    masks None: unmasked) by the negative log-likelihood of the recorded actions, with Adam (batch
+    order seeded by ``seed``; torch's own seed is the caller's); returns the last epoch's mean loss. Used by :func:`behaviour_clone` and by ``kvsched train
+    --bc-dataset`` (a warm start before RL).
+
+    Raises:
+        ConfigError: observations of another shape than the policy's observation space.
+    """
+    import torch
+
+    obs, acts, masks = arrays
+    if obs.shape[1:] != policy.observation_space.shape:
+        raise ConfigError(f"dataset observations have shape {obs.shape[1:]}; the policy's are "
+                          f"{policy.observation_space.shape}")
     opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     rng = np.random.default_rng(seed)
-    obs_t = torch.as_tensor(obs)
-    act_t = torch.as_tensor(acts)
-    mask_t = None if masks is None or algo != "maskable_ppo" else torch.as_tensor(masks)
+    obs_t, act_t = torch.as_tensor(obs), torch.as_tensor(acts)
+    mask_t = None if masks is None else torch.as_tensor(masks)
     policy.set_training_mode(True)
+    last = float("nan")
     for _ in range(epochs):
         order = rng.permutation(len(obs))
+        losses = []
         for lo in range(0, len(order), batch_size):
             idx = torch.as_tensor(order[lo:lo + batch_size])
             if mask_t is not None:
@@ -93,8 +114,10 @@ def behaviour_clone(dataset, env, algo: str = "maskable_ppo", epochs: int = 5, b
             opt.zero_grad()
             loss.backward()
             opt.step()
+            losses.append(float(loss.detach()))
+        last = float(np.mean(losses))
     policy.set_training_mode(False)
-    return model
+    return last
 
 
 def save_clone(model, path: Path, env_id: str, env_kwargs: dict[str, Any], dataset_id: str, **extra) -> None:

@@ -178,7 +178,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           hyperparameters: dict | None = None, verbose: int = 0,
           max_cpu_s: float | None = None, eval_split: str = "heldout",
           max_wall_s: float | None = None, policy_net: str = "mlp",
-          reference_bias: float = 0.0) -> dict[str, Any]:
+          reference_bias: float = 0.0, bc_dataset: str | None = None, bc_dataset_id: str | None = None,
+          bc_epochs: int = 5) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
@@ -194,6 +195,10 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
 
     ``reference_bias`` > 0 starts a new model near the environment's reference (Scheduling-v0:
     action 0) instead of uniform (:func:`kvsched.agents.warm_start.reference_bias`).
+
+    ``bc_dataset`` warm-starts a new model by behaviour cloning on Minari demonstrations before
+    RL (:func:`kvsched.agents.warm_start.load_demonstrations`: a dataset id, or a folder and
+    ``bc_dataset_id``), ``bc_epochs`` epochs.
 
     ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
     checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
@@ -233,6 +238,10 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         what = "is a folder" if Path(resume).is_dir() else "does not exist"
         raise ConfigError(f"--resume {str(resume)!r} {what} (expected a checkpoint .zip)")
     cls = _algo_class(algo)
+    bc_info = None
+    if bc_dataset is not None and (resume is not None or algo not in ("ppo", "maskable_ppo")):
+        raise ConfigError("--bc-dataset warm-starts a new ppo or maskable_ppo model; not with --resume or "
+                          f"--algo {algo}")
     _check_names(env_kwargs or {}, _env_parameters(env_id), "--env-kwargs", f"arguments of {env_id}")
     _check_names(hyperparameters or {}, _algo_parameters(cls), "--hyperparameters", f"arguments of {cls.__name__}")
     torch.set_num_threads(threads)
@@ -267,13 +276,20 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             from .warm_start import reference_bias as bias_towards_reference
 
             bias_towards_reference(model.policy, reference_bias)
+        if bc_dataset is not None:
+            from .warm_start import load_demonstrations, warm_start_from_demonstrations
+
+            demos = load_demonstrations(bc_dataset, bc_dataset_id)
+            bc_loss = warm_start_from_demonstrations(model.policy, demos, bc_epochs, seed, algo == "maskable_ppo")
+            bc_info = {"dataset": demos.spec.dataset_id, "episodes": demos.total_episodes, "epochs": bc_epochs,
+                       "last_loss": bc_loss}
         reset = True
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
         "status": "running", "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,
         "hyperparameters": hp, "resumed_from": None if resume is None else str(resume), "torch_threads": threads,
         "pid": os.getpid(), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s, "eval_split": eval_split,
-        "reference_bias": reference_bias,
+        "reference_bias": reference_bias, "behaviour_cloning": bc_info,
         "policy_net": "candidate-set" if type(model.policy).__name__.startswith("CandidateSet") else "mlp",
         "checkpoint_every": checkpoint_every, "eval_every": eval_every,
     }

@@ -56,3 +56,70 @@ def reference_bias(policy, bias: float) -> None:
         else:
             raise ConfigError(f"a reference bias needs a linear action layer or the candidate-set heads; "
                               f"got {type(net).__name__}")
+
+
+def load_demonstrations(where: str, dataset_id: str | None = None):
+    """A Minari dataset of demonstrations: ``where`` is a dataset id (in Minari's default root,
+    ``MINARI_DATASETS_PATH``) or a folder of Minari datasets, from which ``dataset_id`` is loaded
+    (or, without it, the folder's only dataset).
+
+    Raises:
+        ConfigError: Minari missing, no such dataset, or a folder holding none or several
+            without ``dataset_id``.
+    """
+    import contextlib
+    import os
+    from pathlib import Path
+
+    from kvsched.envs.sim.errors import bounded_repr
+
+    try:
+        import minari
+    except ImportError:
+        raise ConfigError("--bc-dataset needs Minari: pip install 'minari[arrow]' (or kvsched[rl])") from None
+
+    @contextlib.contextmanager
+    def root(path: Path | None):
+        old = os.environ.get("MINARI_DATASETS_PATH")
+        if path is not None:
+            os.environ["MINARI_DATASETS_PATH"] = str(path.resolve())
+        try:
+            yield
+        finally:
+            if path is not None:
+                if old is None:
+                    os.environ.pop("MINARI_DATASETS_PATH", None)
+                else:
+                    os.environ["MINARI_DATASETS_PATH"] = old
+
+    folder = Path(where) if Path(where).is_dir() else None
+    with root(folder):
+        ids = sorted(minari.list_local_datasets())
+        want = dataset_id if folder is not None else where
+        if want is None:
+            if len(ids) != 1:
+                raise ConfigError(f"--bc-dataset {bounded_repr(where)}: a folder of {len(ids)} Minari datasets "
+                                  f"({bounded_repr(ids)}); expected exactly one (or use --task)")
+            want = ids[0]
+        if want not in ids:
+            raise ConfigError(f"--bc-dataset {bounded_repr(where)}: no Minari dataset {bounded_repr(want)} there "
+                              f"(it holds {bounded_repr(ids)}; kvsched leaderboard --datasets records a task's)")
+        return minari.load_dataset(want)
+
+
+def warm_start_from_demonstrations(policy, dataset, epochs: int, seed: int, masked: bool) -> float:
+    """Fit ``policy`` (in place) to ``dataset`` before RL: behaviour cloning by maximum
+    likelihood (:func:`kvsched.agents.bc.fit_policy`); returns the last epoch's mean loss.
+
+    Raises:
+        ConfigError: ``epochs`` < 1, or a dataset of another observation shape.
+    """
+    import torch
+
+    from .bc import dataset_arrays, fit_policy
+
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"--bc-epochs={epochs!r} is not allowed: expected an integer >= 1")
+    obs, acts, masks = dataset_arrays(dataset)
+    torch.manual_seed(seed)
+    return fit_policy(policy, (obs, acts, masks if masked else None), epochs=epochs, seed=seed)

@@ -41,6 +41,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--reference-bias", type=number(0.0, strict=False), default=0.0,
                    help="start near the reference: add this to the initial logit of action 0 of every action part "
                         "(Scheduling-v0; e.g. 5; default 0: uniform)")
+    t.add_argument("--bc-dataset",
+                   help="warm start: fit the new policy to Minari demonstrations before RL: a dataset id, or a "
+                        "folder of Minari datasets (with --task: the task's tuned-heuristic dataset there, as "
+                        "kvsched leaderboard --datasets writes it)")
+    t.add_argument("--bc-epochs", type=count, default=5, help="behaviour-cloning epochs of --bc-dataset (default 5)")
     t.add_argument("--seed", type=seed, default=0,
                    help="seed of the agent and the training environments (+10,000 for evaluation; default 0)")
     t.add_argument("--n-envs", type=count, default=1, help="parallel environments (default 1)")
@@ -97,6 +102,21 @@ def _json_arg(text: str, flag: str) -> dict:
     return v
 
 
+def _bc_dataset_id(args) -> str | None:
+    """With ``--task`` and a ``--bc-dataset`` folder: the id of the task's dataset of its tuned
+    best heuristic (``kvsched/<task>/<heuristic>-v1``); else None (the folder's only dataset, or
+    ``--bc-dataset`` is itself an id)."""
+    if args.task is None or args.bc_dataset is None or not Path(args.bc_dataset).is_dir():
+        return None
+    from .suite.datasets import dataset_id
+    from .suite.results import load_results
+    from .suite.tasks import get_task
+
+    task = get_task(args.suite, args.task)
+    ref = load_results(args.suite, args.suite_results)["tasks"][args.task]["tuning"]["reference"]
+    return dataset_id(task, ref)
+
+
 def _task_args(args) -> str:
     """With ``--task``: fill ``args.env`` and ``args.env_kwargs`` from the bench task (the
     options it sets may not be given too) and return the evaluation split ("train"); without it,
@@ -141,7 +161,8 @@ def cmd_train(args, console) -> int:
                  progress_bar=not args.no_progress,
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
                  eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net,
-                 reference_bias=args.reference_bias)
+                 reference_bias=args.reference_bias, bc_dataset=args.bc_dataset, bc_dataset_id=_bc_dataset_id(args),
+                 bc_epochs=args.bc_epochs)
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
@@ -160,7 +181,8 @@ def _train_rllib(args, console) -> int:
                              ("--max-cpu-s", args.max_cpu_s is not None),
                              ("--max-wall-s", args.max_wall_s is not None),
                              ("--policy-net", args.policy_net != "mlp"),
-                             ("--reference-bias", args.reference_bias != 0.0)) if v]
+                             ("--reference-bias", args.reference_bias != 0.0),
+                             ("--bc-dataset", args.bc_dataset is not None)) if v]
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
                           "--num-env-runners")

@@ -62,3 +62,42 @@ def test_train_task_names_the_command_that_computes_missing_results(tmp_path, ca
                "--timesteps", "8", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "hold no task 'routing-stale'" in err and "--tasks routing-stale --compute" in err
+
+
+def test_train_task_warm_starts_from_the_tasks_minari_dataset(tmp_path, capsys):
+    """--bc-dataset with --task fits the new policy to the task's recorded tuned-heuristic
+    demonstrations before RL (the reference's own dataset: action 0 everywhere)."""
+    pytest.importorskip("minari")
+    pytest.importorskip("jax")
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    from kvsched.experiments.suite.datasets import record
+    from kvsched.experiments.suite.results import load_results
+    from kvsched.experiments.suite.tasks import get_task
+
+    res = results(tmp_path / "res")
+    folder = tmp_path / "data" / "v1" / "overload-burst" / "minari"  # where kvsched leaderboard --datasets puts it
+    record(get_task("v1", "overload-burst"), load_results("v1", res)["tasks"]["overload-burst"], 2, path=folder)
+    out = tmp_path / "run"
+    rc = main(["train", "--task", "overload-burst", "--suite-results", str(res), "--algo", "maskable_ppo",
+               "--timesteps", "16", "--hyperparameters", '{"n_steps": 16, "batch_size": 16, "n_epochs": 1}',
+               "--bc-dataset", str(folder), "--bc-epochs", "60", "--eval-every", "1000",
+               "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    bc = json.loads((out / "train.json").read_text())["behaviour_cloning"]
+    assert bc["dataset"] == "kvsched/overload-burst/lars-v1" and bc["episodes"] == 2 and bc["last_loss"] < 0.5
+    model = MaskablePPO.load(str(out / "final.zip"), device="cpu")
+    env = gym.make("kvsched/Scheduling-v0", **{**json.loads((out / "train.json").read_text())["env_kwargs"],
+                                               "split": "train"})
+    obs, info = env.reset(seed=5)
+    assert list(model.predict(obs, action_masks=info["action_mask"], deterministic=True)[0]) == [0, 0, 0, 0]
+
+
+def test_a_bc_dataset_that_is_not_there_is_named(tmp_path, capsys):
+    res = results(tmp_path / "res")
+    (tmp_path / "empty").mkdir()
+    rc = main(["train", "--task", "overload-burst", "--suite-results", str(res), "--algo", "maskable_ppo",
+               "--timesteps", "8", "--bc-dataset", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no Minari dataset 'kvsched/overload-burst/lars-v1' there" in err
