@@ -212,7 +212,7 @@ def _v1_tasks() -> tuple[BenchTask, ...]:
                   scenario="bench-v1-overload-burst", window_s=30.0, pool_seeds=14, hard_by="offered_load",
                   heuristics=("fcfs", "sarathi", "lars", "priority", "ewsjf"), tuned=("lars",), **common),
         BenchTask(task_id="mooncake-1i", lever="prefill ordering and chunking on a heavy-tailed real trace",
-                  description="The Mooncake conversation trace at 45 % of its rate on one H100; hard = the "
+                  description="The Mooncake conversation trace at 60 % of its rate on one H100; hard = the "
                               "windows of highest offered load.",
                   scenario="bench-v1-mooncake-1i", window_s=60.0, hard_by="offered_load",
                   heuristics=("fcfs", "sarathi", "lars", "priority"), tuned=("lars",), **common),
