@@ -200,8 +200,8 @@ def _v1_tasks() -> tuple[BenchTask, ...]:
                   stratum_episodes=24, search=V1_SEARCH)
     return (
         BenchTask(task_id="kv-burst-tiers", lever="admission, chunking and preemption tier under KV pressure",
-                  description="Bursty mixed traffic (Gamma CV 4, 3 % long contexts) at 8 req/s with a 0.5 s "
-                              "short TTFT SLO on a 35 % KV cache with 16 GiB DRAM and NVMe swap tiers; hard = the "
+                  description="Bursty mixed traffic (Gamma CV 4, 3 % long contexts) at 10 req/s with a 0.5 s "
+                              "short TTFT SLO on a 30 % KV cache with 16 GiB DRAM and NVMe swap tiers; hard = the "
                               "windows of highest KV pressure.",
                   scenario="bench-v1-kv-burst-tiers", window_s=60.0, pool_seeds=14, hard_by="kv_pressure",
                   heuristics=("fcfs", "sarathi", "lars", "priority", "prefetch"), tuned=("lars",),
