@@ -242,6 +242,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     if bc_dataset is not None and (resume is not None or algo not in ("ppo", "maskable_ppo")):
         raise ConfigError("--bc-dataset warm-starts a new ppo or maskable_ppo model; not with --resume or "
                           f"--algo {algo}")
+    demos = None
+    if bc_dataset is not None:  # before any environment process starts: a missing dataset fails fast
+        from .warm_start import load_demonstrations
+
+        demos = load_demonstrations(bc_dataset, bc_dataset_id)
     _check_names(env_kwargs or {}, _env_parameters(env_id), "--env-kwargs", f"arguments of {env_id}")
     _check_names(hyperparameters or {}, _algo_parameters(cls), "--hyperparameters", f"arguments of {cls.__name__}")
     torch.set_num_threads(threads)
@@ -276,10 +281,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             from .warm_start import reference_bias as bias_towards_reference
 
             bias_towards_reference(model.policy, reference_bias)
-        if bc_dataset is not None:
-            from .warm_start import load_demonstrations, warm_start_from_demonstrations
+        if demos is not None:
+            from .warm_start import warm_start_from_demonstrations
 
-            demos = load_demonstrations(bc_dataset, bc_dataset_id)
             bc_loss = warm_start_from_demonstrations(model.policy, demos, bc_epochs, seed, algo == "maskable_ppo")
             bc_info = {"dataset": demos.spec.dataset_id, "episodes": demos.total_episodes, "epochs": bc_epochs,
                        "last_loss": bc_loss}
