@@ -477,15 +477,7 @@ class Objective:
         self._cache: dict = {}
 
     def suggest(self, trial) -> dict[str, Any]:
-        out = {}
-        for name, d in self.space.items():
-            if d.kind == "float":
-                out[name] = trial.suggest_float(name, d.low, d.high, log=d.log)
-            elif d.kind == "int":
-                out[name] = trial.suggest_int(name, int(d.low), int(d.high), step=d.step or 1, log=d.log)
-            else:
-                out[name] = trial.suggest_categorical(name, list(d.choices))
-        return out
+        return {name: d.suggest(trial, name) for name, d in self.space.items()}
 
     def __call__(self, trial) -> float:
         import optuna

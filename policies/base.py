@@ -84,6 +84,16 @@ class SearchDim:
                     "SearchDim.low/high", (self.low, self.high), "two numbers with low <= high")
             require(not self.log or self.low > 0, "SearchDim.low", self.low, "> 0 on a log scale")
 
+    def suggest(self, trial: Any, name: str) -> Any:
+        """The value of parameter ``name`` an Optuna ``trial`` suggests in this dimension (any object
+        with Optuna's ``suggest_float`` / ``suggest_int`` / ``suggest_categorical``; the policies
+        do not import Optuna)."""
+        if self.kind == "float":
+            return trial.suggest_float(name, self.low, self.high, log=self.log)
+        if self.kind == "int":
+            return trial.suggest_int(name, int(self.low), int(self.high), step=self.step or 1, log=self.log)
+        return trial.suggest_categorical(name, list(self.choices))
+
     def contains(self, value: Any) -> bool:
         """Whether ``value`` lies in this dimension (a published default outside it is noted)."""
         if self.kind == "categorical":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from hypothesis import strategies as hst
 
 from kvsched.envs.sim.cluster import Cluster
 from kvsched.envs.sim.fast_forward import StretchPlanner
@@ -293,3 +294,16 @@ def tiny_hbm_scenario(mode: str):
     return Scenario(name="tiny-hbm", trace=None, instance=inst, seed=3,
                     synthetic={"rate_per_s": 10.0, "duration_s": 8, "prompt_median_tokens": 400,
                                "output_median_tokens": 120, "output_max_tokens": 300})
+
+
+#: Hypothesis strategy of small workloads: (arrival s, prompt tokens, output tokens, prefix group
+#: 0-3, 0 = none) rows, for :func:`build_workload`
+request_lists = hst.lists(
+    hst.tuples(
+        hst.floats(0, 5.0, allow_nan=False),     # arrival
+        hst.integers(1, 1500),                   # prompt
+        hst.integers(1, 200),                    # output
+        hst.integers(0, 3),                      # prefix group (0: none)
+    ),
+    min_size=1, max_size=25,
+)

@@ -201,14 +201,7 @@ def tune_on_episode(task: BenchTask, episode: Episode, start: Schedule, trials: 
 
     def objective(trial) -> float:
         nonlocal best
-        params = dict(start.params)
-        for name, d in space.items():
-            if d.kind == "float":
-                params[name] = trial.suggest_float(name, d.low, d.high, log=d.log)
-            elif d.kind == "int":
-                params[name] = trial.suggest_int(name, int(d.low), int(d.high), step=d.step or 1, log=d.log)
-            else:
-                params[name] = trial.suggest_categorical(name, list(d.choices))
+        params = {**start.params, **{name: d.suggest(trial, name) for name, d in space.items()}}
         sched = Schedule(start.heuristic, params)
         s = score(run_schedule(task, episode, sched, workload).summary)
         s = -1.0 if s is None else s

@@ -13,17 +13,8 @@ from hypothesis import strategies as hst
 from kvsched.envs.sim.metrics import summary_to_json
 from kvsched.envs.sim.request import Request, Workload
 from kvsched.envs.sim.step_plan import StepBuild
-from simkit import BLOCK_BYTES, build_workload, make_instance, make_spec, place_running, run, state
+from simkit import BLOCK_BYTES, build_workload, make_instance, make_spec, place_running, request_lists, run, state
 
-request_lists = hst.lists(
-    hst.tuples(
-        hst.floats(0, 5.0, allow_nan=False),     # arrival
-        hst.integers(1, 1500),                   # prompt
-        hst.integers(1, 200),                    # output
-        hst.integers(0, 3),                      # prefix group (0: none)
-    ),
-    min_size=1, max_size=25,
-)
 
 
 def composed(inst, now=0.0):

@@ -24,18 +24,10 @@ from kvsched.envs.sim.metrics import summary_to_json
 from kvsched.envs.sim.request import Request, Workload
 from kvsched.envs.sim.specs import LinkSpec, TierSpec
 from kvsched.policies.base import make_policy, policy_names
-from simkit import BLOCK_BYTES, build_workload, literature_spec, make_spec, pnm_tier, run, run_policy, short_only
+from simkit import (BLOCK_BYTES, build_workload, literature_spec, make_spec, pnm_tier, request_lists, run, run_policy,
+                    short_only)
 
 
-request_lists = hst.lists(
-    hst.tuples(
-        hst.floats(0, 5.0, allow_nan=False),     # arrival
-        hst.integers(1, 1500),                   # prompt
-        hst.integers(1, 200),                    # output
-        hst.integers(0, 3),                      # prefix group (0: none)
-    ),
-    min_size=1, max_size=25,
-)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
