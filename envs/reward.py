@@ -116,6 +116,10 @@ class SLOReward:
         self._slos = dict(metrics.slos)
         self._length_slos = (metrics.slos[LENGTH_CLASSES[0]], metrics.slos[LENGTH_CLASSES[1]])
         self._min_ttft_s = min(slo.ttft_s for slo in self._slos.values())
+        # the smallest TPOT and E2E bounds: a running request within all three of the smallest
+        # bounds cannot be a certain miss (the per-step check skips its SLO lookup)
+        self._min_tpot_s = min(slo.tpot_s for slo in self._slos.values())
+        self._min_e2e_s = min((slo.e2e_s for slo in self._slos.values() if slo.e2e_s is not None), default=math.inf)
         # (ttft_s, tpot_s, e2e_s or inf) per SLO class and per length class, for is_met
         self._bounds = {name: _bounds(slo) for name, slo in self._slos.items()}
         # the same per record tag as it appears in the records (a str, or None when untagged): the
@@ -181,7 +185,7 @@ class SLOReward:
         ``(finish - first) / (output_tokens - 1)``, must exceed the SLO); or waited past its
         E2E SLO. The output length is the environment's to judge by, never an observation."""
         n = 0
-        charged, min_ttft_s = self.charged, self._min_ttft_s
+        charged, min_ttft_s, min_tpot_s, min_e2e_s = self.charged, self._min_ttft_s, self._min_tpot_s, self._min_e2e_s
         for st in states:
             waited = now_s - st.arrival_s
             if st.generated == 0:
@@ -190,7 +194,8 @@ class SLOReward:
                 slo = self.judged_slo(st.req.slo_class, st.prompt_tokens)
                 certain = waited > slo.ttft_s or (slo.e2e_s is not None and waited > slo.e2e_s)
             else:
-                if st.rid in charged:
+                if st.rid in charged or (st.first_token_s - st.arrival_s <= min_ttft_s and waited <= min_e2e_s
+                                         and now_s - st.first_token_s <= min_tpot_s * (st.output_tokens - 1)):
                     continue
                 slo = self.judged_slo(st.req.slo_class, st.prompt_tokens)
                 certain = (st.first_token_s - st.arrival_s > slo.ttft_s
