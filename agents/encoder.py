@@ -33,6 +33,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
+from kvsched.agents.fast_sampling import FastMaskedSamplingMixin
 from kvsched.envs.observation import CANDIDATE_FEATURES, INSTANCE_FEATURES
 from kvsched.envs.sim.errors import ConfigError
 
@@ -157,5 +158,6 @@ class CandidateSetPolicy(_CandidateSetMixin, ActorCriticPolicy):
     """The candidate-set policy for PPO (Stable-Baselines3)."""
 
 
-class CandidateSetMaskablePolicy(_CandidateSetMixin, MaskableActorCriticPolicy):
-    """The candidate-set policy for MaskablePPO (sb3-contrib)."""
+class CandidateSetMaskablePolicy(FastMaskedSamplingMixin, _CandidateSetMixin, MaskableActorCriticPolicy):
+    """The candidate-set policy for MaskablePPO (sb3-contrib), its rollouts sampled in one batched
+    pass (:mod:`kvsched.agents.fast_sampling`)."""

@@ -25,6 +25,19 @@ def make_env_fn(env_id: str, env_kwargs: dict[str, Any], rank: int, seed: int, m
     return _init
 
 
+class _FreshInfos(list):
+    """The ``DummyVecEnv`` info buffer, copied shallowly where SB3 deep-copies it every step.
+
+    SB3 deep-copies the list of info dicts so the caller's copy cannot alias a dict the vector
+    environment reuses. Gymnasium environments (kvsched's and the ones this module builds)
+    return a new info dict at every step and reset, and ``DummyVecEnv`` only adds keys to that
+    new dict, so a new list of the same dicts is already unaliased. The deep copy was ~5 % of
+    training CPU on Scheduling-v0 (27 objects per step: mask, window, reward components)."""
+
+    def __deepcopy__(self, memo) -> list:
+        return list(self)
+
+
 def make_vec_env(env_id: str, env_kwargs: dict[str, Any] | None = None, n_envs: int = 1, seed: int = 0,
                  subprocess: bool = False, monitor_dir: str | None = None):
     """``n_envs`` copies of ``env_id`` in a ``DummyVecEnv`` (or ``SubprocVecEnv``)."""
@@ -35,5 +48,6 @@ def make_vec_env(env_id: str, env_kwargs: dict[str, Any] | None = None, n_envs: 
         vec = SubprocVecEnv(fns, start_method="spawn")
     else:
         vec = DummyVecEnv(fns)
+        vec.buf_infos = _FreshInfos(vec.buf_infos)
     vec.seed(seed)
     return vec

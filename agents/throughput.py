@@ -137,6 +137,98 @@ def measure_all(steps: int = 2000, env_ids=ENV_IDS, agents=("random", "fcfs", "l
     return out
 
 
+def _random_masked_actor(env, seed: int):
+    rng = np.random.default_rng(seed)
+    return lambda info: _random_action(env, info, rng)
+
+
+def _env_alone(env_id: str, steps: int, seed: int, env_kwargs: dict) -> tuple[float, float]:
+    """(CPU s, wall s) of ``steps`` ``env.step`` calls of ``env_id`` under a random (masked) agent,
+    resets included (as in training), agent excluded."""
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+
+    env = gym.make(env_id, **env_kwargs)
+    env.action_space.seed(seed)
+    base = env.unwrapped
+    masked = hasattr(base, "action_masks")
+    act = _random_masked_actor(base, seed) if masked else (lambda info: env.action_space.sample())
+    obs, info = env.reset(seed=seed)
+    cpu = wall = 0.0
+    episodes = 0
+    for _ in range(steps):
+        action = act(info)
+        c0, w0 = time.process_time(), time.perf_counter()
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            episodes += 1
+            obs, info = env.reset(seed=seed + episodes)
+        cpu += time.process_time() - c0
+        wall += time.perf_counter() - w0
+    env.close()
+    return cpu, wall
+
+
+def measure_training(env_id: str = "kvsched/Scheduling-v0", steps: int = 8192, n_envs: int = 8, seed: int = 0,
+                     **env_kwargs) -> list[dict]:
+    """Steps per CPU second of training and of the environment alone, in this process.
+
+    Training is what ``kvsched train --algo maskable_ppo`` runs: sb3-contrib's MaskablePPO with
+    :func:`kvsched.agents.train.default_hyperparameters`, its default network
+    (:class:`kvsched.agents.fast_sampling.FastMaskablePolicy`), ``n_envs`` environments in one
+    ``DummyVecEnv``, one torch thread, ``steps`` environment steps (rollouts and gradient steps;
+    model construction excluded). An environment without action masks (``CartPole-v1``, the
+    reference point) trains with the same class, network and settings, masking off. The
+    environment alone is ``steps`` ``env.step`` calls under a random (masked) agent, resets
+    included.
+
+    CPU time is ``time.process_time`` (this process, all threads), beside wall time.
+
+    Returns:
+        two rows: ``{"env", "part": "training" | "environment", "n_envs", "steps", "cpu_s",
+        "wall_s", "steps_per_cpu_s", "steps_per_wall_s"}``.
+
+    Raises:
+        ValueError: ``steps`` or ``n_envs`` < 1.
+    """
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    from kvsched.agents.factory import make_vec_env
+    from kvsched.agents.fast_sampling import FastMaskablePolicy
+    from kvsched.agents.train import default_hyperparameters
+
+    for name, v in (("steps", steps), ("n_envs", n_envs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} is not allowed: expected an integer >= 1")
+    torch.set_num_threads(1)
+    kw = {**env_kwargs, "split": "train"} if env_id.startswith("kvsched/") else dict(env_kwargs)
+    venv = make_vec_env(env_id, kw, n_envs=n_envs, seed=seed)
+    masked = bool(venv.has_attr("action_masks"))
+    model = MaskablePPO(FastMaskablePolicy, venv, seed=seed, device="cpu", **default_hyperparameters("maskable_ppo",
+                                                                                                        n_envs))
+    c0, w0 = time.process_time(), time.perf_counter()
+    model.learn(steps, use_masking=masked)
+    train_cpu, train_wall = time.process_time() - c0, time.perf_counter() - w0
+    venv.close()
+    env_cpu, env_wall = _env_alone(env_id, steps, seed, kw)
+
+    def row(part: str, n: int, cpu: float, wall: float) -> dict:
+        return {"env": env_id, "part": part, "n_envs": n, "steps": steps, "cpu_s": cpu, "wall_s": wall,
+                "steps_per_cpu_s": steps / cpu if cpu > 0 else None,
+                "steps_per_wall_s": steps / wall if wall > 0 else None}
+
+    return [row("training", n_envs, train_cpu, train_wall), row("environment", 1, env_cpu, env_wall)]
+
+
+def measure_training_all(steps: int = 8192, n_envs: int = 8,
+                         env_ids: tuple[str, ...] = ("kvsched/Scheduling-v0", "CartPole-v1")) -> list[dict]:
+    """:func:`measure_training` for each of ``env_ids`` in turn (CartPole-v1 under the same
+    settings, as the reference point), in one run."""
+    return [r for e in env_ids for r in measure_training(e, steps, n_envs)]
+
+
 def main(argv=None) -> None:
     """Command line; bad flags exit with status 2 naming the flag, the value and what is allowed
     (an agent/environment pair that :func:`measure_all` skips is said so on stderr)."""
@@ -152,9 +244,24 @@ def main(argv=None) -> None:
                    help="comma-separated: random and/or policy names; policies act only in kvsched/Scheduling-v0 "
                         "(default random,fcfs,lars)")
     p.add_argument("--json", action="store_true", help="print one JSON list as the last line")
+    p.add_argument("--train", action="store_true",
+                   help="measure training (MaskablePPO, --n-envs environments) and the environment alone on "
+                        "kvsched/Scheduling-v0 and CartPole-v1 instead (measure_training)")
+    p.add_argument("--n-envs", type=int, default=8, help="environments per training process with --train (default 8)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps {args.steps} is not allowed: expected an integer >= 1")
+    if args.n_envs < 1:
+        p.error(f"--n-envs {args.n_envs} is not allowed: expected an integer >= 1")
+    if args.train:
+        rows = measure_training_all(args.steps, args.n_envs)
+        if args.json:
+            print(json.dumps(rows))
+            return
+        for r in rows:
+            print(f"{r['env']:22s} {r['part']:11s} n_envs {r['n_envs']:2d}  {r['steps']:6d} steps  "
+                  f"{r['steps_per_cpu_s']:8.1f} steps/CPU-s  {r['steps_per_wall_s']:8.1f} steps/s wall")
+        return
     env_ids = args.envs.split(",")
     agents = (args.agents or "random,fcfs,lars").split(",")
     unknown = [e for e in env_ids if e not in ENV_IDS]

@@ -791,9 +791,12 @@ def plot_figure(entries: Sequence[dict]):
     return fig
 
 
-def bench_report(entries: Sequence[dict], peer: list[dict] | None = None, envs: list[dict] | None = None) -> dict:
-    """The JSON document of one bench run (keys: :data:`TOP_KEYS`, plus ``peer`` with ``--peer``;
-    ``envs``: the :func:`kvsched.agents.throughput.measure` rows with ``--envs``, else ``None``)."""
+def bench_report(entries: Sequence[dict], peer: list[dict] | None = None, envs: list[dict] | None = None,
+                 training: list[dict] | None = None) -> dict:
+    """The JSON document of one bench run (keys: :data:`TOP_KEYS`, plus ``peer`` with ``--peer``
+    and ``training`` with ``--train``: the :func:`kvsched.agents.throughput.measure_training`
+    rows; ``envs``: the :func:`kvsched.agents.throughput.measure` rows with ``--envs``, else
+    ``None``)."""
     import kvsched
 
     doc: dict[str, Any] = {
@@ -814,6 +817,8 @@ def bench_report(entries: Sequence[dict], peer: list[dict] | None = None, envs: 
             e["speedup_vs_blis_quoted"] = e["requests_per_s"] / BLIS_REFERENCE_REQ_PER_S
     if peer is not None:
         doc["peer"] = {"name": "vidur", "version": VIDUR_VERSION, "runs": peer}
+    if training is not None:
+        doc["training"] = list(training)
     return doc
 
 
@@ -830,6 +835,37 @@ def run_envs_subprocess(steps: int) -> list[dict]:
     if proc.returncode != 0 or not proc.stdout.strip():
         raise KvschedError(f"environment throughput subprocess failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_training_subprocess(steps: int, n_envs: int) -> list[dict]:
+    """:func:`kvsched.agents.throughput.measure_training_all` in a fresh subprocess (its JSON rows).
+
+    Raises:
+        KvschedError: the subprocess failed.
+    """
+    from kvsched.envs.sim.errors import KvschedError
+
+    proc = subprocess.run([sys.executable, "-m", "kvsched.agents.throughput", "--train", "--json", "--steps",
+                           str(steps), "--n-envs", str(n_envs)], capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise KvschedError(f"training throughput subprocess failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def training_table(rows: Sequence[dict]):
+    """Rich table of the training rows: steps per CPU and wall second, training and environment
+    alone, and each environment's ratio to the last one (CartPole-v1, the reference point)."""
+    from rich.table import Table
+
+    ref = {r["part"]: r for r in rows if r["env"] == rows[-1]["env"]}
+    t = Table(title="Training throughput (MaskablePPO as kvsched train runs it; CPU = this process, all threads)")
+    for col in ("env", "part", "n_envs", "steps", "steps/s CPU", "steps/s wall", f"CPU rate vs {rows[-1]['env']}"):
+        t.add_column(col, justify="left" if col in ("env", "part") else "right")
+    for r in rows:
+        base = ref.get(r["part"], {}).get("steps_per_cpu_s")
+        t.add_row(r["env"], r["part"], str(r["n_envs"]), f"{r['steps']:,}", f"{r['steps_per_cpu_s']:,.0f}",
+                  f"{r['steps_per_wall_s']:,.0f}", f"{r['steps_per_cpu_s'] / base:.3f}" if base else "")
+    return t
 
 
 def envs_table(rows: Sequence[dict]):
@@ -866,6 +902,11 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--envs", action="store_true",
                    help="also measure the Gymnasium environments' steps/s and overhead per step (subprocess)")
     b.add_argument("--env-steps", type=int, help="steps per environment and agent with --envs (2000)")
+    b.add_argument("--train", action="store_true",
+                   help="also measure training: MaskablePPO steps per CPU second end to end and the environment "
+                        "alone, on kvsched/Scheduling-v0 and on CartPole-v1 under the same settings (subprocess)")
+    b.add_argument("--train-steps", type=int, help="environment steps per measurement with --train (8192)")
+    b.add_argument("--train-envs", type=int, help="environments per training process with --train (8)")
     b.add_argument("--profile", type=Path, metavar="DIR",
                    help="profile each case with pyinstrument, writing DIR/<case>.html and .txt "
                         "(timings of profiled runs are inflated)")
@@ -897,10 +938,16 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         return 0
     # options of a part that does not run are refused, not silently ignored
     unused = [f for f, v in (("--peer-requests", a.peer_requests), ("--qps", a.qps), ("--peer-dir", a.peer_dir))
-              if v is not None and a.peer is None] + (["--env-steps"] if a.env_steps is not None and not a.envs else [])
+              if v is not None and a.peer is None] + (["--env-steps"] if a.env_steps is not None and not a.envs else []) \
+        + [f for f, v in (("--train-steps", a.train_steps), ("--train-envs", a.train_envs)) if v is not None and not a.train]
     if unused:
         raise KvschedError(f"{', '.join(unused)}: not allowed here: --peer-requests, --qps and --peer-dir are "
-                           "options of --peer vidur, --env-steps of --envs")
+                           "options of --peer vidur, --env-steps of --envs, --train-steps and --train-envs of --train")
+    a.train_steps = 8192 if a.train_steps is None else a.train_steps
+    a.train_envs = 8 if a.train_envs is None else a.train_envs
+    for flag, v in (("--train-steps", a.train_steps), ("--train-envs", a.train_envs)):
+        if v < 1:
+            raise KvschedError(f"{flag} {v} is not allowed: expected an integer >= 1")
     a.peer_requests = 10_000 if a.peer_requests is None else a.peer_requests
     a.qps = [1.0] if a.qps is None else a.qps
     a.env_steps = 2000 if a.env_steps is None else a.env_steps
@@ -916,7 +963,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     given = case_names(a.cases)
     if a.cases is not None and not given:  # `--cases ,` or `--cases ""`: not the default set
         raise KvschedError(f"--cases {' '.join(a.cases)!r} names no case; see --list")
-    names = given or (quick_cases() if a.quick else ([] if a.peer else default_cases()))
+    names = given or (quick_cases() if a.quick else ([] if a.peer or a.train else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
@@ -942,7 +989,11 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     if a.envs:
         err.print("[dim]environments (kvsched.agents.throughput) ...[/]", highlight=False)
         envs = run_envs_subprocess(a.env_steps)
-    doc = bench_report(entries, peer, envs)
+    training = None
+    if a.train:
+        err.print("[dim]training throughput (kvsched.agents.throughput --train) ...[/]", highlight=False)
+        training = run_training_subprocess(a.train_steps, a.train_envs)
+    doc = bench_report(entries, peer, envs, training)
     if entries:
         console.print(cases_table(entries))
         blis10 = next((e for e in entries if e["case"] == "blis-10k"), None)
@@ -953,6 +1004,8 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
                           f"{BLIS_REFERENCE_WALL_S:g} s; goal {GOAL_SPEEDUP:g}x)", highlight=False)
     for row in peer or []:
         console.print(peer_table(row))
+    if training:
+        console.print(training_table(training))
     if envs:
         console.print(envs_table(envs))
     else:

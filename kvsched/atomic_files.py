@@ -61,3 +61,9 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all (see :func:`replacing`)."""
     with replacing(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (see :func:`replacing`)."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)

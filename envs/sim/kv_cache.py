@@ -222,6 +222,38 @@ class BlockPool:
             self.used_blocks -= seg.n_blocks
             self.evictable_blocks += seg.n_blocks
 
+    def release_segments(self, hashes) -> None:
+        """:meth:`release_segment` for each of ``hashes``, in that order (one call per request
+        release instead of one per segment: the environment's hot path)."""
+        segments, lru = self.segments, self._lru
+        freed = 0
+        for h in hashes:
+            seg = segments[h]
+            seg.refs -= 1
+            if seg.refs == 0:
+                lru[h] = seg.n_blocks
+                freed += seg.n_blocks
+        self.used_blocks -= freed
+        self.evictable_blocks += freed
+
+    def register_segments(self, hashes, n_blocks: int, creator_id: int, private_blocks: int) -> list[int]:
+        """:meth:`register_segment` for each of ``hashes`` in order while ``private_blocks`` still
+        cover ``n_blocks`` more, each hash turning ``n_blocks`` of them into a cached segment;
+        returns the hashes registered (the others are already cached or caching is off, and
+        stay private copies, as vLLM keeps duplicate blocks uncached)."""
+        if not self.prefix_caching:
+            return []
+        segments = self.segments
+        out = []
+        for h in hashes:
+            if private_blocks < n_blocks:
+                break
+            if h not in segments:
+                segments[h] = Segment(n_blocks, 1, creator_id)
+                private_blocks -= n_blocks
+                out.append(h)
+        return out
+
     def register_segment(self, h: int, n_blocks: int, creator_id: int) -> bool:
         """Turn ``n_blocks`` private blocks of a request into cached segment ``h`` (1 ref).
 

@@ -189,17 +189,21 @@ class KVManager:
         """Turn ``st``'s newly completed prompt segments into cached prefix segments (vLLM caches
         each full block once computed); a segment already cached by another request stays a
         private copy. Each new segment is published to the cluster KV tier when there is one."""
+        if st.next_seg >= st.n_cacheable_segments:  # nothing (more) to cache; seg_tokens may be 0
+            return
+        stop = min(st.n_cacheable_segments, st.computed // st.seg_tokens)  # segments now complete
+        if st.next_seg >= stop:
+            return
         seg_blocks = st.seg_tokens // self.bs
-        hbm = self.hbm
-        while st.next_seg < st.n_cacheable_segments and (st.next_seg + 1) * st.seg_tokens <= st.computed:
-            h = st.hashes[st.next_seg]
-            if st.private_blocks >= seg_blocks and hbm.register_segment(h, seg_blocks, st.rid):
-                st.private_blocks -= seg_blocks
-                st.shared.append(h)
-                st.shared_blocks += seg_blocks
-                if self.publish is not None:  # write-through to the cluster KV tier
+        new = self.hbm.register_segments(st.hashes[st.next_seg:stop], seg_blocks, st.rid, st.private_blocks)
+        st.next_seg = stop
+        if new:
+            st.private_blocks -= seg_blocks * len(new)
+            st.shared.extend(new)
+            st.shared_blocks += seg_blocks * len(new)
+            if self.publish is not None:  # write-through to the cluster KV tier
+                for h in new:
                     self.publish(h, seg_blocks, st.rid, now)
-            st.next_seg += 1
 
     def free(self, st: RequestState) -> None:
         """Release every HBM block ``st`` holds.
@@ -213,11 +217,9 @@ class KVManager:
         if hbm.single_free_queue:
             if st.private_blocks:
                 hbm.release_private(st.private_blocks)
-            for h in reversed(st.shared):
-                hbm.release_segment(h)
+            hbm.release_segments(reversed(st.shared))
         else:
-            for h in st.shared:
-                hbm.release_segment(h)
+            hbm.release_segments(st.shared)
             if st.private_blocks:
                 hbm.release_private(st.private_blocks)
         st.shared = []

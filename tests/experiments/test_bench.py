@@ -208,6 +208,7 @@ def test_an_unwritable_output_fails_before_any_case_runs(capsys, monkeypatch, tm
     (["--qps", "2"], "--qps"),
     (["--peer-requests", "500", "--peer-dir", "x"], "--peer-requests, --peer-dir"),
     (["--env-steps", "50"], "--env-steps"),
+    (["--train-steps", "50", "--train-envs", "2"], "--train-steps, --train-envs"),
 ])
 def test_options_of_a_part_that_does_not_run_are_refused(capsys, monkeypatch, argv, flags):
     """--qps, --peer-requests and --peer-dir without --peer, and --env-steps without --envs,
@@ -219,6 +220,24 @@ def test_options_of_a_part_that_does_not_run_are_refused(capsys, monkeypatch, ar
     assert main(["bench", "--cases", "blis-1k", *argv]) == 2
     err = capsys.readouterr().err
     assert f"{flags}: not allowed here" in err and "Traceback" not in err
+
+
+def test_bench_train_reports_training_beside_cartpole_in_one_run(capsys, monkeypatch, tmp_path):
+    """--train runs no simulator case by default, puts the rows in the JSON and prints each
+    environment's rate relative to CartPole-v1 (measured in the same run)."""
+    rows = [{"env": e, "part": p, "n_envs": 8 if p == "training" else 1, "steps": 100, "cpu_s": c, "wall_s": c,
+             "steps_per_cpu_s": 100 / c, "steps_per_wall_s": 100 / c}
+            for e, p, c in (("kvsched/Scheduling-v0", "training", 0.1), ("kvsched/Scheduling-v0", "environment", 0.05),
+                            ("CartPole-v1", "training", 0.01), ("CartPole-v1", "environment", 0.001))]
+    monkeypatch.setattr(bench, "run_case_subprocess", lambda *a, **k: (_ for _ in ()).throw(AssertionError("case")))
+    monkeypatch.setattr(bench, "run_training_subprocess", lambda steps, n: rows)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--train", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "0.100" in printed  # 1,000 / 10,000 steps per CPU-s
+    import json
+
+    assert json.loads(out.read_text())["training"] == rows
 
 
 def test_list_names_every_case(capsys):

@@ -1,0 +1,336 @@
+"""Evolution strategies with paired episodes: a linear scheduler trained on whole-episode SLO
+attainment, starting exactly at the reference policy.
+
+Why this learner (issue #20's evidence): on kvsched's tasks a decision's consequence (a TPOT
+miss, a preemption cascade) lands seconds and dozens of decisions later, and episodes differ
+more by their arrivals than by the policy; per-decision policy gradients from a uniform start
+unlearned on the tuned references (PPO with the reference bias: -5 points on kv-burst-tiers
+after 160k steps, docs/training.md). Evolution strategies (Salimans et al. 2017, "Evolution
+Strategies as a Scalable Alternative to Reinforcement Learning", Algorithm 1 with antithetic
+sampling and centred-rank fitness shaping) score a whole parameter vector by the episode's
+metric, so credit assignment over time is not needed, and every candidate of a generation plays
+the **same** training windows, so the arrival sequence's variance cancels out of the ranking:
+the input-dependent baseline of Mao et al. (ICLR'19, "Variance Reduction for Reinforcement
+Learning in Input-Driven Environments") in its simplest form.
+
+The policy (:class:`LinearScheduler`, 186 parameters for ``K = 16``) acts deterministically
+in ``kvsched/Scheduling-v0``'s ``MultiDiscrete([K, 7, 5, 4])``:
+
+- slot: ``argmax_i (rows[i] . v + u [i = 0])`` over the shown candidates (``rows``: the ``K x 9``
+  candidate block of the observation);
+- chunk bin, victim rule, preemption mode: ``argmax (b_p + W_p . inst)`` over the allowed
+  choices (``inst``: the 10 instance features);
+
+initialised with ``u = 1``, ``b_p[0] = 1`` and everything else 0, so the initial policy is the
+reference (action 0 everywhere). Masked choices are never taken.
+
+A checkpoint is a NumPy ``.npz`` archive (a zip file, named ``.zip`` like the other learners')
+with the parameters and the observation / action sizes; ``train.json`` beside it names
+``algo: "es"`` so ``kvsched evaluate`` and ``kvsched leaderboard --agents`` load it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvsched import atomic_files
+from kvsched.envs.observation import CANDIDATE_FEATURES, INSTANCE_FEATURES
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+
+N_ROW = len(CANDIDATE_FEATURES)
+N_INST = len(INSTANCE_FEATURES)
+
+
+class LinearScheduler:
+    """The deterministic linear policy of the module docstring.
+
+    Args:
+        k: candidate rows of the observation (the action's first part).
+        nvec: the action's parts (``[k, 7, 5, 4]`` on Scheduling-v0).
+        theta: flat parameters (:meth:`size`), default the reference-reproducing start.
+
+    Attributes:
+        observation_space, action_space: Gymnasium spaces (what checkpoint checks compare).
+
+    Raises:
+        ConfigError: ``nvec[0] != k``, or ``theta`` of another length.
+    """
+
+    def __init__(self, k: int, nvec: list[int], theta: np.ndarray | None = None) -> None:
+        from gymnasium import spaces
+
+        require(len(nvec) >= 1 and int(nvec[0]) == k, "nvec", nvec, f"a list whose first entry is k={k}")
+        self.k = k
+        self.nvec = [int(n) for n in nvec]
+        self.observation_space = spaces.Box(-1.0, 1.0, (k * N_ROW + N_INST,), np.float32)
+        self.action_space = spaces.MultiDiscrete(self.nvec)
+        theta = self.initial() if theta is None else np.asarray(theta, dtype=np.float64)
+        require(theta.shape == (self.size(),), "theta", f"shape {theta.shape}", f"shape ({self.size()},)")
+        self.theta = theta
+
+    def size(self) -> int:
+        """Number of parameters: ``9 + 1`` (slot) ``+ (sum(nvec[1:])) x (10 + 1)``."""
+        return N_ROW + 1 + sum(self.nvec[1:]) * (N_INST + 1)
+
+    def initial(self) -> np.ndarray:
+        """The parameters whose policy is action 0 everywhere (the reference)."""
+        t = np.zeros(self.size())
+        t[N_ROW] = 1.0  # u: slot 0's bonus
+        off = N_ROW + 1 + sum(self.nvec[1:]) * N_INST  # the biases b, part after part
+        for n in self.nvec[1:]:
+            t[off] = 1.0
+            off += n
+        return t
+
+    def _split(self):
+        t = self.theta
+        v, u = t[:N_ROW], t[N_ROW]
+        m = sum(self.nvec[1:])
+        w = t[N_ROW + 1:N_ROW + 1 + m * N_INST].reshape(m, N_INST)
+        b = t[N_ROW + 1 + m * N_INST:]
+        return v, u, w, b
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The action for one observation ``(K*9 + 10,)`` and its mask ``(sum(nvec),)`` (True =
+        allowed; sb3-contrib's concatenated layout)."""
+        v, u, w, b = self._split()
+        rows = obs[:self.k * N_ROW].reshape(self.k, N_ROW)
+        inst = obs[self.k * N_ROW:]
+        out = np.zeros(len(self.nvec), dtype=np.int64)
+        slot = rows @ v
+        slot[0] += u
+        out[0] = _masked_argmax(slot, mask[:self.k])
+        logits = b + w @ inst
+        start, off = self.k, 0
+        for p, n in enumerate(self.nvec[1:], 1):
+            out[p] = _masked_argmax(logits[off:off + n], mask[start:start + n])
+            start += n
+            off += n
+        return out
+
+    # ---------------------------------------------------- the Stable-Baselines3 shape it mimics
+    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
+        """``(action, None)`` as SB3's ``predict``; batched observations give batched actions."""
+        obs = np.asarray(obs, dtype=np.float32)
+        mask = np.ones(sum(self.nvec), dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)
+        if obs.ndim == 1:
+            return self.act(obs, mask.reshape(-1)), None
+        masks = mask.reshape(len(obs), -1)
+        return np.stack([self.act(o, m) for o, m in zip(obs, masks)]), None
+
+    def save(self, path: str | Path) -> None:
+        """Write the checkpoint (whole or not at all)."""
+        buf = io.BytesIO()
+        np.savez(buf, theta=self.theta, k=np.int64(self.k), nvec=np.asarray(self.nvec, dtype=np.int64))
+        atomic_files.write_bytes(Path(path), buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu") -> "LinearScheduler":
+        """Read a checkpoint written by :meth:`save` (``device`` is accepted for SB3's signature).
+
+        Raises:
+            ConfigError: not such a checkpoint.
+        """
+        try:
+            with np.load(str(path), allow_pickle=False) as z:
+                return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64))
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"{bounded_repr(str(path))} is not an es checkpoint ({bounded_repr(str(e))})") from None
+
+
+def _masked_argmax(x: np.ndarray, allowed: np.ndarray) -> int:
+    """The first index of the largest allowed entry (index 0 when nothing is allowed)."""
+    if not allowed.any():
+        return 0
+    return int(np.argmax(np.where(allowed, x, -np.inf)))
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    """Evolution-strategy settings (defaults: Salimans et al. 2017 scaled to a 186-parameter
+    deterministic linear policy whose logits are O(1)).
+
+    Attributes:
+        generations: updates (>= 1).
+        pairs: antithetic pairs per generation (population ``2 * pairs``; >= 1).
+        windows: training windows every candidate of a generation plays (>= 1; the same for all).
+        sigma: perturbation scale (> 0); 0.5 flips decisions whose logits differ by about 1.
+        learning_rate: Adam step on the mean (> 0).
+        validation_windows: train windows (other seeds) the final choice between the last and the
+            best generation's mean is made on (>= 0; 0 = keep the last).
+    """
+
+    generations: int = 15
+    pairs: int = 8
+    windows: int = 4
+    sigma: float = 0.5
+    learning_rate: float = 0.2
+    validation_windows: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("generations", "pairs", "windows"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"es.{name}", v, "an integer >= 1")
+        v = self.validation_windows
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "es.validation_windows", v,
+                "an integer >= 0")
+        for name in ("sigma", "learning_rate"):
+            v = getattr(self, name)
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+                    f"es.{name}", v, "a finite number > 0")
+
+    @classmethod
+    def from_mapping(cls, m: dict) -> "ESConfig":
+        """From ``--hyperparameters`` JSON; unknown keys are refused.
+
+        Raises:
+            ConfigError: an unknown key or a bad value.
+        """
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(m) - known)
+        require(not unknown, "--hyperparameters", unknown, f"keys among {sorted(known)} for --algo es")
+        return cls(**m)
+
+
+def centred_ranks(x: np.ndarray) -> np.ndarray:
+    """Fitness shaping: ranks mapped linearly onto [-0.5, 0.5] (ties by order of appearance)."""
+    r = np.empty(len(x))
+    r[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return r / max(len(x) - 1, 1) - 0.5
+
+
+def play(env, policy: LinearScheduler, seed: int) -> float | None:
+    """SLO attainment of the episode ``env.reset(seed=seed)`` draws, played by ``policy``
+    (None for an empty window)."""
+    obs, info = env.reset(seed=seed)
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy.act(obs, info["action_mask"]))
+        if terminated or truncated:
+            break
+    summary = info["summary"] if "summary" in info else env.unwrapped.cluster.result().summary
+    return summary["classes"]["all"]["slo"]["attainment"]
+
+
+def paired_fitness(env, policy: LinearScheduler, seeds: list[int]) -> list[float | None]:
+    """:func:`play` on each of ``seeds`` (the same windows for every candidate)."""
+    return [play(env, policy, s) for s in seeds]
+
+
+def _mean(scores: list[float | None], keep: list[bool]) -> float:
+    vals = [s for s, k in zip(scores, keep) if k]
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: ESConfig = ESConfig(), seed: int = 0,
+             max_cpu_s: float | None = None, max_wall_s: float | None = None,
+             progress: Callable[[str], None] | None = None, command: str | None = None) -> dict[str, Any]:
+    """Train a :class:`LinearScheduler` by evolution strategies on ``env_id``'s train windows.
+
+    Each generation draws ``config.windows`` window seeds with a generator seeded by ``seed``,
+    plays the mean, ``config.pairs`` antithetic pairs ``mean +- sigma * eps`` and the reference
+    (the initial parameters) on them, and moves the mean by Adam along
+    ``sum_i rank_i eps_i / (n sigma)``. Writes ``out/train.json`` (status ``running`` from the start),
+    ``out/checkpoints/es_gen<G>.zip`` each generation, ``out/progress.json`` (per generation: the
+    mean's and the reference's scores on the generation's windows, the paired gain) and
+    ``out/final.zip``: the last mean or the best generation's, whichever scores higher on
+    ``config.validation_windows`` other train windows (never held-out ones).
+
+    Returns:
+        the ``train.json`` content.
+
+    Raises:
+        ConfigError: an environment other than Scheduling-v0, or bad settings.
+    """
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+
+    require(env_id == "kvsched/Scheduling-v0", "--env", env_id, "kvsched/Scheduling-v0 for --algo es")
+    out = Path(out)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    kw = {**env_kwargs, "split": "train"}
+    env = gym.make(env_id, **kw)
+    base = env.unwrapped
+    nvec = [int(n) for n in base.action_space.nvec]
+    ref = LinearScheduler(base.k, nvec)
+    mean = ref.initial()
+    meta: dict[str, Any] = {"command": command, "status": "running", "env_id": env_id, "algo": "es",
+                            "env_kwargs": {k: v for k, v in kw.items() if k != "split"}, "seed": seed,
+                            "hyperparameters": asdict(config), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s,
+                            "pid": os.getpid(), "parameters": ref.size(), "eval_split": "train"}
+    atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
+    rng = np.random.default_rng(seed)
+    m_adam, v_adam = np.zeros_like(mean), np.zeros_like(mean)
+    history: list[dict[str, Any]] = []
+    best = (-math.inf, mean.copy(), 0)
+    c0, w0 = time.process_time(), time.perf_counter()
+    stopped = None
+    for gen in range(1, config.generations + 1):
+        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
+        eps = rng.standard_normal((config.pairs, len(mean)))
+        ref_scores = paired_fitness(env, ref, seeds)
+        keep = [s is not None for s in ref_scores]
+        mean_scores = paired_fitness(env, LinearScheduler(base.k, nvec, mean), seeds)
+        fit = []
+        for e in eps:
+            for sign in (1.0, -1.0):
+                fit.append(_mean(paired_fitness(env, LinearScheduler(base.k, nvec, mean + sign * config.sigma * e),
+                                                 seeds), keep))
+        ranks = centred_ranks(np.asarray(fit))
+        weights = ranks[0::2] - ranks[1::2]  # antithetic: (F+ - F-) eps
+        grad = weights @ eps / (2 * config.pairs * config.sigma)
+        gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
+        if gain > best[0]:
+            best = (gain, mean.copy(), gen - 1)
+        # Adam ascent (Kingma & Ba 2015; beta 0.9 / 0.999, eps 1e-8)
+        m_adam = 0.9 * m_adam + 0.1 * grad
+        v_adam = 0.999 * v_adam + 0.001 * grad * grad
+        mean = mean + config.learning_rate * (m_adam / (1 - 0.9 ** gen)) / (np.sqrt(v_adam / (1 - 0.999 ** gen)) + 1e-8)
+        LinearScheduler(base.k, nvec, mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
+        row = {"generation": gen, "windows": seeds, "reference": _mean(ref_scores, keep),
+               "mean_before_update": _mean(mean_scores, keep), "paired_gain": gain,
+               "population_best": max(fit), "population_mean": float(np.mean(fit)),
+               "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
+        history.append(row)
+        atomic_files.write_text(out / "progress.json", json.dumps(history, indent=2))
+        if progress:
+            progress(f"generation {gen}/{config.generations}: reference {row['reference']:.3f}, mean "
+                     f"{row['mean_before_update']:.3f} (paired gain {gain:+.3f}), population best {max(fit):.3f}")
+        if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
+            stopped = "cpu budget"
+            break
+        if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
+            stopped = "wall-clock budget"
+            break
+    final, chosen = mean, "last"
+    validation = None
+    if config.validation_windows:
+        vseeds = [10_000 + i for i in range(config.validation_windows)]
+        vr = paired_fitness(env, ref, vseeds)
+        vkeep = [s is not None for s in vr]
+        v_last = _mean(paired_fitness(env, LinearScheduler(base.k, nvec, mean), vseeds), vkeep)
+        v_best = _mean(paired_fitness(env, LinearScheduler(base.k, nvec, best[1]), vseeds), vkeep)
+        validation = {"windows": vseeds, "reference": _mean(vr, vkeep), "last": v_last,
+                      f"best_generation_{best[2]}": v_best}
+        if v_best > v_last:
+            final, chosen = best[1], f"generation {best[2]} (best paired gain during training)"
+    LinearScheduler(base.k, nvec, final).save(out / "final.zip")
+    env.close()
+    meta.update({"status": "finished" if stopped is None else f"stopped: {stopped}", "generations": len(history),
+                 "final": chosen, "validation": validation, "cpu_s": time.process_time() - c0,
+                 "wall_s": time.perf_counter() - w0,
+                 "episodes": len(history) * config.windows * (2 * config.pairs + 2)})
+    atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
+    return meta
+
+
