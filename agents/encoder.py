@@ -41,18 +41,19 @@ ROW = len(CANDIDATE_FEATURES)
 INSTANCE = len(INSTANCE_FEATURES)
 
 
-def rows_of(observation_space: spaces.Space) -> int:
-    """``K``, the candidate rows of a Scheduling-v0 observation space.
+def rows_of(observation_space: spaces.Space, row: int = ROW, instance: int = INSTANCE) -> int:
+    """``K``, the candidate rows of a Scheduling observation space of ``row`` features per row and
+    ``instance`` instance features (version 0: 9 and 10; version 1: 11 and 18).
 
     Raises:
-        ConfigError: a space that is not a flat Box of ``K * 9 + 10`` values.
+        ConfigError: a space that is not a flat Box of ``K * row + instance`` values.
     """
     shape = getattr(observation_space, "shape", None)
     if not isinstance(observation_space, spaces.Box) or shape is None or len(shape) != 1 \
-            or shape[0] < INSTANCE + ROW or (shape[0] - INSTANCE) % ROW:
-        raise ConfigError(f"the candidate-set encoder needs kvsched/Scheduling-v0's observation (a flat Box of "
-                          f"K x {ROW} + {INSTANCE} values); got {observation_space}")
-    return (shape[0] - INSTANCE) // ROW
+            or shape[0] < instance + row or (shape[0] - instance) % row:
+        raise ConfigError(f"the candidate-set encoder needs a kvsched/Scheduling observation (a flat Box of "
+                          f"K x {row} + {instance} values); got {observation_space}")
+    return (shape[0] - instance) // row
 
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
@@ -66,23 +67,24 @@ class CandidateSetExtractor(BaseFeaturesExtractor):
     """Features ``[context (ctx_dim), phi(row_1), ..., phi(row_K)]`` of shape
     ``(batch, ctx_dim + K * row_dim)`` from observations ``(batch, K * 9 + 10)``."""
 
-    def __init__(self, observation_space: spaces.Box, row_dim: int = 64, ctx_dim: int = 64) -> None:
-        k = rows_of(observation_space)
+    def __init__(self, observation_space: spaces.Box, row_dim: int = 64, ctx_dim: int = 64, row_features: int = ROW,
+                 instance_features: int = INSTANCE) -> None:
+        k = rows_of(observation_space, row_features, instance_features)
         super().__init__(observation_space, ctx_dim + k * row_dim)
-        self.k, self.row_dim, self.ctx_dim = k, row_dim, ctx_dim
-        self.phi = _mlp([ROW, row_dim, row_dim])
-        self.rho = _mlp([2 * row_dim + INSTANCE, ctx_dim, ctx_dim])
+        self.k, self.row_dim, self.ctx_dim, self.row_features = k, row_dim, ctx_dim, row_features
+        self.phi = _mlp([row_features, row_dim, row_dim])
+        self.rho = _mlp([2 * row_dim + instance_features, ctx_dim, ctx_dim])
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         b = obs.shape[0]
-        rows = obs[:, :self.k * ROW].reshape(b, self.k, ROW)
+        rows = obs[:, :self.k * self.row_features].reshape(b, self.k, self.row_features)
         valid = rows[:, :, :1]  # (b, K, 1): 1 for a candidate, 0 for padding
         h = self.phi(rows) * valid
         count = valid.sum(dim=1)
         mean = h.sum(dim=1) / count.clamp(min=1.0)
         biggest = (h - (1.0 - valid) * 1e6).max(dim=1).values
         biggest = th.where(count > 0, biggest, th.zeros_like(biggest))
-        ctx = self.rho(th.cat([mean, biggest, obs[:, self.k * ROW:]], dim=1))
+        ctx = self.rho(th.cat([mean, biggest, obs[:, self.k * self.row_features:]], dim=1))
         return th.cat([ctx, h.reshape(b, self.k * self.row_dim)], dim=1)
 
 
@@ -135,9 +137,11 @@ class _CandidateSetMixin:
     of SB3's linear action and value nets (the MLP extractor is the identity: ``net_arch`` empty)."""
 
     def __init__(self, observation_space, action_space, lr_schedule, row_dim: int = 64, ctx_dim: int = 64,
-                 **kwargs: Any) -> None:
+                 row_features: int = ROW, instance_features: int = INSTANCE, **kwargs: Any) -> None:
         kwargs.setdefault("features_extractor_class", CandidateSetExtractor)
-        kwargs.setdefault("features_extractor_kwargs", {"row_dim": row_dim, "ctx_dim": ctx_dim})
+        kwargs.setdefault("features_extractor_kwargs", {"row_dim": row_dim, "ctx_dim": ctx_dim,
+                                                        "row_features": row_features,
+                                                        "instance_features": instance_features})
         kwargs["net_arch"] = {"pi": [], "vf": []}
         kwargs["share_features_extractor"] = True
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)  # type: ignore[call-arg]

@@ -31,6 +31,8 @@ with the parameters and the observation / action sizes; ``train.json`` beside it
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import io
 import json
 import math
@@ -44,11 +46,10 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsched import atomic_files
-from kvsched.envs.observation import CANDIDATE_FEATURES, INSTANCE_FEATURES
+from kvsched.envs.observation_layout import layout
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
-N_ROW = len(CANDIDATE_FEATURES)
-N_INST = len(INSTANCE_FEATURES)
+N_ROW, N_INST = layout(0)  # observation version 0's widths (the default)
 
 
 class LinearScheduler:
@@ -58,6 +59,7 @@ class LinearScheduler:
         k: candidate rows of the observation (the action's first part).
         nvec: the action's parts (``[k, 7, 5, 4]`` on Scheduling-v0).
         theta: flat parameters (:meth:`size`), default the reference-reproducing start.
+        observation_version: the environment's (0 or 1: :mod:`kvsched.envs.observation_layout`).
 
     Attributes:
         observation_space, action_space: Gymnasium spaces (what checkpoint checks compare).
@@ -66,46 +68,49 @@ class LinearScheduler:
         ConfigError: ``nvec[0] != k``, or ``theta`` of another length.
     """
 
-    def __init__(self, k: int, nvec: list[int], theta: np.ndarray | None = None) -> None:
+    def __init__(self, k: int, nvec: list[int], theta: np.ndarray | None = None, observation_version: int = 0) -> None:
         from gymnasium import spaces
 
         require(len(nvec) >= 1 and int(nvec[0]) == k, "nvec", nvec, f"a list whose first entry is k={k}")
         self.k = k
         self.nvec = [int(n) for n in nvec]
-        self.observation_space = spaces.Box(-1.0, 1.0, (k * N_ROW + N_INST,), np.float32)
+        self.observation_version = observation_version
+        self.n_row, self.n_inst = layout(observation_version)
+        self.observation_space = spaces.Box(-1.0, 1.0, (k * self.n_row + self.n_inst,), np.float32)
         self.action_space = spaces.MultiDiscrete(self.nvec)
         theta = self.initial() if theta is None else np.asarray(theta, dtype=np.float64)
         require(theta.shape == (self.size(),), "theta", f"shape {theta.shape}", f"shape ({self.size()},)")
         self.theta = theta
 
     def size(self) -> int:
-        """Number of parameters: ``9 + 1`` (slot) ``+ (sum(nvec[1:])) x (10 + 1)``."""
-        return N_ROW + 1 + sum(self.nvec[1:]) * (N_INST + 1)
+        """Number of parameters: ``row features + 1`` (slot) ``+ sum(nvec[1:]) x (instance features + 1)``
+        (186 on Scheduling-v0 with K = 16, 246 on Scheduling-v1)."""
+        return self.n_row + 1 + sum(self.nvec[1:]) * (self.n_inst + 1)
 
     def initial(self) -> np.ndarray:
         """The parameters whose policy is action 0 everywhere (the reference)."""
         t = np.zeros(self.size())
-        t[N_ROW] = 1.0  # u: slot 0's bonus
-        off = N_ROW + 1 + sum(self.nvec[1:]) * N_INST  # the biases b, part after part
+        t[self.n_row] = 1.0  # u: slot 0's bonus
+        off = self.n_row + 1 + sum(self.nvec[1:]) * self.n_inst  # the biases b, part after part
         for n in self.nvec[1:]:
             t[off] = 1.0
             off += n
         return t
 
     def _split(self):
-        t = self.theta
-        v, u = t[:N_ROW], t[N_ROW]
+        t, nr, ni = self.theta, self.n_row, self.n_inst
+        v, u = t[:nr], t[nr]
         m = sum(self.nvec[1:])
-        w = t[N_ROW + 1:N_ROW + 1 + m * N_INST].reshape(m, N_INST)
-        b = t[N_ROW + 1 + m * N_INST:]
+        w = t[nr + 1:nr + 1 + m * ni].reshape(m, ni)
+        b = t[nr + 1 + m * ni:]
         return v, u, w, b
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The action for one observation ``(K*9 + 10,)`` and its mask ``(sum(nvec),)`` (True =
         allowed; sb3-contrib's concatenated layout)."""
         v, u, w, b = self._split()
-        rows = obs[:self.k * N_ROW].reshape(self.k, N_ROW)
-        inst = obs[self.k * N_ROW:]
+        rows = obs[:self.k * self.n_row].reshape(self.k, self.n_row)
+        inst = obs[self.k * self.n_row:]
         out = np.zeros(len(self.nvec), dtype=np.int64)
         slot = rows @ v
         slot[0] += u
@@ -131,7 +136,8 @@ class LinearScheduler:
     def save(self, path: str | Path) -> None:
         """Write the checkpoint (whole or not at all)."""
         buf = io.BytesIO()
-        np.savez(buf, theta=self.theta, k=np.int64(self.k), nvec=np.asarray(self.nvec, dtype=np.int64))
+        np.savez(buf, theta=self.theta, k=np.int64(self.k), nvec=np.asarray(self.nvec, dtype=np.int64),
+                 observation_version=np.int64(self.observation_version))
         atomic_files.write_bytes(Path(path), buf.getvalue())
 
     @classmethod
@@ -143,7 +149,9 @@ class LinearScheduler:
         """
         try:
             with np.load(str(path), allow_pickle=False) as z:
-                return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64))
+                version = int(z["observation_version"]) if "observation_version" in z.files else 0
+                return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64),
+                           version)
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"{bounded_repr(str(path))} is not an es checkpoint ({bounded_repr(str(e))})") from None
 
@@ -209,21 +217,46 @@ def centred_ranks(x: np.ndarray) -> np.ndarray:
     return r / max(len(x) - 1, 1) - 0.5
 
 
-def play(env, policy: LinearScheduler, seed: int) -> float | None:
-    """SLO attainment of the episode ``env.reset(seed=seed)`` draws, played by ``policy``
-    (None for an empty window)."""
+def es_gradient(eps: np.ndarray, fitness: np.ndarray, sigma: float) -> np.ndarray:
+    """The search gradient of antithetic pairs with centred-rank shaping (Salimans et al. 2017).
+
+    Args:
+        eps: ``(pairs, parameters)`` standard-normal directions.
+        fitness: ``(2 * pairs,)`` scores of ``mean + sigma * eps[i]`` and ``mean - sigma * eps[i]``,
+            interleaved (``+`` first).
+        sigma: the perturbation scale.
+
+    Returns:
+        ``(parameters,)``: ``sum_i (R(F+_i) - R(F-_i)) eps_i / (2 * pairs * sigma)``.
+    """
+    ranks = centred_ranks(np.asarray(fitness, dtype=np.float64))
+    return (ranks[0::2] - ranks[1::2]) @ eps / (2 * len(eps) * sigma)
+
+
+def play(env, policy: LinearScheduler, seed: int) -> tuple[float | None, int]:
+    """``(SLO attainment, environment steps)`` of the episode ``env.reset(seed=seed)`` draws,
+    played by ``policy`` (attainment None for an empty window)."""
     obs, info = env.reset(seed=seed)
+    steps = 0
     while True:
         obs, _, terminated, truncated, info = env.step(policy.act(obs, info["action_mask"]))
+        steps += 1
         if terminated or truncated:
             break
     summary = info["summary"] if "summary" in info else env.unwrapped.cluster.result().summary
-    return summary["classes"]["all"]["slo"]["attainment"]
+    return summary["classes"]["all"]["slo"]["attainment"], steps
 
 
-def paired_fitness(env, policy: LinearScheduler, seeds: list[int]) -> list[float | None]:
-    """:func:`play` on each of ``seeds`` (the same windows for every candidate)."""
-    return [play(env, policy, s) for s in seeds]
+def paired_fitness(env, policy: LinearScheduler, seeds: list[int], steps: list[int] | None = None) -> list[float | None]:
+    """:func:`play` on each of ``seeds`` (the same windows for every candidate); the environment
+    steps are added to ``steps[0]`` when given."""
+    out = []
+    for s in seeds:
+        score, n = play(env, policy, s)
+        out.append(score)
+        if steps is not None:
+            steps[0] += n
+    return out
 
 
 def _mean(scores: list[float | None], keep: list[bool]) -> float:
@@ -232,7 +265,7 @@ def _mean(scores: list[float | None], keep: list[bool]) -> float:
 
 
 def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: ESConfig = ESConfig(), seed: int = 0,
-             max_cpu_s: float | None = None, max_wall_s: float | None = None,
+             max_cpu_s: float | None = None, max_wall_s: float | None = None, max_steps: int | None = None,
              progress: Callable[[str], None] | None = None, command: str | None = None) -> dict[str, Any]:
     """Train a :class:`LinearScheduler` by evolution strategies on ``env_id``'s train windows.
 
@@ -243,7 +276,9 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     ``out/checkpoints/es_gen<G>.zip`` each generation, ``out/progress.json`` (per generation: the
     mean's and the reference's scores on the generation's windows, the paired gain) and
     ``out/final.zip``: the last mean or the best generation's, whichever scores higher on
-    ``config.validation_windows`` other train windows (never held-out ones).
+    ``config.validation_windows`` other train windows (never held-out ones). ``max_cpu_s``,
+    ``max_wall_s`` and ``max_steps`` (environment steps) stop training after the generation that
+    reaches them.
 
     Returns:
         the ``train.json`` content.
@@ -255,14 +290,19 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
 
     import kvsched.envs  # noqa: F401  (registers the ids)
 
-    require(env_id == "kvsched/Scheduling-v0", "--env", env_id, "kvsched/Scheduling-v0 for --algo es")
+    require(env_id in SCHEDULING_IDS, "--env", env_id, f"one of {SCHEDULING_IDS} for --algo es")
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     kw = {**env_kwargs, "split": "train"}
     env = gym.make(env_id, **kw)
     base = env.unwrapped
     nvec = [int(n) for n in base.action_space.nvec]
-    ref = LinearScheduler(base.k, nvec)
+    version = int(base.observation_version)
+
+    def policy_of(theta: np.ndarray) -> LinearScheduler:
+        return LinearScheduler(base.k, nvec, theta, version)
+
+    ref = LinearScheduler(base.k, nvec, None, version)
     mean = ref.initial()
     meta: dict[str, Any] = {"command": command, "status": "running", "env_id": env_id, "algo": "es",
                             "env_kwargs": {k: v for k, v in kw.items() if k != "split"}, "seed": seed,
@@ -275,20 +315,19 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     best = (-math.inf, mean.copy(), 0)
     c0, w0 = time.process_time(), time.perf_counter()
     stopped = None
+    n_steps = [0]
     for gen in range(1, config.generations + 1):
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
         eps = rng.standard_normal((config.pairs, len(mean)))
-        ref_scores = paired_fitness(env, ref, seeds)
+        ref_scores = paired_fitness(env, ref, seeds, n_steps)
         keep = [s is not None for s in ref_scores]
-        mean_scores = paired_fitness(env, LinearScheduler(base.k, nvec, mean), seeds)
+        mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps)
         fit = []
         for e in eps:
             for sign in (1.0, -1.0):
-                fit.append(_mean(paired_fitness(env, LinearScheduler(base.k, nvec, mean + sign * config.sigma * e),
-                                                 seeds), keep))
-        ranks = centred_ranks(np.asarray(fit))
-        weights = ranks[0::2] - ranks[1::2]  # antithetic: (F+ - F-) eps
-        grad = weights @ eps / (2 * config.pairs * config.sigma)
+                cand = policy_of(mean + sign * config.sigma * e)
+                fit.append(_mean(paired_fitness(env, cand, seeds, n_steps), keep))
+        grad = es_gradient(eps, np.asarray(fit), config.sigma)
         gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
         if gain > best[0]:
             best = (gain, mean.copy(), gen - 1)
@@ -296,11 +335,11 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
         m_adam = 0.9 * m_adam + 0.1 * grad
         v_adam = 0.999 * v_adam + 0.001 * grad * grad
         mean = mean + config.learning_rate * (m_adam / (1 - 0.9 ** gen)) / (np.sqrt(v_adam / (1 - 0.999 ** gen)) + 1e-8)
-        LinearScheduler(base.k, nvec, mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
+        policy_of(mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
         row = {"generation": gen, "windows": seeds, "reference": _mean(ref_scores, keep),
                "mean_before_update": _mean(mean_scores, keep), "paired_gain": gain,
                "population_best": max(fit), "population_mean": float(np.mean(fit)),
-               "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
+               "env_steps": n_steps[0], "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
         history.append(row)
         atomic_files.write_text(out / "progress.json", json.dumps(history, indent=2))
         if progress:
@@ -312,24 +351,27 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
         if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
             stopped = "wall-clock budget"
             break
+        if max_steps is not None and n_steps[0] >= max_steps:
+            stopped = "timesteps reached"
+            break
     final, chosen = mean, "last"
     validation = None
     if config.validation_windows:
         vseeds = [10_000 + i for i in range(config.validation_windows)]
         vr = paired_fitness(env, ref, vseeds)
         vkeep = [s is not None for s in vr]
-        v_last = _mean(paired_fitness(env, LinearScheduler(base.k, nvec, mean), vseeds), vkeep)
-        v_best = _mean(paired_fitness(env, LinearScheduler(base.k, nvec, best[1]), vseeds), vkeep)
+        v_last = _mean(paired_fitness(env, policy_of(mean), vseeds), vkeep)
+        v_best = _mean(paired_fitness(env, policy_of(best[1]), vseeds), vkeep)
         validation = {"windows": vseeds, "reference": _mean(vr, vkeep), "last": v_last,
                       f"best_generation_{best[2]}": v_best}
         if v_best > v_last:
             final, chosen = best[1], f"generation {best[2]} (best paired gain during training)"
-    LinearScheduler(base.k, nvec, final).save(out / "final.zip")
+    policy_of(final).save(out / "final.zip")
     env.close()
     meta.update({"status": "finished" if stopped is None else f"stopped: {stopped}", "generations": len(history),
                  "final": chosen, "validation": validation, "cpu_s": time.process_time() - c0,
                  "wall_s": time.perf_counter() - w0,
-                 "episodes": len(history) * config.windows * (2 * config.pairs + 2)})
+                 "episodes": len(history) * config.windows * (2 * config.pairs + 2), "timesteps": n_steps[0]})
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     return meta
 

@@ -24,6 +24,8 @@ when found).
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import json
 import math
 from pathlib import Path
@@ -57,7 +59,11 @@ def _load_model(ckpt: Path, meta: dict):
     if meta.get("backend") == "rllib":
         from kvsched.agents.rllib import RLlibAgent
 
-        return RLlibAgent(ckpt, masked=meta["env_id"] == "kvsched/Scheduling-v0")
+        return RLlibAgent(ckpt, masked=meta["env_id"] in SCHEDULING_IDS)
+    if meta.get("algo") == "es":
+        from kvsched.agents.es import LinearScheduler
+
+        return LinearScheduler.load(ckpt)
     from kvsched.agents.train import _algo_class
 
     return _algo_class(meta["algo"]).load(str(ckpt), device="cpu")
@@ -91,8 +97,8 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
     env = gym.make(meta["env_id"], **kw).unwrapped
     model = _load_model(ckpt, meta)
     # MaskablePPO and RLlib's masking module take the mask (Scheduling-v0; all-True elsewhere)
-    masked = meta["algo"] == "maskable_ppo" or (meta.get("backend") == "rllib"
-                                                 and meta["env_id"] == "kvsched/Scheduling-v0")
+    masked = meta["algo"] in ("maskable_ppo", "es") or (meta.get("backend") == "rllib"
+                                                 and meta["env_id"] in SCHEDULING_IDS)
     rows, ttfts = [], []
     name = ckpt.name + (" (stochastic)" if stochastic else "")
     for wseed, widx, seed in episodes:

@@ -19,6 +19,8 @@ and ``SubprocVecEnv`` alike).
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import numpy as np
 
 from kvsched.envs.sim.errors import require
@@ -65,7 +67,7 @@ class HeuristicAgent:
             policy = POLICIES.canonical(policy)
             self.policy = policy
         self._args = (policy,)
-        if env_id.endswith("Scheduling-v0"):
+        if env_id in SCHEDULING_IDS:
             ref = attr("reference_policy")
             require(policy is None or policy == ref, "policy", policy,
                     f"the environment's reference policy {ref!r}: a heuristic acts exactly only as the reference; "

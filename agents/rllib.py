@@ -26,6 +26,8 @@ default install never imports Ray.
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import json
 import math
 import sys
@@ -95,7 +97,7 @@ def rllib_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if env_id not in RLLIB_ENVS:
         raise ConfigError(f"--env {env_id!r}: RLlib trains on {list(RLLIB_ENVS)}")
     kw = dict(kwargs)
-    if env_id == "kvsched/Scheduling-v0":
+    if env_id in SCHEDULING_IDS:
         if kw.get("action_mode", "slot") != "slot":
             raise ConfigError("RLlib's action-masking module needs Discrete actions: Scheduling-v0 runs with "
                               f"action_mode='slot' on the RLlib path, not {kw['action_mode']!r}")
@@ -121,7 +123,7 @@ def env_creator(env_config: dict[str, Any]):
         raise ConfigError(f"env_config needs 'env_id' (one of {list(RLLIB_ENVS)}); got keys {sorted(cfg)}")
     kw = rllib_env_kwargs(env_id, cfg)
     env = gym.make(env_id, **kw)
-    if env_id == "kvsched/Scheduling-v0":
+    if env_id in SCHEDULING_IDS:
         env = MaskedObservation(env)
     return env
 
@@ -159,7 +161,7 @@ def ppo_config(env_id: str, env_kwargs: dict[str, Any], seed: int = 0, num_env_r
            .debugging(seed=seed)
            .reporting(metrics_num_episodes_for_smoothing=20))
     model_config = {"fcnet_hiddens": [64, 64], "head_fcnet_hiddens": [64, 64]}
-    if env_id == "kvsched/Scheduling-v0":
+    if env_id in SCHEDULING_IDS:
         from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 
         cfg = cfg.rl_module(rl_module_spec=RLModuleSpec(module_class=ActionMaskingTorchRLModule,

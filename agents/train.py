@@ -24,6 +24,8 @@ MultiDiscrete; MaskablePPO uses ``action_masks()``), ``dqn`` (Discrete: on Sched
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import json
 import os
 import sys
@@ -79,7 +81,7 @@ def env_kwargs_for(env_id: str, algo: str, scenario: str | None, window_s: float
         kw["scenario"] = str(scenario)
     if window_s is not None:
         kw["window_s"] = float(window_s)
-    if algo == "dqn" and env_id == "kvsched/Scheduling-v0":
+    if algo == "dqn" and env_id in SCHEDULING_IDS:
         if kw.get("action_mode", "slot") != "slot":
             raise ConfigError("--algo dqn needs a Discrete action space: use action_mode='slot' on Scheduling-v0")
         kw["action_mode"] = "slot"
@@ -234,10 +236,10 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
     if policy_net not in POLICY_NETS:
         raise ConfigError(f"--policy-net {policy_net!r} is not allowed: expected one of {POLICY_NETS}")
-    if policy_net == "candidate-set" and (algo not in ("ppo", "maskable_ppo") or env_id != "kvsched/Scheduling-v0"):
+    if policy_net == "candidate-set" and (algo not in ("ppo", "maskable_ppo") or env_id not in SCHEDULING_IDS):
         raise ConfigError(f"--policy-net candidate-set is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0; "
                           f"got --algo {algo} on {env_id}")
-    if reference_bias and (env_id != "kvsched/Scheduling-v0" or algo not in ("ppo", "maskable_ppo")):
+    if reference_bias and (env_id not in SCHEDULING_IDS or algo not in ("ppo", "maskable_ppo")):
         raise ConfigError(f"--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0, whose action 0 "
                           f"is the reference policy; got --algo {algo} on {env_id}")
     if eval_split not in ("train", "heldout"):
@@ -282,6 +284,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                               f"these --env-kwargs ({type(e).__name__}: {why})") from None
         reset = False
     else:
+        if policy_net == "candidate-set":  # the row and instance widths of the environment's observation version
+            from kvsched.envs.observation_layout import layout
+
+            row, inst = layout(venv.get_attr("observation_version")[0])
+            hp["policy_kwargs"] = {"row_features": row, "instance_features": inst, **hp.get("policy_kwargs", {})}
         try:
             model = cls(_policy(algo, policy_net), venv, seed=seed, tensorboard_log=str(out / "tb"),
                         verbose=verbose,
@@ -312,7 +319,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     # written now: a checkpoint of a run that is killed can still be evaluated
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     reference_env = None
-    if env_id == "kvsched/Scheduling-v0":  # action 0 is the reference: its score on the same windows
+    if env_id in SCHEDULING_IDS:  # action 0 is the reference: its score on the same windows
         import gymnasium as gym
 
         reference_env = gym.make(env_id, **{**kw, "split": eval_split})

@@ -5,6 +5,8 @@ Gymnasium nor any policy. The environments are registered with Gymnasium as entr
 (their modules load only on ``gymnasium.make``) by :mod:`kvsched.envs.registration`:
 
 - ``kvsched/Scheduling-v0`` (:class:`kvsched.envs.scheduling_env.SchedulingEnv`)
+- ``kvsched/Scheduling-v1`` (the same class, observation version 1:
+  :mod:`kvsched.envs.observation_v1`)
 - ``kvsched/Routing-v0`` (:class:`kvsched.envs.routing_env.RoutingEnv`)
 - ``kvsched/Knobs-v0`` (:class:`kvsched.envs.knob_env.KnobEnv`)
 
@@ -26,11 +28,18 @@ from __future__ import annotations
 
 import sys
 
-ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0")
+ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1", "kvsched/Routing-v0", "kvsched/Knobs-v0")
+
+#: the ids of the scheduling environment (one class; the observation version differs)
+SCHEDULING_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1")
+
+#: keyword arguments an id fixes (Scheduling-v1 is Scheduling-v0 with observation version 1)
+ID_KWARGS: dict[str, dict] = {"kvsched/Scheduling-v1": {"observation_version": 1}}
 
 #: environment id -> Gymnasium entry point (module:class; the module loads on ``gymnasium.make``)
 ENTRY_POINTS: dict[str, str] = {
     "kvsched/Scheduling-v0": "kvsched.envs.scheduling_env:SchedulingEnv",
+    "kvsched/Scheduling-v1": "kvsched.envs.scheduling_env:SchedulingEnv",
     "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
     "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
 }
@@ -39,11 +48,17 @@ ENTRY_POINTS: dict[str, str] = {
 def register_environments() -> None:
     """Register every id of :data:`ENTRY_POINTS` not yet in Gymnasium's registry (idempotent;
     imports Gymnasium)."""
+    import warnings
+
     import gymnasium
 
+    # Gymnasium calls an id "out of date" once a higher version of its name is registered;
+    # Scheduling-v0 is not: it is a supported observation version (kvsched bench v1's tasks use it)
+    warnings.filterwarnings("ignore", message=r".*The environment kvsched/Scheduling-v0 is out of date",
+                            category=DeprecationWarning)
     for env_id, entry_point in ENTRY_POINTS.items():
         if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=entry_point)
+            gymnasium.register(id=env_id, entry_point=entry_point, kwargs=dict(ID_KWARGS.get(env_id, {})))
 
 
 class _RegisterAfterGymnasium:

@@ -21,6 +21,8 @@ from kvsched.envs.common import (build_cluster, check_steppable, episode_config,
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
+from kvsched.envs.observation_v1 import (ARRIVAL_TAU_S, BURST_TAU_S, ArrivalRates, check_output_signal,
+                                         extend_observation, observation_size_v1)
 from kvsched.envs.reward import RewardConfig, SLOReward, ttft_slo_by_length_class
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
@@ -28,6 +30,7 @@ from kvsched.envs.sim.features import FeatureTable
 from kvsched.policies.base import make_policy
 
 ACTION_MODES = ("multi", "slot")
+OBSERVATION_VERSIONS = (0, 1)
 #: ``_pending_end`` while a decision is pending (the episode's end is not known yet); a string, so
 #: that it survives pickling (compared with ==)
 _DECIDING = "deciding"
@@ -81,6 +84,10 @@ class SchedulingEnv(gym.Env):
         action_mode: ``"multi"`` or ``"slot"``.
         horizon_s: truncation time (s), default ``3 * window_s``.
         reward: :class:`RewardConfig`.
+        observation_version: 0 (``Scheduling-v0``'s observation) or 1 (``Scheduling-v1``: K x 11
+            + 18 values, :mod:`kvsched.envs.observation_v1`).
+        output_signal: version 1's output-length signal: None, ``"oracle"`` (exact lengths) or
+            ``{"log_sd": s}`` (a predictor with log-normal error); None with version 0.
     """
 
     metadata = {"render_modes": []}
@@ -88,7 +95,8 @@ class SchedulingEnv(gym.Env):
     def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, reference_policy: str = "fcfs",
                  reference_params: dict | None = None, k: int = 16, action_mode: str = "multi",
-                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig()) -> None:
+                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig(),
+                 observation_version: int = 0, output_signal: dict | str | None = None) -> None:
         require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", k, "an integer >= 1")
         require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
         if isinstance(reward, Mapping):  # e.g. from --env-kwargs JSON
@@ -104,7 +112,14 @@ class SchedulingEnv(gym.Env):
         require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0 (math.inf: never truncate)")
         self.reward_config = reward
         self.metrics = self.source.scenario.metrics_config()
-        self.observation_space = spaces.Box(-1.0, 1.0, (observation_size(k),), np.float32)
+        require(observation_version in OBSERVATION_VERSIONS and not isinstance(observation_version, bool),
+                "observation_version", observation_version, f"one of {OBSERVATION_VERSIONS}")
+        self.output_signal = check_output_signal(output_signal)
+        require(output_signal is None or observation_version >= 1, "output_signal", output_signal,
+                "None with observation_version 0 (the signal is a version-1 feature: kvsched/Scheduling-v1)")
+        self.observation_version = observation_version
+        size = observation_size(k) if observation_version == 0 else observation_size_v1(k)
+        self.observation_space = spaces.Box(-1.0, 1.0, (size,), np.float32)
         if action_mode == "multi":
             self._nvec = (k, len(CHUNK_BINS_TOKENS), len(VICTIM_RULES), len(PREEMPTION_MODES))
             self.action_space = spaces.MultiDiscrete(list(self._nvec))
@@ -127,6 +142,12 @@ class SchedulingEnv(gym.Env):
         self.agent_policy: AgentPolicy = self.inst.policy
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self._ttft_slo_s = ttft_slo_by_length_class(self.slo_reward)
+        if self.observation_version >= 1:
+            slos = self.metrics.slos
+            self._tpot_slo_s = (float(slos["short"].tpot_s), float(slos["long"].tpot_s))
+            self._rates = ArrivalRates(self.workload.arrival_s, (ARRIVAL_TAU_S, BURST_TAU_S))
+            # the predictor's errors: one draw per request, fixed by the episode's window and seed
+            self._signal_seed = int(self.np_random.integers(2**31 - 1))
         self._mode_mask = mode_mask(self.inst.spec.num_dram_blocks, self.inst.spec.num_nvme_blocks)
         self._mode_ok = tuple(self._mode_mask.tolist())
         # the mask for each number of shown candidates (action_masks returns a copy)
@@ -181,6 +202,10 @@ class SchedulingEnv(gym.Env):
         obs = build_observation(inst, table, cands, order, self.k, self._ttft_slo_s,
                                 self.metrics.long_prompt_tokens, now_s - self._last_decision_s)
         self._last_decision_s = now_s
+        if self.observation_version >= 1:
+            obs = extend_observation(obs, self.k, inst, cands, order, running, self._tpot_slo_s,
+                                     self.metrics.long_prompt_tokens, self._rates, now_s, self.output_signal,
+                                     self._signal_seed)
         return obs
 
     # ------------------------------------------------------------------------------- masks

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from kvsched.envs import SCHEDULING_IDS
+
 import argparse
 import sys
 import json
@@ -28,8 +30,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--suite", default="v1", help="the bench suite of --task (default v1)")
     t.add_argument("--suite-results", type=Path,
                    help="with --task: read the suite's results from this folder (default: the committed ones)")
-    t.add_argument("--algo", required=True, choices=ALGOS, help="SB3 / sb3-contrib algorithm")
-    t.add_argument("--timesteps", type=count, required=True, help="environment steps to train")
+    t.add_argument("--algo", required=True, choices=(*ALGOS, "es"),
+                   help="SB3 / sb3-contrib algorithm, or es: evolution strategies on paired windows "
+                        "(kvsched.agents.es; Scheduling-v0; docs/training.md)")
+    t.add_argument("--timesteps", type=count, required=True,
+                   help="environment steps to train (es: stops after the generation that reaches it)")
     t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")
     t.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder (default runs/train)")
     t.add_argument("--window-s", type=number(0.0, strict=True), help="episode window length (s; default 60)")
@@ -132,10 +137,16 @@ def _task_args(args) -> str:
         return "heldout"
     from .suite.agents import task_training
 
-    clash = [f for f, v in (("--env", args.env), ("--scenario", args.scenario), ("--window-s", args.window_s)) if v]
-    if clash:
-        raise ConfigError(f"{', '.join(clash)}: set by --task {bounded_repr(args.task)}; leave them out")
     env_id, task_kw = task_training(args.suite, args.task, args.suite_results)
+    # another observation version of the task's scheduling environment is allowed (it observes more)
+    other_version = args.env in SCHEDULING_IDS and env_id in SCHEDULING_IDS
+    clash = [f for f, v in (("--env", args.env and not other_version), ("--scenario", args.scenario),
+                            ("--window-s", args.window_s)) if v]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)}: set by --task {bounded_repr(args.task)}; leave them out"
+                          + (" (--env may name another version of its environment: "
+                             f"{', '.join(SCHEDULING_IDS)})" if "--env" in clash and env_id in SCHEDULING_IDS else ""))
+    env_id = args.env if other_version else env_id
     mine = _json_arg(args.env_kwargs, "--env-kwargs")
     fixed = sorted(set(mine) & set(task_kw))
     if fixed:
@@ -154,6 +165,8 @@ def cmd_train(args, console) -> int:
         return _train_rllib(args, console)
     if args.num_env_runners or args.address:
         raise ConfigError("--num-env-runners and --address are for --backend rllib")
+    if args.algo == "es":
+        return _train_es(args, console)
     from kvsched.agents.train import default_n_envs, train
 
     meta = train(args.env, args.algo, args.timesteps, args.out, scenario=args.scenario, window_s=args.window_s,
@@ -169,6 +182,34 @@ def cmd_train(args, console) -> int:
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
+                  highlight=False, markup=False)
+    return 0
+
+
+def _train_es(args, console) -> int:
+    """``kvsched train --algo es`` (:func:`kvsched.agents.es.train_es`)."""
+    from kvsched.agents.es import ESConfig, train_es
+    from kvsched.agents.train import env_kwargs_for
+
+    unused = [f for f, v in (("--n-envs", args.n_envs is not None), ("--subprocess", args.subprocess),
+                             ("--policy-net", args.policy_net != "mlp"),
+                             ("--reference-bias", args.reference_bias != 0.0),
+                             ("--bc-dataset", args.bc_dataset is not None), ("--resume", args.resume is not None),
+                             ("--checkpoint-every", args.checkpoint_every is not None),
+                             ("--eval-every", args.eval_every is not None)) if v]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: not options of --algo es (it starts at the reference, checkpoints "
+                          "every generation and validates on train windows; set it with --hyperparameters)")
+    if args.env not in SCHEDULING_IDS:
+        raise ConfigError(f"--algo es acts in {' or '.join(SCHEDULING_IDS)}; got {args.env}")
+    config = ESConfig.from_mapping(_json_arg(args.hyperparameters, "--hyperparameters"))
+    kw = env_kwargs_for(args.env, "es", args.scenario, args.window_s, _json_arg(args.env_kwargs, "--env-kwargs"))
+    say = (lambda m: None) if args.no_progress else (lambda m: console.print(m, highlight=False, markup=False))
+    meta = train_es(args.env, kw, args.out, config, seed=args.seed, max_cpu_s=args.max_cpu_s,
+                    max_wall_s=args.max_wall_s, max_steps=args.timesteps, progress=say,
+                    command=" ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None)
+    console.print(f"trained {meta['generations']} generations ({meta['timesteps']} env steps) in {meta['cpu_s']:.1f} "
+                  f"CPU s ({meta['status']}); final: {meta['final']}; model: {args.out / 'final.zip'}",
                   highlight=False, markup=False)
     return 0
 

@@ -20,6 +20,10 @@ from .episodes import Episode, episode_indices
 from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
 from .tasks import BenchTask
 
+#: learners whose checkpoints take the action mask (Scheduling-v0's): sb3-contrib's MaskablePPO
+#: and the evolution-strategy scheduler (kvsched.agents.es)
+MASKED_ALGOS = ("maskable_ppo", "es")
+
 
 def stratum_episodes(task_result: Mapping[str, Any], stratum: str, limit: int | None = None) -> list[Episode]:
     """The episodes of ``stratum`` of a task's results (the first ``limit`` when given)."""
@@ -157,7 +161,7 @@ def check_agent(task: BenchTask, agent: str) -> dict | None:
         return None
     if agent.endswith(".zip"):
         meta = checkpoint_meta(Path(agent))
-        if meta["env_id"] != task.env_id:  # before loading the model: a wrong checkpoint fails fast
+        if meta["env_id"] != task.env_id and not _same_task_other_observation(task, meta):  # before loading
             raise ConfigError(f"checkpoint {bounded_repr(agent)} was trained on {bounded_repr(meta['env_id'])}; task "
                               f"{task.name} is {task.env_id}")
         return meta
@@ -166,6 +170,28 @@ def check_agent(task: BenchTask, agent: str) -> dict | None:
         return None
     raise ConfigError(f"agent {bounded_repr(agent)} is not a checkpoint (.zip), 'random' or a "
                       f"{'router' if task.env_id == 'kvsched/Routing-v0' else 'policy'} ({', '.join(known)})")
+
+
+def _same_task_other_observation(task: BenchTask, meta: Mapping[str, Any]) -> bool:
+    """A checkpoint of another observation version of the task's scheduling environment (the
+    same decisions, actions and reward; it observes more): evaluated in the task's environment
+    with its own observation version."""
+    from kvsched.envs import SCHEDULING_IDS
+
+    return task.env_id in SCHEDULING_IDS and meta["env_id"] in SCHEDULING_IDS
+
+
+def observation_overrides(task: BenchTask, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The environment arguments a checkpoint's observation needs in the task's environment:
+    its ``observation_version`` (Scheduling-v1 or ``--env-kwargs``). An output-length signal is
+    not carried over: an agent that saw oracle or predicted lengths is another track, and the
+    task's environment gives none (the observation then holds 0 there; noted by
+    :func:`checkpoint_mismatches`)."""
+    if task.env_id != "kvsched/Scheduling-v0":
+        return {}
+    kw = dict(meta.get("env_kwargs") or {})
+    version = kw.get("observation_version", 1 if meta["env_id"] == "kvsched/Scheduling-v1" else 0)
+    return {"observation_version": version} if version else {}
 
 
 def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
@@ -193,6 +219,9 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
     for name, default in (("window_s", 60.0), ("heldout_fraction", 0.25)):
         if trained.get(name, default) != want[name]:
             out.append(f"trained with {name}={bounded_repr(trained.get(name, default))}, the task's is {want[name]}")
+    if trained.get("output_signal") is not None:
+        out.append(f"trained with output_signal={bounded_repr(trained['output_signal'])} (an oracle or predictor "
+                   "track); the task's environment gives no output-length signal")
     if task.env_id == "kvsched/Scheduling-v0":
         got = (trained.get("reference_policy", "fcfs"), dict(trained.get("reference_params") or {}))
         if got != (ref, dict(ref_params)):
@@ -208,13 +237,14 @@ def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
         return "env", random_actor_for, make_env(task, ref, ref_params)
     if meta is not None:
         model, meta = load_checkpoint(Path(agent), meta)
-        env = make_env(task, ref, ref_params)  # the task's environment, never one the checkpoint picks
+        # the task's environment, never one the checkpoint picks (but with its observation version)
+        env = make_env(task, ref, ref_params, **observation_overrides(task, meta))
         if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:
             env.close()
             raise ConfigError(f"checkpoint {bounded_repr(agent)} observes shape {model.observation_space.shape} and "
                               f"acts in {model.action_space}; task {task.name}'s environment gives "
                               f"{env.observation_space.shape} and {env.action_space}")
-        masked = meta.get("algo") == "maskable_ppo"
+        masked = meta.get("algo") in MASKED_ALGOS
         return "env", (lambda i: model_actor(model, masked)), env
     return "heuristic", None, None
 

@@ -269,10 +269,11 @@ def test_gymnasium_and_sb3_check_env(env_id):
     from gymnasium.utils.env_checker import check_env
     from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
+    a, b = gym.make(env_id, **SMALL).unwrapped, gym.make(env_id, **SMALL).unwrapped
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a checker warning is a failure
-        check_env(gym.make(env_id, **SMALL).unwrapped)
-        sb3_check_env(gym.make(env_id, **SMALL).unwrapped, warn=True)
+        check_env(a)
+        sb3_check_env(b, warn=True)
 
 
 def _rollout(env, seed, n=40):

@@ -1,0 +1,98 @@
+"""The evolution-strategy learner: it starts exactly at the reference, never takes a masked
+choice, climbs its search gradient, and its checkpoints go where the other learners' go
+(kvsched evaluate, kvsched leaderboard)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvsched.envs  # noqa: F401
+from kvsched.agents.es import ESConfig, LinearScheduler, centred_ranks, es_gradient, play
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments.cli import main
+
+NVEC = [16, 7, 5, 4]
+
+
+def test_initial_parameters_play_the_reference_exactly():
+    env = gym.make("kvsched/Scheduling-v0", reference_policy="lars", max_requests=60)
+    start = LinearScheduler(16, NVEC)
+    got, steps = play(env, start, seed=3)
+    obs, info = env.reset(seed=3)
+    while True:
+        obs, _, term, trunc, info = env.step(np.zeros(4, dtype=np.int64))
+        if term or trunc:
+            break
+    assert steps > 10 and got == info["summary"]["classes"]["all"]["slo"]["attainment"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_masked_choice_is_never_taken(seed):
+    g = np.random.default_rng(seed)
+    pol = LinearScheduler(16, NVEC, g.normal(0, 3, LinearScheduler(16, NVEC).size()))
+    obs = g.uniform(-1, 1, 16 * 9 + 10).astype(np.float32)
+    mask = g.random(sum(NVEC)) < 0.5
+    a = pol.act(obs, mask)
+    start = 0
+    for p, n in enumerate(NVEC):
+        part = mask[start:start + n]
+        assert part[a[p]] or (not part.any() and a[p] == 0)
+        start += n
+
+
+def test_search_gradient_points_up_a_linear_fitness():
+    g = np.random.default_rng(0)
+    direction = g.normal(size=20)
+    eps = g.normal(size=(200, 20))
+    fit = np.array([f for e in eps for f in (direction @ (0.1 * e), direction @ (-0.1 * e))])
+    grad = es_gradient(eps, fit, 0.1)
+    cos = grad @ direction / np.linalg.norm(grad) / np.linalg.norm(direction)
+    assert cos > 0.8
+    assert centred_ranks(np.array([3.0, 1.0, 2.0])).tolist() == [0.5, -0.5, 0.0]
+
+
+def test_checkpoint_round_trip_and_bad_files(tmp_path):
+    pol = LinearScheduler(16, NVEC, np.arange(LinearScheduler(16, NVEC).size(), dtype=float))
+    pol.save(tmp_path / "p.zip")
+    back = LinearScheduler.load(tmp_path / "p.zip")
+    assert np.array_equal(back.theta, pol.theta) and back.nvec == NVEC
+    (tmp_path / "bad.zip").write_text("not a checkpoint")
+    with pytest.raises(ConfigError, match="not an es checkpoint"):
+        LinearScheduler.load(tmp_path / "bad.zip")
+    with pytest.raises(ConfigError, match="theta"):
+        LinearScheduler(16, NVEC, np.zeros(3))
+
+
+@pytest.mark.parametrize("hp, field", [({"pairs": 0}, "es.pairs"), ({"sigma": -1}, "es.sigma"),
+                                       ({"popsize": 4}, "--hyperparameters")])
+def test_bad_settings_are_refused_naming_the_field(hp, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("-", r"\-")):
+        ESConfig.from_mapping(hp)
+
+
+def test_train_es_on_a_task_then_the_leaderboard_loads_it(tmp_path, capsys):
+    out = tmp_path / "es"
+    hp = json.dumps({"generations": 1, "pairs": 1, "windows": 1, "validation_windows": 1})
+    assert main(["train", "--task", "overload-burst", "--algo", "es", "--timesteps", "1", "--out", str(out),
+                 "--hyperparameters", hp, "--no-progress"]) == 0
+    meta = json.loads((out / "train.json").read_text())
+    assert meta["algo"] == "es" and meta["status"] == "stopped: timesteps reached" and meta["eval_split"] == "train"
+    assert json.loads((out / "progress.json").read_text())[0]["generation"] == 1
+    capsys.readouterr()
+    assert main(["leaderboard", "--tasks", "overload-burst", "--agents", str(out / "final.zip"), "--episodes", "1",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["stratum"] for r in rows if r["agent"] == "final.zip" and r["kind"] == "agent"} == {"all", "hard"}
+
+
+def test_options_es_does_not_have_are_refused(tmp_path, capsys):
+    assert main(["train", "--task", "overload-burst", "--algo", "es", "--timesteps", "1", "--out", str(tmp_path),
+                 "--reference-bias", "2"]) == 2
+    assert "--reference-bias: not options of --algo es" in capsys.readouterr().err
