@@ -52,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "into --out DIR/<suite>/<task>/minari from the results, without recomputing them")
     p.add_argument("--results", type=Path,
                    help="read results from this folder (or its <suite>.json) instead of the committed ones")
+    p.add_argument("--save-agents", type=Path, metavar="FILE",
+                   help="with --agents (checkpoints, every episode): add their per-episode scores, checkpoint paths "
+                        "and training commands to this shipped-agents file (the committed one is "
+                        "experiments/suite/results/<suite>-agents.json, shown by default)")
+    p.add_argument("--no-shipped", action="store_true",
+                   help="leave out the shipped agents (experiments/suite/results/<suite>-agents.json)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--markdown", action="store_true",
                    help="print one summary row per task and stratum as a Markdown table (bounds, tuned best, "
@@ -73,6 +79,9 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.datasets and (a.agents or a.compute):
         raise KvschedError("--datasets records datasets only: leave out --agents and --compute (--compute records "
                            "them too)")
+    if a.save_agents is not None and (not a.agents or a.episodes is not None):
+        raise KvschedError(f"--save-agents {bounded_repr(str(a.save_agents))}: keeps agents evaluated on every "
+                           "episode: give --agents and leave out --episodes")
     if a.episodes is not None and not a.agents:
         raise KvschedError(f"--episodes {a.episodes}: limits the agents' evaluation; give --agents too")
     if a.jobs is not None and not a.compute:
@@ -117,6 +126,17 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.datasets:
         return _datasets(a, [t for t in tasks if t.task_id in chosen], results, console)
     agents = _evaluate_agents(a, [t for t in tasks if t.task_id in chosen], results, console) if a.agents else {}
+    if a.save_agents is not None:
+        from .suite.shipped import save_shipped
+
+        names = [x.strip() for x in a.agents.split(",") if x.strip()]
+        save_shipped(a.save_agents, a.suite, agents, dict(zip(agents, names)),
+                     " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else "")
+        console.print(f"saved {len(agents)} agent(s) to {a.save_agents}", highlight=False, markup=False)
+    if not a.no_shipped:
+        from .suite.shipped import load_shipped, shipped_scores
+
+        agents = {**shipped_scores(load_shipped(a.suite, folder), chosen), **agents}
     rows = leaderboard(results, agents)
     if a.json:
         print(json.dumps(rows, indent=1, default=_jsonable))

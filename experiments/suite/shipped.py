@@ -1,0 +1,106 @@
+"""Learned agents shipped with a suite: their checkpoints, the exact commands that trained them,
+and their per-episode scores, so the leaderboard shows them beside the baselines.
+
+``experiments/suite/results/<suite>-agents.json`` (format :data:`FORMAT`) holds, per agent label::
+
+    {"checkpoint": "<path relative to the repository>", "training": {<train.json of the run>},
+     "evaluated_with": {<provenance: command, versions, commit>},
+     "scores": {"<task>": {"<stratum>": [score per episode, in the stratum's order]}}}
+
+It is written by ``kvsched leaderboard --agents CKPT,... --save-agents FILE`` (every episode of
+every stratum: no ``--episodes``) and read by ``kvsched leaderboard`` (shown with the label
+suffix ``(shipped)``). A test re-evaluates each shipped checkpoint on the first episodes of each
+stratum and requires the recorded scores, so a change of the environment that moves them fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
+
+from .results import provenance, results_dir, write_json
+
+FORMAT = "kvsched-bench-agents/1"
+SUFFIX = " (shipped)"
+
+
+def shipped_path(suite: str, folder: Path | None = None) -> Path:
+    """The shipped-agents file of ``suite`` in ``folder`` (default: the committed results')."""
+    return (folder or results_dir()) / f"{suite}-agents.json"
+
+
+def repository_root() -> Path:
+    """The repository (this file resolved is ``<repository>/experiments/suite/shipped.py``):
+    shipped checkpoint paths are written relative to it (``agents/checkpoints/...``)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def checkpoint_file(entry: Mapping[str, Any]) -> Path:
+    """The checkpoint of a shipped agent: its path read against the ``kvsched`` package folder
+    (which holds ``agents/`` in the repository and when installed), or as written when absolute."""
+    import kvsched
+
+    p = Path(entry["checkpoint"])
+    return p if p.is_absolute() else Path(kvsched.__file__).parent / p
+
+
+def load_shipped(suite: str, folder: Path | None = None) -> dict[str, Any]:
+    """The shipped agents of ``suite`` (``{}`` when there is no file).
+
+    Raises:
+        ConfigError: a file that is not readable or not of :data:`FORMAT`.
+    """
+    p = shipped_path(suite, folder)
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{bounded_repr(str(p))}: not a readable shipped-agents file ({bounded_repr(str(e))})") \
+            from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("agents"), dict):
+        raise ConfigError(f"{bounded_repr(str(p))}: not a {FORMAT} file")
+    for label, entry in data["agents"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("scores"), dict):
+            raise ConfigError(f"{bounded_repr(str(p))}: agent {bounded_repr(label)} has no scores")
+    return data["agents"]
+
+
+def shipped_scores(agents: Mapping[str, Any], tasks: list[str]) -> dict[str, dict[str, dict[str, list]]]:
+    """``label (shipped) -> task -> stratum -> scores`` of the shipped agents, for ``tasks``."""
+    out: dict[str, dict[str, dict[str, list]]] = {}
+    for label, entry in agents.items():
+        per_task = {t: s for t, s in entry["scores"].items() if t in tasks}
+        if per_task:
+            out[label + SUFFIX] = per_task
+    return out
+
+
+def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Mapping[str, list]]],
+                 checkpoints: Mapping[str, str], command: str) -> None:
+    """Add (or replace) the agents of ``evaluated`` (label -> task -> stratum -> scores) in the
+    shipped-agents file ``path``, with each checkpoint's path (relative to the repository when
+    inside it) and its training metadata.
+
+    Raises:
+        ConfigError: an existing file of another format, or an agent that is not a checkpoint.
+    """
+    from .agents import checkpoint_meta
+
+    data: dict[str, Any] = {"format": FORMAT, "suite": suite, "agents": {}}
+    if path.is_file():
+        data["agents"] = load_shipped(suite, path.parent) if path.name == f"{suite}-agents.json" else \
+            json.loads(path.read_text(encoding="utf-8")).get("agents", {})
+    root = repository_root()
+    for label, per_task in evaluated.items():
+        ckpt = checkpoints[label]
+        if not ckpt.endswith(".zip"):
+            raise ConfigError(f"--save-agents keeps learned agents (checkpoints); {bounded_repr(ckpt)} is not one")
+        p = Path(ckpt).resolve()
+        rel = str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+        data["agents"][label] = {"checkpoint": rel, "training": checkpoint_meta(p), "evaluated_with":
+                                 provenance(command), "scores": {t: dict(s) for t, s in per_task.items()}}
+    write_json(path, data)

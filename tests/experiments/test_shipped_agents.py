@@ -1,0 +1,76 @@
+"""Learned agents shipped with kvsched bench v1: on the leaderboard by default, reproducible from
+their checkpoints, and saved only when evaluated on every episode."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsched.agents.es import LinearScheduler
+from kvsched.experiments.cli import main
+from kvsched.experiments.suite.agents import evaluate_agent
+from kvsched.experiments.suite.results import load_results
+from kvsched.experiments.suite.shipped import SUFFIX, checkpoint_file, load_shipped
+from kvsched.experiments.suite.tasks import get_task
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fixtures import planted_results  # noqa: E402
+
+SHIPPED = load_shipped("v1")
+
+
+@pytest.mark.parametrize("label", sorted(SHIPPED))
+def test_shipped_agent_reproduces_its_recorded_scores(label):
+    """The first two episodes of each stratum, re-evaluated from the checkpoint, give the recorded
+    scores exactly (a change to the environment that moves them fails here)."""
+    entry = SHIPPED[label]
+    ckpt = checkpoint_file(entry)
+    assert ckpt.is_file() and entry["training"]["command"], "a shipped agent names its checkpoint and command"
+    results = load_results("v1")
+    for task_id, per_stratum in entry["scores"].items():
+        got = evaluate_agent(get_task("v1", task_id), results["tasks"][task_id], str(ckpt), limit=2)
+        for stratum, scores in per_stratum.items():
+            assert len(scores) == len(results["tasks"][task_id]["strata"][stratum])
+            assert got[stratum] == scores[:2]
+
+
+def test_shipped_agents_are_on_the_default_leaderboard(capsys):
+    if not SHIPPED:
+        pytest.skip("no shipped agents")
+    assert main(["leaderboard", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["agent"] for r in rows if r["kind"] == "agent"} == {label + SUFFIX for label in SHIPPED}
+    assert main(["leaderboard", "--json", "--no-shipped"]) == 0
+    assert not [r for r in json.loads(capsys.readouterr().out) if r["kind"] == "agent"]
+
+
+def test_save_agents_records_scores_path_and_command(tmp_path, capsys):
+    folder = planted_results(tmp_path / "res")
+    ckpt = tmp_path / "run" / "final.zip"
+    ckpt.parent.mkdir()
+    LinearScheduler(16, [16, 7, 5, 4]).save(ckpt)  # the reference itself
+    (ckpt.parent / "train.json").write_text(json.dumps({"env_id": "kvsched/Scheduling-v0", "algo": "es",
+                                                        "command": "kvsched train --algo es ...", "env_kwargs": {}}))
+    out = tmp_path / "agents.json"
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt), "--save-agents", str(out),
+                 "--json"]) == 0
+    saved = json.loads(out.read_text())
+    entry = saved["agents"]["final.zip"]
+    assert entry["training"]["command"] == "kvsched train --algo es ..." and entry["checkpoint"].endswith("final.zip")
+    assert set(entry["scores"]["overload-burst"]) == {"all", "hard"}
+    assert all(len(v) == 2 and all(isinstance(x, float) for x in v) for v in entry["scores"]["overload-burst"].values())
+    # --episodes with --save-agents is refused: a shipped agent is scored on every episode
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt), "--episodes", "1",
+                 "--save-agents", str(out)]) == 2
+    assert "--save-agents" in capsys.readouterr().err
+
+
+def test_a_broken_shipped_file_is_a_clean_error(tmp_path, capsys):
+    folder = planted_results(tmp_path / "res")
+    (folder / "v1-agents.json").write_text("{not json")
+    assert main(["leaderboard", "--results", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable shipped-agents file" in err and "Traceback" not in err
