@@ -19,7 +19,8 @@ col  name                value
                          running partial prefill's computed tokens; in [0, 1]
 10   output_signal       output tokens / max_model_len from the output-length signal (exact:
                          ``"oracle"``; ``{"log_sd": s}``: times ``exp(N(0, s^2))``, drawn once
-                         per request from the episode's seed), clipped to 1; 0 without a signal
+                         per request, seeded by the episode's workload seed and window, so every
+                         agent sees the same predictions), clipped to 1; 0 without a signal
 ===  ==================  ===================================================================
 
 Added instance features (after the version-0 ten):
@@ -112,24 +113,32 @@ class ArrivalRates:
         return list(self.values)
 
 
-def output_signal_tokens(states: list, rows: list[int], signal: Any, seed: int) -> list[float]:
-    """The output-length signal (tokens) of ``states[r]`` for ``r`` in ``rows`` (0 without one)."""
+def output_signal_tokens(states: list, rows: list[int], signal: Any, seed: int,
+                         factors: dict[int, float] | None = None) -> list[float]:
+    """The output-length signal (tokens) of ``states[r]`` for ``r`` in ``rows`` (0 without one).
+
+    A predictor's error factor ``exp(log_sd * z)`` is drawn once per request and episode
+    (``z`` from a generator seeded by ``(seed, request id)``) and kept in ``factors`` when given."""
     if signal is None:
         return [0.0] * len(rows)
     if signal == "oracle":
         return [float(states[r].output_tokens) for r in rows]
     sd = float(signal["log_sd"])
+    factors = {} if factors is None else factors
     out = []
     for r in rows:
         st = states[r]
-        noise = np.random.default_rng((seed, int(st.rid))).standard_normal()  # once per request and episode
-        out.append(float(st.output_tokens) * math.exp(sd * noise))
+        f = factors.get(st.rid)
+        if f is None:
+            f = factors[st.rid] = math.exp(sd * np.random.default_rng((seed, int(st.rid))).standard_normal())
+        out.append(float(st.output_tokens) * f)
     return out
 
 
 def extend_observation(obs0: np.ndarray, k: int, inst, states: list, order: np.ndarray | None, running: np.ndarray,
                        tpot_slo_s: tuple[float, float], long_prompt_tokens: int, rates: ArrivalRates, now_s: float,
-                       output_signal: Any, signal_seed: int) -> np.ndarray:
+                       output_signal: Any, signal_seed: int, signal_factors: dict[int, float] | None = None
+                       ) -> np.ndarray:
     """The version-1 observation ``(observation_size_v1(k),)`` float32 from the version-0 one.
 
     Args:
@@ -142,6 +151,7 @@ def extend_observation(obs0: np.ndarray, k: int, inst, states: list, order: np.n
         now_s: the decision's time (s).
         output_signal: see :func:`check_output_signal`.
         signal_seed: the episode's seed of the predictor's errors.
+        signal_factors: the episode's cache of the predictor's error factors (request id -> factor).
     """
     n0, i0 = len(CANDIDATE_FEATURES), len(INSTANCE_FEATURES)
     rows0 = obs0[:k * n0].reshape(k, n0)
@@ -150,7 +160,7 @@ def extend_observation(obs0: np.ndarray, k: int, inst, states: list, order: np.n
     if shown:
         max_len = float(inst.spec.model_len_limit)
         hbm = inst.kv.hbm
-        signal = output_signal_tokens(states, shown, output_signal, signal_seed)
+        signal = output_signal_tokens(states, shown, output_signal, signal_seed, signal_factors)
         for j, r in enumerate(shown):
             st = states[r]
             if running[r]:

@@ -146,8 +146,10 @@ class SchedulingEnv(gym.Env):
             slos = self.metrics.slos
             self._tpot_slo_s = (float(slos["short"].tpot_s), float(slos["long"].tpot_s))
             self._rates = ArrivalRates(self.workload.arrival_s, (ARRIVAL_TAU_S, BURST_TAU_S))
-            # the predictor's errors: one draw per request, fixed by the episode's window and seed
-            self._signal_seed = int(self.np_random.integers(2**31 - 1))
+            # the predictor's errors: one draw per request, fixed by the episode (workload seed and
+            # window), so every agent playing an episode sees the same predictions (paired comparisons)
+            self._signal_seed = int(self.episode["workload_seed"]) * 1_000_003 + int(self.episode["window_index"])
+            self._signal_factors: dict[int, float] = {}
         self._mode_mask = mode_mask(self.inst.spec.num_dram_blocks, self.inst.spec.num_nvme_blocks)
         self._mode_ok = tuple(self._mode_mask.tolist())
         # the mask for each number of shown candidates (action_masks returns a copy)
@@ -205,7 +207,7 @@ class SchedulingEnv(gym.Env):
         if self.observation_version >= 1:
             obs = extend_observation(obs, self.k, inst, cands, order, running, self._tpot_slo_s,
                                      self.metrics.long_prompt_tokens, self._rates, now_s, self.output_signal,
-                                     self._signal_seed)
+                                     self._signal_seed, self._signal_factors)
         return obs
 
     # ------------------------------------------------------------------------------- masks
