@@ -176,6 +176,8 @@ class ESConfig:
         learning_rate: Adam step on the mean (> 0).
         validation_windows: train windows (other seeds) the final choice between the last and the
             best generation's mean is made on (>= 0; 0 = keep the last).
+        step_cap_factor: a candidate's episode stops after this many times the decisions the
+            reference took on the same window (:func:`play`'s ``max_steps``; >= 1).
     """
 
     generations: int = 15
@@ -184,6 +186,7 @@ class ESConfig:
     sigma: float = 0.5
     learning_rate: float = 0.2
     validation_windows: int = 8
+    step_cap_factor: float = 4.0
 
     def __post_init__(self) -> None:
         for name in ("generations", "pairs", "windows"):
@@ -192,6 +195,9 @@ class ESConfig:
         v = self.validation_windows
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "es.validation_windows", v,
                 "an integer >= 0")
+        v = self.step_cap_factor
+        require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 1,
+                "es.step_cap_factor", v, "a finite number >= 1")
         for name in ("sigma", "learning_rate"):
             v = getattr(self, name)
             require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
@@ -233,9 +239,14 @@ def es_gradient(eps: np.ndarray, fitness: np.ndarray, sigma: float) -> np.ndarra
     return (ranks[0::2] - ranks[1::2]) @ eps / (2 * len(eps) * sigma)
 
 
-def play(env, policy: LinearScheduler, seed: int) -> tuple[float | None, int]:
+def play(env, policy: LinearScheduler, seed: int, max_steps: int | None = None) -> tuple[float | None, int]:
     """``(SLO attainment, environment steps)`` of the episode ``env.reset(seed=seed)`` draws,
-    played by ``policy`` (attainment None for an empty window)."""
+    played by ``policy`` (attainment None for an empty window).
+
+    With ``max_steps``, an episode still running after that many decisions stops there and scores
+    the requests that met their SLO by then over **all** the window's requests (unserved and not
+    yet arrived ones count as misses): a candidate that multiplies the decisions (tiny chunks,
+    swap thrashing) cannot stall a generation, and stopping it early never flatters it."""
     obs, info = env.reset(seed=seed)
     steps = 0
     while True:
@@ -243,16 +254,33 @@ def play(env, policy: LinearScheduler, seed: int) -> tuple[float | None, int]:
         steps += 1
         if terminated or truncated:
             break
+        if max_steps is not None and steps >= max_steps:
+            return _met_so_far(env.unwrapped), steps
     summary = info["summary"] if "summary" in info else env.unwrapped.cluster.result().summary
     return summary["classes"]["all"]["slo"]["attainment"], steps
 
 
-def paired_fitness(env, policy: LinearScheduler, seeds: list[int], steps: list[int] | None = None) -> list[float | None]:
-    """:func:`play` on each of ``seeds`` (the same windows for every candidate); the environment
-    steps are added to ``steps[0]`` when given."""
+def _met_so_far(base) -> float | None:
+    """Requests of the episode that finished within their SLO so far, over all its requests."""
+    from kvsched.envs.sim.metrics import summarize
+
+    cluster, total = base.cluster, len(base.workload)
+    records = cluster.recorder.records_frame()
+    if not total:
+        return None
+    if not len(records):
+        return 0.0
+    met = summarize(records, cluster.recorder.itl, None, cluster.metrics)["classes"]["all"]["slo"]["met"]
+    return met / total
+
+
+def paired_fitness(env, policy: LinearScheduler, seeds: list[int], steps: list[int] | None = None,
+                   caps: list[int | None] | None = None) -> list[float | None]:
+    """:func:`play` on each of ``seeds`` (the same windows for every candidate), each capped at
+    ``caps[i]`` decisions when given; the environment steps are added to ``steps[0]`` when given."""
     out = []
-    for s in seeds:
-        score, n = play(env, policy, s)
+    for i, s in enumerate(seeds):
+        score, n = play(env, policy, s, None if caps is None else caps[i])
         out.append(score)
         if steps is not None:
             steps[0] += n
@@ -319,14 +347,19 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     for gen in range(1, config.generations + 1):
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
         eps = rng.standard_normal((config.pairs, len(mean)))
-        ref_scores = paired_fitness(env, ref, seeds, n_steps)
+        ref_scores, caps = [], []
+        for s in seeds:
+            score, n = play(env, ref, s)
+            ref_scores.append(score)
+            caps.append(max(1, math.ceil(config.step_cap_factor * n)))
+            n_steps[0] += n
         keep = [s is not None for s in ref_scores]
-        mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps)
+        mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps, caps)
         fit = []
         for e in eps:
             for sign in (1.0, -1.0):
                 cand = policy_of(mean + sign * config.sigma * e)
-                fit.append(_mean(paired_fitness(env, cand, seeds, n_steps), keep))
+                fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
         grad = es_gradient(eps, np.asarray(fit), config.sigma)
         gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
         if gain > best[0]:
@@ -358,10 +391,14 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     validation = None
     if config.validation_windows:
         vseeds = [10_000 + i for i in range(config.validation_windows)]
-        vr = paired_fitness(env, ref, vseeds)
+        vr, vcaps = [], []
+        for s in vseeds:
+            score, n = play(env, ref, s)
+            vr.append(score)
+            vcaps.append(max(1, math.ceil(config.step_cap_factor * n)))
         vkeep = [s is not None for s in vr]
-        v_last = _mean(paired_fitness(env, policy_of(mean), vseeds), vkeep)
-        v_best = _mean(paired_fitness(env, policy_of(best[1]), vseeds), vkeep)
+        v_last = _mean(paired_fitness(env, policy_of(mean), vseeds, caps=vcaps), vkeep)
+        v_best = _mean(paired_fitness(env, policy_of(best[1]), vseeds, caps=vcaps), vkeep)
         validation = {"windows": vseeds, "reference": _mean(vr, vkeep), "last": v_last,
                       f"best_generation_{best[2]}": v_best}
         if v_best > v_last:

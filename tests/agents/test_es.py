@@ -32,6 +32,21 @@ def test_initial_parameters_play_the_reference_exactly():
     assert steps > 10 and got == info["summary"]["classes"]["all"]["slo"]["attainment"]
 
 
+def test_a_capped_episode_counts_every_unserved_request_as_missed():
+    env = gym.make("kvsched/Scheduling-v0", reference_policy="lars", max_requests=60)
+    start = LinearScheduler(16, NVEC)
+    full, steps = play(env, start, seed=3)
+    capped, n = play(env, start, seed=3, max_steps=steps // 3)
+    # the same decisions, counted by the reward (+1 per request finishing within its SLO)
+    obs, info = env.reset(seed=3)
+    met = 0.0
+    for _ in range(steps // 3):
+        obs, _, _, _, info = env.step(start.act(obs, info["action_mask"]))
+        met += info["reward_components"]["slo_met"]
+    assert n == steps // 3 and 0 < capped < full
+    assert capped == met / len(env.unwrapped.workload)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_a_masked_choice_is_never_taken(seed):
@@ -71,7 +86,8 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
 
 
 @pytest.mark.parametrize("hp, field", [({"pairs": 0}, "es.pairs"), ({"sigma": -1}, "es.sigma"),
-                                       ({"popsize": 4}, "--hyperparameters")])
+                                       ({"popsize": 4}, "--hyperparameters"),
+                                       ({"step_cap_factor": 0.5}, "es.step_cap_factor")])
 def test_bad_settings_are_refused_naming_the_field(hp, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("-", r"\-")):
         ESConfig.from_mapping(hp)
