@@ -178,6 +178,8 @@ class ESConfig:
             best generation's mean is made on (>= 0; 0 = keep the last).
         step_cap_factor: a candidate's episode stops after this many times the decisions the
             reference took on the same window (:func:`play`'s ``max_steps``; >= 1).
+        paired: every candidate plays the generation's windows (default); False is the ablation
+            where each candidate plays windows of its own (capped at the largest paired cap).
     """
 
     generations: int = 15
@@ -187,6 +189,7 @@ class ESConfig:
     learning_rate: float = 0.2
     validation_windows: int = 8
     step_cap_factor: float = 4.0
+    paired: bool = True
 
     def __post_init__(self) -> None:
         for name in ("generations", "pairs", "windows"):
@@ -195,6 +198,7 @@ class ESConfig:
         v = self.validation_windows
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "es.validation_windows", v,
                 "an integer >= 0")
+        require(isinstance(self.paired, bool), "es.paired", self.paired, "true or false")
         v = self.step_cap_factor
         require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 1,
                 "es.step_cap_factor", v, "a finite number >= 1")
@@ -359,7 +363,12 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
         for e in eps:
             for sign in (1.0, -1.0):
                 cand = policy_of(mean + sign * config.sigma * e)
-                fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
+                if config.paired:
+                    fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
+                else:  # the ablation: each candidate on windows of its own (arrival variance stays in the ranking)
+                    own = [int(x) for x in rng.integers(0, 2**31 - 1, config.windows)]
+                    scores = paired_fitness(env, cand, own, n_steps, [max(caps)] * len(own))
+                    fit.append(_mean(scores, [x is not None for x in scores]))
         grad = es_gradient(eps, np.asarray(fit), config.sigma)
         gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
         if gain > best[0]:
