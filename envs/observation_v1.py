@@ -63,6 +63,8 @@ ARRIVAL_TAU_S = 10.0
 BURST_TAU_S = 1.0
 #: the squashing scale of the arrival rate (requests per second)
 RATE_SCALE_PER_S = 10.0
+#: the largest log error factor of a predictor (exp(700) ~ 1e304: beyond it the feature is 1 anyway)
+MAX_LOG_FACTOR = 700.0
 
 
 def observation_size_v1(k: int) -> int:
@@ -130,7 +132,9 @@ def output_signal_tokens(states: list, rows: list[int], signal: Any, seed: int,
         st = states[r]
         f = factors.get(st.rid)
         if f is None:
-            f = factors[st.rid] = math.exp(sd * np.random.default_rng((seed, int(st.rid))).standard_normal())
+            z = float(np.random.default_rng((seed, int(st.rid))).standard_normal())
+            # a large log_sd (allowed: any finite s >= 0) overflowed math.exp; the feature clips to 1 anyway
+            f = factors[st.rid] = math.exp(min(sd * z, MAX_LOG_FACTOR))
         out.append(float(st.output_tokens) * f)
     return out
 

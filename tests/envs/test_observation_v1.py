@@ -103,3 +103,16 @@ def test_output_signal_only_when_declared():
 def test_bad_observation_arguments_are_refused(kw, field):
     with pytest.raises(ConfigError, match=field):
         gym.make("kvsched/Scheduling-v0", **kw)
+
+
+def test_a_large_predictor_error_is_an_observation_not_a_crash():
+    """{"log_sd": s} allows any finite s >= 0; a large s overflowed math.exp (OverflowError
+    traceback at the first decision). The feature clips to 1, so huge factors are just 1 (or 0)."""
+    env = gym.make("kvsched/Scheduling-v1", max_requests=80, output_signal={"log_sd": 1000})
+    obs, info = env.reset(seed=0)
+    for _ in range(20):
+        assert env.observation_space.contains(obs)
+        obs, _, term, trunc, info = env.step(np.zeros(4, dtype=np.int64))
+        if term or trunc:
+            break
+    assert env.observation_space.contains(obs)
