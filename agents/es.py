@@ -39,6 +39,7 @@ import math
 import os
 import sys
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -127,10 +128,13 @@ class LinearScheduler:
     def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
         """``(action, None)`` as SB3's ``predict``; batched observations give batched actions."""
         obs = np.asarray(obs, dtype=np.float32)
-        mask = np.ones(sum(self.nvec), dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)
+        n = sum(self.nvec)
         if obs.ndim == 1:
+            mask = np.ones(n, dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)
             return self.act(obs, mask.reshape(-1)), None
-        masks = mask.reshape(len(obs), -1)
+        # without masks: everything allowed for each observation of the batch
+        masks = np.ones((len(obs), n), dtype=bool) if action_masks is None else \
+            np.asarray(action_masks, dtype=bool).reshape(len(obs), -1)
         return np.stack([self.act(o, m) for o, m in zip(obs, masks)]), None
 
     def save(self, path: str | Path) -> None:
@@ -152,7 +156,7 @@ class LinearScheduler:
                 version = int(z["observation_version"]) if "observation_version" in z.files else 0
                 return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64),
                            version)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
             raise ConfigError(f"{bounded_repr(str(path))} is not an es checkpoint ({bounded_repr(str(e))})") from None
 
 
@@ -322,7 +326,13 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
 
     import kvsched.envs  # noqa: F401  (registers the ids)
 
+    from kvsched.agents.train import _check_names, _env_parameters
+
     require(env_id in SCHEDULING_IDS, "--env", env_id, f"one of {SCHEDULING_IDS} for --algo es")
+    # as train's: an unknown name reached the environment's constructor as a TypeError traceback
+    _check_names(env_kwargs, _env_parameters(env_id), "--env-kwargs", f"arguments of {env_id}")
+    require(env_kwargs.get("action_mode", "multi") == "multi", "action_mode", env_kwargs.get("action_mode"),
+            '"multi" for --algo es (the linear scheduler acts in the MultiDiscrete action space)')
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     kw = {**env_kwargs, "split": "train"}

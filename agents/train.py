@@ -104,7 +104,8 @@ def _check_names(given: dict[str, Any], allowed: list[str], flag: str, what: str
 
 def _env_parameters(env_id: str) -> list[str]:
     """The keyword arguments of ``env_id``'s constructor that ``--env-kwargs`` may set (not
-    ``split``, which train sets itself: train and held-out)."""
+    ``split``, which train sets itself: train and held-out, nor what the id fixes:
+    ``observation_version`` of Scheduling-v1, which another value would silently contradict)."""
     import importlib
     import inspect
 
@@ -116,7 +117,10 @@ def _env_parameters(env_id: str) -> list[str]:
     if isinstance(ep, str):
         module, name = ep.split(":")
         ep = getattr(importlib.import_module(module), name)
-    return [p for p in inspect.signature(ep).parameters if p != "split"]
+    from kvsched.envs import ID_KWARGS
+
+    fixed = ID_KWARGS.get(env_id, {})  # what the id itself sets (Scheduling-v1: observation_version=1)
+    return [p for p in inspect.signature(ep).parameters if p != "split" and p not in fixed]
 
 
 def _algo_parameters(cls) -> list[str]:

@@ -112,3 +112,41 @@ def test_options_es_does_not_have_are_refused(tmp_path, capsys):
     assert main(["train", "--task", "overload-burst", "--algo", "es", "--timesteps", "1", "--out", str(tmp_path),
                  "--reference-bias", "2"]) == 2
     assert "--reference-bias: not options of --algo es" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, expected", [({"foo": 1}, "--env-kwargs: ['foo'] not allowed"),
+                                          ({"action_mode": "slot"}, "action_mode"),
+                                          ({"split": "heldout"}, "--env-kwargs: ['split'] not allowed")])
+def test_es_refuses_environment_arguments_it_cannot_train_with(tmp_path, capsys, kw, expected):
+    """An unknown name was a TypeError traceback from the environment's constructor, and
+    action_mode "slot" an AttributeError (Discrete has no nvec); both now a one-line error."""
+    hp = json.dumps({"generations": 1, "pairs": 1, "windows": 1, "validation_windows": 0})
+    assert main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "es", "--timesteps", "1", "--window-s", "5",
+                 "--out", str(tmp_path), "--env-kwargs", json.dumps(kw), "--hyperparameters", hp,
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_scheduling_v1_refuses_another_observation_version_in_env_kwargs(tmp_path, capsys):
+    """kvsched/Scheduling-v1 with --env-kwargs observation_version=0 trained a version-0 agent
+    recorded as Scheduling-v1 (the id's own argument silently overridden)."""
+    assert main(["train", "--env", "kvsched/Scheduling-v1", "--algo", "es", "--timesteps", "1", "--window-s", "5",
+                 "--out", str(tmp_path), "--env-kwargs", '{"observation_version": 0}', "--no-progress"]) == 2
+    assert "['observation_version'] not allowed" in capsys.readouterr().err
+
+
+def test_a_truncated_es_checkpoint_is_a_clean_error(tmp_path):
+    """np.load raised zipfile.BadZipFile (a traceback in kvsched evaluate) on a truncated file."""
+    LinearScheduler(16, NVEC).save(tmp_path / "p.zip")
+    (tmp_path / "cut.zip").write_bytes((tmp_path / "p.zip").read_bytes()[:300])
+    with pytest.raises(ConfigError, match="not an es checkpoint"):
+        LinearScheduler.load(tmp_path / "cut.zip")
+
+
+def test_batched_predict_without_masks_allows_everything():
+    """predict on a batch without action_masks reshaped a single mask to the batch (ValueError)."""
+    pol = LinearScheduler(16, NVEC)
+    obs = np.zeros((3, 16 * 9 + 10), dtype=np.float32)
+    actions, _ = pol.predict(obs)
+    assert actions.shape == (3, 4) and not actions.any()
