@@ -82,6 +82,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.save_agents is not None and (not a.agents or a.episodes is not None):
         raise KvschedError(f"--save-agents {bounded_repr(str(a.save_agents))}: keeps agents evaluated on every "
                            "episode: give --agents and leave out --episodes")
+    if a.save_agents is not None and _is_file(a.save_agents):  # checked before minutes of evaluation
+        from .suite.shipped import _read_agents
+
+        _read_agents(a.save_agents)
     if a.episodes is not None and not a.agents:
         raise KvschedError(f"--episodes {a.episodes}: limits the agents' evaluation; give --agents too")
     if a.jobs is not None and not a.compute:
@@ -136,7 +140,7 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if not a.no_shipped:
         from .suite.shipped import load_shipped, shipped_scores
 
-        agents = {**shipped_scores(load_shipped(a.suite, folder), chosen), **agents}
+        agents = {**shipped_scores(load_shipped(a.suite, folder), chosen, results), **agents}
     rows = leaderboard(results, agents)
     if a.json:
         print(json.dumps(rows, indent=1, default=_jsonable))

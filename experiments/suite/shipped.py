@@ -16,6 +16,7 @@ stratum and requires the recorded scores, so a change of the environment that mo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -56,6 +57,21 @@ def load_shipped(suite: str, folder: Path | None = None) -> dict[str, Any]:
     p = shipped_path(suite, folder)
     if not p.is_file():
         return {}
+    return _read_agents(p)
+
+
+def _is_score(x: Any) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
+
+
+def _read_agents(p: Path) -> dict[str, Any]:
+    """The ``agents`` of the shipped-agents file ``p``, each with ``scores`` of task -> stratum ->
+    list of numbers (None: an episode without a score).
+
+    Raises:
+        ConfigError: a file that is not readable or not of :data:`FORMAT`, or bad scores (they
+            reached the leaderboard's statistics as a ValueError or TypeError traceback).
+    """
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -66,14 +82,40 @@ def load_shipped(suite: str, folder: Path | None = None) -> dict[str, Any]:
     for label, entry in data["agents"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("scores"), dict):
             raise ConfigError(f"{bounded_repr(str(p))}: agent {bounded_repr(label)} has no scores")
+        for task, per_stratum in entry["scores"].items():
+            ok = isinstance(per_stratum, dict) and all(isinstance(v, list) and all(_is_score(x) for x in v)
+                                                       for v in per_stratum.values())
+            if not ok:
+                raise ConfigError(f"{bounded_repr(str(p))}: agent {bounded_repr(label)}'s scores on "
+                                  f"{bounded_repr(task)} are {bounded_repr(per_stratum)}; expected an object of "
+                                  "stratum -> list of finite numbers or null")
     return data["agents"]
 
 
-def shipped_scores(agents: Mapping[str, Any], tasks: list[str]) -> dict[str, dict[str, dict[str, list]]]:
-    """``label (shipped) -> task -> stratum -> scores`` of the shipped agents, for ``tasks``."""
+def shipped_scores(agents: Mapping[str, Any], tasks: list[str], results: Mapping[str, Any] | None = None
+                   ) -> dict[str, dict[str, dict[str, list]]]:
+    """``label (shipped) -> task -> stratum -> scores`` of the shipped agents, for ``tasks``.
+
+    Raises:
+        ConfigError: with ``results`` (the suite's): scores of a stratum the results do not hold,
+            or not one per episode of it (a shipped agent is scored on every episode; fewer were
+            silently paired on the first ones as if evaluated with ``--episodes``).
+    """
     out: dict[str, dict[str, dict[str, list]]] = {}
     for label, entry in agents.items():
         per_task = {t: s for t, s in entry["scores"].items() if t in tasks}
+        for t, per_stratum in per_task.items():
+            strata = results["tasks"].get(t, {}).get("strata") if results is not None else None
+            if strata is None:
+                continue
+            for stratum, scores in per_stratum.items():
+                if stratum not in strata or len(scores) != len(strata[stratum]):
+                    raise ConfigError(
+                        f"shipped agent {bounded_repr(label)} has {len(scores)} scores on {bounded_repr(t)} "
+                        f"{bounded_repr(stratum)}; the results hold "
+                        + (f"{len(strata[stratum])} episodes there" if stratum in strata else
+                           f"no such stratum (they hold {', '.join(map(str, strata))})")
+                        + " (re-save it with kvsched leaderboard --agents CKPT --save-agents FILE)")
         if per_task:
             out[label + SUFFIX] = per_task
     return out
@@ -91,9 +133,8 @@ def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Ma
     from .agents import checkpoint_meta
 
     data: dict[str, Any] = {"format": FORMAT, "suite": suite, "agents": {}}
-    if path.is_file():
-        data["agents"] = load_shipped(suite, path.parent) if path.name == f"{suite}-agents.json" else \
-            json.loads(path.read_text(encoding="utf-8")).get("agents", {})
+    if path.is_file():  # any existing file must be a shipped-agents one (a results file was overwritten)
+        data["agents"] = _read_agents(path)
     root = repository_root()
     for label, per_task in evaluated.items():
         ckpt = checkpoints[label]

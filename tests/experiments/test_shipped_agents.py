@@ -74,3 +74,37 @@ def test_a_broken_shipped_file_is_a_clean_error(tmp_path, capsys):
     assert main(["leaderboard", "--results", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "not a readable shipped-agents file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("scores, expected", [
+    ({"overload-burst": {"all": ["a", "b"]}}, "expected an object of stratum -> list"),  # was a ValueError traceback
+    ({"overload-burst": {"all": 0.5}}, "expected an object of stratum -> list"),  # was a TypeError traceback
+    ({"overload-burst": ["x"]}, "expected an object of stratum -> list"),  # was silently ignored
+    ({"overload-burst": {"all": [0.5]}}, "has 1 scores on 'overload-burst' 'all'"),  # was paired on 1 episode
+    ({"overload-burst": {"nope": [0.5, 0.5]}}, "no such stratum"),  # was silently ignored
+])
+def test_bad_scores_in_a_shipped_file_are_a_clean_error(tmp_path, capsys, scores, expected):
+    folder = planted_results(tmp_path / "res")
+    (folder / "v1-agents.json").write_text(json.dumps({"format": "kvsched-bench-agents/1",
+                                                       "agents": {"x": {"scores": scores}}}))
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_save_agents_never_overwrites_a_file_of_another_format(tmp_path, capsys):
+    """--save-agents FILE with an existing file not named <suite>-agents.json read its "agents"
+    (none) and replaced the whole file: the suite's results file was lost."""
+    folder = planted_results(tmp_path / "res")
+    ckpt = tmp_path / "run" / "final.zip"
+    ckpt.parent.mkdir()
+    LinearScheduler(16, [16, 7, 5, 4]).save(ckpt)
+    (ckpt.parent / "train.json").write_text(json.dumps({"env_id": "kvsched/Scheduling-v0", "algo": "es",
+                                                        "command": "kvsched train --algo es ...", "env_kwargs": {}}))
+    results_file = folder / "v1.json"
+    before = results_file.read_bytes()
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt),
+                 "--save-agents", str(results_file), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "not a kvsched-bench-agents/1 file" in err and "Traceback" not in err
+    assert results_file.read_bytes() == before
