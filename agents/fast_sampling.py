@@ -8,8 +8,9 @@ mixin replaces only ``forward`` (what ``collect_rollouts`` calls) with the same 
 computed at once over a padded ``(batch, parts, max choices)`` tensor:
 
 - the flat logits ``(batch, sum(nvec))`` are gathered into ``(batch, parts, max(nvec))``, the
-  padding and the masked entries set to -1e8 (sb3-contrib's ``HUGE_NEG``, so a masked
-  choice has probability exactly 0 in float32, as there);
+  masked entries set to -1e8 (sb3-contrib's ``HUGE_NEG``, so a masked choice has probability
+  exactly 0 in float32, as there) and the padding to -inf (never drawn, even in a part whose
+  every choice is masked);
 - one ``log_softmax`` over the last axis gives every part's log-probabilities;
 - a sample is the arg-max of log-probabilities plus Gumbel noise (Gumbel-max: an exact sample
   of the categorical), drawn from torch's seeded generator; ``deterministic`` takes the arg-max;
@@ -23,6 +24,7 @@ choices are never drawn, and the empirical frequencies match the probabilities.
 
 from __future__ import annotations
 
+import math
 import numpy as np
 import torch as th
 from gymnasium import spaces
@@ -86,7 +88,12 @@ def sample_masked(logits: th.Tensor, masks: np.ndarray | th.Tensor | None, parts
         m = th.as_tensor(np.asarray(masks, dtype=bool) if not isinstance(masks, th.Tensor) else masks,
                          dtype=th.bool).reshape(logits.shape)
         logits = th.where(m, logits, th.tensor(MASKED_LOGIT, dtype=logits.dtype))
-    logp = th.log_softmax(parts.pad(logits, MASKED_LOGIT), dim=-1)
+    # padding at -inf (probability 0 even in a part whose every choice is masked: sb3-contrib then
+    # draws uniformly among the part's own choices, never past them); x - logsumexp(x) as torch's
+    # Categorical computes it
+    # (sb3-contrib's log-probabilities, which the training loss compares with, to the last bit)
+    padded = parts.pad(logits, -math.inf)
+    logp = padded - th.logsumexp(padded, dim=-1, keepdim=True)
     if deterministic:
         actions = logp.argmax(dim=-1)
     else:

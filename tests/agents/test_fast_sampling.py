@@ -95,3 +95,15 @@ def test_training_throughput_rows_cover_training_and_environment():
         assert r["steps"] == 256 and r["cpu_s"] > 0 and r["steps_per_cpu_s"] == pytest.approx(256 / r["cpu_s"])
     with pytest.raises(ValueError, match="n_envs=0"):
         measure_training("CartPole-v1", steps=8, n_envs=0)
+
+
+def test_a_part_with_every_choice_masked_samples_inside_the_part_as_sb3_contrib():
+    """Padding shared the masked logit, so a part with no allowed choice (sb3-contrib: uniform over
+    its choices) could draw a padding index beyond the part's size, with the wrong log-probability."""
+    logits, masks = _random_case(5, batch=256)
+    masks[:, NVEC[0]:NVEC[0] + NVEC[1]] = False  # part 1 (7 choices) fully masked; part 0 is narrower (5)
+    masks[:, :NVEC[0]] = False  # part 0 (5 choices, padded to 7) fully masked
+    th.manual_seed(0)
+    actions, log_prob = sample_masked(logits, masks, PaddedParts(NVEC))
+    assert (actions < th.as_tensor(NVEC)).all()
+    assert th.allclose(log_prob, _sb3_distribution(logits, masks).log_prob(actions), atol=1e-4)
