@@ -23,7 +23,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     from kvsched.agents.train import ALGOS
     from kvsched.envs import ENV_IDS
 
-    t.add_argument("--env", choices=ENV_IDS, help="environment id (required unless --task)")
+    t.add_argument("--env", choices=ENV_IDS, help="environment id (required unless --task; with a scheduling --task "
+                                                  "it may name kvsched/Scheduling-v1, the same task with observation "
+                                                  "version 1)")
     t.add_argument("--task", help="a kvsched bench task id (docs/bench.md): sets --env, --scenario, --window-s and "
                                   "the environment's reference to the task's tuned best heuristic; evaluations "
                                   "during training use train windows (the held-out ones are the leaderboard's)")
@@ -32,7 +34,7 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                    help="with --task: read the suite's results from this folder (default: the committed ones)")
     t.add_argument("--algo", required=True, choices=(*ALGOS, "es"),
                    help="SB3 / sb3-contrib algorithm, or es: evolution strategies on paired windows "
-                        "(kvsched.agents.es; Scheduling-v0; docs/training.md)")
+                        "(kvsched.agents.es; Scheduling-v0/v1; docs/training.md)")
     t.add_argument("--timesteps", type=count, required=True,
                    help="environment steps to train (es: stops after the generation that reaches it)")
     t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")

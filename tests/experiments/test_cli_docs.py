@@ -35,3 +35,11 @@ def test_the_flag_table_of_each_command_matches_its_parser(name):
     rows = re.findall(r"^\| `(--[a-z0-9-]+)", _section(name), flags=re.M)
     assert len(rows) == len(set(rows)), f"{name}: a flag is documented twice"
     assert set(rows) == _parser_flags(name), name
+
+
+def test_train_help_names_scheduling_v1_where_the_docs_do():
+    """kvsched train --help said es and --env were Scheduling-v0 only; docs/cli.md (and the code)
+    allow Scheduling-v1 too."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices["train"].format_help().split())
+    assert "Scheduling-v0/v1" in text and "the same task with observation version 1" in text
