@@ -314,7 +314,7 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     ``out/final.zip``: the last mean or the best generation's, whichever scores higher on
     ``config.validation_windows`` other train windows (never held-out ones). ``max_cpu_s``,
     ``max_wall_s`` and ``max_steps`` (environment steps) stop training after the generation that
-    reaches them.
+    reaches them; so does SIGINT / SIGTERM (then without validation: ``final.zip`` is the last mean).
 
     Returns:
         the ``train.json`` content.
@@ -325,7 +325,7 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     import gymnasium as gym
 
     import kvsched.envs  # noqa: F401  (registers the ids)
-
+    from kvsched.agents.callbacks import SignalStop
     from kvsched.agents.train import _check_names, _env_parameters
 
     require(env_id in SCHEDULING_IDS, "--env", env_id, f"one of {SCHEDULING_IDS} for --algo es")
@@ -358,57 +358,63 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     c0, w0 = time.process_time(), time.perf_counter()
     stopped = None
     n_steps = [0]
-    for gen in range(1, config.generations + 1):
-        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
-        eps = rng.standard_normal((config.pairs, len(mean)))
-        ref_scores, caps = [], []
-        for s in seeds:
-            score, n = play(env, ref, s)
-            ref_scores.append(score)
-            caps.append(max(1, math.ceil(config.step_cap_factor * n)))
-            n_steps[0] += n
-        keep = [s is not None for s in ref_scores]
-        mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps, caps)
-        fit = []
-        for e in eps:
-            for sign in (1.0, -1.0):
-                cand = policy_of(mean + sign * config.sigma * e)
-                if config.paired:
-                    fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
-                else:  # the ablation: each candidate on windows of its own (arrival variance stays in the ranking)
-                    own = [int(x) for x in rng.integers(0, 2**31 - 1, config.windows)]
-                    scores = paired_fitness(env, cand, own, n_steps, [max(caps)] * len(own))
-                    fit.append(_mean(scores, [x is not None for x in scores]))
-        grad = es_gradient(eps, np.asarray(fit), config.sigma)
-        gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
-        if gain > best[0]:
-            best = (gain, mean.copy(), gen - 1)
-        # Adam ascent (Kingma & Ba 2015; beta 0.9 / 0.999, eps 1e-8)
-        m_adam = 0.9 * m_adam + 0.1 * grad
-        v_adam = 0.999 * v_adam + 0.001 * grad * grad
-        mean = mean + config.learning_rate * (m_adam / (1 - 0.9 ** gen)) / (np.sqrt(v_adam / (1 - 0.999 ** gen)) + 1e-8)
-        policy_of(mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
-        row = {"generation": gen, "windows": seeds, "reference": _mean(ref_scores, keep),
-               "mean_before_update": _mean(mean_scores, keep), "paired_gain": gain,
-               "population_best": max(fit), "population_mean": float(np.mean(fit)),
-               "env_steps": n_steps[0], "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
-        history.append(row)
-        atomic_files.write_text(out / "progress.json", json.dumps(history, indent=2))
-        if progress:
-            progress(f"generation {gen}/{config.generations}: reference {row['reference']:.3f}, mean "
-                     f"{row['mean_before_update']:.3f} (paired gain {gain:+.3f}), population best {max(fit):.3f}")
-        if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
-            stopped = "cpu budget"
-            break
-        if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
-            stopped = "wall-clock budget"
-            break
-        if max_steps is not None and n_steps[0] >= max_steps:
-            stopped = "timesteps reached"
-            break
+    signals = SignalStop()
+    with signals:
+        for gen in range(1, config.generations + 1):
+            seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
+            eps = rng.standard_normal((config.pairs, len(mean)))
+            ref_scores, caps = [], []
+            for s in seeds:
+                score, n = play(env, ref, s)
+                ref_scores.append(score)
+                caps.append(max(1, math.ceil(config.step_cap_factor * n)))
+                n_steps[0] += n
+            keep = [s is not None for s in ref_scores]
+            mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps, caps)
+            fit = []
+            for e in eps:
+                for sign in (1.0, -1.0):
+                    cand = policy_of(mean + sign * config.sigma * e)
+                    if config.paired:
+                        fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
+                    else:  # the ablation: each candidate on its own windows (arrival variance stays in the ranking)
+                        own = [int(x) for x in rng.integers(0, 2**31 - 1, config.windows)]
+                        scores = paired_fitness(env, cand, own, n_steps, [max(caps)] * len(own))
+                        fit.append(_mean(scores, [x is not None for x in scores]))
+            grad = es_gradient(eps, np.asarray(fit), config.sigma)
+            gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
+            if gain > best[0]:
+                best = (gain, mean.copy(), gen - 1)
+            # Adam ascent (Kingma & Ba 2015; beta 0.9 / 0.999, eps 1e-8)
+            m_adam = 0.9 * m_adam + 0.1 * grad
+            v_adam = 0.999 * v_adam + 0.001 * grad * grad
+            step = (m_adam / (1 - 0.9 ** gen)) / (np.sqrt(v_adam / (1 - 0.999 ** gen)) + 1e-8)
+            mean = mean + config.learning_rate * step
+            policy_of(mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
+            row = {"generation": gen, "windows": seeds, "reference": _mean(ref_scores, keep),
+                   "mean_before_update": _mean(mean_scores, keep), "paired_gain": gain,
+                   "population_best": max(fit), "population_mean": float(np.mean(fit)),
+                   "env_steps": n_steps[0], "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
+            history.append(row)
+            atomic_files.write_text(out / "progress.json", json.dumps(history, indent=2))
+            if progress:
+                progress(f"generation {gen}/{config.generations}: reference {row['reference']:.3f}, mean "
+                         f"{row['mean_before_update']:.3f} (paired gain {gain:+.3f}), population best {max(fit):.3f}")
+            if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
+                stopped = "cpu budget"
+                break
+            if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
+                stopped = "wall-clock budget"
+                break
+            if max_steps is not None and n_steps[0] >= max_steps:
+                stopped = "timesteps reached"
+                break
+            if signals.received:  # SIGINT / SIGTERM: stop after this generation, final.zip saved
+                stopped = f"signal {signals.received}"
+                break
     final, chosen = mean, "last"
     validation = None
-    if config.validation_windows:
+    if config.validation_windows and not signals.received:  # a signal asks to stop now: keep the last
         vseeds = [10_000 + i for i in range(config.validation_windows)]
         vr, vcaps = [], []
         for s in vseeds:

@@ -150,3 +150,22 @@ def test_batched_predict_without_masks_allows_everything():
     obs = np.zeros((3, 16 * 9 + 10), dtype=np.float32)
     actions, _ = pol.predict(obs)
     assert actions.shape == (3, 4) and not actions.any()
+
+
+def test_a_signal_stops_es_after_the_generation_with_final_zip(tmp_path):
+    """--max-wall-s's help says SIGINT/SIGTERM save final.zip; es installed no handler, so a
+    signal killed the run with train.json left "running" and no final.zip."""
+    import os
+    import signal
+
+    from kvsched.agents.es import train_es
+
+    def interrupt(message):
+        if message.startswith("generation 1/"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    meta = train_es("kvsched/Scheduling-v0", {"window_s": 5.0}, tmp_path,
+                    ESConfig(generations=3, pairs=1, windows=1, validation_windows=1), progress=interrupt)
+    assert meta["status"] == "stopped: signal SIGINT" and meta["generations"] == 1
+    assert json.loads((tmp_path / "train.json").read_text())["status"] == "stopped: signal SIGINT"
+    assert LinearScheduler.load(tmp_path / "final.zip").nvec == NVEC
