@@ -349,7 +349,8 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     meta: dict[str, Any] = {"command": command, "status": "running", "env_id": env_id, "algo": "es",
                             "env_kwargs": {k: v for k, v in kw.items() if k != "split"}, "seed": seed,
                             "hyperparameters": asdict(config), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s,
-                            "pid": os.getpid(), "parameters": ref.size(), "eval_split": "train"}
+                            "pid": os.getpid(), "parameters": ref.size(), "eval_split": "train",
+                            "kvsched_commit": _commit()}
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     rng = np.random.default_rng(seed)
     m_adam, v_adam = np.zeros_like(mean), np.zeros_like(mean)
@@ -438,3 +439,8 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     return meta
 
 
+def _commit() -> str | None:
+    """The checkout's commit the run trains with (``+dirty`` with local changes), or None."""
+    from kvsched.experiments.suite.results import _git_commit
+
+    return _git_commit()
