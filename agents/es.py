@@ -441,6 +441,6 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
 
 def _commit() -> str | None:
     """The checkout's commit the run trains with (``+dirty`` with local changes), or None."""
-    from kvsched.experiments.suite.results import _git_commit
+    from kvsched.provenance import git_commit
 
-    return _git_commit()
+    return git_commit()

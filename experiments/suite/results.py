@@ -55,19 +55,10 @@ def provenance(command: str) -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
-    """The repository's commit (``+dirty`` with uncommitted changes), or None outside a checkout."""
-    import subprocess
+    """The repository's commit (:func:`kvsched.provenance.git_commit`)."""
+    from kvsched.provenance import git_commit
 
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return git_commit()
 
 
 def write_json(path: Path, data: Any) -> None:
