@@ -131,12 +131,16 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
         return _datasets(a, [t for t in tasks if t.task_id in chosen], results, console)
     agents = _evaluate_agents(a, [t for t in tasks if t.task_id in chosen], results, console) if a.agents else {}
     if a.save_agents is not None:
-        from .suite.shipped import save_shipped
+        from .suite.shipped import save_shipped, shipped_path
 
         names = [x.strip() for x in a.agents.split(",") if x.strip()]
-        save_shipped(a.save_agents, a.suite, agents, dict(zip(agents, names)),
-                     " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else "")
-        console.print(f"saved {len(agents)} agent(s) to {a.save_agents}", highlight=False, markup=False)
+        saved = save_shipped(a.save_agents, a.suite, agents, dict(zip(agents, names)),
+                             " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else "")
+        shown = shipped_path(a.suite, folder).resolve() == a.save_agents.resolve()
+        console.print(f"saved {', '.join(saved)} to {a.save_agents}" + (
+            "" if shown else f" (the leaderboard shows the shipped agents of <results folder>/{a.suite}-agents.json: "
+            f"this file is shown when it is that file of the folder given to --results)"),
+            highlight=False, markup=False)
     if not a.no_shipped:
         from .suite.shipped import load_shipped, shipped_scores
 
@@ -269,8 +273,9 @@ def _print(rows: list[dict], results, console: Console) -> None:
         console.print(table)
     prov = results.get("provenance", {})
     if prov:
-        console.print(f"results: {prov.get('command')} (kvsched {prov.get('kvsched_version')})", highlight=False,
-                      markup=False)
+        version = prov.get("kvsched_version")  # the committed file's top level names none ("kvsched None")
+        console.print(f"results: {prov.get('command')}" + (f" (kvsched {version})" if version else ""),
+                      highlight=False, markup=False)
 
 
 def _write(rows: list[dict], out: Path, console: Console) -> None:

@@ -40,12 +40,12 @@ def repository_root() -> Path:
 
 
 def checkpoint_file(entry: Mapping[str, Any]) -> Path:
-    """The checkpoint of a shipped agent: its path read against the ``kvsched`` package folder
-    (which holds ``agents/`` in the repository and when installed), or as written when absolute."""
-    import kvsched
-
+    """The checkpoint of a shipped agent: its path read against :func:`repository_root`, the
+    folder :func:`save_shipped` wrote it relative to (the checkout, or the installed package
+    folder, which holds ``agents/`` too), or as written when absolute. (Read against the
+    package folder, a checkpoint saved from the checkout's ``runs/`` was not found.)"""
     p = Path(entry["checkpoint"])
-    return p if p.is_absolute() else Path(kvsched.__file__).parent / p
+    return p if p.is_absolute() else repository_root() / p
 
 
 def load_shipped(suite: str, folder: Path | None = None) -> dict[str, Any]:
@@ -122,10 +122,15 @@ def shipped_scores(agents: Mapping[str, Any], tasks: list[str], results: Mapping
 
 
 def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Mapping[str, list]]],
-                 checkpoints: Mapping[str, str], command: str) -> None:
+                 checkpoints: Mapping[str, str], command: str) -> dict[str, str]:
     """Add (or replace) the agents of ``evaluated`` (label -> task -> stratum -> scores) in the
     shipped-agents file ``path``, with each checkpoint's path (relative to the repository when
-    inside it) and its training metadata.
+    inside it) and its training metadata (non-finite numbers as strings: :func:`finite_json`).
+    An agent whose label (its checkpoint's file name) already names another checkpoint in the
+    file is saved under its checkpoint's path instead.
+
+    Returns:
+        label -> checkpoint path, of the agents saved.
 
     Raises:
         ConfigError: an existing file of another format, or an agent that is not a checkpoint.
@@ -136,12 +141,33 @@ def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Ma
     if path.is_file():  # any existing file must be a shipped-agents one (a results file was overwritten)
         data["agents"] = _read_agents(path)
     root = repository_root()
+    saved = {}
     for label, per_task in evaluated.items():
         ckpt = checkpoints[label]
         if not ckpt.endswith(".zip"):
             raise ConfigError(f"--save-agents keeps learned agents (checkpoints); {bounded_repr(ckpt)} is not one")
         p = Path(ckpt).resolve()
         rel = str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
-        data["agents"][label] = {"checkpoint": rel, "training": checkpoint_meta(p), "evaluated_with":
+        old = data["agents"].get(label)
+        if old is not None and old.get("checkpoint") != rel:
+            # another checkpoint of the same file name (runs/a/final.zip, then runs/b/final.zip):
+            # keep both, this one under its path
+            label = rel
+        data["agents"][label] = {"checkpoint": rel, "training": finite_json(checkpoint_meta(p)), "evaluated_with":
                                  provenance(command), "scores": {t: dict(s) for t, s in per_task.items()}}
+        saved[label] = rel
     write_json(path, data)
+    return saved
+
+
+def finite_json(x: Any) -> Any:
+    """``x`` with every non-finite float written as a string (``"inf"``, ``"-inf"``, ``"nan"``):
+    a training run's metadata holds ``horizon_s = inf`` (every ``kvsched train --task`` run), which
+    strict JSON cannot hold."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x

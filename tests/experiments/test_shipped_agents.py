@@ -108,3 +108,49 @@ def test_save_agents_never_overwrites_a_file_of_another_format(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "not a kvsched-bench-agents/1 file" in err and "Traceback" not in err
     assert results_file.read_bytes() == before
+
+
+def _es_checkpoint(folder: Path, env_kwargs: dict) -> Path:
+    ckpt = folder / "final.zip"
+    folder.mkdir(parents=True)
+    LinearScheduler(16, [16, 7, 5, 4]).save(ckpt)
+    # json.dumps writes inf as Infinity, as kvsched train --task writes horizon_s
+    (folder / "train.json").write_text(json.dumps({"env_id": "kvsched/Scheduling-v0", "algo": "es",
+                                                   "command": f"kvsched train --out {folder}", "env_kwargs": env_kwargs}))
+    return ckpt
+
+
+def test_save_agents_takes_a_task_run_whose_metadata_holds_an_infinite_horizon(tmp_path, capsys):
+    """Every ``kvsched train --task`` run records ``horizon_s: inf``; saving it was a ValueError
+    traceback from strict JSON after the whole evaluation."""
+    folder = planted_results(tmp_path / "res")
+    ckpt = _es_checkpoint(tmp_path / "run", {"horizon_s": float("inf")})
+    out = folder / "v1-agents.json"
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt),
+                 "--save-agents", str(out), "--json"]) == 0
+    entry = load_shipped("v1", folder)["final.zip"]
+    assert entry["training"]["env_kwargs"]["horizon_s"] == "inf"
+    assert "Infinity" not in out.read_text()
+
+
+def test_save_agents_keeps_two_runs_of_the_same_file_name_and_says_where_it_is_shown(tmp_path, capsys):
+    folder = planted_results(tmp_path / "res")
+    a, b = _es_checkpoint(tmp_path / "a", {}), _es_checkpoint(tmp_path / "b", {})
+    out = folder / "v1-agents.json"
+    for ckpt in (a, b):
+        assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt),
+                     "--save-agents", str(out), "--json"]) == 0
+    agents = load_shipped("v1", folder)
+    assert {e["checkpoint"] for e in agents.values()} == {str(a), str(b)}  # the second did not replace the first
+    assert "the leaderboard shows" not in capsys.readouterr().out  # saved where --results reads it
+    elsewhere = tmp_path / "mine.json"
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(a),
+                 "--save-agents", str(elsewhere)]) == 0
+    assert "shown when it is that file of the folder given to --results" in capsys.readouterr().out
+
+
+def test_a_checkpoint_saved_from_the_checkout_is_found_again():
+    from kvsched.experiments.suite.shipped import repository_root
+
+    assert checkpoint_file({"checkpoint": "runs/x/final.zip"}) == repository_root() / "runs/x/final.zip"
+    assert checkpoint_file({"checkpoint": "agents/checkpoints/scheduling_maskable_ppo.zip"}).is_file()
