@@ -138,6 +138,18 @@ def default_interval(timesteps: int) -> int:
     return max(1, min(10_000, int(timesteps) // 5))
 
 
+def planned_timesteps(model, timesteps: int) -> int:
+    """The environment steps ``model.learn(timesteps)`` takes: on-policy algorithms (PPO,
+    MaskablePPO) collect whole rollouts of ``n_steps`` x environments, so the next multiple of
+    that; others exactly ``timesteps``."""
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    if isinstance(model, OnPolicyAlgorithm):
+        rollout = int(model.n_steps) * int(model.n_envs)
+        return -(-int(timesteps) // rollout) * rollout
+    return int(timesteps)
+
+
 def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int, reference_env,
            checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
            max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
@@ -232,10 +244,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
 
     if algo not in ALGOS:
         raise ConfigError(f"--algo {algo!r} is not allowed: expected one of {ALGOS}")
-    checkpoint_every = default_interval(timesteps) if checkpoint_every is None else checkpoint_every
-    eval_every = default_interval(timesteps) if eval_every is None else eval_every
-    for name, v in (("timesteps", timesteps), ("n_envs", n_envs), ("checkpoint_every", checkpoint_every),
-                    ("eval_every", eval_every), ("eval_episodes", eval_episodes), ("threads", threads)):
+    given = [(n, v) for n, v in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)) if v is not None]
+    for name, v in (("timesteps", timesteps), ("n_envs", n_envs), *given, ("eval_episodes", eval_episodes),
+                    ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
     if policy_net not in POLICY_NETS:
@@ -311,6 +322,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             bc_info = {"dataset": demos.spec.dataset_id, "episodes": demos.total_episodes, "epochs": bc_epochs,
                        "last_loss": bc_loss}
         reset = True
+    # defaults from the steps the run will take (a PPO run of --timesteps 500 takes a whole rollout,
+    # 1,024 steps: a fifth of 500 evaluated it ten times, each evaluation costing more than the training)
+    planned = planned_timesteps(model, timesteps)
+    checkpoint_every = default_interval(planned) if checkpoint_every is None else checkpoint_every
+    eval_every = default_interval(planned) if eval_every is None else eval_every
     meta = {
         "command": " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None,
         "status": "running", "env_id": env_id, "algo": algo, "env_kwargs": kw, "seed": seed, "n_envs": n_envs,

@@ -103,3 +103,24 @@ def test_evaluations_pair_the_agent_with_its_reference_on_the_same_windows(tmp_p
     last = meta["last_eval"]
     assert last["slo_attainment_vs_reference"] == 0.0
     assert last["reference_slo_attainment"] == pytest.approx(last["slo_attainment"])
+
+
+def test_default_intervals_follow_the_whole_rollouts_an_on_policy_run_takes(tmp_path):
+    # 20 steps with rollouts of 16 x 2 environments take 32: a fifth of 32 (6), not of 20 (4),
+    # so a short PPO run evaluates about five times, not once per few steps
+    meta = train("kvsched/Scheduling-v0", "maskable_ppo", 20, tmp_path, window_s=10.0, n_envs=2,
+                 hyperparameters=SMALL, eval_episodes=1, progress_bar=False)
+    assert meta["timesteps"] == 32 and meta["checkpoint_every"] == 6 and meta["eval_every"] == 6
+
+
+def test_planned_timesteps_rounds_up_to_whole_rollouts_for_on_policy_algorithms_only():
+    from types import SimpleNamespace
+
+    from sb3_contrib import MaskablePPO
+
+    from kvsched.agents.train import planned_timesteps
+
+    model = MaskablePPO.__new__(MaskablePPO)
+    model.n_steps, model.n_envs = 128, 8
+    assert planned_timesteps(model, 500) == 1024 and planned_timesteps(model, 1024) == 1024
+    assert planned_timesteps(SimpleNamespace(n_steps=128, n_envs=8), 500) == 500
