@@ -85,7 +85,7 @@ class LinearScheduler:
 
     def size(self) -> int:
         """Number of parameters: ``row features + 1`` (slot) ``+ sum(nvec[1:]) x (instance features + 1)``
-        (186 on Scheduling-v0 with K = 16, 246 on Scheduling-v1)."""
+        (186 on Scheduling-v0 with K = 16, 316 on Scheduling-v1)."""
         return self.n_row + 1 + sum(self.nvec[1:]) * (self.n_inst + 1)
 
     def initial(self) -> np.ndarray:
@@ -314,7 +314,10 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
     ``out/final.zip``: the last mean or the best generation's, whichever scores higher on
     ``config.validation_windows`` other train windows (never held-out ones). ``max_cpu_s``,
     ``max_wall_s`` and ``max_steps`` (environment steps) stop training after the generation that
-    reaches them; so does SIGINT / SIGTERM (then without validation: ``final.zip`` is the last mean).
+    reaches them (``status`` "stopped: cpu budget | wall budget | timesteps reached"); a run that
+    ran all ``config.generations`` is "finished". SIGINT / SIGTERM stop it after the current
+    generation ("stopped: signal SIGINT"), skipping the validation (``final.zip`` is the last
+    mean); a second one kills it.
 
     Returns:
         the ``train.json`` content.
@@ -401,11 +404,13 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
             if progress:
                 progress(f"generation {gen}/{config.generations}: reference {row['reference']:.3f}, mean "
                          f"{row['mean_before_update']:.3f} (paired gain {gain:+.3f}), population best {max(fit):.3f}")
+            if gen == config.generations:  # every generation asked for ran: finished, whatever else was reached
+                break
             if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
                 stopped = "cpu budget"
                 break
             if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
-                stopped = "wall-clock budget"
+                stopped = "wall budget"  # the word of kvsched train's other learners
                 break
             if max_steps is not None and n_steps[0] >= max_steps:
                 stopped = "timesteps reached"

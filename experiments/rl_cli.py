@@ -60,9 +60,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                         "maskable_ppo: batching is most of the training speed; 1 for dqn and sac)")
     t.add_argument("--subprocess", action="store_true", help="SubprocVecEnv instead of DummyVecEnv")
     t.add_argument("--checkpoint-every", type=count,
-                   help="steps between checkpoints (default 10,000, or a fifth of a shorter run)")
+                   help="steps between checkpoints (default 10,000, or a fifth of the steps a shorter run takes)")
     t.add_argument("--eval-every", type=count,
-                   help="steps between evaluations (default 10,000, or a fifth of a shorter run)")
+                   help="steps between evaluations (default 10,000, or a fifth of the steps a shorter run takes)")
     t.add_argument("--eval-episodes", type=count, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
     t.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=1,

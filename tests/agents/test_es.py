@@ -99,7 +99,7 @@ def test_train_es_on_a_task_then_the_leaderboard_loads_it(tmp_path, capsys):
     assert main(["train", "--task", "overload-burst", "--algo", "es", "--timesteps", "1", "--out", str(out),
                  "--hyperparameters", hp, "--no-progress"]) == 0
     meta = json.loads((out / "train.json").read_text())
-    assert meta["algo"] == "es" and meta["status"] == "stopped: timesteps reached" and meta["eval_split"] == "train"
+    assert meta["algo"] == "es" and meta["status"] == "finished" and meta["eval_split"] == "train"
     assert json.loads((out / "progress.json").read_text())[0]["generation"] == 1
     capsys.readouterr()
     assert main(["leaderboard", "--tasks", "overload-burst", "--agents", str(out / "final.zip"), "--episodes", "1",
@@ -169,3 +169,16 @@ def test_a_signal_stops_es_after_the_generation_with_final_zip(tmp_path):
     assert meta["status"] == "stopped: signal SIGINT" and meta["generations"] == 1
     assert json.loads((tmp_path / "train.json").read_text())["status"] == "stopped: signal SIGINT"
     assert LinearScheduler.load(tmp_path / "final.zip").nvec == NVEC
+
+
+def test_a_run_is_finished_after_its_generations_and_stopped_only_before_them(tmp_path):
+    """--timesteps reached at the last generation asked for is a finished run, not a stopped one
+    (``--hyperparameters '{"generations": 1}' --timesteps 500`` said "stopped: timesteps reached")."""
+    from kvsched.agents.es import train_es
+
+    kw = {"reference_policy": "lars", "max_requests": 30, "window_s": 10.0}
+    one = ESConfig(generations=1, pairs=1, windows=1, validation_windows=0)
+    assert train_es("kvsched/Scheduling-v0", kw, tmp_path / "a", one, max_steps=1)["status"] == "finished"
+    two = ESConfig(generations=2, pairs=1, windows=1, validation_windows=0)
+    meta = train_es("kvsched/Scheduling-v0", kw, tmp_path / "b", two, max_steps=1)
+    assert meta["status"] == "stopped: timesteps reached" and meta["generations"] == 1
