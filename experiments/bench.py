@@ -904,7 +904,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--env-steps", type=int, help="steps per environment and agent with --envs (2000)")
     b.add_argument("--train", action="store_true",
                    help="also measure training: MaskablePPO steps per CPU second end to end and the environment "
-                        "alone, on kvsched/Scheduling-v0 and on CartPole-v1 under the same settings (subprocess)")
+                        "alone, on kvsched/Scheduling-v0 and on CartPole-v1 under the same settings (subprocess); alone "
+                        "(without --cases or --quick) it runs no simulator case; columns explained in "
+                        "docs/performance.md")
     b.add_argument("--train-steps", type=int, help="environment steps per measurement with --train (8192)")
     b.add_argument("--train-envs", type=int, help="environments per training process with --train (8)")
     b.add_argument("--profile", type=Path, metavar="DIR",
@@ -1008,9 +1010,10 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         console.print(training_table(training))
     if envs:
         console.print(envs_table(envs))
-    else:
+    elif entries:
         console.print(f"[dim]{GYM_NOTE}.[/]", highlight=False)
-    console.print(f"[dim]Memory: {MEMORY_METHOD}.[/]", highlight=False)
+    if entries:  # the memory column is the cases' (bench --train alone runs none)
+        console.print(f"[dim]Memory: {MEMORY_METHOD}.[/]", highlight=False)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_files.write_text(a.out, json.dumps(doc, indent=2, sort_keys=False) + "\n")

@@ -235,6 +235,8 @@ def test_bench_train_reports_training_beside_cartpole_in_one_run(capsys, monkeyp
     assert main(["bench", "--train", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "0.100" in printed  # 1,000 / 10,000 steps per CPU-s
+    # no case ran: the notes about the cases' memory column and unmeasured environments are not printed
+    assert "Memory:" not in printed and "not measured in this run" not in printed
     import json
 
     assert json.loads(out.read_text())["training"] == rows
