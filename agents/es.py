@@ -31,8 +31,6 @@ with the parameters and the observation / action sizes; ``train.json`` beside it
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import io
 import json
 import math
@@ -47,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsched import atomic_files
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.observation_layout import layout
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
@@ -300,6 +299,78 @@ def _mean(scores: list[float | None], keep: list[bool]) -> float:
     return float(np.mean(vals)) if vals else 0.0
 
 
+def _reference_play(env, ref: LinearScheduler, seeds: list[int], cap_factor: float,
+                    steps: list[int] | None) -> tuple[list[float | None], list[int]]:
+    """The reference's scores on ``seeds`` and each window's decision cap for the candidates
+    (``cap_factor`` x the reference's decisions there)."""
+    scores, caps = [], []
+    for s in seeds:
+        score, n = play(env, ref, s)
+        scores.append(score)
+        caps.append(max(1, math.ceil(cap_factor * n)))
+        if steps is not None:
+            steps[0] += n
+    return scores, caps
+
+
+def _population_fitness(env, policy_of: Callable[[np.ndarray], LinearScheduler], mean: np.ndarray, eps: np.ndarray,
+                        config: ESConfig, seeds: list[int], caps: list[int], keep: list[bool],
+                        rng: np.random.Generator, steps: list[int]) -> list[float]:
+    """The fitness of ``mean +- sigma * eps[i]`` (interleaved, ``+`` first): their mean score on
+    the generation's windows, or (``config.paired`` False, the ablation) on windows of their own."""
+    fit = []
+    for e in eps:
+        for sign in (1.0, -1.0):
+            cand = policy_of(mean + sign * config.sigma * e)
+            if config.paired:
+                fit.append(_mean(paired_fitness(env, cand, seeds, steps, caps), keep))
+            else:  # the ablation: each candidate on its own windows (arrival variance stays in the ranking)
+                own = [int(x) for x in rng.integers(0, 2**31 - 1, config.windows)]
+                scores = paired_fitness(env, cand, own, steps, [max(caps)] * len(own))
+                fit.append(_mean(scores, [x is not None for x in scores]))
+    return fit
+
+
+class _AdamAscent:
+    """Adam steps up a gradient (Kingma & Ba 2015; beta 0.9 / 0.999, eps 1e-8)."""
+
+    def __init__(self, n: int, learning_rate: float) -> None:
+        self.m, self.v, self.t, self.lr = np.zeros(n), np.zeros(n), 0, learning_rate
+
+    def step(self, grad: np.ndarray) -> np.ndarray:
+        """The parameter change for ``grad`` (bias-corrected moments)."""
+        self.t += 1
+        self.m = 0.9 * self.m + 0.1 * grad
+        self.v = 0.999 * self.v + 0.001 * grad * grad
+        return self.lr * ((self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-8))
+
+
+def _stop_reason(c0: float, w0: float, steps: int, max_cpu_s: float | None, max_wall_s: float | None,
+                 max_steps: int | None, signal_name: str | None) -> str | None:
+    """Why training stops after this generation (None: it goes on)."""
+    if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
+        return "cpu budget"
+    if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
+        return "wall budget"  # the word of kvsched train's other learners
+    if max_steps is not None and steps >= max_steps:
+        return "timesteps reached"
+    if signal_name:  # SIGINT / SIGTERM: stop after this generation, final.zip saved
+        return f"signal {signal_name}"
+    return None
+
+
+def _validate(env, ref: LinearScheduler, policy_of: Callable[[np.ndarray], LinearScheduler], mean: np.ndarray,
+              best: tuple[float, np.ndarray, int], config: ESConfig) -> dict[str, Any]:
+    """Scores of the reference, the last mean and the best generation's mean on
+    ``config.validation_windows`` train windows of seeds 10,000 on (paired, capped)."""
+    vseeds = [10_000 + i for i in range(config.validation_windows)]
+    vr, vcaps = _reference_play(env, ref, vseeds, config.step_cap_factor, None)
+    vkeep = [s is not None for s in vr]
+    return {"windows": vseeds, "reference": _mean(vr, vkeep),
+            "last": _mean(paired_fitness(env, policy_of(mean), vseeds, caps=vcaps), vkeep),
+            f"best_generation_{best[2]}": _mean(paired_fitness(env, policy_of(best[1]), vseeds, caps=vcaps), vkeep)}
+
+
 def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: ESConfig = ESConfig(), seed: int = 0,
              max_cpu_s: float | None = None, max_wall_s: float | None = None, max_steps: int | None = None,
              progress: Callable[[str], None] | None = None, command: str | None = None) -> dict[str, Any]:
@@ -356,7 +427,7 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
                             "kvsched_commit": _commit()}
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     rng = np.random.default_rng(seed)
-    m_adam, v_adam = np.zeros_like(mean), np.zeros_like(mean)
+    adam = _AdamAscent(len(mean), config.learning_rate)
     history: list[dict[str, Any]] = []
     best = (-math.inf, mean.copy(), 0)
     c0, w0 = time.process_time(), time.perf_counter()
@@ -367,33 +438,14 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
         for gen in range(1, config.generations + 1):
             seeds = [int(s) for s in rng.integers(0, 2**31 - 1, config.windows)]
             eps = rng.standard_normal((config.pairs, len(mean)))
-            ref_scores, caps = [], []
-            for s in seeds:
-                score, n = play(env, ref, s)
-                ref_scores.append(score)
-                caps.append(max(1, math.ceil(config.step_cap_factor * n)))
-                n_steps[0] += n
+            ref_scores, caps = _reference_play(env, ref, seeds, config.step_cap_factor, n_steps)
             keep = [s is not None for s in ref_scores]
             mean_scores = paired_fitness(env, policy_of(mean), seeds, n_steps, caps)
-            fit = []
-            for e in eps:
-                for sign in (1.0, -1.0):
-                    cand = policy_of(mean + sign * config.sigma * e)
-                    if config.paired:
-                        fit.append(_mean(paired_fitness(env, cand, seeds, n_steps, caps), keep))
-                    else:  # the ablation: each candidate on its own windows (arrival variance stays in the ranking)
-                        own = [int(x) for x in rng.integers(0, 2**31 - 1, config.windows)]
-                        scores = paired_fitness(env, cand, own, n_steps, [max(caps)] * len(own))
-                        fit.append(_mean(scores, [x is not None for x in scores]))
-            grad = es_gradient(eps, np.asarray(fit), config.sigma)
+            fit = _population_fitness(env, policy_of, mean, eps, config, seeds, caps, keep, rng, n_steps)
             gain = _mean(mean_scores, keep) - _mean(ref_scores, keep)
             if gain > best[0]:
                 best = (gain, mean.copy(), gen - 1)
-            # Adam ascent (Kingma & Ba 2015; beta 0.9 / 0.999, eps 1e-8)
-            m_adam = 0.9 * m_adam + 0.1 * grad
-            v_adam = 0.999 * v_adam + 0.001 * grad * grad
-            step = (m_adam / (1 - 0.9 ** gen)) / (np.sqrt(v_adam / (1 - 0.999 ** gen)) + 1e-8)
-            mean = mean + config.learning_rate * step
+            mean = mean + adam.step(es_gradient(eps, np.asarray(fit), config.sigma))
             policy_of(mean).save(out / "checkpoints" / f"es_gen{gen}.zip")
             row = {"generation": gen, "windows": seeds, "reference": _mean(ref_scores, keep),
                    "mean_before_update": _mean(mean_scores, keep), "paired_gain": gain,
@@ -406,33 +458,13 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
                          f"{row['mean_before_update']:.3f} (paired gain {gain:+.3f}), population best {max(fit):.3f}")
             if gen == config.generations:  # every generation asked for ran: finished, whatever else was reached
                 break
-            if max_cpu_s is not None and time.process_time() - c0 >= max_cpu_s:
-                stopped = "cpu budget"
+            stopped = _stop_reason(c0, w0, n_steps[0], max_cpu_s, max_wall_s, max_steps, signals.received)
+            if stopped:
                 break
-            if max_wall_s is not None and time.perf_counter() - w0 >= max_wall_s:
-                stopped = "wall budget"  # the word of kvsched train's other learners
-                break
-            if max_steps is not None and n_steps[0] >= max_steps:
-                stopped = "timesteps reached"
-                break
-            if signals.received:  # SIGINT / SIGTERM: stop after this generation, final.zip saved
-                stopped = f"signal {signals.received}"
-                break
-    final, chosen = mean, "last"
-    validation = None
+    final, chosen, validation = mean, "last", None
     if config.validation_windows and not signals.received:  # a signal asks to stop now: keep the last
-        vseeds = [10_000 + i for i in range(config.validation_windows)]
-        vr, vcaps = [], []
-        for s in vseeds:
-            score, n = play(env, ref, s)
-            vr.append(score)
-            vcaps.append(max(1, math.ceil(config.step_cap_factor * n)))
-        vkeep = [s is not None for s in vr]
-        v_last = _mean(paired_fitness(env, policy_of(mean), vseeds, caps=vcaps), vkeep)
-        v_best = _mean(paired_fitness(env, policy_of(best[1]), vseeds, caps=vcaps), vkeep)
-        validation = {"windows": vseeds, "reference": _mean(vr, vkeep), "last": v_last,
-                      f"best_generation_{best[2]}": v_best}
-        if v_best > v_last:
+        validation = _validate(env, ref, policy_of, mean, best, config)
+        if validation[f"best_generation_{best[2]}"] > validation["last"]:
             final, chosen = best[1], f"generation {best[2]} (best paired gain during training)"
     policy_of(final).save(out / "final.zip")
     env.close()

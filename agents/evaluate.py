@@ -24,8 +24,6 @@ when found).
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import json
 import math
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError
 from kvsched import atomic_files
 

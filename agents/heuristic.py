@@ -19,10 +19,9 @@ and ``SubprocVecEnv`` alike).
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import numpy as np
 
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import require
 
 

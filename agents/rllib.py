@@ -26,8 +26,6 @@ default install never imports Ray.
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import json
 import math
 import sys
@@ -37,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError
 from kvsched import atomic_files
 

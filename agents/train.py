@@ -24,8 +24,6 @@ MultiDiscrete; MaskablePPO uses ``action_masks()``), ``dqn`` (Discrete: on Sched
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import json
 import os
 import sys
@@ -33,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError
 from kvsched import atomic_files
 

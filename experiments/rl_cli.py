@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from kvsched.envs import SCHEDULING_IDS
-
 import argparse
 import sys
 import json
@@ -13,6 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from .cli_types import count, integer, number, seed
