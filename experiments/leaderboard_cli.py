@@ -137,7 +137,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
         saved = save_shipped(a.save_agents, a.suite, agents, dict(zip(agents, names)),
                              " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else "")
         shown = shipped_path(a.suite, folder).resolve() == a.save_agents.resolve()
-        console.print(f"saved {', '.join(saved)} to {a.save_agents}" + (
+        from .consoles import stderr_console
+
+        # on stderr: stdout holds the rows (--json, --markdown), which must stay parseable
+        stderr_console().print(f"saved {', '.join(saved)} to {a.save_agents}" + (
             "" if shown else f" (the leaderboard shows the shipped agents of <results folder>/{a.suite}-agents.json: "
             f"this file is shown when it is that file of the folder given to --results)"),
             highlight=False, markup=False)

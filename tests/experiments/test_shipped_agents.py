@@ -57,6 +57,7 @@ def test_save_agents_records_scores_path_and_command(tmp_path, capsys):
     out = tmp_path / "agents.json"
     assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt), "--save-agents", str(out),
                  "--json"]) == 0
+    json.loads(capsys.readouterr().out)  # --json stays parseable: the "saved" line goes to stderr
     saved = json.loads(out.read_text())
     entry = saved["agents"]["final.zip"]
     assert entry["training"]["command"] == "kvsched train --algo es ..." and entry["checkpoint"].endswith("final.zip")
@@ -142,11 +143,11 @@ def test_save_agents_keeps_two_runs_of_the_same_file_name_and_says_where_it_is_s
                      "--save-agents", str(out), "--json"]) == 0
     agents = load_shipped("v1", folder)
     assert {e["checkpoint"] for e in agents.values()} == {str(a), str(b)}  # the second did not replace the first
-    assert "the leaderboard shows" not in capsys.readouterr().out  # saved where --results reads it
+    assert "the leaderboard shows" not in capsys.readouterr().err  # saved where --results reads it
     elsewhere = tmp_path / "mine.json"
     assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(a),
                  "--save-agents", str(elsewhere)]) == 0
-    assert "shown when it is that file of the folder given to --results" in capsys.readouterr().out
+    assert "shown when it is that file of the folder given to --results" in capsys.readouterr().err
 
 
 def test_a_checkpoint_saved_from_the_checkout_is_found_again():
