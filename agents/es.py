@@ -138,9 +138,16 @@ class LinearScheduler:
 
     def save(self, path: str | Path) -> None:
         """Write the checkpoint (whole or not at all)."""
+        arrays = {"theta": self.theta, "k": np.int64(self.k), "nvec": np.asarray(self.nvec, dtype=np.int64),
+                  "observation_version": np.int64(self.observation_version)}
         buf = io.BytesIO()
-        np.savez(buf, theta=self.theta, k=np.int64(self.k), nvec=np.asarray(self.nvec, dtype=np.int64),
-                 observation_version=np.int64(self.observation_version))
+        # an .npz archive (what np.load reads) with fixed entry times, so the same parameters give
+        # the same bytes (np.savez stamps each entry with the current time)
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            for name, value in arrays.items():
+                entry = io.BytesIO()
+                np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
+                z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), entry.getvalue())
         atomic_files.write_bytes(Path(path), buf.getvalue())
 
     @classmethod

@@ -182,3 +182,17 @@ def test_a_run_is_finished_after_its_generations_and_stopped_only_before_them(tm
     two = ESConfig(generations=2, pairs=1, windows=1, validation_windows=0)
     meta = train_es("kvsched/Scheduling-v0", kw, tmp_path / "b", two, max_steps=1)
     assert meta["status"] == "stopped: timesteps reached" and meta["generations"] == 1
+
+
+def test_same_parameters_give_the_same_checkpoint_bytes(tmp_path):
+    """np.savez stamped each archive entry with the current time, so a re-run's checkpoint
+    differed from the original in its bytes; entries now carry a fixed time."""
+    import zipfile
+
+    pol = LinearScheduler(16, NVEC, np.linspace(-1, 1, LinearScheduler(16, NVEC).size()))
+    pol.save(tmp_path / "a.zip")
+    pol.save(tmp_path / "b.zip")
+    assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
+    with zipfile.ZipFile(tmp_path / "a.zip") as z:
+        assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    assert np.array_equal(LinearScheduler.load(tmp_path / "a.zip").theta, pol.theta)
