@@ -24,6 +24,8 @@ from .stats import Paired, headroom, paired
 from kvsched import atomic_files
 
 FORMAT = "kvsched-bench-results/1"
+#: the label suffix of shipped agents' rows (:mod:`.shipped`)
+SHIPPED_SUFFIX = " (shipped)"
 
 
 def results_dir() -> Path:
@@ -233,6 +235,10 @@ def suite_table(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                                      "tuned_best", "tuned_mean", "headroom", "headroom_lo",
                                                      "headroom_hi")})
         label, mean = r["agent"], r["mean"]
+        if r["kind"] == "agent" and label.endswith(SHIPPED_SUFFIX):  # one column for them all (each task has its own)
+            row.setdefault("shipped", []).append((label[:-len(SHIPPED_SUFFIX)].removesuffix(".zip"), mean,
+                                                  r["normalised"], r["norm_lo"], r["norm_hi"]))
+            continue
         if r["kind"] == "agent":
             row[f"agent {label}"] = (mean, r["normalised"], r["norm_lo"], r["norm_hi"])
             continue
@@ -254,8 +260,11 @@ def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
         return "-" if x is None else f"{100 * x:+.1f}"
 
     agents = sorted({k for r in table for k in r if k.startswith("agent ")})
+    shipped = any("shipped" in r for r in table)
     head = ["task", "stratum", "episodes", "isolation bound", "hindsight bound", "tuned best", "headroom (pts, 95 % CI)",
-            "best default", "best constant", "random", "behaviour clone", *[a[6:] + " (normalised)" for a in agents]]
+            "best default", "best constant", "random", "behaviour clone",
+            *(["shipped agents: mean (normalised [95 % CI])"] if shipped else []),
+            *[a[6:] + " (normalised)" for a in agents]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         bd, bc = r.get("best_default"), r.get("best_constant")
@@ -265,6 +274,9 @@ def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
                  f"{bd[0].removesuffix(' (default)')} {f(bd[1])}" if bd else "-",
                  f"{bc[0].removeprefix('constant ')} {f(bc[1])}" if bc else "-",
                  f(r.get("random")), f(r.get("behaviour clone"))]
+        if shipped:
+            cells.append("<br>".join(f"{name} {f(m)} ({f(n)} [{f(lo)}, {f(hi)}])"
+                                     for name, m, n, lo, hi in r.get("shipped", [])) or "-")
         for a in agents:
             v = r.get(a)
             cells.append("-" if v is None else f"{f(v[0])} ({f(v[1])} [{f(v[2])}, {f(v[3])}])")

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
-from .results import provenance, results_dir, write_json
+from .results import SHIPPED_SUFFIX, provenance, results_dir, write_json
 
 FORMAT = "kvsched-bench-agents/1"
-SUFFIX = " (shipped)"
+SUFFIX = SHIPPED_SUFFIX
 
 
 def shipped_path(suite: str, folder: Path | None = None) -> Path:
