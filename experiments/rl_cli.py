@@ -140,7 +140,7 @@ def _task_args(args) -> str:
 
     env_id, task_kw = task_training(args.suite, args.task, args.suite_results)
     # another observation version of the task's scheduling environment is allowed (it observes more)
-    other_version = args.env in SCHEDULING_IDS and env_id in SCHEDULING_IDS
+    other_version = args.env in SCHEDULING_IDS and env_id in SCHEDULING_IDS and args.env != env_id
     clash = [f for f, v in (("--env", args.env and not other_version), ("--scenario", args.scenario),
                             ("--window-s", args.window_s)) if v]
     if clash:

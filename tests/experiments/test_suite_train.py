@@ -101,3 +101,15 @@ def test_a_bc_dataset_that_is_not_there_is_named(tmp_path, capsys):
                "--timesteps", "8", "--bc-dataset", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "no Minari dataset 'kvsched/overload-burst/lars-v1' there" in err
+
+
+def test_train_task_takes_the_other_observation_version_of_its_environment(tmp_path):
+    """--env kvsched/Scheduling-v1 with a Scheduling-v0 task trains on the task with observation
+    version 1 (the task's own id is still refused as redundant, above)."""
+    res = results(tmp_path / "res")
+    out = tmp_path / "o"
+    hp = json.dumps({"generations": 1, "pairs": 1, "windows": 1, "validation_windows": 0})
+    assert main(["train", "--task", "overload-burst", "--suite-results", str(res), "--env", "kvsched/Scheduling-v1",
+                 "--algo", "es", "--timesteps", "1", "--out", str(out), "--hyperparameters", hp, "--no-progress"]) == 0
+    meta = json.loads((out / "train.json").read_text())
+    assert meta["env_id"] == "kvsched/Scheduling-v1" and meta["env_kwargs"]["scenario"].endswith("overload-burst")
