@@ -127,7 +127,8 @@ def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Ma
     shipped-agents file ``path``, with each checkpoint's path (relative to the repository when
     inside it) and its training metadata (non-finite numbers as strings: :func:`finite_json`).
     An agent whose label (its checkpoint's file name) already names another checkpoint in the
-    file is saved under its checkpoint's path instead.
+    file is saved under its checkpoint's path instead; the same checkpoint saved again keeps its
+    scores on the tasks not evaluated this time.
 
     Returns:
         label -> checkpoint path, of the agents saved.
@@ -153,8 +154,10 @@ def save_shipped(path: Path, suite: str, evaluated: Mapping[str, Mapping[str, Ma
             # another checkpoint of the same file name (runs/a/final.zip, then runs/b/final.zip):
             # keep both, this one under its path
             label = rel
+        # the same checkpoint saved again keeps its scores on the tasks not evaluated this time
+        kept = dict(old["scores"]) if old is not None and old.get("checkpoint") == rel else {}
         data["agents"][label] = {"checkpoint": rel, "training": finite_json(checkpoint_meta(p)), "evaluated_with":
-                                 provenance(command), "scores": {t: dict(s) for t, s in per_task.items()}}
+                                 provenance(command), "scores": {**kept, **{t: dict(s) for t, s in per_task.items()}}}
         saved[label] = rel
     write_json(path, data)
     return saved

@@ -155,3 +155,14 @@ def test_a_checkpoint_saved_from_the_checkout_is_found_again():
 
     assert checkpoint_file({"checkpoint": "runs/x/final.zip"}) == repository_root() / "runs/x/final.zip"
     assert checkpoint_file({"checkpoint": "agents/checkpoints/scheduling_maskable_ppo.zip"}).is_file()
+
+
+def test_saving_an_agent_again_keeps_its_scores_on_other_tasks(tmp_path):
+    """Saving a checkpoint evaluated on task B replaced its task-A scores."""
+    from kvsched.experiments.suite.shipped import save_shipped
+
+    ckpt = _es_checkpoint(tmp_path / "run", {})
+    out = tmp_path / "v1-agents.json"
+    save_shipped(out, "v1", {"final.zip": {"a": {"all": [0.5]}}}, {"final.zip": str(ckpt)}, "kvsched ...")
+    save_shipped(out, "v1", {"final.zip": {"b": {"all": [0.7]}}}, {"final.zip": str(ckpt)}, "kvsched ...")
+    assert load_shipped("v1", tmp_path)["final.zip"]["scores"] == {"a": {"all": [0.5]}, "b": {"all": [0.7]}}
