@@ -11,7 +11,8 @@ computed at once over a padded ``(batch, parts, max choices)`` tensor:
   masked entries set to -1e8 (sb3-contrib's ``HUGE_NEG``, so a masked choice has probability
   exactly 0 in float32, as there) and the padding to -inf (never drawn, even in a part whose
   every choice is masked);
-- one ``log_softmax`` over the last axis gives every part's log-probabilities;
+- ``x - logsumexp(x)`` over the last axis gives every part's log-probabilities (as torch's
+  ``Categorical``, so they equal sb3-contrib's to the last bit);
 - a sample is the arg-max of log-probabilities plus Gumbel noise (Gumbel-max: an exact sample
   of the categorical), drawn from torch's seeded generator; ``deterministic`` takes the arg-max;
 - the log-probability of the action is the sum over parts, as sb3-contrib's.
@@ -29,7 +30,7 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
-
+#: the logit given to masked choices (sb3-contrib ``MaskableCategorical``'s HUGE_NEG; padding is -inf)
 #: the logit given to masked choices and padding (sb3-contrib ``MaskableCategorical``'s HUGE_NEG)
 MASKED_LOGIT = -1e8
 
