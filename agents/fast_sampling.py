@@ -30,8 +30,8 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+
 #: the logit given to masked choices (sb3-contrib ``MaskableCategorical``'s HUGE_NEG; padding is -inf)
-#: the logit given to masked choices and padding (sb3-contrib ``MaskableCategorical``'s HUGE_NEG)
 MASKED_LOGIT = -1e8
 
 
