@@ -26,6 +26,7 @@ choices are never drawn, and the empirical frequencies match the probabilities.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import torch as th
 from gymnasium import spaces
