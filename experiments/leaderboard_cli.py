@@ -82,6 +82,10 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.save_agents is not None and (not a.agents or a.episodes is not None):
         raise KvschedError(f"--save-agents {bounded_repr(str(a.save_agents))}: keeps agents evaluated on every "
                            "episode: give --agents and leave out --episodes")
+    not_checkpoints = [x.strip() for x in (a.agents or "").split(",") if x.strip() and not x.strip().endswith(".zip")]
+    if a.save_agents is not None and not_checkpoints:  # before minutes of evaluation, not after
+        raise KvschedError(f"--save-agents keeps learned agents (checkpoints .zip); "
+                           f"{bounded_repr(', '.join(not_checkpoints))} are not: evaluate them without --save-agents")
     if a.save_agents is not None and _is_file(a.save_agents):  # checked before minutes of evaluation
         from .suite.shipped import _read_agents
 

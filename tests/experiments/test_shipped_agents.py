@@ -166,3 +166,16 @@ def test_saving_an_agent_again_keeps_its_scores_on_other_tasks(tmp_path):
     save_shipped(out, "v1", {"final.zip": {"a": {"all": [0.5]}}}, {"final.zip": str(ckpt)}, "kvsched ...")
     save_shipped(out, "v1", {"final.zip": {"b": {"all": [0.7]}}}, {"final.zip": str(ckpt)}, "kvsched ...")
     assert load_shipped("v1", tmp_path)["final.zip"]["scores"] == {"a": {"all": [0.5]}, "b": {"all": [0.7]}}
+
+
+def test_save_agents_refuses_heuristics_before_evaluating(tmp_path, capsys, monkeypatch):
+    """--save-agents with a heuristic among --agents was refused only after the whole evaluation."""
+    import kvsched.experiments.suite.agents as suite_agents
+
+    monkeypatch.setattr(suite_agents, "evaluate_agent", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    folder = planted_results(tmp_path / "res")
+    ckpt = _es_checkpoint(tmp_path / "run", {})
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", f"{ckpt},lars",
+                 "--save-agents", str(folder / "v1-agents.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--save-agents keeps learned agents" in err and "'lars'" in err and "Traceback" not in err
