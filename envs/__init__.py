@@ -39,7 +39,7 @@ ID_KWARGS: dict[str, dict] = {"kvsched/Scheduling-v1": {"observation_version": 1
 #: environment id -> Gymnasium entry point (module:class; the module loads on ``gymnasium.make``)
 ENTRY_POINTS: dict[str, str] = {
     "kvsched/Scheduling-v0": "kvsched.envs.scheduling_env:SchedulingEnv",
-    "kvsched/Scheduling-v1": "kvsched.envs.scheduling_env:SchedulingEnv",
+    "kvsched/Scheduling-v1": "kvsched.envs.scheduling_env:SchedulingEnvV1",
     "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
     "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
 }

@@ -8,6 +8,7 @@ its decision points into Gymnasium steps (observation: :mod:`.observation`, acti
 from __future__ import annotations
 
 
+import inspect
 from collections.abc import Mapping
 
 import gymnasium as gym
@@ -332,3 +333,24 @@ class SchedulingEnv(gym.Env):
         first_id = int(t.request_id[0 if order is None else order[0]])
         a[0] = int(np.flatnonzero(self._shown_ids == first_id)[0])
         return a if self.action_mode == "multi" else a[0]
+
+
+class SchedulingEnvV1(SchedulingEnv):
+    """``kvsched/Scheduling-v1``: :class:`SchedulingEnv` with observation version 1.
+
+    Gymnasium merges ``make``'s keyword arguments over the id's own, so without this class
+    ``gymnasium.make("kvsched/Scheduling-v1", observation_version=0)`` silently made a version-0
+    environment under the v1 id.
+
+    Raises:
+        ConfigError: an ``observation_version`` other than 1.
+    """
+
+    def __init__(self, *args, observation_version: int = 1, **kwargs) -> None:
+        require(type(observation_version) is int and observation_version == 1, "observation_version",
+                observation_version, "1 for kvsched/Scheduling-v1 (kvsched/Scheduling-v0 has version 0)")
+        super().__init__(*args, observation_version=1, **kwargs)
+
+
+# the same parameters as SchedulingEnv for the callers that read them (kvsched train's --env-kwargs check)
+SchedulingEnvV1.__init__.__signature__ = inspect.signature(SchedulingEnv.__init__)  # type: ignore[attr-defined]

@@ -116,3 +116,11 @@ def test_a_large_predictor_error_is_an_observation_not_a_crash():
         if term or trunc:
             break
     assert env.observation_space.contains(obs)
+
+
+def test_the_v1_id_refuses_another_observation_version():
+    """Gymnasium merges make's kwargs over the id's: observation_version=0 silently gave a
+    version-0 environment under the v1 id."""
+    with pytest.raises(ConfigError, match="observation_version"):
+        gym.make("kvsched/Scheduling-v1", observation_version=0)
+    assert gym.make("kvsched/Scheduling-v1", observation_version=1).observation_space.shape == (K * 11 + 18,)
