@@ -48,6 +48,7 @@ from kvsched import atomic_files
 from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.observation_layout import layout
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.provenance import git_commit
 
 N_ROW, N_INST = layout(0)  # observation version 0's widths (the default)
 
@@ -81,6 +82,7 @@ class LinearScheduler:
         theta = self.initial() if theta is None else np.asarray(theta, dtype=np.float64)
         require(theta.shape == (self.size(),), "theta", f"shape {theta.shape}", f"shape ({self.size()},)")
         self.theta = theta
+        self._parts = self._split()  # views of theta, split once (act runs at every decision)
 
     def size(self) -> int:
         """Number of parameters: ``row features + 1`` (slot) ``+ sum(nvec[1:]) x (instance features + 1)``
@@ -108,7 +110,7 @@ class LinearScheduler:
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The action for one observation ``(K*9 + 10,)`` and its mask ``(sum(nvec),)`` (True =
         allowed; sb3-contrib's concatenated layout)."""
-        v, u, w, b = self._split()
+        v, u, w, b = self._parts
         rows = obs[:self.k * self.n_row].reshape(self.k, self.n_row)
         inst = obs[self.k * self.n_row:]
         out = np.zeros(len(self.nvec), dtype=np.int64)
@@ -431,7 +433,7 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
                             "env_kwargs": {k: v for k, v in kw.items() if k != "split"}, "seed": seed,
                             "hyperparameters": asdict(config), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s,
                             "pid": os.getpid(), "parameters": ref.size(), "eval_split": "train",
-                            "kvsched_commit": _commit()}
+                            "kvsched_commit": git_commit()}
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     rng = np.random.default_rng(seed)
     adam = _AdamAscent(len(mean), config.learning_rate)
@@ -481,10 +483,3 @@ def train_es(env_id: str, env_kwargs: dict[str, Any], out: str | Path, config: E
                  "episodes": len(history) * config.windows * (2 * config.pairs + 2), "timesteps": n_steps[0]})
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     return meta
-
-
-def _commit() -> str | None:
-    """The checkout's commit the run trains with (``+dirty`` with local changes), or None."""
-    from kvsched.provenance import git_commit
-
-    return git_commit()

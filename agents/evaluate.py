@@ -38,6 +38,10 @@ from kvsched import atomic_files
 
 METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 
+#: learners whose checkpoints take the action mask (Scheduling's): sb3-contrib's MaskablePPO and
+#: the evolution-strategy scheduler (kvsched.agents.es)
+MASKED_ALGOS = ("maskable_ppo", "es")
+
 
 def _sidecar(ckpt: Path) -> dict:
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
@@ -96,7 +100,7 @@ def run_learned(ckpt: Path, episodes: list[tuple[int, int, int]], scenario: str 
     env = gym.make(meta["env_id"], **kw).unwrapped
     model = _load_model(ckpt, meta)
     # MaskablePPO and RLlib's masking module take the mask (Scheduling-v0; all-True elsewhere)
-    masked = meta["algo"] in ("maskable_ppo", "es") or (meta.get("backend") == "rllib"
+    masked = meta["algo"] in MASKED_ALGOS or (meta.get("backend") == "rllib"
                                                  and meta["env_id"] in SCHEDULING_IDS)
     rows, ttfts = [], []
     name = ckpt.name + (" (stochastic)" if stochastic else "")

@@ -20,10 +20,6 @@ from .episodes import Episode, episode_indices
 from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
 from .tasks import BenchTask
 
-#: learners whose checkpoints take the action mask (Scheduling-v0's): sb3-contrib's MaskablePPO
-#: and the evolution-strategy scheduler (kvsched.agents.es)
-MASKED_ALGOS = ("maskable_ppo", "es")
-
 
 def stratum_episodes(task_result: Mapping[str, Any], stratum: str, limit: int | None = None) -> list[Episode]:
     """The episodes of ``stratum`` of a task's results (the first ``limit`` when given)."""
@@ -244,6 +240,8 @@ def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
             raise ConfigError(f"checkpoint {bounded_repr(agent)} observes shape {model.observation_space.shape} and "
                               f"acts in {model.action_space}; task {task.name}'s environment gives "
                               f"{env.observation_space.shape} and {env.action_space}")
+        from kvsched.agents.evaluate import MASKED_ALGOS
+
         masked = meta.get("algo") in MASKED_ALGOS
         return "env", (lambda i: model_actor(model, masked)), env
     return "heuristic", None, None

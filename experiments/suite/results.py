@@ -44,9 +44,10 @@ def provenance(command: str) -> dict[str, Any]:
     import optuna
 
     import kvsched
+    from kvsched.provenance import git_commit
 
     out = {"command": command, "kvsched_version": kvsched.__version__, "python": platform.python_version(),
-           "numpy": numpy.__version__, "optuna": optuna.__version__, "kvsched_commit": _git_commit()}
+           "numpy": numpy.__version__, "optuna": optuna.__version__, "kvsched_commit": git_commit()}
     try:
         import gymnasium
 
@@ -54,13 +55,6 @@ def provenance(command: str) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - the rl extra is needed to compute
         pass
     return out
-
-
-def _git_commit() -> str | None:
-    """The repository's commit (:func:`kvsched.provenance.git_commit`)."""
-    from kvsched.provenance import git_commit
-
-    return git_commit()
 
 
 def write_json(path: Path, data: Any) -> None:
