@@ -148,14 +148,18 @@ def reference_attainment(env, window: Mapping[str, Any]) -> float | None:
             return None if summary is None else summary["classes"]["all"]["slo"]["attainment"]
 
 
-def slo_eval_callback(masked: bool, eval_env, reference_env=None, **kwargs):
+def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom: float | None = None, **kwargs):
     """SB3's ``EvalCallback`` (``MaskableEvalCallback`` when ``masked``) that also logs
     :func:`summary_metrics` of the evaluation episodes under ``eval/`` and keeps the latest in
     ``last_metrics``. With ``reference_env`` (a Scheduling-v0 environment of the evaluation's
     split), the reference policy serves the same episodes and ``eval/reference_slo_attainment``
     and ``eval/slo_attainment_vs_reference`` (the paired mean difference; > 0: the agent beats its
     reference on those windows) are logged too; each window's reference score is computed once.
-    ``kwargs`` go to the SB3 class."""
+    With ``bench_headroom`` (a bench task's hard-stratum headroom, SLO attainment: ``kvsched
+    train --task``) also ``eval/bench_score_estimate`` = that paired difference / the headroom: an
+    estimate, on the evaluation's (train) windows, of the normalised bench score the leaderboard
+    measures on held-out ones (1: the agent closes the measured headroom). ``kwargs`` go to the
+    SB3 class."""
     if masked:
         from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as base
     else:
@@ -201,7 +205,11 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, **kwargs):
                     pairs.append((mine, ref))
             if not pairs:
                 return {}
-            return {"reference_slo_attainment": sum(r for _, r in pairs) / len(pairs),
-                    "slo_attainment_vs_reference": sum(m - r for m, r in pairs) / len(pairs)}
+            gain = sum(m - r for m, r in pairs) / len(pairs)
+            out = {"reference_slo_attainment": sum(r for _, r in pairs) / len(pairs),
+                   "slo_attainment_vs_reference": gain}
+            if bench_headroom:
+                out["bench_score_estimate"] = gain / bench_headroom
+            return out
 
     return _SloEval(eval_env, **kwargs)

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,23 +151,25 @@ def planned_timesteps(model, timesteps: int) -> int:
 
 
 def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int, reference_env,
-           checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
+           bench_headroom: float | None, checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
            max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
     """Run ``model.learn`` with the checkpoint, evaluation, budget and signal callbacks, save
     ``final.zip`` (also when stopped early), and return what ``train.json`` adds at the end."""
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
 
     from .callbacks import SignalStop, budget_callback, slo_eval_callback
+    from .semi_mdp import ElapsedCallback
 
     budget = budget_callback(max_cpu_s, max_wall_s)
     evaluation = slo_eval_callback(algo == "maskable_ppo", eval_env, reference_env=reference_env,
+                                   bench_headroom=bench_headroom,
                                    n_eval_episodes=eval_episodes,
                                    eval_freq=max(1, eval_every // n_envs), log_path=str(out / "eval"),
                                    best_model_save_path=str(out / "eval"), deterministic=True)
     start_steps = model.num_timesteps
     t0, c0 = time.time(), time.process_time()
     with SignalStop() as signals:
-        callbacks = CallbackList([budget, signals.callback(), evaluation, CheckpointCallback(
+        callbacks = CallbackList([ElapsedCallback(), budget, signals.callback(), evaluation, CheckpointCallback(
             save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"), name_prefix=algo)])
         model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
                     reset_num_timesteps=reset, tb_log_name=algo)
@@ -208,7 +211,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           max_cpu_s: float | None = None, eval_split: str = "heldout",
           max_wall_s: float | None = None, policy_net: str = "mlp",
           reference_bias: float = 0.0, bc_dataset: str | None = None, bc_dataset_id: str | None = None,
-          bc_epochs: int = 5) -> dict[str, Any]:
+          bc_epochs: int = 5, discount_time_s: float | None = None,
+          bench_headroom: float | None = None) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
@@ -228,6 +232,14 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     ``bc_dataset`` warm-starts a new model by behaviour cloning on Minari demonstrations before
     RL (:func:`kvsched.agents.warm_start.load_demonstrations`: a dataset id, or a folder and
     ``bc_dataset_id``), ``bc_epochs`` epochs.
+
+    ``discount_time_s`` (PPO, MaskablePPO) discounts by simulated time instead of per decision:
+    ``gamma`` per ``discount_time_s`` seconds (:mod:`kvsched.agents.semi_mdp`); kept by a resumed
+    checkpoint. Refused with potential-based reward shaping, whose invariance needs the
+    per-decision discount.
+
+    ``bench_headroom`` (``kvsched train --task``: the task's hard-stratum headroom) adds
+    ``eval/bench_score_estimate`` to the evaluations (:func:`kvsched.agents.callbacks.slo_eval_callback`).
 
     ``eval_split`` is the split of the periodic evaluations (and of ``eval/best_model.zip``, the
     checkpoint they select): "heldout" by default; "train" (other seeds than training's) when the
@@ -256,6 +268,18 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     if reference_bias and (env_id not in SCHEDULING_IDS or algo not in ("ppo", "maskable_ppo")):
         raise ConfigError(f"--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0, whose action 0 "
                           f"is the reference policy; got --algo {algo} on {env_id}")
+    if discount_time_s is not None:
+        from .semi_mdp import check_discount_time_s
+
+        discount_time_s = check_discount_time_s(discount_time_s)
+        if algo not in ("ppo", "maskable_ppo"):
+            raise ConfigError(f"--discount-time-s is for --algo ppo or maskable_ppo (GAE over a rollout); got --algo "
+                              f"{algo}")
+        reward = (env_kwargs or {}).get("reward")
+        shaping = getattr(reward, "shaping", None) if not isinstance(reward, Mapping) else reward.get("shaping")
+        if shaping:
+            raise ConfigError("--discount-time-s with reward shaping: the shaping term is policy-invariant only under "
+                              "the per-decision discount shaping_gamma; use one or the other")
     if eval_split not in ("train", "heldout"):
         raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
@@ -285,12 +309,18 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     eval_env = make_vec_env(env_id, {**kw, "split": eval_split}, n_envs=1, seed=seed + 10_000)
     hp = default_hyperparameters(algo, n_envs)
     hp.update(hyperparameters or {})
+    time_discount: dict[str, Any] = {}
+    if discount_time_s is not None:
+        from .semi_mdp import time_discount_buffer_class
+
+        time_discount = {"rollout_buffer_class": time_discount_buffer_class(algo == "maskable_ppo"),
+                         "rollout_buffer_kwargs": {"discount_time_s": discount_time_s}}
+        hp.update(time_discount)
     if resume is not None:
-        hp = dict(hyperparameters or {})  # the rest comes from the checkpoint
+        hp = {**(hyperparameters or {}), **time_discount}  # the rest comes from the checkpoint
         # hyper-parameters given now override the saved ones (e.g. n_steps for another n_envs)
         try:
-            model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu",
-                             **(hyperparameters or {}))
+            model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu", **hp)
         except (ValueError, KeyError, TypeError) as e:  # not a zip (SB3: ValueError), another env's spaces,
             # another algorithm's checkpoint
             why = str(e).splitlines()[0] if str(e) else repr(e)
@@ -333,7 +363,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         "pid": os.getpid(), "max_cpu_s": max_cpu_s, "max_wall_s": max_wall_s, "eval_split": eval_split,
         "reference_bias": reference_bias, "behaviour_cloning": bc_info,
         "policy_net": "candidate-set" if type(model.policy).__name__.startswith("CandidateSet") else "mlp",
-        "checkpoint_every": checkpoint_every, "eval_every": eval_every,
+        "checkpoint_every": checkpoint_every, "eval_every": eval_every, "bench_headroom": bench_headroom,
+        "discount_time_s": getattr(getattr(model, "rollout_buffer", None), "discount_time_s", None),
     }
     # written now: a checkpoint of a run that is killed can still be evaluated
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
@@ -343,7 +374,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
 
         reference_env = gym.make(env_id, **{**kw, "split": eval_split})
     meta.update(_learn(model, algo, timesteps, out, eval_env, reset=reset, n_envs=n_envs,
-                       reference_env=reference_env,
+                       reference_env=reference_env, bench_headroom=bench_headroom,
                        checkpoint_every=checkpoint_every, eval_every=eval_every, eval_episodes=eval_episodes,
                        progress_bar=progress_bar, max_cpu_s=max_cpu_s, max_wall_s=max_wall_s))
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))

@@ -69,7 +69,9 @@ def unfinished(cluster: Cluster) -> list:
 
 def step_info(env, time_s: float, extra: dict) -> dict:
     """The ``info`` dict every kvsched environment returns: action mask, simulated time (s),
-    decisions so far, the episode's window, plus ``extra``."""
+    decisions so far, the episode's window, plus ``extra`` (after a step: ``reward_components``
+    and ``elapsed_s``, the simulated seconds from the decision the step acted on to the next one
+    or the episode's end, which a semi-MDP learner discounts by: :mod:`kvsched.agents.semi_mdp`)."""
     return {"action_mask": env.action_masks(), "time_s": time_s, "decisions": env.decisions,
             "window": dict(env.episode), **extra}
 

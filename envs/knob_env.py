@@ -316,7 +316,7 @@ class KnobEnv(gym.Env):
         self._arrived0 = cluster.arrived
         terminated = point is None
         truncated = not terminated and t >= self.horizon_s
-        extra = {"knobs": values}
+        extra = {"knobs": values, "elapsed_s": self.interval_s}
         obs = self._observe(reward.met - met0, reward.missed - missed0, arrived, values)
         if truncated:
             comps["truncation"] = reward.truncation_penalty(unfinished(cluster), t)

@@ -101,6 +101,7 @@ class RoutingEnv(gym.Env):
         self.decisions = 0
         self._over = False
         self._point = self.cluster.run_until_decision(self.horizon_s)
+        self._decided_s = self.cluster.now_s  # the time of the decision the next step acts on
         return self._observe(), self._info({})
 
     def _observe(self) -> np.ndarray:
@@ -171,7 +172,8 @@ class RoutingEnv(gym.Env):
         comps = self.slo_reward.collect(self.cluster.recorder.rows)
         terminated = self._point is None
         truncated = self._point is not None and self._point.kind == "time"
-        extra = {}
+        extra = {"elapsed_s": self.cluster.now_s - self._decided_s}
+        self._decided_s = self.cluster.now_s
         states = unfinished(self.cluster)
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(states, self.cluster.now_s)

@@ -255,6 +255,7 @@ class SchedulingEnv(gym.Env):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
         invalid = False
+        decided_s = self._last_decision_s  # the time of the decision this step acts on
         if isinstance(self._pending_end, str) and self._pending_end == _DECIDING:
             decision, invalid = self.decode(action)
             self.agent_policy.decision = decision
@@ -272,7 +273,7 @@ class SchedulingEnv(gym.Env):
         truncated = point is not None and point.kind == "time"
         if self.reward_config.early_miss and not terminated and not truncated:
             comps["slo_missed"] += self.slo_reward.certain_misses(unfinished(cluster), cluster.now_s)
-        extra = {"invalid_action": invalid}
+        extra = {"invalid_action": invalid, "elapsed_s": cluster.now_s - decided_s}
         if truncated:
             comps["truncation"] = self.slo_reward.truncation_penalty(unfinished(cluster), cluster.now_s)
         if self.reward_config.shaping:  # gamma * Phi(s') - Phi(s); Phi = 0 once the episode ended

@@ -47,6 +47,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--reference-bias", type=number(0.0, strict=False), default=0.0,
                    help="start near the reference: add this to the initial logit of action 0 of every action part "
                         "(Scheduling-v0; e.g. 5; default 0: uniform)")
+    t.add_argument("--discount-time-s", type=number(0.0, strict=True),
+                   help="semi-MDP discount: gamma per this many seconds of simulated time instead of per decision "
+                        "(ppo / maskable_ppo; default: per decision)")
     t.add_argument("--bc-dataset",
                    help="warm start: fit the new policy to Minari demonstrations before RL: a dataset id, or a "
                         "folder of Minari datasets (with --task: the task's tuned-heuristic dataset there, as "
@@ -125,6 +128,16 @@ def _bc_dataset_id(args) -> str | None:
     return dataset_id(task, ref)
 
 
+def _bench_headroom(args) -> float | None:
+    """With ``--task``: the task's hard-stratum headroom (the evaluations log
+    ``eval/bench_score_estimate`` with it); else None."""
+    if args.task is None:
+        return None
+    from .suite.agents import task_headroom
+
+    return task_headroom(args.suite, args.task, args.suite_results)
+
+
 def _task_args(args) -> str:
     """With ``--task``: fill ``args.env`` and ``args.env_kwargs`` from the bench task (the
     options it sets may not be given too) and return the evaluation split ("train"); without it,
@@ -179,7 +192,8 @@ def cmd_train(args, console) -> int:
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
                  eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net,
                  reference_bias=args.reference_bias, bc_dataset=args.bc_dataset, bc_dataset_id=_bc_dataset_id(args),
-                 bc_epochs=args.bc_epochs)
+                 bc_epochs=args.bc_epochs, discount_time_s=args.discount_time_s,
+                 bench_headroom=_bench_headroom(args))
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
@@ -195,6 +209,7 @@ def _train_es(args, console) -> int:
     unused = [f for f, v in (("--n-envs", args.n_envs is not None), ("--subprocess", args.subprocess),
                              ("--policy-net", args.policy_net != "mlp"),
                              ("--reference-bias", args.reference_bias != 0.0),
+                             ("--discount-time-s", args.discount_time_s is not None),
                              ("--bc-dataset", args.bc_dataset is not None), ("--resume", args.resume is not None),
                              ("--checkpoint-every", args.checkpoint_every is not None),
                              ("--eval-every", args.eval_every is not None)) if v]
@@ -227,6 +242,7 @@ def _train_rllib(args, console) -> int:
                              ("--max-wall-s", args.max_wall_s is not None),
                              ("--policy-net", args.policy_net != "mlp"),
                              ("--reference-bias", args.reference_bias != 0.0),
+                             ("--discount-time-s", args.discount_time_s is not None),
                              ("--bc-dataset", args.bc_dataset is not None)) if v]
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "

@@ -60,6 +60,23 @@ def task_training(suite: str, task_id: str, results_folder: Path | None = None) 
     return task.env_id, kw
 
 
+def task_headroom(suite: str, task_id: str, results_folder: Path | None = None) -> float | None:
+    """The task's mean headroom on its hard stratum (hindsight bound - tuned best heuristic, SLO
+    attainment, held-out episodes of the suite's results): the denominator of the normalised
+    bench score. None when it is not positive (nothing to close) or undefined.
+
+    Raises:
+        ConfigError: as :func:`task_training`.
+    """
+    from .results import load_results, reference_label, stratum_bound, stratum_scores
+    from .stats import headroom
+
+    task_training(suite, task_id, results_folder)  # the same checks (suite, task, results)
+    tr = load_results(suite, results_folder)["tasks"][task_id]
+    h, _, _ = headroom(stratum_scores(tr, "hard", reference_label(tr)), stratum_bound(tr, "hard"))
+    return h if h == h and h > 0 else None
+
+
 def checkpoint_meta(path: Path) -> dict:
     """The metadata of a ``kvsched train`` checkpoint (``<stem>.json`` or ``train.json`` beside it).
 

@@ -32,7 +32,7 @@ def test_a_short_run_checkpoints_evaluates_and_logs_serving_metrics_to_tensorboa
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     meta = train("kvsched/Scheduling-v0", "maskable_ppo", 48, tmp_path, window_s=10.0, hyperparameters=SMALL,
-                 eval_episodes=1, progress_bar=False)
+                 eval_episodes=1, progress_bar=False, bench_headroom=0.04)
     assert meta["status"] == "finished" and meta["checkpoint_every"] == 9 and meta["eval_every"] == 9
     assert list((tmp_path / "checkpoints").glob("maskable_ppo_*_steps.zip"))
     assert (tmp_path / "eval" / "evaluations.npz").is_file()
@@ -43,7 +43,9 @@ def test_a_short_run_checkpoints_evaluates_and_logs_serving_metrics_to_tensorboa
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"eval/slo_attainment", "eval/goodput_rps", "eval/ttft_p99_s/all", "eval/tpot_p99_s/all",
-            "eval/reference_slo_attainment", "eval/slo_attainment_vs_reference"} <= tags
+            "eval/reference_slo_attainment", "eval/slo_attainment_vs_reference", "eval/bench_score_estimate"} <= tags
+    last = meta["last_eval"]
+    assert last["bench_score_estimate"] == pytest.approx(last["slo_attainment_vs_reference"] / 0.04)
 
 
 def test_a_wall_budget_stops_the_run_and_saves_final_zip(tmp_path):

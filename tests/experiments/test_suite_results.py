@@ -46,3 +46,14 @@ def test_the_bound_is_at_least_every_baseline_on_every_episode(task):
 @pytest.mark.parametrize("task", SUITE, ids=lambda t: t.task_id)
 def test_no_tuning_study_of_the_committed_results_served_a_heldout_request(task):
     check_tuning_saw_no_heldout(task, RESULTS["tasks"][task.task_id]["tuning"])
+
+
+@pytest.mark.parametrize("task", SUITE, ids=lambda t: t.task_id)
+def test_training_estimates_the_bench_score_with_the_leaderboards_hard_headroom(task):
+    """``kvsched train --task`` divides its paired gain by the same hard-stratum headroom the
+    leaderboard normalises by (``eval/bench_score_estimate``)."""
+    from kvsched.experiments.suite.agents import task_headroom
+
+    rows = [r for r in leaderboard({"tasks": {task.task_id: RESULTS["tasks"][task.task_id]}})
+            if r["stratum"] == "hard"]
+    assert task_headroom("v1", task.task_id) == pytest.approx(rows[0]["headroom"])
