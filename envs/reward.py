@@ -22,7 +22,24 @@ Over an episode its discounted sum is ``-Phi(s_0)``, the same for every policy, 
 ``shaping_gamma`` equal to the learner's discount the optimal policies are unchanged; it only
 moves credit earlier (a request's wait costs as it grows, not when its miss is charged).
 
-Components are reported in ``info["reward_components"]``.
+Optional **graded SLO credit** (``RewardConfig.graded``): SLO attainment is a step function of
+latency, so a request that misses its TTFT SLO by 1 % earns the same as one that misses it by
+10x and a near miss gives a learner no signal to improve on. With ``graded`` each *finished*
+request whose record misses its SLO also earns ``met * grade`` in the component ``slo_graded``
+when its record is written, where (latencies and bounds in s, the same SLO the binary judgement
+uses)::
+
+    grade = min(1, ttft_slo / ttft, tpot_slo / tpot [generated > 1 token], e2e_slo / e2e [e2e bound set])
+
+(a ratio whose observed value is 0 counts as 1); a rejected request earns 0, a met one keeps
+exactly ``+met`` (no graded component). The miss penalty is unchanged, so an episode sums to
+``met * n_met - missed * n_missed + met * sum of the grades of the missed finished requests``:
+it still rises with attainment but ranks a near miss above a far one. Unlike shaping this
+*changes the objective* (it is not policy-invariant): a policy may now give up a met request
+(a loss of ``met + missed - met * its grade``) when that raises the grades of other missed
+requests by more. Off by default.
+
+Components are reported in ``info["reward_components"]`` (``slo_graded`` only when ``graded``).
 """
 
 from __future__ import annotations
@@ -55,6 +72,10 @@ class RewardConfig:
             first token (else at its record).
         shaping: weight of the potential-based shaping term (>= 0; 0: none; module docstring).
         shaping_gamma: its discount (0 < gamma <= 1); set it to the learner's ``gamma``.
+        graded: also give each finished request that misses its SLO ``met * grade`` (grade in
+            [0, 1): the worst of bound / observed latency over its TTFT, TPOT and E2E bounds;
+            module docstring) as the component ``slo_graded``. Changes the objective; off by
+            default.
     """
 
     met: float = 1.0
@@ -62,6 +83,7 @@ class RewardConfig:
     early_miss: bool = True
     shaping: float = 0.0
     shaping_gamma: float = 0.99
+    graded: bool = False
 
     def __post_init__(self) -> None:
         for name in ("met", "missed", "shaping"):
@@ -69,6 +91,7 @@ class RewardConfig:
             require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
                     f"RewardConfig.{name}", v, "a finite number >= 0")
         require(isinstance(self.early_miss, bool), "RewardConfig.early_miss", self.early_miss, "True or False")
+        require(isinstance(self.graded, bool), "RewardConfig.graded", self.graded, "True or False")
         g = self.shaping_gamma
         require(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g <= 1,
                 "RewardConfig.shaping_gamma", g, "a number in (0, 1] (the learner's discount)")
@@ -96,6 +119,20 @@ def _bounds(slo) -> tuple:
     return slo.ttft_s, slo.tpot_s, math.inf if slo.e2e_s is None else slo.e2e_s
 
 
+def _grade(ttft: float, tpot: float, e2e: float, bounds: tuple) -> float:
+    """``min(1, ttft_s / ttft, tpot_s / tpot, e2e_s / e2e)`` of one finished request: observed
+    TTFT, TPOT (0.0 for a single-token request: not judged) and E2E in s against its ``(ttft_s,
+    tpot_s, e2e_s or inf)`` bounds. A ratio counts only when its observed value exceeds its
+    bound, so an observed 0 (or an unset E2E bound, ``inf``) counts as 1."""
+    ttft_s, tpot_s, e2e_s = bounds
+    grade = ttft_s / ttft if ttft > ttft_s else 1.0
+    if tpot > tpot_s:
+        grade = min(grade, tpot_s / tpot)
+    if e2e > e2e_s:
+        grade = min(grade, e2e_s / e2e)
+    return grade
+
+
 class SLOReward:
     """Turns new request records into reward (reads the recorder's rows incrementally).
 
@@ -110,6 +147,9 @@ class SLOReward:
         self._seen = 0
         self.met = 0
         self.missed = 0
+        #: sum of the grades of the missed finished requests so far (0.0 unless ``config.graded``)
+        self.grades = 0.0
+        self._graded = config.graded
         self.charged: set[int] = set()  # request ids already charged as certain misses
         # per-step lookups: a plain dict of the SLO classes, the (short, long) SLOs, and the
         # smallest TTFT SLO (a request that waited no longer than it cannot be a certain miss)
@@ -140,11 +180,20 @@ class SLOReward:
         """Whether one record row (``RECORD_COLUMNS`` order) meets its SLO (as ``summarize``)."""
         return self._judge((row,))[0] == 1
 
-    def _judge(self, rows) -> tuple[int, int, int]:
-        """``(met, missed, missed and not yet charged)`` over record rows (the SLO a row is judged
-        by as :meth:`judged_slo`; met as ``summarize``: finished, TTFT, TPOT when it generated more
-        than one token, E2E when set)."""
+    def grade(self, row: tuple) -> float:
+        """The grade of one record row (``RECORD_COLUMNS`` order): 1.0 when it meets its SLO, 0.0
+        when it did not finish (rejected), else the smallest ``bound / observed`` over its TTFT,
+        TPOT (more than one token) and E2E (when set) bounds, in [0, 1) (module docstring)."""
+        met, _, _, grades = self._judge((row,), True)
+        return 1.0 if met else grades
+
+    def _judge(self, rows, graded: bool = False) -> tuple[int, int, int, float]:
+        """``(met, missed, missed and not yet charged, sum of the grades of the missed finished
+        rows)`` over record rows (the SLO a row is judged by as :meth:`judged_slo`; met as
+        ``summarize``: finished, TTFT, TPOT when it generated more than one token, E2E when set).
+        The grade sum is 0.0 unless ``graded`` (no grade is computed then)."""
         met = missed = uncharged = 0
+        grades = 0.0
         by_tag, length_bounds, long_tokens, charged = self._bounds_by_tag, self._length_bounds, \
             self._long_prompt_tokens, self.charged
         for status, slo_class, prompt, arrival_s, first_s, finish_s, g, rid in map(_JUDGED_FIELDS, rows):
@@ -162,20 +211,29 @@ class SLOReward:
                         and finish_s - arrival_s <= e2e_s:
                     met += 1
                     continue
+                if graded:
+                    grades += _grade(first_s - arrival_s, (finish_s - first_s) / (g - 1) if g > 1 else 0.0,
+                                     finish_s - arrival_s, bounds)
             missed += 1
             if rid not in charged:
                 uncharged += 1
-        return met, missed, uncharged
+        return met, missed, uncharged, grades
 
     def collect(self, rows: list) -> dict[str, float]:
-        """Reward components of the records written since the last call."""
+        """Reward components of the records written since the last call: ``slo_met``,
+        ``slo_missed`` and, only with ``config.graded``, ``slo_graded``."""
         met = charged = 0
+        grades = 0.0
         if len(rows) > self._seen:
-            met, missed, charged = self._judge(rows[self._seen:])
+            met, missed, charged, grades = self._judge(rows[self._seen:], self._graded)
             self._seen = len(rows)
             self.met += met
             self.missed += missed
-        return {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
+            self.grades += grades
+        comps = {"slo_met": self.config.met * met, "slo_missed": -self.config.missed * charged}
+        if self._graded:
+            comps["slo_graded"] = self.config.met * grades
+        return comps
 
     def certain_misses(self, states, now_s: float) -> float:
         """``-missed`` for each unfinished request of ``states`` not yet charged whose miss is

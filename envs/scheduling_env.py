@@ -68,7 +68,9 @@ class SchedulingEnv(gym.Env):
     finishing within its SLO during the step, ``-missed`` for each whose miss became certain
     during the step (waited past its TTFT SLO without a first token) or that finished missing
     it or was rejected (each request is charged once; the episode sums to
-    ``met * n_met - missed * n_missed``); components in ``info["reward_components"]``.
+    ``met * n_met - missed * n_missed``); with ``RewardConfig.graded`` also ``met * grade`` in
+    [0, 1) for each finished request that missed it (``slo_graded``); with
+    ``RewardConfig.shaping`` a potential-based term; components in ``info["reward_components"]``.
 
     **Episodes**: one window of the scenario (``reset(options={"workload_seed", "window_index"})``
     picks one, otherwise drawn with the env's seeded generator from the ``split``).

@@ -65,7 +65,7 @@ def test_slo_reward_counts_met_as_summarize(rows):
     expected = summarize(df, None, None, cfg)["classes"]["all"]["slo"]["met"]
     reward = SLOReward(RewardConfig(), cfg)
     for _ in range(2):
-        met, missed, _ = reward._judge(rows)
+        met, missed, _, _ = reward._judge(rows)
         assert (met, missed) == (expected, len(rows) - expected)
     assert [reward.is_met(r) for r in rows].count(True) == expected
 
