@@ -19,7 +19,7 @@ from gymnasium import spaces
 from kvsched.envs.common import (build_cluster, check_steppable, episode_config, queued_prefill_tokens, reference,
                                  step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
-from kvsched.envs.reward import RewardConfig, SLOReward
+from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import ConfigError, require
 
@@ -126,7 +126,7 @@ class KnobEnv(gym.Env):
         heuristic: a key of :data:`KNOB_SETS`.
         interval_s: simulated seconds between decisions (> 0).
         horizon_s: truncation time (s), default ``3 * window_s``.
-        reward: :class:`RewardConfig`.
+        reward: :class:`RewardConfig`, or a mapping of its fields.
     """
 
     metadata = {"render_modes": []}
@@ -144,7 +144,7 @@ class KnobEnv(gym.Env):
         self.interval_s = float(interval_s)
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
         require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
-        self.reward_config = reward
+        self.reward_config = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
         self.metrics = self.source.scenario.metrics_config()
         d = len(self.knobs)
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)

@@ -114,6 +114,21 @@ class RewardConfig:
         return cls(**dict(values))
 
 
+def reward_config(value) -> RewardConfig:
+    """An environment's ``reward`` argument as a :class:`RewardConfig`: one as is, or a mapping of
+    its fields (e.g. from ``--env-kwargs`` JSON).
+
+    Raises:
+        ConfigError: anything else, an unknown field or a bad value.
+    """
+    from collections.abc import Mapping
+
+    if isinstance(value, Mapping):
+        return RewardConfig.from_mapping(value)
+    require(isinstance(value, RewardConfig), "reward", value, "a RewardConfig or a mapping of its fields")
+    return value
+
+
 def _bounds(slo) -> tuple:
     """``(ttft_s, tpot_s, e2e_s)`` of an :class:`SLO`, ``math.inf`` for an unset E2E bound."""
     return slo.ttft_s, slo.tpot_s, math.inf if slo.e2e_s is None else slo.e2e_s

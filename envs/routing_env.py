@@ -16,7 +16,7 @@ from gymnasium import spaces
 from kvsched.envs.common import (build_cluster, check_steppable, episode_config, integer_action, queued_prefill_tokens,
                                  reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
-from kvsched.envs.reward import RewardConfig, SLOReward
+from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
 
@@ -61,7 +61,7 @@ class RoutingEnv(gym.Env):
         n_instances: instances (default: the scenario's, at least 2).
         policy: the instances' scheduler policy (default: the scenario's).
         horizon_s: truncation time (s), default ``3 * window_s``.
-        reward: :class:`RewardConfig`.
+        reward: :class:`RewardConfig`, or a mapping of its fields.
     """
 
     metadata = {"render_modes": []}
@@ -81,7 +81,7 @@ class RoutingEnv(gym.Env):
         reference(self.policy, None, self.source)  # validate early
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
         require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
-        self.reward_config = reward
+        self.reward_config = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
         self.metrics = sc.metrics_config()
         self.observation_space = spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES) + n * len(INSTANCE_FEATURES),),
                                             np.float32)

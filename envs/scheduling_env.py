@@ -9,7 +9,6 @@ from __future__ import annotations
 
 
 import inspect
-from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -24,7 +23,7 @@ from kvsched.envs.observation import build_observation, candidates, has_scheduli
     reference_order
 from kvsched.envs.observation_v1 import (ARRIVAL_TAU_S, BURST_TAU_S, ArrivalRates, check_output_signal,
                                          extend_observation, observation_size_v1)
-from kvsched.envs.reward import RewardConfig, SLOReward, ttft_slo_by_length_class
+from kvsched.envs.reward import RewardConfig, SLOReward, reward_config, ttft_slo_by_length_class
 from kvsched.envs.sim.cluster import DecisionWatch
 from kvsched.envs.sim.errors import require
 from kvsched.envs.sim.features import FeatureTable
@@ -102,9 +101,7 @@ class SchedulingEnv(gym.Env):
                  observation_version: int = 0, output_signal: dict | str | None = None) -> None:
         require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", k, "an integer >= 1")
         require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
-        if isinstance(reward, Mapping):  # e.g. from --env-kwargs JSON
-            reward = RewardConfig.from_mapping(reward)
-        require(isinstance(reward, RewardConfig), "reward", reward, "a RewardConfig or a mapping of its fields")
+        reward = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         self.reference_policy = reference_policy
         self.reference_params = reference_params

@@ -183,10 +183,13 @@ def test_the_graded_components_sum_to_met_times_the_grades_of_the_final_records(
 
 @pytest.mark.parametrize("env_id", ["kvsched/Scheduling-v0", "kvsched/Scheduling-v1", "kvsched/Routing-v0",
                                     "kvsched/Knobs-v0"])
-def test_every_environment_passes_the_graded_component_into_its_reward(env_id):
+@pytest.mark.parametrize("as_mapping", [False, True], ids=["config", "mapping"])
+def test_every_environment_passes_the_graded_component_into_its_reward(env_id, as_mapping):
     """Each environment built on SLOReward.collect reports ``slo_graded`` at every step, its
-    reward is the sum of its components, and the component sums to ``met`` times the grades."""
-    env = gym.make(env_id, window_s=10.0, max_requests=25, reward=RewardConfig(graded=True, met=2.0))
+    reward is the sum of its components, and the component sums to ``met`` times the grades. The
+    reward may be a mapping of its fields (``--env-kwargs`` JSON) in every environment."""
+    reward = {"graded": True, "met": 2.0} if as_mapping else RewardConfig(graded=True, met=2.0)
+    env = gym.make(env_id, window_s=10.0, max_requests=25, reward=reward)
     env.action_space.seed(0)
     env.reset(seed=0, options=OPTIONS)
     graded = 0.0
@@ -198,3 +201,10 @@ def test_every_environment_passes_the_graded_component_into_its_reward(env_id):
         if terminated or truncated:
             break
     assert graded == pytest.approx(2.0 * env.unwrapped.slo_reward.grades, rel=1e-12)
+
+
+@pytest.mark.parametrize("env_id", ["kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0"])
+@pytest.mark.parametrize("reward, match", [({"gradd": True}, "gradd"), ("graded", "reward")])
+def test_every_environment_refuses_a_bad_reward_naming_it(env_id, reward, match):
+    with pytest.raises(ConfigError, match=match):
+        gym.make(env_id, window_s=10.0, reward=reward)
