@@ -3,7 +3,8 @@
 vLLM V1 ``Scheduler.schedule`` (REFERENCE §4.1): waiting requests are taken in order while the
 token budget, ``max_num_seqs`` and the KV cache last; the prefix cache is looked up first
 (``KVCacheManager.get_computed_blocks``: the leading cached blocks, at least one token left to
-compute), and the rest is allocated all-or-nothing (``allocate_slots``). When a request cannot
+compute), then the instance's lower prefix tiers (:mod:`.prefix_offload`) and the cluster tier
+(:mod:`.shared_kv`), and the rest is allocated all-or-nothing (``allocate_slots``). When a request cannot
 get its blocks, admission stops (head-of-line: later requests do not jump it), unless the
 policy lets it preempt a running request (:meth:`~.preemption.Preemptor.preempt_for_admission`).
 A request whose chunk would leave one partial prefill too many is skipped for this step and
@@ -103,8 +104,11 @@ class Admitter:
         kv = inst.kv
         total_tokens = st.prompt_tokens + st.generated
         hit, max_seg = kv.cached_prefix(st, total_tokens)
-        if max_seg and inst.shared_kv is not None and inst.shared_kv.try_fetch_admit(inst, st, hit, max_seg, now):
-            return ADMITTED  # the rest of the prefix comes from the cluster KV tier
+        if hit < max_seg:
+            if kv.prefix_tiers is not None and kv.prefix_tiers.try_load_admit(inst, st, hit, max_seg, now):
+                return ADMITTED  # the next segments load from the instance's lower tiers
+            if inst.shared_kv is not None and inst.shared_kv.try_fetch_admit(inst, st, hit, max_seg, now):
+                return ADMITTED  # the rest of the prefix comes from the cluster KV tier
         hit_tokens = hit * st.seg_tokens
         to_compute = total_tokens - hit_tokens
         st_computed = st.computed

@@ -204,6 +204,10 @@ class Cluster:
             arrivals = arrivals[order]
         self._arrivals = arrivals
         self._order = order
+        for inst in instances:  # the clairvoyant eviction bound reads the window's future uses
+            pt = inst.kv.prefix_tiers
+            if pt is not None and "clairvoyant" in pt.spec.eviction:
+                pt.set_future(workload)
         self._n = n
         self._next_idx = 0
         self._done_reported = 0
@@ -439,6 +443,28 @@ class Cluster:
             names += [n for n in inst.links if n not in names]
         return {name: sum(i.links[name].bytes_moved for i in self.instances if name in i.links) for name in names}
 
+    def prefix_tier_summary(self, summary: dict) -> dict:
+        """``summary["prefix_tiers"]``: per lower tier caching prefixes, its counters summed over
+        the instances (:meth:`.prefix_offload.PrefixTiers.stats`) and its hit rate: hit tokens over
+        the prompt tokens of the finished requests (the denominator of ``prefix.hit_rate``, whose
+        hits are HBM's)."""
+        tiers: dict[str, dict] = {}
+        recompute = 0
+        for inst in self.instances:
+            pt = inst.kv.prefix_tiers
+            if pt is None:
+                continue
+            st = pt.stats()
+            recompute += st["recompute_chosen"]
+            for name, counters in st["tiers"].items():
+                acc = tiers.setdefault(name, {})
+                for k, v in counters.items():
+                    acc[k] = v if isinstance(v, str) else acc.get(k, 0) + v
+        prompt = summary["classes"]["all"]["prefix"]["prompt_tokens"]
+        for acc in tiers.values():
+            acc["hit_rate"] = acc["hit_tokens"] / prompt if prompt else None
+        return {"recompute_chosen": recompute, "tiers": tiers}
+
     def result(self) -> SimulationResult:
         """Records, summary and counters of the served workload (after the loop ended).
 
@@ -464,6 +490,8 @@ class Cluster:
             if self.instances[0].options.check_invariants:
                 self.shared_kv.check()
             summary["shared_kv"] = self.shared_kv.stats()
+        if any(i.kv.prefix_tiers is not None for i in self.instances):
+            summary["prefix_tiers"] = self.prefix_tier_summary(summary)
         stats = {
             "events": self.events.popped,
             "steps": sum(i.steps for i in self.instances),

@@ -81,7 +81,8 @@ class StretchPlanner:
         inst._plan = plan
         if (inst.options.fast_forward and not step.preempted and not inst.swapped
                 and len(plan) == len(running)
-                and (not inst.waiting or (blocked_static and inst._shared_kv is None and not inst.admission_preemption))
+                and (not inst.waiting or (blocked_static and inst._shared_kv is None and inst._prefix_tiers is None
+                                          and not inst.admission_preemption))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             return self.plan_stretch(start, horizon_s)
@@ -209,7 +210,9 @@ class StretchPlanner:
             cnt_ge[t] = acc_ge
         extra = [n * (j // bs) + cnt_ge[j % bs] for j in range(1, k)]
         limit = self.block_limit(extra[-1])
-        if free_only and limit > inst.kv.hbm.free_blocks:
+        # an eviction written back below HBM is charged on the link at its step's time: a stretch,
+        # which allocates every step's blocks now, evicts nothing then
+        if (free_only or inst.kv.writes_back) and limit > inst.kv.hbm.free_blocks:
             limit = inst.kv.hbm.free_blocks
         allowed = bisect_right(extra, limit)
         if allowed + 1 < k:
@@ -437,7 +440,7 @@ class StretchPlanner:
                 for (st, _), x in zip(live_plan, xs) if x % bs == 0]
         need_total = sum([nb for _, nb in grow if nb > 0])
         # with frees at end1 the stretch allocates from never-cached free blocks only
-        if need_total > (hbm.free_blocks if done1 else hbm.free_blocks + hbm.evictable_blocks):
+        if need_total > (hbm.free_blocks if done1 or inst.kv.writes_back else hbm.free_blocks + hbm.evictable_blocks):
             return end1
         self._apply_first_step(plan[len(plan) - n_join:], end1)
         used1 = hbm.used_blocks

@@ -128,6 +128,7 @@ class Instance:
         self.cost = CostModel(spec)
         self.bs = spec.block_size_tokens
         self.kv = KVManager(spec, self.cost)
+        self._prefix_tiers = self.kv.prefix_tiers  # lower tiers caching prefixes, or None
         #: the HBM and PNM :class:`~.kv_cache.BlockPool` and the link queues (the KV manager's)
         self.hbm = self.kv.hbm
         self.pnm = self.kv.pnm
@@ -269,6 +270,8 @@ class Instance:
         Returns:
             The end time of the planned step/stretch, or ``None`` when nothing can run.
         """
+        if self._prefix_tiers is not None:
+            self._prefix_tiers.now_s = now  # HBM evictions written back and demotions happen now
         step = StepBuild(self.budget)
         step.prefill_slot = self.composer.prefill_slot_budget(now)
         self._step_ready_s = now
@@ -384,6 +387,8 @@ class Instance:
         for st in finished:
             self.running.remove(st)
             kv.free(st)
+            if self._prefix_tiers is not None:
+                self._prefix_tiers.on_finished(st, st.last_token_s)
             if st.pnm_blocks:  # PNM
                 self.pnm_migrator.release(st)
             st.status = FINISHED

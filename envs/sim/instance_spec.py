@@ -21,10 +21,13 @@ from .errors import ConfigError, require
 from .hardware import CXL_LINK, DEFAULT_LINK_LATENCY_S, GiB, LINK_PRESETS, GPUSpec, LinkSpec, PNMSpec
 from .model_spec import DTYPE_BYTES, KV_DTYPES, WEIGHT_DTYPES, ModelSpec
 from .spec_validation import int_at_least, is_int, non_negative, real_in
-from .tiers import STANDARD_TIERS, TierSpec, check_tier_list
+from .prefix_offload import PrefixOffloadSpec
+from .tiers import STANDARD_TIERS, TierSpec, check_tier_list, tier_path
 
 PREEMPTION_MODES = ("recompute", "swap", "offload")
 """Preemption modes of the standard tiers (recompute: vLLM V1; swap: to DRAM; offload: to NVMe)."""
+KV_FREE_ORDERS = ("tail_first", "head_first")
+"""Orders a request's HBM prefix segments become evictable in (``InstanceSpec.kv_free_order``)."""
 TP_DEGREES = (1, 2, 4, 8)
 #: Most KV blocks one tier may hold: 2**53 (exact as a float, fits the int64 columns of router and
 #: feature tables; 2**53 blocks of the smallest KV block are far beyond any real memory).
@@ -90,10 +93,24 @@ class InstanceSpec:
             0.8-0.11). So never-reused output blocks push cached prompts towards eviction. False
             keeps kvsched's simpler pool, where a request's private blocks return to a free pool
             used before any cached segment is evicted.
+        kv_free_order: the order a finished or preempted request's HBM prefix segments become
+            evictable: ``"tail_first"`` (default, vLLM V1: ``KVCacheManager.free`` frees the
+            request's blocks reversed, so ``BlockPool.free_blocks`` appends its last block to the
+            LRU free queue first and its first block last; the head block, the one a follow-up
+            sharing the prompt needs first, is evicted last) or ``"head_first"`` (kvsched <= 0.1's
+            order without ``cache_decode_blocks``, kept only so results computed with it -- kvsched
+            bench v1 -- reproduce exactly: the head is evicted first and a follow-up's leading-run
+            lookup then hits 0 tokens even though the rest of its prompt is still cached; with
+            ``cache_decode_blocks`` kvsched always freed tail first, so it changes nothing there).
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
         pnm: an optional processing-near-memory KV tier (:class:`PNMSpec`), None (default) =
             absent. Its blocks are sized like the other tiers (whole-instance KV bytes per block).
+        prefix_offload: lower tiers that cache computed prefixes (host DRAM, NVMe, an extra tier
+            holding ``prefix``), their write, eviction and load policies
+            (:class:`~kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`: vLLM's KV offloading,
+            LMCache, SGLang HiCache); None (default): prefixes live only in HBM. Needs prefix
+            caching.
         extra_tiers: further KV tiers (:class:`~kvsched.envs.sim.tiers.TierSpec`), listed after
             NVMe in :attr:`tiers` (swap fallback order), default none. A tier holding swapped
             blocks is a preemption target under its ``preemption_mode`` (default its name).
@@ -131,10 +148,12 @@ class InstanceSpec:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     cache_decode_blocks: bool = False
+    kv_free_order: str = "tail_first"
     preemption_mode: str = "recompute"
     cost: CostParams | None = None
     pnm: PNMSpec | None = None
     extra_tiers: tuple[TierSpec, ...] = ()
+    prefix_offload: PrefixOffloadSpec | None = None
 
     # derived in __post_init__ (not init arguments, not compared)
     _pcie_auto: bool = field(init=False, repr=False, compare=False)
@@ -232,6 +251,8 @@ class InstanceSpec:
                 f"<= max_num_partial_prefills={self.max_num_partial_prefills}")
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks"):
             require(isinstance(getattr(self, name), bool), f"{o}.{name}", getattr(self, name), "true or false")
+        require(self.kv_free_order in KV_FREE_ORDERS, f"{o}.kv_free_order", self.kv_free_order,
+                f"one of {', '.join(KV_FREE_ORDERS)}")
         modes = PREEMPTION_MODES + tuple(t.preemption_mode for t in self.extra_tiers if t.preemption_mode)
         require(self.preemption_mode in modes, f"{o}.preemption_mode", self.preemption_mode,
                 f"one of {', '.join(modes)}")
@@ -268,9 +289,12 @@ class InstanceSpec:
         kv_block = self._kv_bytes_per_block
         hbm_blocks = self._derive_hbm_blocks()
         pcie = self.pcie_link
+        cached = () if self.prefix_offload is None else self.prefix_offload.tiers
+        dram_holds = ("swapped", "prefix") if "dram" in cached else ("swapped",)
+        nvme_holds = ("swapped", "prefix") if "nvme" in cached else ("swapped",)
         tiers = [TierSpec("hbm", hbm_blocks * kv_block, ("running", "prefix"), ""),
-                 TierSpec("dram", self.dram_kv_bytes, ("swapped",), "hbm", pcie, pcie, "pcie_d2h", "pcie_h2d", "swap"),
-                 TierSpec("nvme", self.nvme_kv_bytes, ("swapped",), "dram", self.nvme_write, self.nvme_read,
+                 TierSpec("dram", self.dram_kv_bytes, dram_holds, "hbm", pcie, pcie, "pcie_d2h", "pcie_h2d", "swap"),
+                 TierSpec("nvme", self.nvme_kv_bytes, nvme_holds, "dram", self.nvme_write, self.nvme_read,
                           "nvme_write", "nvme_read", "offload"),
                  *self.extra_tiers]
         blocks = [hbm_blocks] + [int(math.floor(t.capacity_bytes / kv_block)) for t in tiers[1:]]
@@ -291,9 +315,38 @@ class InstanceSpec:
             require(t.preemption_mode != self.preemption_mode or n >= 1, f"{o}.preemption_mode",
                     self.preemption_mode, f"a mode whose tier ({t.name!r}) holds at least one KV block of "
                     f"{kv_block:.0f} bytes; it holds {t.capacity_bytes:g} bytes")
+        self._check_prefix_tiers(tiers, blocks)
         self._set("_tiers", tuple(tiers))
         self._set("_tier_blocks", tuple(blocks))
         self._set("_num_hbm_blocks", hbm_blocks)
+
+    def _check_prefix_tiers(self, tiers: list[TierSpec], blocks: list[int]) -> None:
+        """``prefix_offload``'s tiers exist, hold a block, may hold prefixes, and go down one path.
+
+        Raises:
+            ConfigError: naming ``InstanceSpec.prefix_offload`` and what is wrong.
+        """
+        po = self.prefix_offload
+        if po is None:
+            return
+        o = "InstanceSpec.prefix_offload"
+        require(isinstance(po, PrefixOffloadSpec), o, po, "a PrefixOffloadSpec (or, in YAML, a mapping of its fields)")
+        require(self.enable_prefix_caching, o, po.tiers, "None unless enable_prefix_caching is true (the lower "
+                "tiers cache what HBM's prefix cache computed)")
+        index = {t.name: i for i, t in enumerate(tiers)}
+        prev = None
+        for name in po.tiers:
+            i = index.get(name)
+            require(i is not None, f"{o}.tiers", name, f"a tier of this instance ({', '.join(index)})")
+            assert i is not None
+            require(blocks[i] >= 1, f"{o}.tiers", name, f"a tier with capacity (set {name}_kv_bytes or the extra tier's "
+                    "capacity_bytes to at least one KV block)")
+            require("prefix" in tiers[i].holds, f"{o}.tiers", name, "a tier whose holds include 'prefix' (an extra "
+                    "tier must declare it)")
+            if prev is not None:
+                require(prev in tier_path(tuple(tiers), i), f"{o}.tiers", list(po.tiers),
+                        f"tiers top down along one copy path ({tiers[prev].name!r} is not above {name!r})")
+            prev = i
 
     def _derive_scheduler_limits(self) -> None:
         """Model length limit, token budget and sequence limit (vLLM's defaults and rules)."""

@@ -27,6 +27,8 @@ def check_instance(inst: Instance) -> None:
         tier.pool.check()
     _check_hbm(inst)
     _check_lower_tiers(inst)
+    if kv.prefix_tiers is not None:  # cached prefixes below HBM are their pools' evictable blocks
+        kv.prefix_tiers.check()
     for s in inst.running:
         if s.on_pnm:
             if s.hbm_blocks or s.pnm_blocks < kv.blocks_for(s.computed):

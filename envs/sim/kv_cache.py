@@ -24,7 +24,9 @@ Mechanisms and sources:
   takes never-used blocks first, then pops the LRU head, evicting a cached segment only when
   the head is one. So long outputs push cached prompts out of a small cache.
 - **Lower tiers** (DRAM, NVMe, extra tiers, PNM) hold swapped, offloaded or PNM-resident
-  requests' blocks privately (no prefix cache there yet); which tier holds what, and the links
+  requests' blocks privately and, when the instance lists them in ``prefix_offload``, cached
+  prefixes (:mod:`.prefix_offload`, whose store counts them as the pool's evictable blocks and
+  evicts for a swap that needs room: ``reclaimer``); which tier holds what, and the links
   between them, is :mod:`kvsched.envs.sim.tiers`; :mod:`kvsched.envs.sim.kv_manager` composes
   one pool per tier.
 
@@ -70,7 +72,8 @@ class BlockPool:
     """
 
     __slots__ = ("name", "capacity_blocks", "prefix_caching", "free_blocks", "used_blocks",
-                 "evictable_blocks", "segments", "_lru", "evicted_segments", "single_free_queue", "_next_anon")
+                 "evictable_blocks", "segments", "_lru", "evicted_segments", "single_free_queue", "_next_anon",
+                 "on_evict", "reclaimer")
 
     def __init__(self, name: str, capacity_blocks: int, prefix_caching: bool = False,
                  single_free_queue: bool = False) -> None:
@@ -87,6 +90,13 @@ class BlockPool:
         self.evicted_segments = 0
         self.single_free_queue = bool(single_free_queue and prefix_caching)
         self._next_anon = 0
+        #: called once per allocation that evicted cached segments, with their (hash, blocks,
+        #: creator id) in eviction order (a lower tier's write-back, :mod:`.prefix_offload`);
+        #: None: nothing is told
+        self.on_evict = None
+        #: a lower tier caching prefixes: frees blocks by evicting one of its entries, returning
+        #: how many (:meth:`.prefix_offload.PrefixStore.evict_one`); None: the LRU below
+        self.reclaimer = None
 
     # -------------------------------------------------------------------------------- queries
     @property
@@ -102,7 +112,7 @@ class BlockPool:
             raise AssertionError(
                 f"{self.name}: free {self.free_blocks} + evictable {self.evictable_blocks} + used "
                 f"{self.used_blocks} != capacity {self.capacity_blocks}")
-        if sum(self._lru.values()) != self.evictable_blocks:
+        if self.reclaimer is None and sum(self._lru.values()) != self.evictable_blocks:
             raise AssertionError(f"{self.name}: LRU holds {sum(self._lru.values())} blocks, "
                                  f"evictable_blocks says {self.evictable_blocks}")
 
@@ -183,12 +193,22 @@ class BlockPool:
             return True
         if n_blocks > self.free_blocks + self.evictable_blocks:
             return False
+        if self.reclaimer is not None:  # a lower tier's prefix store evicts (and counts) for itself
+            while self.free_blocks < n_blocks:
+                self.reclaimer()
+        evicted = [] if self.on_evict is not None else None
         while self.free_blocks < n_blocks:
             h, nb = self._lru.popitem(last=False)
             self.evictable_blocks -= nb
             self.free_blocks += nb
-            if not isinstance(h, tuple) and self.segments.pop(h, None) is not None:  # a tuple: released private blocks
-                self.evicted_segments += 1
+            if not isinstance(h, tuple):  # a tuple: released private blocks
+                seg = self.segments.pop(h, None)
+                if seg is not None:
+                    self.evicted_segments += 1
+                    if evicted is not None:
+                        evicted.append((h, nb, seg.creator_id))
+        if evicted:
+            self.on_evict(evicted)
         self.free_blocks -= n_blocks
         self.used_blocks += n_blocks
         return True

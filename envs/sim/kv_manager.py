@@ -23,6 +23,7 @@ import numpy as np
 
 from .hardware import LinkSpec
 from .kv_cache import BlockPool, LinkQueue
+from .prefix_offload import PrefixTiers
 from .request import RequestState
 from .tiers import TierSpec, tier_path
 
@@ -118,6 +119,8 @@ class KVManager:
         self.tier_codes = {t.name: t.index for t in self.tiers}
         self.tier_codes[""] = -1
         self.hbm = self.tiers[0].pool
+        # kvsched <= 0.1 freed head first only without cache_decode_blocks (with it: tail first)
+        self._head_first = spec.kv_free_order == "head_first" and not spec.cache_decode_blocks
         self.pnm = self.by_name["pnm"].pool
         self._pools = [t.pool for t in self.tiers]
         #: blocks of the given cached segments nobody references (``BlockPool.evictable_blocks_of``)
@@ -125,6 +128,17 @@ class KVManager:
         #: all-or-nothing HBM allocation (``BlockPool.allocate`` of HBM; see :meth:`allocate`)
         self.allocate = self.hbm.allocate  # type: ignore[method-assign]  # bound once: no extra call per step
         self.publish: Callable[[int, int, int, float], None] | None = None
+        #: lower tiers caching prefixes (:mod:`.prefix_offload`), None without ``spec.prefix_offload``
+        self.prefix_tiers: PrefixTiers | None = None
+        #: whether HBM evictions are written back below (a fast-forward stretch then never evicts)
+        self.writes_back = False
+        if spec.prefix_offload is not None and spec.enable_prefix_caching:
+            self.prefix_tiers = PrefixTiers(spec.prefix_offload, self)
+            if spec.prefix_offload.write_policy == "write_back":
+                self.hbm.on_evict = self.prefix_tiers.on_hbm_evict
+                self.writes_back = True
+            elif spec.prefix_offload.write_policy == "write_through_selective":
+                self.hbm.on_evict = self.prefix_tiers.forget_uses
         modes = {t.spec.preemption_mode: t.index for t in self.tiers if t.spec.preemption_mode}
         swap = [t for t in self.tiers if t.spec.holds_swapped]
         #: preemption mode -> the tiers it tries in order (its own, then the later swap tiers)
@@ -180,6 +194,8 @@ class KVManager:
                 st.prefix_hit_tokens += seg
             else:
                 st.self_hit_tokens += seg
+        if self.prefix_tiers is not None and hashes:
+            self.prefix_tiers.on_hbm_hit(st, hashes, seg // self.bs, hbm.segment_creator)
 
     def allocate(self, n_blocks: int) -> bool:
         """Take ``n_blocks`` HBM blocks, all or nothing (evicting LRU cached segments if needed)."""
@@ -204,24 +220,29 @@ class KVManager:
             if self.publish is not None:  # write-through to the cluster KV tier
                 for h in new:
                     self.publish(h, seg_blocks, st.rid, now)
+            if self.prefix_tiers is not None:  # the instance's own lower tiers
+                self.prefix_tiers.on_computed(st, new, seg_blocks, now)
 
     def free(self, st: RequestState) -> None:
         """Release every HBM block ``st`` holds.
 
-        With vLLM V1's single free queue (``cache_decode_blocks``) a request's blocks are freed
-        in reverse order, tail first (``KVCacheManager.free`` -> ``BlockPool.free_blocks`` of the
-        reversed block list): its private (decode / partial) blocks age oldest, its root prefix
-        segment youngest. Otherwise segments first, then private blocks to the free pool.
+        As vLLM V1 (``KVCacheManager.free`` -> ``BlockPool.free_blocks`` of the reversed block
+        list) a request's blocks are freed tail first (``spec.kv_free_order`` "tail_first", the
+        default): with the single free queue (``cache_decode_blocks``) its private (decode /
+        partial) blocks age oldest; its prefix segments enter the LRU last segment first, so its
+        root segment, the one a follow-up sharing the prompt needs first, is evicted last.
+        "head_first" (kvsched <= 0.1 without ``cache_decode_blocks``, for reproducing results
+        computed with it) releases the segments head first and then the private blocks.
         """
         hbm = self.hbm
-        if hbm.single_free_queue:
-            if st.private_blocks:
-                hbm.release_private(st.private_blocks)
-            hbm.release_segments(reversed(st.shared))
-        else:
+        if self._head_first:
             hbm.release_segments(st.shared)
             if st.private_blocks:
                 hbm.release_private(st.private_blocks)
+        else:
+            if st.private_blocks:
+                hbm.release_private(st.private_blocks)
+            hbm.release_segments(reversed(st.shared))
         st.shared = []
         st.shared_blocks = 0
         st.private_blocks = 0
@@ -261,6 +282,8 @@ class KVManager:
             the last hop lands), or ``(None, now)`` when no tier took them (recompute).
         """
         target = None
+        if self.prefix_tiers is not None:
+            self.prefix_tiers.now_s = now  # a swap may evict (and demote) cached prefixes
         if n_blocks:
             for tier in self.swap_tiers(mode):
                 if tier.pool.capacity_blocks and tier.pool.allocate(n_blocks):

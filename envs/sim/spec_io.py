@@ -22,6 +22,7 @@ from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
 from .model_spec import MODEL_PRESETS, ModelSpec, get_model
+from .prefix_offload import PrefixOffloadSpec
 from .spec_validation import as_float, is_int
 from .tiers import TierSpec
 from kvsched import atomic_files
@@ -91,6 +92,8 @@ def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
             out[name] = {**_spec_dict(value), "link": _spec_dict(value.link)}
         elif name == "extra_tiers":
             out[name] = [_tier_dict(t) for t in value]
+        elif name == "prefix_offload":
+            out[name] = None if value is None else value.to_dict()
         elif dataclasses.is_dataclass(value):
             out[name] = _spec_dict(value)
         else:
@@ -102,7 +105,7 @@ _INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_n
                "max_long_partial_prefills")
 _OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
-_STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode")
+_STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode", "kv_free_order")
 _BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
 
 
@@ -236,8 +239,8 @@ def _check_instance_keys(d: Any, source: str) -> None:
 def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The spec objects of ``d``: model, gpu, links, PNM device and extra tiers (those given).
 
-    ``pcie: null`` is left out (the link then follows the GPU), as are ``pnm`` and
-    ``extra_tiers`` when null.
+    ``pcie: null`` is left out (the link then follows the GPU), as are ``pnm``,
+    ``prefix_offload`` and ``extra_tiers`` when null.
 
     Raises:
         ConfigError: a malformed inline spec or tier list; UnknownPresetError: an unknown preset.
@@ -251,6 +254,8 @@ def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
             kw[key] = _preset_or_inline(d[key], get_link, LinkSpec, f"{source}: {key}")
     if "pnm" in d and d["pnm"] is not None:
         kw["pnm"] = _pnm_from(d["pnm"], f"{source}: pnm")
+    if "prefix_offload" in d and d["prefix_offload"] is not None:
+        kw["prefix_offload"] = PrefixOffloadSpec.from_dict(d["prefix_offload"], f"{source}: prefix_offload")
     if "extra_tiers" in d and d["extra_tiers"] is not None:
         tiers = d["extra_tiers"]
         if not isinstance(tiers, (list, tuple)):

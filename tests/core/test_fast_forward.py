@@ -77,11 +77,11 @@ def test_a_blocked_heads_cached_prefix_bounds_what_a_stretch_may_allocate():
     inst = make_instance(make_spec(hbm_kv_blocks=40))
     a = place_running(inst, state(0, 64, hashes=(1, 2), seg=32), 64)
     inst.kv.register_segments(a, 0.0)
-    inst.kv.free(a)  # its two segments are cached and unreferenced (LRU: first, second)
+    inst.kv.free(a)  # its two segments are cached and unreferenced (freed tail first, LRU: second, first)
     inst.running.remove(a)
     assert inst.stretch.block_limit(100) == inst.kv.hbm.available_blocks == 40
-    inst._blocked_hit_hashes = (a.hashes[1],)  # a waiting head would hit the second segment
-    assert inst.stretch.block_limit(100) == 36 + 2  # free blocks, then the first segment only
+    inst._blocked_hit_hashes = (a.hashes[0],)  # a waiting head would hit the first segment
+    assert inst.stretch.block_limit(100) == 36 + 2  # free blocks, then the second segment only
 
 
 @pytest.mark.parametrize("hbm_blocks, c_output, folded", [(11, 17, 1), (12, 40, 2)])

@@ -171,14 +171,29 @@ def test_free_with_the_single_free_queue_releases_the_tail_first():
     kv.hbm.check()
 
 
-def test_free_without_the_single_free_queue_releases_the_root_first():
+def test_free_without_the_single_free_queue_releases_the_tail_first_by_default():
+    """vLLM V1's order in kvsched's separate free pool too: the root segment, which a follow-up
+    sharing the prompt needs first, is evicted last (a public report's follow-up hit 0 tokens)."""
     kv = manager(hbm_kv_blocks=12, cache_decode_blocks=False)
     st = resident(kv, 0, 100, hashes=(1, 2, 3))
     h0, h1, h2 = st.hashes
     kv.free(st)
     assert kv.hbm.free_blocks == 6 and kv.hbm.evictable_blocks == 6  # the private block is free at once
     assert kv.allocate(6) and kv.allocate(1)
+    assert set(kv.hbm.segments) == {h0, h1}  # the last segment was released first: evicted first
+    assert kv.cached_prefix(st, 100)[0] == 2  # a follow-up still hits the two leading segments
+
+
+def test_head_first_freeing_reproduces_kvsched_0_1_where_a_follow_up_hits_nothing():
+    kv = manager(hbm_kv_blocks=12, cache_decode_blocks=False, kv_free_order="head_first")
+    st = resident(kv, 0, 100, hashes=(1, 2, 3))
+    h0, h1, h2 = st.hashes
+    kv.free(st)
+    assert kv.allocate(6) and kv.allocate(1)
     assert set(kv.hbm.segments) == {h1, h2}  # the root segment was released first: evicted first
+    assert kv.cached_prefix(st, 100)[0] == 0  # the leading run is broken: 0 tokens hit
+    with pytest.raises(ConfigError, match="kv_free_order"):
+        manager(hbm_kv_blocks=12, kv_free_order="random")
 
 
 def test_swap_to_dram_crosses_pcie_both_ways_and_counts_bytes():

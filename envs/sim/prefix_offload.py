@@ -1,0 +1,692 @@
+"""Lower tiers as prefix caches: host DRAM, NVMe and extra tiers keeping computed prefixes.
+
+Without this, a prefix computed on an instance survives only while its blocks stay in HBM: once
+HBM's LRU evicts them, a returning conversation recomputes its whole history. The engines keep a
+second copy below HBM:
+
+- **vLLM's KV offloading** (``--kv-offloading-size GiB``, ``--kv-offloading-backend native``:
+  ``vllm/config/cache.py`` ``kv_offloading_size``; ``vllm/config/vllm.py`` sets the
+  ``OffloadingConnector`` with ``cpu_bytes_to_use``): the connector's scheduler side stores each
+  request's full blocks as they are computed (``offloading/scheduler.py``
+  ``RequestOffloadState.storable_chunks``, ``advance_stored_idx``), only prompt blocks unless
+  ``offload_prompt_only`` is false in its extra config (``vllm/v1/kv_offload/base.py``, default
+  true); at admission ``get_num_new_matched_tokens`` reports the tokens found below HBM and the
+  request waits while they load asynchronously; the CPU store evicts LRU (or ARC,
+  ``vllm/v1/kv_offload/cpu/policies``).
+- **LMCache** (``local_cpu`` and ``local_disk`` backends): store after prefill, look up and
+  retrieve before prefill; LRU.
+- **SGLang HiCache** (``--hicache-write-policy``): ``write_through`` backs a node up to host
+  memory on its first use, ``write_through_selective`` on its second
+  (``HiRadixCache._inc_hit_count``: ``hit_count >= write_through_threshold``, 1 or 2), and
+  ``write_back`` only when the device evicts it; host entries evict LRU.
+
+Mechanism here (one :class:`PrefixStore` per listed tier, composed by :class:`PrefixTiers`):
+
+- **Unit.** The prefix *segment* of :mod:`.kv_cache` (one trace hash, ``hash_block_tokens``
+  tokens), keyed by its chained prefix hash, so a segment found below HBM is valid only after the
+  same prefix. With ``offload_prompt_only`` false a finished request's decode blocks are written
+  too, as one entry no later prompt can hit (kvsched's traces identify prompt blocks only, as with
+  ``cache_decode_blocks``): they cost link time and capacity, never a hit.
+- **Writes** (``write_policy``) go to the first listed tier over the write links of its path
+  (HBM -> DRAM over PCIe, then DRAM -> NVMe), FIFO-queued, asynchronous: no step waits for them
+  (vLLM and LMCache store on a separate stream; a segment becomes loadable when its copy lands).
+  ``write_through``: when the segment is computed; ``write_through_selective``: when it reaches
+  ``write_threshold`` uses while in HBM (its computation counts 1, each HBM hit by a later
+  admission 1; an HBM eviction resets the count);
+  ``write_back``: when HBM's LRU evicts it (the HBM blocks are reused at once; the copy is charged
+  on the link from the eviction time [inferred: the engines keep the device blocks until the copy
+  lands, which this does not model]). A segment already stored is only refreshed.
+- **Demotion.** An entry evicted from a listed tier is written to the next listed tier (e.g.
+  DRAM -> NVMe over the NVMe write link), from when its copy is complete [kvsched choice: the
+  hierarchy of SGLang HiCache's host -> storage backup, done lazily].
+- **Capacity** is the tier's: swapped-out requests' blocks (preemption, :mod:`.preemption`) and
+  cached prefixes share it; a swap evicts prefix entries it needs room from, never the reverse (a
+  write that finds the tier full of swapped blocks is skipped and counted).
+- **Eviction** per tier (``eviction``): ``lru`` (vLLM's offloading, LMCache, HiCache default),
+  ``lfu`` (fewest uses first, LRU among equals), ``session`` (LRU, but an entry whose conversation
+  was active within ``session_keep_s`` -- its expected think time -- goes only after every other
+  [kvsched's session-aware policy, in the spirit of Mooncake's and CachedAttention's
+  conversation-aware placement]) and ``clairvoyant`` (Belady, "A study of replacement algorithms
+  for a virtual-storage computer", IBM Systems Journal 1966: the entry whose next use by an
+  arrival of the window is farthest; it reads the future, so it is a bound, never a policy).
+- **Loads.** At admission, after the HBM lookup (:meth:`.kv_manager.KVManager.cached_prefix`),
+  the leading run of the request's next segments found in the listed tiers (each in the highest
+  tier that holds it, its copy landed) is loaded when that is predicted faster than recomputing
+  (``load_policy="cost"``: the load over the read links, queued behind transfers already there,
+  plus the prefill of the rest, against the prefill of everything after the HBM hit, both with
+  the cost model's lone chunked prefill ``T̂_prefill``; REFERENCE §5.4) or always
+  (``"always"``). The request takes its HBM blocks for the loaded segments, holds its seat, and
+  waits (admitted, not runnable) until its own copy lands -- a request waits only for its blocks
+  -- then prefills the rest; the loaded segments join HBM's prefix cache at its next step. A
+  load copies: the entry stays in its tier.
+
+Counters per tier (:meth:`PrefixTiers.stats`): hit tokens (other requests' segments, first
+admission only, as HBM hits), self-hit tokens, loads, bytes loaded and written, writes, skipped
+writes, demotions, evictions, recompute chosen. Link bytes appear under the tier's write and
+read queues in the run's ``stats["link_bytes"]``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .errors import ConfigError, bounded_repr, require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kv_manager import KVManager, KVTier
+    from .request import RequestState, Workload
+
+WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
+EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "session", "clairvoyant")
+LOAD_POLICIES: tuple[str, ...] = ("cost", "always")
+#: default uses before a selective write: SGLang ``HiRadixCache`` sets ``write_through_threshold``
+#: to 2 under ``write_through_selective`` (1 under ``write_through``)
+SELECTIVE_THRESHOLD = 2
+
+
+@dataclass(frozen=True)
+class PrefixOffloadSpec:
+    """Which lower tiers cache prefixes, and how (see the module docstring).
+
+    Attributes:
+        tiers: names of the tiers below HBM that cache prefix segments, top down along the copy
+            path (e.g. ``("dram",)`` or ``("dram", "nvme")``); each must exist in the instance
+            with capacity (``dram_kv_bytes``, ``nvme_kv_bytes`` or an extra tier holding
+            ``prefix``), and each must lie below the one before it.
+        write_policy: one of :data:`WRITE_POLICIES`; default ``write_through`` (vLLM's
+            offloading connector, LMCache, HiCache's default).
+        write_threshold: uses before a ``write_through_selective`` write (>= 1; default 2, SGLang).
+        offload_prompt_only: write prompt segments only (vLLM's default); False also writes each
+            finished request's decode blocks (which no later prompt can hit here).
+        eviction: one policy of :data:`EVICTION_POLICIES` for every listed tier, or one per tier
+            (same length as ``tiers``); default ``lru``.
+        load_policy: ``cost`` (load only when predicted faster than recomputing, default) or
+            ``always``.
+        session_keep_s: the ``session`` policy protects a conversation's entries for this long
+            after its last use (s, > 0; default 30 [kvsched choice: the order of the think times
+            between turns in the conversation traces]).
+
+    Raises:
+        ConfigError: an empty or repeated tier list, an unknown policy, a per-tier eviction list of
+            another length, a bad threshold or keep time.
+    """
+
+    tiers: tuple[str, ...] = ("dram",)
+    write_policy: str = "write_through"
+    write_threshold: int = SELECTIVE_THRESHOLD
+    offload_prompt_only: bool = True
+    eviction: tuple[str, ...] | str = "lru"
+    load_policy: str = "cost"
+    session_keep_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        o = "PrefixOffloadSpec"
+        if isinstance(self.tiers, list):
+            object.__setattr__(self, "tiers", tuple(self.tiers))
+        require(isinstance(self.tiers, tuple) and bool(self.tiers) and all(isinstance(t, str) for t in self.tiers)
+                and len(set(self.tiers)) == len(self.tiers), f"{o}.tiers", self.tiers,
+                "a non-empty list of distinct tier names below HBM (e.g. ['dram'] or ['dram', 'nvme'])")
+        require("hbm" not in self.tiers and "pnm" not in self.tiers, f"{o}.tiers", self.tiers,
+                "tiers below HBM other than 'pnm' (HBM has its own prefix cache; PNM holds decoding requests)")
+        require(self.write_policy in WRITE_POLICIES, f"{o}.write_policy", self.write_policy,
+                f"one of {', '.join(WRITE_POLICIES)}")
+        w = self.write_threshold
+        require(isinstance(w, int) and not isinstance(w, bool) and w >= 1, f"{o}.write_threshold", w,
+                "an integer >= 1 (uses before a selective write)")
+        require(isinstance(self.offload_prompt_only, bool), f"{o}.offload_prompt_only", self.offload_prompt_only,
+                "true or false")
+        ev = self.eviction
+        if isinstance(ev, str):
+            ev = (ev,) * len(self.tiers)
+        elif isinstance(ev, list):
+            ev = tuple(ev)
+        require(isinstance(ev, tuple) and len(ev) == len(self.tiers) and all(e in EVICTION_POLICIES for e in ev),
+                f"{o}.eviction", self.eviction,
+                f"one of {', '.join(EVICTION_POLICIES)}, or a list of them with one per tier ({len(self.tiers)})")
+        object.__setattr__(self, "eviction", ev)
+        require(self.load_policy in LOAD_POLICIES, f"{o}.load_policy", self.load_policy,
+                f"one of {', '.join(LOAD_POLICIES)}")
+        k = self.session_keep_s
+        require(isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k) and k > 0,
+                f"{o}.session_keep_s", k, "a finite number of seconds > 0")
+
+    @property
+    def threshold(self) -> int:
+        """Uses at which a segment is written: 1 (write-through), ``write_threshold`` (selective);
+        0 for write-back (written on HBM eviction instead)."""
+        if self.write_policy == "write_through":
+            return 1
+        return self.write_threshold if self.write_policy == "write_through_selective" else 0
+
+    @staticmethod
+    def from_dict(d: Any, source: str = "prefix_offload") -> "PrefixOffloadSpec":
+        """Build from a scenario mapping (the field names above).
+
+        Raises:
+            ConfigError: not a mapping, an unknown key, or a bad value (naming ``source``).
+        """
+        import dataclasses
+
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source} must be a mapping of PrefixOffloadSpec fields, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(PrefixOffloadSpec)]
+        unknown = [k for k in d if k not in names]
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(names)}")
+        try:
+            return PrefixOffloadSpec(**d)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain data (scenario YAML)."""
+        return {"tiers": list(self.tiers), "write_policy": self.write_policy, "write_threshold": self.write_threshold,
+                "offload_prompt_only": self.offload_prompt_only, "eviction": list(self.eviction),
+                "load_policy": self.load_policy, "session_keep_s": self.session_keep_s}
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One stored segment (or decode run): blocks, when its copy lands, who made it, its uses."""
+
+    n_blocks: int
+    ready_s: float
+    creator_id: int
+    session_id: int
+    uses: int
+    last_s: float
+
+
+# ---------------------------------------------------------------------------- eviction orders
+class _LRU:
+    """Least recently used first (vLLM ``LRUOffloadingPolicy``, LMCache, HiCache)."""
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[Any, None] = OrderedDict()
+
+    def add(self, key: Any, e: _Entry, now_s: float) -> None:
+        self.keys[key] = None
+
+    def touch(self, key: Any, e: _Entry, now_s: float) -> None:
+        self.keys.move_to_end(key)
+
+    def remove(self, key: Any) -> None:
+        del self.keys[key]
+
+    def victim(self, entries: dict, now_s: float) -> Any:
+        return next(iter(self.keys))
+
+
+class _LFU:
+    """Fewest uses first, least recently used among equals (a lazy heap: O(log n) per change)."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, Any]] = []
+        self.token: dict[Any, tuple[int, int]] = {}
+        self.seq = 0
+
+    def _push(self, key: Any, uses: int) -> None:
+        self.seq += 1
+        self.token[key] = (uses, self.seq)
+        heapq.heappush(self.heap, (uses, self.seq, key))
+
+    def add(self, key: Any, e: _Entry, now_s: float) -> None:
+        self._push(key, e.uses)
+
+    touch = add
+
+    def remove(self, key: Any) -> None:
+        del self.token[key]
+
+    def victim(self, entries: dict, now_s: float) -> Any:
+        heap, token = self.heap, self.token
+        while True:
+            uses, seq, key = heap[0]
+            if token.get(key) == (uses, seq):
+                return key
+            heapq.heappop(heap)  # stale: removed or touched since
+
+
+class _Session(_LRU):
+    """LRU, but entries of a conversation used within ``keep_s`` go after every other."""
+
+    def __init__(self, keep_s: float, last_use: dict[int, float]) -> None:
+        super().__init__()
+        self.keep_s = keep_s
+        self.last_use = last_use  # session -> last use (s), shared with the owner
+
+    def victim(self, entries: dict, now_s: float) -> Any:
+        keep_s, last_use = self.keep_s, self.last_use
+        for key in self.keys:
+            s = entries[key].session_id
+            if s < 0 or now_s - last_use.get(s, -math.inf) > keep_s:
+                return key
+        return next(iter(self.keys))  # every entry's conversation is active: plain LRU
+
+
+class _Clairvoyant:
+    """Belady's rule: the entry whose next use after now is farthest (or never) goes first. A
+    lazy max-heap of next-use times, recomputed when stale (the use passed without a hit here)."""
+
+    def __init__(self, future: Callable[[Any, float], float]) -> None:
+        self.future = future  # (key, now_s) -> next arrival using key after now_s (inf: none)
+        self.heap: list[tuple[float, int, Any]] = []
+        self.token: dict[Any, tuple[float, int]] = {}
+        self.seq = 0
+
+    def _push(self, key: Any, now_s: float) -> None:
+        nxt = self.future(key, now_s)
+        self.seq += 1
+        self.token[key] = (nxt, self.seq)
+        heapq.heappush(self.heap, (-nxt, self.seq, key))
+
+    def add(self, key: Any, e: _Entry, now_s: float) -> None:
+        self._push(key, now_s)
+
+    touch = add
+
+    def remove(self, key: Any) -> None:
+        del self.token[key]
+
+    def victim(self, entries: dict, now_s: float) -> Any:
+        heap, token = self.heap, self.token
+        while True:
+            neg, seq, key = heap[0]
+            if token.get(key) != (-neg, seq):
+                heapq.heappop(heap)  # stale
+                continue
+            if -neg <= now_s:  # its predicted use has passed: find the next one
+                heapq.heappop(heap)
+                self._push(key, now_s)
+                continue
+            return key
+
+
+# ---------------------------------------------------------------------------------- one tier
+class PrefixStore:
+    """The cached prefixes of one tier (its blocks counted as the tier pool's evictable blocks).
+
+    Args:
+        tier: the :class:`~.kv_manager.KVTier` (pool, links, copy path).
+        eviction: one of :data:`EVICTION_POLICIES`.
+        owner: the :class:`PrefixTiers` (clock, demotion target, session activity, the future).
+    """
+
+    def __init__(self, tier: "KVTier", eviction: str, owner: "PrefixTiers") -> None:
+        self.tier = tier
+        self.pool = tier.pool
+        self.owner = owner
+        self.eviction = eviction
+        self.entries: dict[Any, _Entry] = {}
+        if eviction == "lru":
+            self.order: Any = _LRU()
+        elif eviction == "lfu":
+            self.order = _LFU()
+        elif eviction == "session":
+            self.order = _Session(owner.spec.session_keep_s, owner.session_last_s)
+        else:
+            self.order = _Clairvoyant(owner.next_use_s)
+        self.next: PrefixStore | None = None  # where evicted entries are demoted
+        self.hit_tokens = 0
+        self.self_hit_tokens = 0
+        self.loads = 0
+        self.loaded_segments = 0
+        self.bytes_loaded = 0
+        self.writes = 0
+        self.bytes_written = 0
+        self.skipped_writes = 0
+        self.demotions = 0
+        self.evicted = 0
+        self.pool.reclaimer = self.evict_one  # a swap into this tier evicts prefixes it needs room from
+
+    def ready(self, key: Any, now_s: float) -> bool:
+        """Whether ``key`` is stored here and its copy has landed by ``now_s``."""
+        e = self.entries.get(key)
+        return e is not None and e.ready_s <= now_s
+
+    def put(self, key: Any, n_blocks: int, creator_id: int, session_id: int, ready_s: float, now_s: float,
+            hops: list) -> bool:
+        """Store ``key`` (``n_blocks``) copied over ``hops`` (tiers whose write links it crosses,
+        top down) from ``ready_s``; refresh it when already stored. Evicts for room (never
+        swapped blocks); a write that cannot get room is skipped. Returns whether it is stored."""
+        e = self.entries.get(key)
+        if e is not None:
+            e.last_s = now_s
+            self.order.touch(key, e, now_s)
+            return True
+        pool = self.pool
+        if n_blocks > pool.free_blocks + pool.evictable_blocks:
+            self.skipped_writes += 1
+            return False
+        while pool.free_blocks < n_blocks:
+            self.evict_one(now_s)
+        pool.free_blocks -= n_blocks
+        pool.evictable_blocks += n_blocks
+        owner = self.owner
+        nbytes = n_blocks * owner.block_bytes
+        transfer = owner.kv.cost.transfer_time_s
+        t = ready_s if ready_s > now_s else now_s
+        for hop in hops:
+            t = hop.write(t, transfer(n_blocks, hop.links()[0]), nbytes)
+        e = self.entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
+        self.order.add(key, e, now_s)
+        self.writes += 1
+        self.bytes_written += nbytes
+        return True
+
+    def put_many(self, keys: list, n_blocks: int, creator_id: int, session_id: int, now_s: float,
+                 hops: list) -> None:
+        """:meth:`put` of several segments of ``n_blocks`` each, written from ``now_s`` as one copy
+        (one reservation per link: a request's newly computed segments go down together, so the
+        cost grows with writes, not segments). Already stored ones are refreshed; when the tier
+        cannot make room for all the new ones, none is written (a skipped write)."""
+        entries, order = self.entries, self.order
+        new = []
+        for key in keys:
+            e = entries.get(key)
+            if e is None:
+                new.append(key)
+            else:
+                e.last_s = now_s
+                order.touch(key, e, now_s)
+        if not new:
+            return
+        pool = self.pool
+        total = n_blocks * len(new)
+        if total > pool.free_blocks + pool.evictable_blocks:
+            self.skipped_writes += 1
+            return
+        while pool.free_blocks < total:
+            self.evict_one(now_s)
+        pool.free_blocks -= total
+        pool.evictable_blocks += total
+        owner = self.owner
+        nbytes = total * owner.block_bytes
+        transfer = owner.kv.cost.transfer_time_s
+        t = now_s
+        for hop in hops:
+            t = hop.write(t, transfer(total, hop.links()[0]), nbytes)
+        for key in new:
+            e = entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
+            order.add(key, e, now_s)
+        self.writes += 1
+        self.bytes_written += nbytes
+
+    def evict_one(self, now_s: float | None = None) -> int:
+        """Evict the policy's victim at ``now_s`` (default: the owner's clock, for a swap into the
+        tier), demoting it to the next listed tier; returns its blocks."""
+        if now_s is None:
+            now_s = self.owner.now_s
+        key = self.order.victim(self.entries, now_s)
+        e = self.entries.pop(key)
+        self.order.remove(key)
+        pool = self.pool
+        pool.evictable_blocks -= e.n_blocks
+        pool.free_blocks += e.n_blocks
+        self.evicted += 1
+        nxt = self.next
+        if nxt is not None and nxt.put(key, e.n_blocks, e.creator_id, e.session_id, e.ready_s, now_s, [nxt.tier]):
+            self.demotions += 1
+        return e.n_blocks
+
+    def use(self, key: Any, now_s: float) -> None:
+        """A load read ``key``: count the use and refresh its place in the eviction order."""
+        e = self.entries[key]
+        e.uses += 1
+        e.last_s = now_s
+        self.order.touch(key, e, now_s)
+
+    def check(self) -> None:
+        """Assert the stored blocks are the pool's evictable blocks."""
+        held = sum(e.n_blocks for e in self.entries.values())
+        if held != self.pool.evictable_blocks:
+            raise AssertionError(f"{self.tier.name} prefix store holds {held} blocks, the pool counts "
+                                 f"{self.pool.evictable_blocks} evictable")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this tier (JSON-ready)."""
+        return {"eviction": self.eviction, "stored_segments": len(self.entries),
+                "stored_blocks": self.pool.evictable_blocks, "capacity_blocks": self.pool.capacity_blocks,
+                "hit_tokens": self.hit_tokens, "self_hit_tokens": self.self_hit_tokens, "loads": self.loads,
+                "loaded_segments": self.loaded_segments, "bytes_loaded": self.bytes_loaded,
+                "writes": self.writes, "bytes_written": self.bytes_written, "skipped_writes": self.skipped_writes,
+                "demotions": self.demotions, "evicted_segments": self.evicted}
+
+
+# ------------------------------------------------------------------------------- the tiers
+class PrefixTiers:
+    """The prefix stores of one instance's listed tiers (see the module docstring).
+
+    Args:
+        spec: the :class:`PrefixOffloadSpec`.
+        kv: the instance's :class:`~.kv_manager.KVManager` (tiers, cost model, HBM pool).
+    """
+
+    def __init__(self, spec: PrefixOffloadSpec, kv: "KVManager") -> None:
+        self.spec = spec
+        self.kv = kv
+        self.block_bytes = kv.block_bytes
+        self.now_s = 0.0  # the instance's clock, set at each scheduling pass (KVManager.now_s)
+        self.session_last_s: dict[int, float] = {}
+        self._future: dict[int, np.ndarray] = {}
+        self.threshold = spec.threshold
+        self._uses: dict[int, int] = {}  # HBM uses per segment (selective writes)
+        self._session_of: dict[int, int] = {}  # request id -> session (write-back of its segments)
+        self.recompute_chosen = 0
+        self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
+        for upper, lower in zip(self.stores, self.stores[1:]):
+            upper.next = lower
+        first = self.stores[0].tier
+        self._first_hops = list(first.path)  # HBM -> first listed tier: every write link on the path
+
+    # -------------------------------------------------------------------------- the future
+    def set_future(self, workload: "Workload", arrivals_s: np.ndarray | None = None) -> None:
+        """Index, for the ``clairvoyant`` bound, when each prefix hash is next used: the arrival
+        times (s) of the window's requests whose prompt holds it."""
+        off = np.asarray(workload.hash_offsets)
+        hashes = np.asarray(workload.hashes)
+        if not len(hashes):
+            self._future = {}
+            return
+        t = np.asarray(workload.arrival_s if arrivals_s is None else arrivals_s, dtype=np.float64)
+        owner = np.repeat(np.arange(len(t)), np.diff(off))
+        times = t[owner]
+        order = np.lexsort((times, hashes))
+        hs, ts = hashes[order], times[order]
+        starts = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]])
+        ends = np.r_[starts[1:], len(hs)]
+        self._future = {int(hs[a]): ts[a:b] for a, b in zip(starts, ends)}
+
+    def next_use_s(self, key: Any, now_s: float) -> float:
+        """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none)."""
+        ts = self._future.get(key) if isinstance(key, (int, np.integer)) else None
+        if ts is None:
+            return math.inf
+        i = bisect_right(ts, now_s)
+        return float(ts[i]) if i < len(ts) else math.inf
+
+    # ------------------------------------------------------------------------------ writes
+    def on_computed(self, st: "RequestState", new_hashes: list, seg_blocks: int, now_s: float) -> None:
+        """``st`` computed and cached ``new_hashes`` in HBM: write them through (threshold 1) or
+        count their first use (selective)."""
+        self._session_of[st.rid] = st.req.session_id
+        if st.req.session_id >= 0:
+            self.session_last_s[st.req.session_id] = now_s
+        th = self.threshold
+        if th == 0:  # write-back: nothing until HBM evicts them
+            return
+        first = self.stores[0]
+        sess = st.req.session_id
+        if th == 1:
+            first.put_many(new_hashes, seg_blocks, st.rid, sess, now_s, self._first_hops)
+            return
+        uses = self._uses
+        due = []
+        for h in new_hashes:
+            n = uses[h] = uses.get(h, 0) + 1
+            if n >= th:
+                due.append(h)
+        if due:
+            first.put_many(due, seg_blocks, st.rid, sess, now_s, self._first_hops)
+
+    def on_hbm_hit(self, st: "RequestState", hashes, seg_blocks: int, creator_of: Callable[[int], int]) -> None:
+        """An admission reused ``hashes`` from HBM: count a use (selective writes) and the
+        conversation's activity."""
+        now_s = self.now_s
+        if st.req.session_id >= 0:
+            self.session_last_s[st.req.session_id] = now_s
+        if self.threshold < 2:
+            return
+        uses, th, first = self._uses, self.threshold, self.stores[0]
+        due = []
+        for h in hashes:
+            n = uses[h] = uses.get(h, 0) + 1
+            if n >= th and h not in first.entries:
+                due.append(h)
+        if due:  # written as the request's own copy (the creator of each is rarely needed)
+            creator = creator_of(due[0])
+            first.put_many(due, seg_blocks, creator, self._session_of.get(creator, -1), now_s, self._first_hops)
+
+    def forget_uses(self, evicted: list) -> None:
+        """Selective writes: HBM evicted ``evicted`` ((hash, blocks, creator id)); a segment
+        computed again later starts counting its uses anew (SGLang drops the evicted node, and its
+        ``hit_count`` with it)."""
+        uses = self._uses
+        for h, _, _ in evicted:
+            uses.pop(h, None)
+
+    def on_hbm_evict(self, evicted: list) -> None:
+        """Write-back: one HBM allocation evicted cached segments ``evicted`` ((hash, blocks,
+        creator id), eviction order); copy them to the first listed tier, one copy per creator run."""
+        now_s = self.now_s
+        first, hops, session_of = self.stores[0], self._first_hops, self._session_of
+        i, n = 0, len(evicted)
+        while i < n:
+            _, nb, creator = evicted[i]
+            j = i
+            while j < n and evicted[j][1] == nb and evicted[j][2] == creator:
+                j += 1
+            first.put_many([e[0] for e in evicted[i:j]], nb, creator, session_of.get(creator, -1), now_s, hops)
+            i = j
+
+    def on_finished(self, st: "RequestState", now_s: float) -> None:
+        """With ``offload_prompt_only`` false: write ``st``'s decode blocks (an entry no prompt hits)."""
+        if self.spec.offload_prompt_only:
+            return
+        bs = self.kv.bs
+        n = -(-(st.prompt_tokens + st.generated) // bs) - (-(-st.prompt_tokens // bs))
+        if n > 0:
+            self.stores[0].put(("decode", st.rid), n, st.rid, st.req.session_id, now_s, now_s, self._first_hops)
+
+    # ------------------------------------------------------------------------------- loads
+    def _run(self, hashes, now_s: float) -> list[PrefixStore]:
+        """For the leading run of ``hashes`` stored below HBM (landed by ``now_s``), the highest
+        listed tier holding each."""
+        out = []
+        stores = self.stores
+        for h in hashes:
+            for s in stores:
+                if s.ready(h, now_s):
+                    out.append(s)
+                    break
+            else:
+                break
+        return out
+
+    def _load_end_s(self, groups: dict, seg_blocks: int, now_s: float, reserve: bool) -> float:
+        """When loads of ``groups`` (store -> segments) land in HBM: each group's copy crosses the
+        read links of its tier's path bottom up, queued FIFO; the groups go in the run's order.
+        ``reserve`` False predicts without queueing anything."""
+        transfer = self.kv.cost.transfer_time_s
+        busy: dict[int, float] = {}
+        end = now_s
+        for store, n_segs in groups.items():
+            n_blocks = n_segs * seg_blocks
+            nbytes = n_blocks * self.block_bytes
+            t = now_s
+            for hop in reversed(store.tier.path):
+                d = transfer(n_blocks, hop.links()[1])
+                if reserve:
+                    t = hop.read(t, d, nbytes)
+                else:
+                    q = hop.read_q
+                    start = max(t, busy.get(id(q), q.busy_until_s))
+                    t = busy[id(q)] = start + d
+            end = t if t > end else end
+        return end
+
+    def try_load_admit(self, inst, st: "RequestState", hit: int, max_seg: int, now_s: float) -> bool:
+        """Admit ``st`` on ``inst`` with the segments after its ``hit`` HBM ones loaded from the
+        listed tiers (called by :meth:`~.admission.Admitter.try_admit`). Returns ``True`` when it
+        was admitted with a load (it holds its blocks and waits for its copy), ``False`` when the
+        instance should admit it the usual way (nothing below HBM, recompute predicted faster, or
+        no HBM room for the loaded blocks)."""
+        from .shared_kv import FETCH_EVENT
+
+        run = self._run(st.hashes[hit:max_seg], now_s)
+        f = len(run)
+        if f == 0:
+            return False
+        seg = st.seg_tokens
+        kv = inst.kv
+        seg_blocks = seg // kv.bs
+        groups: dict[PrefixStore, int] = {}
+        for s in run:
+            groups[s] = groups.get(s, 0) + 1
+        need = f * seg_blocks
+        hit_hashes = st.hashes[:hit]
+        if need > kv.hbm.available_blocks - kv.evictable_hit_blocks(hit_hashes):
+            return False  # no room now (checked first: a blocked head is asked again every step)
+        if self.spec.load_policy == "cost":
+            total = st.prompt_tokens + st.generated
+            recompute_s = float(inst.cost.prefill_time_s(total, hit * seg))
+            load_s = (self._load_end_s(groups, seg_blocks, now_s, False) - now_s
+                      + float(inst.cost.prefill_time_s(total, (hit + f) * seg)))
+            if load_s >= recompute_s:
+                self.recompute_chosen += 1
+                return False
+        first_admission = st.admissions == 0
+        for h, s in zip(st.hashes[hit:hit + f], run):  # before anything below can evict them
+            e = s.entries[h]
+            if first_admission and e.creator_id != st.rid:
+                s.hit_tokens += seg
+            else:
+                s.self_hit_tokens += seg
+            s.use(h, now_s)
+        # the HBM hits (a selective write may follow) and the HBM blocks (a write-back may follow):
+        # either may evict an entry just read, whose copy is delivered all the same (the read is
+        # reserved below, from what was read now)
+        kv.acquire_prefix(st, hit_hashes)
+        ok = kv.allocate(need)
+        assert ok, "prefix_offload: load allocation failed after the availability check"
+        for s, n in groups.items():
+            s.loads += 1
+            s.loaded_segments += n
+            s.bytes_loaded += n * seg_blocks * self.block_bytes
+        ready = self._load_end_s(groups, seg_blocks, now_s, True)
+        if st.req.session_id >= 0:
+            self.session_last_s[st.req.session_id] = now_s
+        # next_seg = hit: the loaded segments join HBM's prefix cache at the request's next step
+        inst.admitter.take_residency(st, hit_hashes, hit * seg_blocks, need, hit, (hit + f) * seg, now_s)
+        st.ready_s = ready
+        inst.pending_events.append((ready, FETCH_EVENT, st))
+        return True
+
+    # ------------------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Assert every store's blocks match its pool."""
+        for s in self.stores:
+            s.check()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per listed tier plus the spec (JSON-ready)."""
+        return {"write_policy": self.spec.write_policy, "load_policy": self.spec.load_policy,
+                "recompute_chosen": self.recompute_chosen,
+                "tiers": {s.tier.name: s.stats() for s in self.stores}}
