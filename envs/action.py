@@ -32,12 +32,17 @@ import numpy as np
 
 from kvsched.envs.sim.features import FeatureTable
 from kvsched.policies.base import SchedulerPolicy
+from kvsched.policies.victims import victim_row
 
 #: chunk caps (tokens) of action part 1; ``REFERENCE`` = the reference policy's chunk_limit,
 #: ``None`` = no cap (the step's token budget and the spec's long-prefill threshold still apply)
 REFERENCE = "reference"
 CHUNK_BINS_TOKENS: tuple = (REFERENCE, 128, 256, 512, 1024, 2048, None)
 VICTIM_RULES: tuple[str, ...] = ("reference", "newest", "least_cost_per_block", "most_blocks", "fewest_computed")
+#: The rule of :data:`kvsched.policies.victims.RULES` each victim action applies (one
+#: implementation, shared with ``PolicyParams.victim_rule``).
+_VICTIM_RULE_OF = {"newest": "newest", "least_cost_per_block": "least-cost-per-block", "most_blocks": "most-blocks",
+                   "fewest_computed": "least-computed"}
 PREEMPTION_MODES: tuple[str, ...] = ("reference", "recompute", "swap", "offload")
 
 
@@ -66,7 +71,8 @@ class AgentPolicy(SchedulerPolicy):
     """A scheduler policy that applies the agent's pending :class:`AgentDecision`.
 
     It mirrors ``reference`` (its parameters, token budget, stall-free batching, chunked
-    prefill, completion feedback, admission preemption and the output lengths it learns from)
+    prefill, completion feedback, admission and head-of-queue preemption and the output lengths
+    it learns from)
     and overrides only what the decision sets. Without a pending
     decision it behaves exactly as ``reference``. ``order_is_static`` is ``False``: the
     instance then never fast-forwards past a waiting queue, so no decision point is skipped.
@@ -83,6 +89,7 @@ class AgentPolicy(SchedulerPolicy):
         self.name = f"agent+{reference.name}"
         self.stall_free = reference.stall_free
         self.chunked_prefill = reference.chunked_prefill
+        self.preempts_for_head = reference.preempts_for_head
         self.ctx = None
         self.decision: AgentDecision | None = None
 
@@ -104,6 +111,10 @@ class AgentPolicy(SchedulerPolicy):
     def choose_admission_preemption(self, *args, **kwargs):
         """The reference's decision (the agent's actions do not cover admission preemption)."""
         return self.reference.choose_admission_preemption(*args, **kwargs)
+
+    def choose_head_preemption(self, *args, **kwargs):
+        """The reference's decision (the agent's actions do not cover it either)."""
+        return self.reference.choose_head_preemption(*args, **kwargs)
 
     # ----------------------------------------------------------------------------- ordering
     def _order(self, table: FeatureTable, reference_fn) -> np.ndarray | None:
@@ -146,17 +157,7 @@ class AgentPolicy(SchedulerPolicy):
             return self.reference.choose_preemption(table, costs_s, default_mode)
         ref_row, ref_mode = self.reference.choose_preemption(table, costs_s, default_mode)
         rule = d.victim_rule
-        if rule == "reference":
-            row = ref_row
-        elif rule == "newest":
-            row = len(table) - 1
-        elif rule == "least_cost_per_block":
-            cost = np.min(np.vstack([costs_s[m] for m in costs_s]), axis=0)
-            row = int(np.argmin(cost / np.maximum(table.hbm_blocks, 1)))
-        elif rule == "most_blocks":
-            row = int(np.argmax(table.hbm_blocks))
-        else:  # fewest_computed
-            row = int(np.argmin(table.computed_tokens))
+        row = ref_row if rule == "reference" else victim_row(_VICTIM_RULE_OF[rule], table, costs_s)
         mode = ref_mode if d.mode == "reference" else d.mode
         return row, mode
 

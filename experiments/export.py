@@ -220,7 +220,8 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
 
 def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -> dict:
     """The study's objective when only what an engine can express is kept: the engine's native
-    scheduler (fcfs, or priority for kvsched's priority policy) with the trial's engine settings,
+    scheduler (fcfs, or priority for kvsched's priority and vllm-priority policies) with the trial's
+    engine settings,
     simulated on the study's windows and seeds. Shows how much of the tuned gain the exported
     file carries (all of it when the gain came from engine knobs; none of a heuristic's own).
     The run uses the scenario's router: for a router study, whose router the engine file cannot
@@ -231,7 +232,8 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
     study = open_study(study_name, storage_url)
     cfg = TuneConfig.from_dict(study.user_attrs["tune_config"])
     sc = scenario_of_study(study)
-    native = "priority" if tc["policy"] == "priority" else "fcfs"
+    # kvsched's policy that runs as the engine's native scheduler
+    native = tc["policy"] if tc["policy"] in ("priority", "vllm-priority") else "fcfs"
     vals = [metric_value(run_scenario(sc, w, s, native, {}, tc["engine"]), cfg.objective)
             for w in cfg.windows_s for s in cfg.seeds]
     out = {"target_policy_simulated": native, "target_objective_mean": _nanmean(vals)}
@@ -241,9 +243,18 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
 
 
 # ----------------------------------------------------------------------------- shared pieces
+#: kvsched policies an engine runs as its own ``scheduling-policy`` (``priority``: kvsched's
+#: shortest-prompt-first when clients send priority = prompt tokens; ``vllm-priority``: vLLM's
+#: priority scheduler on the requests' own priorities).
+NATIVE_POLICIES: Mapping[str, str] = {"fcfs": "fcfs", "priority": "priority", "vllm-priority": "priority"}
+#: The ``victim_rule`` each native policy's engine applies anyway (vLLM V1 ``Scheduler.schedule``:
+#: ``running[-1]`` under fcfs, the largest ``(priority, arrival_time)`` under priority).
+_ENGINE_VICTIM_RULE: Mapping[str, str] = {"fcfs": "newest", "vllm-priority": "priority"}
+
+
 def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -> tuple[str | None, list]:
     """(the engine's scheduling-policy value or None, unexpressible policy parameters)."""
-    native = {"fcfs": "fcfs", "priority": "priority"}.get(policy)
+    native = NATIVE_POLICIES.get(policy)
     out = []
     base_flags = ("tier_aware_preemption", "prefetch", "admit_while_swapped")
     if native is None:
@@ -258,6 +269,14 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
         mode = params.get("admission_preemption", "never")
         if mode != "never":  # V1 engines never preempt for a waiting request
             out.append(("policy_params.admission_preemption", mode, f"{engine} has no flag for it"))
+        rule = params.get("victim_rule", "policy")
+        if rule not in ("policy", _ENGINE_VICTIM_RULE.get(policy)):  # the engine picks its own victim
+            out.append(("policy_params.victim_rule", rule, f"{engine} has no flag for it (it preempts as its "
+                                                          f"{native} scheduler does)"))
+        if params.get("priority_preemption"):  # vLLM V0 only
+            out.append(("policy_params.priority_preemption", True, f"{engine} has no flag for it (vLLM V0's "
+                                                                   "priority preemption; V1 engines never preempt "
+                                                                   "for a waiting request)"))
     return native, out
 
 
@@ -364,8 +383,10 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     check_keys("vllm", cfg)
     notes = [f"serve with: vllm serve <HF id of {spec.model.name}> --config THIS_FILE "
              f"(keys checked against vLLM {engine_args('vllm')['version']} EngineArgs)"]
-    if native == "priority":
+    if policy == "priority":
         notes.append("clients must send priority = prompt tokens per request (kvsched's priority policy)")
+    elif policy == "vllm-priority":
+        notes.append("clients send each request's priority (lower is served first), as the workload's priority column")
     text = _header(f"vLLM engine arguments exported by kvsched from study {prov['study']}", prov, unexp, notes)
     return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
 

@@ -14,6 +14,7 @@ from . import prefetch  # noqa: F401  (registers "prefetch")
 from . import priority  # noqa: F401  (registers "priority")
 from . import routing  # noqa: F401  (registers the cluster routers: make_router)
 from . import sarathi  # noqa: F401  (registers "sarathi")
+from . import vllm_priority  # noqa: F401  (registers "vllm-priority")
 from .base import PolicyParams, SchedulerPolicy, make_policy, policy_names
 
 __all__ = ["PolicyParams", "SchedulerPolicy", "make_policy", "policy_names"]

@@ -9,7 +9,8 @@ Decisions (each has a vLLM-faithful default):
 
 1. ``order_waiting(table)``: the order in which waiting requests are offered cache residency
    (admission order). ``None`` keeps queue order (FCFS).
-2. ``choose_victim(table)``: which running request to preempt when KV allocation fails.
+2. ``choose_victim(table)``: which running request to preempt when KV allocation fails
+   (``params.victim_rule`` may replace it by a named rule, :mod:`kvsched.policies.victims`).
 3. ``token_budget(default)``: tokens per step (``max_num_batched_tokens``).
 4. ``stall_free`` and ``order_prefills(table)``: with ``stall_free`` (Sarathi-Serve), running
    decodes are scheduled first, then every prefill -- unfinished (running) ones and waiting
@@ -27,6 +28,9 @@ Decisions (each has a vLLM-faithful default):
 9. ``choose_admission_preemption(...)`` (only with ``params.admission_preemption`` set): whether
    the head of the admission order, blocked for KV blocks, preempts a running request
    (:mod:`kvsched.policies.preemption`).
+10. ``choose_head_preemption(running, head, cause, ...)`` (only when ``preempts_for_head``): which
+    running request the head of the admission order, blocked for a seat (``max_num_seqs``) or
+    for KV blocks, preempts -- vLLM V0's priority preemption (:mod:`kvsched.policies.vllm_priority`).
 
 ``order_is_static`` declares that the admission order cannot change while the batch is
 unchanged (no arrival, completion or transfer); the simulator only fast-forwards stretches
@@ -46,6 +50,7 @@ from kvsched.envs.sim.policy_api import PolicyContext
 from kvsched.envs.sim.registry import Registry
 
 from .preemption import ADMISSION_PREEMPTION_MODES
+from .victims import PARAM_VICTIM_RULES, victim_row
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,16 @@ class PolicyParams:
             (kvsched's choice: bounds the displacement of a long request, no cascades).
         output_history_window: finished requests whose output lengths the cost gate's expected
             remaining output is estimated from; 4096 (kvsched's choice).
+        victim_rule: who is preempted when a running request cannot get KV blocks:
+            ``"policy"`` (default: the policy's own :meth:`SchedulerPolicy.choose_victim`, so
+            nothing changes), ``"newest"`` (vLLM V1 fcfs, ``running[-1]``), ``"oldest"``,
+            ``"least-computed"``, ``"most-computed"`` or ``"priority"`` (the largest ``(priority,
+            arrival_s)``, vLLM V1 ``--scheduling-policy priority``); the rules and their sources
+            in :mod:`kvsched.policies.victims`. With ``tier_aware_preemption`` a named rule picks
+            the victim and tier-aware preemption only its mode (the cheapest feasible one for that
+            row, REFERENCE.md §5.4); ``"policy"`` keeps tier-aware preemption's own victim (least
+            cost per freed block, never the oldest). It does not change who admission preemption
+            pushes out (``admission_preemption``). Available to every policy.
     """
 
     #: What ``kvsched tune`` may vary: parameter name -> :class:`SearchDim`. Empty here;
@@ -156,6 +171,7 @@ class PolicyParams:
     admission_victim_min_tokens: int = 8192
     max_admission_preemptions: int = 1
     output_history_window: int = 4096
+    victim_rule: str = "policy"
 
     def __post_init__(self) -> None:
         # messages are built only on failure: the Knobs-v0 environment builds parameters every step
@@ -170,6 +186,8 @@ class PolicyParams:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 require(False, f"PolicyParams.{name}", v, "an integer >= 1")
+        if self.victim_rule not in PARAM_VICTIM_RULES:
+            require(False, "PolicyParams.victim_rule", self.victim_rule, "one of " + ", ".join(PARAM_VICTIM_RULES))
 
     @classmethod
     def validator_for(cls, changed: frozenset):
@@ -199,6 +217,9 @@ class SchedulerPolicy:
     stall_free = False
     chunked_prefill: bool | None = None  # None: as the spec says
     uses_pnm = False  # True: the instance asks choose_migrations every step (needs spec.pnm)
+    #: True: the instance asks :meth:`choose_head_preemption` when the head of the admission order
+    #: is blocked for a seat or KV blocks (read once, when the instance is built)
+    preempts_for_head = False
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         from .preemption import OutputLengthHistory
@@ -258,18 +279,25 @@ class SchedulerPolicy:
             default_mode: the spec's ``preemption_mode``.
 
         Returns:
-            ``(row, mode)``. Default: :meth:`choose_victim` and ``default_mode``; with
+            ``(row, mode)``. Default: :meth:`choose_victim` (or the named ``params.victim_rule``,
+            :mod:`kvsched.policies.victims`) and ``default_mode``; with
             ``params.tier_aware_preemption`` the row and mode of least cost per freed block,
             never row 0 (the oldest candidate) while there are others: like vLLM's
             newest-victim rule, this guarantees progress. Without it two long prefills that
             cannot fit together could each preempt the other forever (a livelock the fold
-            breaker found: each chose the request with more computed tokens, itself).
+            breaker found: each chose the request with more computed tokens, itself). With both,
+            the named rule's row in its cheapest mode.
         """
+        rule = getattr(self.params, "victim_rule", "policy")
         if not getattr(self.params, "tier_aware_preemption", False):
-            return self.choose_victim(table), default_mode
+            row = self.choose_victim(table) if rule == "policy" else victim_row(rule, table, costs_s)
+            return row, default_mode
         modes = list(costs_s)
         cost = np.vstack([costs_s[m] for m in modes])           # (modes, rows)
         best_mode = np.argmin(cost, axis=0)
+        if rule != "policy":  # the rule says who, tier-aware preemption how
+            row = victim_row(rule, table, costs_s)
+            return row, modes[int(best_mode[row])]
         best_cost = cost[best_mode, np.arange(cost.shape[1])]
         per_block = best_cost / np.maximum(table.hbm_blocks, 1)
         if len(per_block) > 1:
@@ -292,6 +320,28 @@ class SchedulerPolicy:
 
         return choose_admission_preemption(self, running, eligible, freed_blocks, waiting, waiting_blocks,
                                            available_blocks, seats, costs_s, default_mode)
+
+    def choose_head_preemption(self, running: FeatureTable, head: FeatureTable, cause: str,
+                               costs_s: dict[str, np.ndarray], default_mode: str) -> tuple[int, str] | None:
+        """Victim row of ``running`` and mode so that the blocked head of the admission order can
+        be admitted, or ``None`` (it waits).
+
+        Asked only when :attr:`preempts_for_head` is true (the core's hook,
+        :meth:`kvsched.envs.sim.preemption.Preemptor.preempt_for_head`), again after each
+        preemption while the head stays blocked.
+
+        Args:
+            running: the candidates: running requests in HBM, not loading, not on PNM, in
+                admission order.
+            head: one row, the blocked head of the admission order.
+            cause: ``"seats"`` (``max_num_seqs`` requests run) or ``"blocks"`` (its KV blocks
+                cannot be allocated).
+            costs_s: seconds per mode and candidate, as for :meth:`choose_preemption`.
+            default_mode: the spec's ``preemption_mode``.
+
+        Default: ``None`` (vLLM V1 never preempts for a waiting request).
+        """
+        return None
 
     def token_budget(self, default: int) -> int:
         """Tokens per step; default the spec's ``max_num_batched_tokens``."""

@@ -6,7 +6,10 @@ token budget, ``max_num_seqs`` and the KV cache last; the prefix cache is looked
 compute), then the instance's lower prefix tiers (:mod:`.prefix_offload`) and the cluster tier
 (:mod:`.shared_kv`), and the rest is allocated all-or-nothing (``allocate_slots``). When a request cannot
 get its blocks, admission stops (head-of-line: later requests do not jump it), unless the
-policy lets it preempt a running request (:meth:`~.preemption.Preemptor.preempt_for_admission`).
+policy lets it preempt a running request (:meth:`~.preemption.Preemptor.preempt_for_admission`,
+:meth:`~.preemption.Preemptor.preempt_for_head`). When ``max_num_seqs`` requests run, admission
+stops too (vLLM V1 breaks out of its waiting loop), unless the policy preempts for the head
+(``preempts_for_head``: vLLM V0's priority preemption, which also frees seats).
 A request whose chunk would leave one partial prefill too many is skipped for this step and
 later ones may go.
 """
@@ -41,7 +44,7 @@ class Admitter:
         inst = self.inst
         admitted: list[RequestState] = []
         for st in cands:
-            if step.budget <= 0 or len(inst.running) >= inst.spec.max_seqs:
+            if step.budget <= 0 or (len(inst.running) >= inst.spec.max_seqs and not inst.head_preemption):
                 break
             r = self.try_admit(st, step, now)
             if r == ADMITTED:
@@ -96,11 +99,15 @@ class Admitter:
         """Try to give a waiting request cache residency and its first chunk.
 
         Returns ``ADMITTED``, ``SKIP`` (not now; later requests may go) or ``STOP`` (allocation
-        failed: vLLM stops admitting, head-of-line).
+        failed: vLLM stops admitting, head-of-line). With no seat left, a policy that preempts for
+        the head is asked for a victim first (cause ``"seats"``).
         """
         inst = self.inst
-        if len(inst.running) >= inst.spec.max_seqs or step.budget <= 0:
+        if step.budget <= 0:
             return STOP
+        while len(inst.running) >= inst.spec.max_seqs:
+            if not (inst.head_preemption and inst.preemptor.preempt_for_head(st, "seats", step, now)):
+                return STOP
         kv = inst.kv
         total_tokens = st.prompt_tokens + st.generated
         hit, max_seg = kv.cached_prefix(st, total_tokens)
@@ -136,7 +143,8 @@ class Admitter:
 
     def _room_for(self, st: RequestState, need: int, hit_hashes, chunk: int, step: StepBuild, now: float) -> bool:
         """Whether ``need`` new HBM blocks can be had for ``st`` (its own cached hits pinned),
-        preempting a running request for it when the policy allows (admission preemption)."""
+        preempting a running request for it when the policy allows (admission preemption; then,
+        with ``preempts_for_head``, as many as the policy names, cause ``"blocks"``)."""
         inst = self.inst
         kv = inst.kv
         evictable_hit = kv.evictable_hit_blocks(hit_hashes)
@@ -146,6 +154,10 @@ class Admitter:
             # the victim may have released segments of this request's own hit: they are
             # evictable now, but it pins them, so they are no room for it
             evictable_hit = kv.evictable_hit_blocks(hit_hashes)
+        if inst.head_preemption:
+            while need > kv.hbm.available_blocks - evictable_hit \
+                    and inst.preemptor.preempt_for_head(st, "blocks", step, now):
+                evictable_hit = kv.evictable_hit_blocks(hit_hashes)  # as above
         return need <= kv.hbm.available_blocks - evictable_hit
 
     def take_residency(self, st: RequestState, hit_hashes, shared_blocks: int, private_blocks: int,

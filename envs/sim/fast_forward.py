@@ -82,7 +82,7 @@ class StretchPlanner:
         if (inst.options.fast_forward and not step.preempted and not inst.swapped
                 and len(plan) == len(running)
                 and (not inst.waiting or (blocked_static and inst._shared_kv is None and inst._prefix_tiers is None
-                                          and not inst.admission_preemption))
+                                          and not inst.admission_preemption and not inst.head_preemption))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             return self.plan_stretch(start, horizon_s)

@@ -1,8 +1,8 @@
 """The FeatureTable: what every scheduling policy (heuristic or learned) may see.
 
-A real scheduler knows a request's arrival time, prompt length, how many tokens it has
-computed and generated so far, where its KV blocks are and how many, and how often it was
-preempted. It does **not** know the output length until the request finishes; the table
+A real scheduler knows a request's arrival time, prompt length, its scheduling priority (vLLM's
+``Request.priority``, ``vllm/v1/request.py``), how many tokens it has computed and generated so
+far, where its KV blocks are and how many, and how often it was preempted. It does **not** know the output length until the request finishes; the table
 exposes ``output_tokens`` only when the scenario enables oracle lengths (otherwise the column
 is ``-1``).
 
@@ -61,8 +61,9 @@ class FeatureTable:
     ``generated_tokens``, ``to_compute_tokens``, ``hbm_blocks``, ``lower_blocks``, ``tier``,
     ``running`` (bool), ``tier`` (where its KV lives: the tier's index in the instance's tier
     list, 0 HBM, 1 DRAM, 2 NVMe, then extra tiers, then PNM; 3 for PNM with the standard list),
-    ``pnm_blocks`` (KV blocks in the PNM tier), ``preemptions``, ``output_tokens`` (-1 unless
-    oracle).
+    ``pnm_blocks`` (KV blocks in the PNM tier), ``preemptions``, ``priority`` (int64, the
+    request's scheduling priority, lower is served earlier; 0 unless the workload gives one, vLLM's
+    default), ``output_tokens`` (-1 unless oracle).
     """
 
     def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False,
@@ -138,6 +139,10 @@ class FeatureTable:
     @cached_column
     def preemptions(self) -> np.ndarray:
         return self._col("preemptions")
+
+    @cached_column
+    def priority(self) -> np.ndarray:
+        return self._col("priority")
 
     @cached_column
     def output_tokens(self) -> np.ndarray:

@@ -177,6 +177,9 @@ class Instance:
         self.admit_while_swapped = bool(getattr(params, "admit_while_swapped", False))
         # may a blocked waiting request preempt a running one (kvsched.policies.preemption)?
         self.admission_preemption = getattr(params, "admission_preemption", "never") != "never"
+        # may the head of the admission order, blocked for a seat or KV blocks, ask the policy for
+        # a victim (choose_head_preemption; vLLM V0 priority preemption)? Optional in the protocol.
+        self.head_preemption = bool(getattr(policy, "preempts_for_head", False))
         self.chunked = spec.enable_chunked_prefill if policy.chunked_prefill is None else bool(policy.chunked_prefill)
         if not self.chunked:
             self.long_threshold = 0

@@ -25,6 +25,11 @@ the point of vLLM's ``Scheduler.schedule`` (REFERENCE §4.1) where it applies:
    processing-near-memory migrations (REFERENCE §3.2).
 9. ``choose_admission_preemption(...)`` (``params.admission_preemption`` not ``"never"``): may
    the blocked head of the admission order preempt a running request.
+10. ``choose_head_preemption(running, head, cause, costs_s, default_mode)`` (optional: only a
+    policy whose ``preempts_for_head`` attribute is true needs it): which running request the
+    head of the admission order, blocked for a seat (``max_num_seqs``, cause ``"seats"``) or for
+    KV blocks (``"blocks"``), preempts, or ``None``; asked again after each preemption while the
+    head stays blocked (the mechanism of vLLM V0's ``_schedule_priority_preemption``; V1 has none).
 
 ``order_is_static`` declares that the admission order cannot change while the batch is
 unchanged; only then does the simulator fast-forward past a blocked waiting queue.
@@ -65,6 +70,8 @@ class SchedulerPolicy(Protocol):
     ``params`` may carry the options every policy takes (``PolicyParams`` fields the core reads
     with vLLM-like defaults when absent): ``tier_aware_preemption``, ``prefetch``,
     ``admit_while_swapped`` (bool), ``admission_preemption`` ("never", "always", "cost-gated").
+    Optional too: ``preempts_for_head`` (bool, default false) and, when true,
+    ``choose_head_preemption`` (decision 10 of the module docstring).
     """
 
     name: str

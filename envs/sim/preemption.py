@@ -21,6 +21,14 @@ preempting the other let two requests swap each other out and in forever).
 Admission preemption (``params.admission_preemption``): the blocked head of the admission
 order may preempt a running request when the policy says so
 (:func:`kvsched.policies.preemption.choose_admission_preemption` decides; here is the mechanism).
+
+Head preemption (a policy with ``preempts_for_head``, e.g. ``vllm-priority`` with
+``priority_preemption``): the head of the admission order, blocked for a seat (``max_num_seqs``)
+or for KV blocks, asks the policy for a victim among the running requests, again after each
+preemption while it stays blocked -- the mechanism of vLLM V0's
+``Scheduler._schedule_priority_preemption`` (``vllm/core/scheduler.py``), whose rule (only a
+request of lower priority than the head) is the policy's. Victims are counted with the admission
+preemptions.
 """
 
 from __future__ import annotations
@@ -266,7 +274,47 @@ class Preemptor:
         if not (0 <= row < len(running)) or not eligible[row]:
             raise ValueError(f"policy {inst.policy.name!r} chose row {row} for admission preemption; "
                              f"allowed: eligible rows {np.flatnonzero(eligible).tolist()}")
-        victim = running[row]
+        self._displace(running[row], mode, step, now)
+
+    def preempt_for_head(self, head: RequestState, cause: str, step: StepBuild, now: float) -> bool:
+        """Ask the policy (``choose_head_preemption``) which running request blocked ``head`` preempts;
+        do it if it names one.
+
+        Args:
+            head: the head of the admission order, blocked.
+            cause: ``"seats"`` (``max_num_seqs`` requests run) or ``"blocks"`` (its KV blocks
+                cannot be allocated).
+
+        Candidates: running requests in HBM, not loading, not on PNM (as for admission
+        preemption; no length or count limit: the policy's rule decides). The victim leaves this
+        step's plan; by recompute it re-enters the queue head after this step's admissions.
+
+        Returns whether one was preempted. Raises ``ValueError`` if the policy names a row out of
+        range, or a mode neither offered in the costs nor the spec's ``preemption_mode`` (which
+        falls back as every preemption does when its tier is full).
+        """
+        inst = self.inst
+        cands = [r for r in inst.running
+                 if r.ready_s <= now and not (r.on_pnm or r.pnm_migrating) and not r.lower_blocks]
+        if not cands:
+            return False
+        costs = self.costs(cands)
+        costs.pop("migrate", None)
+        choice = inst.policy.choose_head_preemption(inst.feature_table(cands, now), inst.feature_table([head], now),
+                                                    cause, costs, inst.spec.preemption_mode)
+        if choice is None:
+            return False
+        row, mode = choice
+        if not (0 <= row < len(cands)) or not (mode in costs or mode == inst.spec.preemption_mode):
+            raise ValueError(f"policy {inst.policy.name!r} chose (row {row}, mode {mode!r}) for head preemption; "
+                             f"allowed: rows 0..{len(cands) - 1}, modes {[*costs, inst.spec.preemption_mode]}")
+        self._displace(cands[row], mode, step, now)
+        return True
+
+    def _displace(self, victim: RequestState, mode: str, step: StepBuild, now: float) -> None:
+        """Preempt running ``victim`` in ``mode`` for a blocked waiting request (see
+        :meth:`preempt_for_admission`)."""
+        inst = self.inst
         if step.drop(victim):
             inst.composer.recount(step)
         victim.admission_preemptions += 1

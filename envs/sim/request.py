@@ -3,7 +3,9 @@
 A :class:`Request` is what a client sends: when it arrives, how many prompt tokens it carries,
 how many output tokens it will decode (hidden from policies unless a scenario enables oracle
 lengths; in the simulator it acts as the request's ``max_tokens`` with ``ignore_eos``), an
-optional session, prefix hashes that identify reusable prompt blocks, and an SLO class.
+optional session, prefix hashes that identify reusable prompt blocks, an SLO class and a
+scheduling priority (vLLM's per-request ``priority``: lower is served earlier under
+``--scheduling-policy priority``; 0 unless given, as in vLLM).
 
 A :class:`Workload` stores many requests as NumPy columns (memory grows with requests, not
 with Python objects) and hands out :class:`Request` objects one at a time.
@@ -18,6 +20,17 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .errors import ConfigError
+
+#: Inclusive bounds of a request's ``priority``. vLLM takes any Python int (``priority: int = 0``
+#: in ``vllm/v1/request.py`` ``Request.__init__``); kvsched bounds it to the int32 range (its
+#: choice: the column stays compact, and a trace cell parsed as a float is still exact).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+#: A request's priority when none is given: vLLM's default (``Request.__init__(priority=0)``,
+#: ``vllm/v1/request.py``).
+DEFAULT_PRIORITY = 0
+#: The default of :attr:`Workload.priority` (a marker: ``__post_init__`` replaces it by a column of
+#: :data:`DEFAULT_PRIORITY`, one per request).
+_NO_PRIORITY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +49,14 @@ class Request:
             hashes at equal positions mean reusable KV. Empty when the trace has none.
         hash_block_tokens: tokens covered by each prefix hash (0 when there are no hashes).
         slo_class: name of the request's SLO class.
+        priority: scheduling priority, an integer in ``[PRIORITY_MIN, PRIORITY_MAX]``; lower is
+            served earlier by vLLM's priority scheduler (``vllm/v1/request.py`` ``Request.__lt__``:
+            ``(priority, arrival_time)``). Default 0, vLLM's. Policies see it (a real scheduler
+            does).
 
     Raises:
-        ConfigError: on any negative or zero length, negative time, or inconsistent hashes.
+        ConfigError: on any negative or zero length, negative time, inconsistent hashes, or a
+            priority that is not an integer in range.
     """
 
     request_id: int
@@ -49,9 +67,10 @@ class Request:
     prefix_hashes: tuple[int, ...] = ()
     hash_block_tokens: int = 0
     slo_class: str = "default"
+    priority: int = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
-        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "hash_block_tokens"):
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "hash_block_tokens", "priority"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ConfigError(f"request {self.request_id!r}: {name}={v!r} must be an integer")
@@ -74,11 +93,14 @@ class Request:
                 f"request {self.request_id}: hash_block_tokens={self.hash_block_tokens} must be"
                 " > 0 when prefix_hashes are given"
             )
+        if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise ConfigError(f"request {self.request_id}: priority={self.priority} is not allowed: expected an "
+                              f"integer in [{PRIORITY_MIN}, {PRIORITY_MAX}] (lower is served earlier)")
 
     @classmethod
     def _from_validated(cls, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                         session_id: int, prefix_hashes: tuple[int, ...], hash_block_tokens: int,
-                        slo_class: str) -> "Request":
+                        slo_class: str, priority: int) -> "Request":
         """A request from fields already checked column-wise by :class:`Workload` (no re-check).
 
         The simulator's per-arrival path: the same object as the constructor would build, without
@@ -94,6 +116,7 @@ class Request:
         set_(r, "prefix_hashes", prefix_hashes)
         set_(r, "hash_block_tokens", hash_block_tokens)
         set_(r, "slo_class", slo_class)
+        set_(r, "priority", priority)
         return r
 
     @property
@@ -108,7 +131,10 @@ class Workload:
 
     Columns (all of length ``n``): ``request_id`` (int64), ``arrival_s`` (float64, seconds,
     non-decreasing), ``prompt_tokens`` and ``output_tokens`` (int64, >= 1), ``session_id``
-    (int64, -1 when unknown), ``slo_class`` (int16 codes into ``slo_class_names``). Prefix
+    (int64, -1 when unknown), ``slo_class`` (int16 codes into ``slo_class_names``),
+    ``priority`` (int64 in ``[PRIORITY_MIN, PRIORITY_MAX]``, lower is served earlier by vLLM's
+    priority scheduler; optional: left out (or ``None``) every request has vLLM's default 0,
+    ``Request.__init__(priority=0)`` in ``vllm/v1/request.py``). Prefix
     hashes are ragged: request ``i`` owns ``hashes[hash_offsets[i]:hash_offsets[i+1]]``, each
     covering ``hash_block_tokens`` tokens.
 
@@ -139,10 +165,14 @@ class Workload:
     slo_class_names: tuple[str, ...] = ("default",)
     source_sha256: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    priority: np.ndarray = field(default_factory=lambda: _NO_PRIORITY)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
-        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class"):
+        if self.priority is _NO_PRIORITY or self.priority is None:
+            # not given: vLLM's default priority for every request (see the class doc)
+            object.__setattr__(self, "priority", np.full(n, DEFAULT_PRIORITY, dtype=np.int64))
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class", "priority"):
             if len(getattr(self, name)) != n:
                 raise ConfigError(f"Workload column {name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.hash_offsets) != n + 1:
@@ -156,11 +186,16 @@ class Workload:
         if len(self.hashes) and self.hash_block_tokens <= 0:
             raise ConfigError(f"hash_block_tokens={self.hash_block_tokens} must be > 0 when hashes are given")
         for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class",
-                     "hash_offsets", "hashes"):
+                     "hash_offsets", "hashes", "priority"):
             kind = np.asarray(getattr(self, name)).dtype.kind
             if kind not in "iu":
                 raise ConfigError(f"Workload column {name} has dtype {np.asarray(getattr(self, name)).dtype}; "
                                   "expected an integer dtype")
+        pr = self.priority
+        if n and (pr.min() < PRIORITY_MIN or pr.max() > PRIORITY_MAX):
+            i = int(np.flatnonzero((pr < PRIORITY_MIN) | (pr > PRIORITY_MAX))[0])
+            raise ConfigError(f"Workload priority={int(pr[i])} (row {i}) is not allowed: expected an integer in "
+                              f"[{PRIORITY_MIN}, {PRIORITY_MAX}]")
         if n and np.any(self.request_id < 0):
             i = int(np.flatnonzero(self.request_id < 0)[0])
             raise ConfigError(f"Workload request_id={int(self.request_id[i])} (row {i}) must be >= 0")
@@ -214,6 +249,7 @@ class Workload:
             slo_class_names=tuple(classes),
             source_sha256=source_sha256,
             notes=tuple(notes),
+            priority=np.asarray([r.priority for r in reqs], dtype=np.int64),
         )
 
     def __len__(self) -> int:
@@ -231,6 +267,7 @@ class Workload:
             tuple(self.hashes[lo:hi].tolist()) if hi > lo else (),
             self.hash_block_tokens if hi > lo else 0,
             self.slo_class_names[int(self.slo_class[i])],
+            int(self.priority[i]),
         )
 
     def __iter__(self) -> Iterator[Request]:
@@ -262,6 +299,7 @@ class Workload:
             slo_class_names=self.slo_class_names,
             source_sha256=self.source_sha256,
             notes=self.notes + ((note,) if note else ()),
+            priority=self.priority[idx],
         )
 
     def with_arrivals(self, arrival_s: np.ndarray, note: str) -> "Workload":
@@ -272,16 +310,24 @@ class Workload:
             session_id=self.session_id, slo_class=self.slo_class, hash_offsets=self.hash_offsets,
             hashes=self.hashes, hash_block_tokens=self.hash_block_tokens,
             slo_class_names=self.slo_class_names, source_sha256=self.source_sha256,
-            notes=self.notes + (note,),
+            notes=self.notes + (note,), priority=self.priority,
         )
 
     def content_sha256(self) -> str:
-        """SHA-256 of the workload's columns: identifies exactly what was simulated."""
+        """SHA-256 of the workload's columns: identifies exactly what was simulated.
+
+        The ``priority`` column enters only when some request's priority is not 0: an all-zero
+        column is the same workload as one without priorities (vLLM's default), so workloads
+        hashed before the column existed keep their hash.
+        """
         h = hashlib.sha256()
         for arr in (self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
                     self.session_id, self.slo_class, self.hash_offsets, self.hashes):
             h.update(np.ascontiguousarray(arr).tobytes())
         h.update(repr((self.hash_block_tokens, self.slo_class_names)).encode())
+        if self.priority.any():
+            h.update(b"priority")
+            h.update(np.ascontiguousarray(self.priority, dtype=np.int64).tobytes())
         return h.hexdigest()
 
 
@@ -332,7 +378,7 @@ class RequestState:
         "finish_s", "preemptions", "recomputed_tokens", "lost_tokens", "prefix_hit_tokens",
         "self_hit_tokens", "max_itl_s", "tier_bytes", "reject_reason", "admissions",
         "pnm_blocks", "on_pnm", "pnm_migrating", "swap_in_end_s",
-        "admission_preemptions",
+        "admission_preemptions", "priority",
     )
 
     def __init__(self, req: Request, block_size_tokens: int, length_class: int) -> None:
@@ -341,6 +387,7 @@ class RequestState:
         self.arrival_s = req.arrival_s
         self.prompt_tokens = req.prompt_tokens
         self.output_tokens = req.output_tokens
+        self.priority = req.priority  # vLLM Request.priority: lower is served earlier
         # Cache keys chain each segment's hash to its parent's, as vLLM chains block hashes:
         # a segment is reusable only after the same prefix (position and content).
         self.hashes = _chain(req.prefix_hashes) if req.prefix_hashes else ()

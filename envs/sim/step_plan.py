@@ -107,7 +107,7 @@ class StepComposer:
         if not step.preempted:
             inst.preemptor.resume_swapped(now)
             if (not inst.swapped or inst.admit_while_swapped) and inst.waiting and step.budget > 0 \
-                    and len(running) < inst.spec.max_seqs:
+                    and (len(running) < inst.spec.max_seqs or inst.head_preemption):
                 order = inst.policy.order_waiting(inst.feature_table(inst.waiting, now))
                 cands = list(inst.waiting) if order is None else [inst.waiting[int(r)] for r in order]
                 step.admission_order = cands

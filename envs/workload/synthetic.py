@@ -19,6 +19,10 @@ Model (all lengths in tokens, times in seconds):
   ``num_requests`` requests (exactly one of the two is given).
 * **Request kinds** -- each request is independently *long-context* with probability
   ``long_fraction`` (SLO class ``"long"``), else *short interactive* (SLO class ``"short"``).
+* **Priorities** -- every request of SLO class ``"short"`` has scheduling priority
+  ``short_priority``, every ``"long"`` one ``long_priority`` (vLLM's per-request ``priority``,
+  lower is served earlier under ``--scheduling-policy priority``; ``vllm/v1/request.py``). Both
+  default to 0, vLLM's default, and draw no random numbers.
 * **Short requests** belong to conversations (sessions). ``concurrent_sessions`` conversations
   are open at any time; each short arrival is given to one of them uniformly at random, so the
   mean gap between turns of a conversation is about ``concurrent_sessions / rate_per_s``. A
@@ -60,7 +64,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
-from kvsched.envs.sim.request import Workload
+from kvsched.envs.sim.request import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = ["ARRIVAL_PROCESSES", "GENERATOR_VERSION", "SLO_CLASSES", "SyntheticConfig", "generate",
            "mixed_traffic_config"]
@@ -70,6 +74,9 @@ GENERATOR_VERSION = "kvsched.envs.workload.synthetic/1"
 ARRIVAL_PROCESSES = ("poisson", "bursty")
 #: SLO class names of generated workloads (codes 0 and 1).
 SLO_CLASSES = ("short", "long")
+#: The per-class priority fields; left out of the provenance JSON at their default (0), so the
+#: ``source_sha256`` of configs written before they existed is unchanged.
+PRIORITY_FIELDS = ("short_priority", "long_priority")
 #: Hard cap on the expected number of generated requests (memory guard).
 MAX_REQUESTS = 20_000_000
 _MIN_ACCEPT = 1e-3  # truncated distributions must keep at least this probability mass
@@ -113,6 +120,9 @@ class SyntheticConfig:
         max_session_tokens: a conversation ends before a turn whose prompt + output would exceed
             this; must be >= system_prompt_tokens + prompt_max_tokens + output_max_tokens.
         hash_block_tokens: tokens per prefix hash, a positive multiple of 16 (default 16).
+        short_priority, long_priority: scheduling priority of every request of SLO class
+            ``"short"`` / ``"long"``, an integer in ``[PRIORITY_MIN, PRIORITY_MAX]``; lower is
+            served earlier by vLLM's priority scheduler. Default 0 (vLLM's default priority).
 
     Raises:
         ConfigError: any field out of range (naming the field, the value and what is allowed).
@@ -141,6 +151,8 @@ class SyntheticConfig:
     turns_per_session: int = 1
     max_session_tokens: int = 32768
     hash_block_tokens: int = 16
+    short_priority: int = DEFAULT_PRIORITY
+    long_priority: int = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
         # checked in field order; the first violation raises
@@ -150,6 +162,10 @@ class SyntheticConfig:
             self._check_lognormal(kind)
         self._check_long_requests()
         self._check_conversations()
+        for name in PRIORITY_FIELDS:
+            self._need(_is_int(getattr(self, name)) and PRIORITY_MIN <= getattr(self, name) <= PRIORITY_MAX, name,
+                       f"an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}] (scheduling priority of the class; lower "
+                       "is served earlier)")
         self._canonicalize()
 
     def _need(self, ok: bool, field: str, allowed: str) -> None:
@@ -425,7 +441,11 @@ def _prefix_hashes(seed: int, prompt: np.ndarray, is_long: np.ndarray, session: 
 # Generation
 # =============================================================================================
 def _provenance(cfg: SyntheticConfig, seed: int) -> tuple[str, str, str]:
-    full = json.dumps({"generator": GENERATOR_VERSION, "config": asdict(cfg), "seed": seed},
+    config = asdict(cfg)
+    for name in PRIORITY_FIELDS:  # see PRIORITY_FIELDS
+        if config[name] == DEFAULT_PRIORITY:
+            del config[name]
+    full = json.dumps({"generator": GENERATOR_VERSION, "config": config, "seed": seed},
                       sort_keys=True)
     sha = hashlib.sha256(full.encode()).hexdigest()
     parts = ", ".join(f"{k}={v}" for k, v in cfg.non_default_fields().items())
@@ -520,7 +540,8 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
 
     Returns:
         A :class:`Workload` sorted by arrival (seconds); ``request_id`` 0..n-1 in arrival order;
-        ``slo_class`` codes into ``("short", "long")``; ``session_id`` = conversation id for
+        ``slo_class`` codes into ``("short", "long")``; ``priority`` ``config.short_priority`` /
+        ``config.long_priority`` by class; ``session_id`` = conversation id for
         short requests, -1 for long ones; prefix hashes with ``config.hash_block_tokens`` tokens
         each (``ceil(prompt / hash_block_tokens)`` per request).
 
@@ -557,7 +578,8 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
         name=name, request_id=np.arange(n, dtype=np.int64), arrival_s=arrival.astype(np.float64),
         prompt_tokens=prompt, output_tokens=d.output, session_id=session,
         slo_class=d.is_long.astype(np.int16), hash_offsets=offsets, hashes=hashes,
-        hash_block_tokens=c.hash_block_tokens, slo_class_names=SLO_CLASSES, source_sha256=sha, notes=notes)
+        hash_block_tokens=c.hash_block_tokens, slo_class_names=SLO_CLASSES, source_sha256=sha, notes=notes,
+        priority=np.where(d.is_long, c.long_priority, c.short_priority).astype(np.int64))
 
 
 _UNSET: Any = object()

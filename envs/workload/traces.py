@@ -12,6 +12,13 @@ Every loader returns a columnar :class:`~kvsched.envs.sim.request.Workload` (see
 * :func:`load_generic` -- any CSV or JSONL file, given a mapping from our field names to the
   file's column names.
 
+Per-request scheduling priority (vLLM's ``priority``, lower is served earlier under
+``--scheduling-policy priority``): an Azure-format CSV may carry an extra column ``priority`` and a
+Mooncake-format JSONL file an extra key ``priority``; :func:`load_generic` maps it like any other
+field. When present it must hold an integer in ``[PRIORITY_MIN, PRIORITY_MAX]`` on every row (an
+empty cell, a missing or null key is an error, never a silent 0); when absent every request has
+vLLM's default priority 0 (``vllm/v1/request.py`` ``Request.__init__``).
+
 Conventions shared by all loaders:
 
 * Files may be gzip-compressed (detected by content, so ``.gz`` or not). ``Workload.source_sha256``
@@ -52,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs.sim.errors import ConfigError, TraceFormatError
-from kvsched.envs.sim.request import Workload
+from kvsched.envs.sim.request import PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = [
     "AZURE_COLUMNS",
@@ -84,7 +91,10 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_HASH_BLOCK_TOKENS = 512
 #: Fields :func:`load_generic` can map: required ones first.
 GENERIC_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "session_id", "slo_class",
-                  "prefix_hashes")
+                  "prefix_hashes", "priority")
+#: The optional column (Azure-format CSV) or key (Mooncake-format JSONL) holding each request's
+#: scheduling priority.
+PRIORITY_COLUMN = "priority"
 _REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -201,6 +211,33 @@ def _token_column(num: np.ndarray, raw: Sequence[Any] | np.ndarray, lines: np.nd
     return num.astype(np.int64)
 
 
+_PRIORITY_ALLOWED = (f"an integer priority in [{PRIORITY_MIN}, {PRIORITY_MAX}] (lower is served earlier, "
+                     "as vLLM's priority scheduler orders requests)")
+
+
+def _priority_column(raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: str, column: str,
+                     numbers: Callable[..., np.ndarray]) -> np.ndarray:
+    """Per-request scheduling priorities (int64) from a trace column, every row required.
+
+    Args:
+        raw: the column's cells (CSV strings or JSON values; a missing key reads as ``None``).
+        numbers: the format's number parser (:func:`_numbers_from_strings` or
+            :func:`_numbers_from_json`).
+
+    Raises:
+        TraceFormatError: the first empty, missing, null, non-numeric, non-integer or
+            out-of-range cell, naming the file, its 1-based line, the column and the value.
+    """
+    num = numbers(raw, lines, file, "priority", column)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(num) | (num != np.floor(num)) | (num < PRIORITY_MIN) | (num > PRIORITY_MAX)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        raise _bad(file, int(lines[i]), "priority", column, raw[i], _PRIORITY_ALLOWED, len(idx) - 1)
+    return num.astype(np.int64)
+
+
 # =============================================================================================
 # Assembly: sort, build columns, notes
 # =============================================================================================
@@ -220,7 +257,8 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
               output: np.ndarray, *, hash_lens: np.ndarray | None = None,
               hashes: np.ndarray | None = None, hash_block_tokens: int = 0,
               session: np.ndarray | None = None, slo_codes: np.ndarray | None = None,
-              slo_names: tuple[str, ...] = ("default",), notes: Sequence[str] = ()) -> Workload:
+              slo_names: tuple[str, ...] = ("default",), notes: Sequence[str] = (),
+              priority: np.ndarray | None = None) -> Workload:
     n = len(arrival)
     if n == 0:
         raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
@@ -230,6 +268,8 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
         session = np.full(n, -1, dtype=np.int64)
     if slo_codes is None:
         slo_codes = np.zeros(n, dtype=np.int16)
+    if priority is None:  # no priority column: vLLM's default for every request (the module doc)
+        priority = np.zeros(n, dtype=np.int64)
     if hash_lens is None or hashes is None:
         offsets = np.zeros(n + 1, dtype=np.int64)
         hashes = np.zeros(0, dtype=np.int64)
@@ -245,6 +285,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
         notes.append(msg)
         arrival, prompt, output = arrival[order], prompt[order], output[order]
         request_id, session, slo_codes = request_id[order], session[order], slo_codes[order]
+        priority = priority[order]
         offsets, hashes = _ragged_take(offsets, hashes, order)
     try:
         return Workload(
@@ -255,7 +296,8 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
             slo_class=slo_codes.astype(np.int16, copy=False), hash_offsets=offsets,
             hashes=hashes.astype(np.int64, copy=False),
             hash_block_tokens=hash_block_tokens if len(hashes) else 0,
-            slo_class_names=tuple(slo_names), source_sha256=sha, notes=tuple(notes))
+            slo_class_names=tuple(slo_names), source_sha256=sha, notes=tuple(notes),
+            priority=priority.astype(np.int64, copy=False))
     except ConfigError as e:  # should not happen after validation; keep the file in the message
         raise TraceFormatError(f"{file}: {e}") from None
 
@@ -298,9 +340,10 @@ def _hash_array(flat: list, hash_lens: np.ndarray, lines: np.ndarray, file: str,
 # =============================================================================================
 # CSV and JSONL readers (shared by all loaders)
 # =============================================================================================
-def _read_csv_rows(data: bytes, file: str, columns: Sequence[str]
+def _read_csv_rows(data: bytes, file: str, columns: Sequence[str], optional: Sequence[str] = ()
                    ) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
-    """Read the named columns as strings. Returns ({column: str array}, line numbers, notes)."""
+    """Read the named columns as strings, and those of ``optional`` the header has. Returns
+    ({column: str array}, line numbers, notes)."""
     try:
         df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False,
                          skip_blank_lines=False)
@@ -315,7 +358,7 @@ def _read_csv_rows(data: bytes, file: str, columns: Sequence[str]
         raise TraceFormatError(f"{file}: line 1 (header): missing column(s) {missing}; expected "
                                f"{list(columns)}, found {found}")
     lines = np.arange(len(df), dtype=np.int64) + 2
-    cols = {c: df[c].to_numpy(dtype=object) for c in columns}
+    cols = {c: df[c].to_numpy(dtype=object) for c in (*columns, *(o for o in optional if o in found))}
     notes: list[str] = []
     if len(df):
         allv = df.to_numpy(dtype=object)
@@ -477,15 +520,19 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
 # =============================================================================================
 def _azure_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
     t_col, p_col, o_col = AZURE_COLUMNS
-    cols, lines, notes = _read_csv_rows(data, file, AZURE_COLUMNS)
+    cols, lines, notes = _read_csv_rows(data, file, AZURE_COLUMNS, optional=(PRIORITY_COLUMN,))
     arrival, t0 = _datetime_seconds(cols[t_col], lines, file, "arrival_s", t_col, slice26=True)
     prompt = _token_column(_numbers_from_strings(cols[p_col], lines, file, "prompt_tokens", p_col),
                            cols[p_col], lines, file, "prompt_tokens", p_col)
     output = _token_column(_numbers_from_strings(cols[o_col], lines, file, "output_tokens", o_col),
                            cols[o_col], lines, file, "output_tokens", o_col)
+    priority = None
+    if PRIORITY_COLUMN in cols:
+        priority = _priority_column(cols[PRIORITY_COLUMN], lines, file, PRIORITY_COLUMN, _numbers_from_strings)
     notes.insert(0, f"loaded {len(lines)} rows from {file} (Azure LLM inference trace format); "
-                    f"arrival_s = seconds since the earliest TIMESTAMP {t0}")
-    return _assemble(file, name, sha, arrival, prompt, output, notes=notes)
+                    f"arrival_s = seconds since the earliest TIMESTAMP {t0}"
+                    + (f"; per-request priority from column {PRIORITY_COLUMN!r}" if priority is not None else ""))
+    return _assemble(file, name, sha, arrival, prompt, output, notes=notes, priority=priority)
 
 
 def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -496,7 +543,8 @@ def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload
 
     Columns: ``TIMESTAMP`` (naive wall clock, e.g. ``2023-11-16 18:17:03.9799600``; parsed after
     truncating to 26 characters, i.e. microseconds), ``ContextTokens`` -> ``prompt_tokens``,
-    ``GeneratedTokens`` -> ``output_tokens``. Extra columns are ignored.
+    ``GeneratedTokens`` -> ``output_tokens``; optional ``priority`` (kvsched's extension, see the
+    module docstring: an integer on every row). Other columns are ignored.
 
     Returns:
         A workload with ``arrival_s`` in seconds since the earliest timestamp (the first row in
@@ -506,9 +554,9 @@ def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload
 
     Raises:
         TraceFormatError: unreadable file, missing columns (expected vs found), unparsable
-            timestamps, non-numeric / NaN / non-integer / zero / negative token counts, or no
-            data rows -- naming the file, the 1-based line (header = line 1), the field, the
-            value and what is allowed.
+            timestamps, non-numeric / NaN / non-integer / zero / negative token counts, a
+            ``priority`` cell that is not an integer in range, or no data rows -- naming the
+            file, the 1-based line (header = line 1), the field, the value and what is allowed.
     """
     data, sha = _read(path)
     return _azure_from_bytes(data, str(path), sha, name or _default_name(path))
@@ -521,7 +569,7 @@ def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workloa
     k_t, k_in, k_out, k_h = MOONCAKE_KEYS
     keys = {"arrival_s": k_t, "prompt_tokens": k_in, "output_tokens": k_out, "prefix_hashes": k_h}
     vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
-        data, file, keys, required=tuple(keys), list_key="prefix_hashes")
+        data, file, {**keys, "priority": PRIORITY_COLUMN}, required=tuple(keys), list_key="prefix_hashes")
     ms = _numbers_from_json(vals["arrival_s"], lines, file, "arrival_s", k_t)
     _check_numbers(ms, vals["arrival_s"], lines, file, "arrival_s", k_t, integer=False,
                    minimum=0, strict=False)
@@ -534,10 +582,14 @@ def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workloa
     assert hash_lens is not None
     _check_hash_lengths(hash_lens, prompt, lines, file, k_h, MOONCAKE_HASH_BLOCK_TOKENS, exact=True)
     hashes = _hash_array(flat, hash_lens, lines, file, k_h)
+    priority = None
+    if any(v is not None for v in vals["priority"]):  # the key on one line: required on every line
+        priority = _priority_column(vals["priority"], lines, file, PRIORITY_COLUMN, _numbers_from_json)
     notes.insert(0, f"loaded {len(lines)} rows from {file} (Mooncake JSONL format); arrival_s = "
-                    f"timestamp ms / 1000; hash_ids kept as 512-token prefix-block hashes")
+                    f"timestamp ms / 1000; hash_ids kept as 512-token prefix-block hashes"
+                    + (f"; per-request priority from key {PRIORITY_COLUMN!r}" if priority is not None else ""))
     return _assemble(file, name, sha, ms / 1000.0, prompt, output, hash_lens=hash_lens,
-                     hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes)
+                     hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes, priority=priority)
 
 
 def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -549,7 +601,9 @@ def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
     Keys: ``timestamp`` (arrival in **milliseconds** from the trace start; ``arrival_s = ms /
     1000``), ``input_length`` -> ``prompt_tokens``, ``output_length`` -> ``output_tokens``,
     ``hash_ids`` -> ``prefix_hashes`` with ``hash_block_tokens = 512`` (kept as int64; the
-    simulator maps each 512-token hash to 32 KV blocks of 16 tokens). Extra keys are ignored.
+    simulator maps each 512-token hash to 32 KV blocks of 16 tokens); optional ``priority``
+    (kvsched's extension, see the module docstring: once on any line, an integer on every line).
+    Other keys are ignored.
 
     Returns:
         A workload (no sessions, SLO class ``"default"``) with ``source_sha256`` of the
@@ -558,8 +612,9 @@ def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
     Raises:
         TraceFormatError: malformed JSON line, a line that is not an object, a missing/null key,
             non-numeric / NaN / negative timestamp, non-integer / zero / negative token counts,
-            non-integer hash ids, or ``len(hash_ids) != ceil(input_length / 512)`` -- naming the
-            file, the 1-based line, the field, the value and what is allowed.
+            non-integer hash ids, ``len(hash_ids) != ceil(input_length / 512)``, or a ``priority``
+            that is missing, null or not an integer in range on some line while another line has
+            one -- naming the file, the 1-based line, the field, the value and what is allowed.
     """
     data, sha = _read(path)
     return _mooncake_from_bytes(data, str(path), sha, name or _default_name(path))
@@ -862,7 +917,9 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
             (integers, or any strings which are then numbered 0, 1, ... in order of first
             appearance; empty/null -> -1 = unknown), ``slo_class`` (class names; empty/null ->
             ``"default"``), ``prefix_hashes`` (a list of integer hash ids per row: a JSON list in
-            JSONL; in CSV a cell ``"[1, 2, 3]"`` or ``"1 2 3"`` / ``"1;2;3"``; empty -> none).
+            JSONL; in CSV a cell ``"[1, 2, 3]"`` or ``"1 2 3"`` / ``"1;2;3"``; empty -> none),
+            ``priority`` (an integer in ``[PRIORITY_MIN, PRIORITY_MAX]`` on every row, lower is
+            served earlier; not mapped: every request has vLLM's default 0).
         time_unit: unit of the arrival column: ``"s"``, ``"ms"`` or ``"us"`` (numbers), or
             ``"datetime"`` (ISO-8601 wall-clock strings; arrival = seconds since the earliest).
         fmt: ``"csv"`` or ``"jsonl"``; ``None`` infers it from the suffix.
@@ -880,8 +937,9 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
         ConfigError: bad arguments (unknown fields, missing required fields, bad ``time_unit`` /
             ``fmt`` / ``hash_block_tokens``).
         TraceFormatError: missing columns/keys, malformed rows, non-numeric / NaN / negative
-            values, zero token counts, unparsable timestamps, bad hash lists -- naming the file,
-            the 1-based line, the field, the value and what is allowed.
+            values, zero token counts, unparsable timestamps, bad hash lists, a priority that is
+            not an integer in range -- naming the file, the 1-based line, the field, the value
+            and what is allowed.
     """
     fmt = _check_generic_args(path, columns, time_unit, fmt, hash_block_tokens)
     has_hashes = "prefix_hashes" in columns
@@ -894,12 +952,16 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
     hashes = _generic_hashes(rows, prompt, file, columns.get("prefix_hashes", ""), hash_block_tokens,
                              exact_hash_length)
     session, slo_codes, slo_names, label_notes = _generic_labels(rows, file, columns)
+    priority = None
+    if "priority" in columns:
+        priority = _priority_column(rows.raw["priority"], rows.lines, file, columns["priority"],
+                                    _numbers_from_strings if fmt == "csv" else _numbers_from_json)
     notes = [f"loaded {len(rows.lines)} rows from {file} (generic {fmt}, columns {columns}{note_tail}",
              *rows.notes, *label_notes]
     return _assemble(file, name or _default_name(path), sha, arrival, prompt, output,
                      hash_lens=rows.hash_lens if has_hashes else None, hashes=hashes,
                      hash_block_tokens=hash_block_tokens if has_hashes else 0, session=session,
-                     slo_codes=slo_codes, slo_names=slo_names, notes=notes)
+                     slo_codes=slo_codes, slo_names=slo_names, notes=notes, priority=priority)
 
 
 def _session_column(vals: Sequence[Any], empty: Any, lines: np.ndarray, file: str, column: str
@@ -1083,7 +1145,7 @@ def _slice(w: Workload, lo: int, hi: int, arrival: np.ndarray, note: str) -> Wor
         prompt_tokens=w.prompt_tokens[lo:hi], output_tokens=w.output_tokens[lo:hi],
         session_id=w.session_id[lo:hi], slo_class=w.slo_class[lo:hi],
         hash_offsets=off[lo:hi + 1] - off[lo], hashes=w.hashes[off[lo]:off[hi]],
-        notes=w.notes + (note,))
+        notes=w.notes + (note,), priority=w.priority[lo:hi])
 
 
 def window(w: Workload, start_s: float, end_s: float, rebase: bool = True, allow_empty: bool = False) -> Workload:

@@ -78,6 +78,7 @@ class PriorityOverride(SchedulerPolicy):
         self.chunked_prefill = reference.chunked_prefill
         self.order_is_static = reference.order_is_static  # priorities are fixed per request
         self.uses_pnm = reference.uses_pnm
+        self.preempts_for_head = reference.preempts_for_head
         self.priority = dict(priority)
         self.ctx = None
 
@@ -96,6 +97,9 @@ class PriorityOverride(SchedulerPolicy):
 
     def choose_admission_preemption(self, *args, **kwargs):
         return self.reference.choose_admission_preemption(*args, **kwargs)
+
+    def choose_head_preemption(self, *args, **kwargs):
+        return self.reference.choose_head_preemption(*args, **kwargs)
 
     def choose_migrations(self, *args):
         return self.reference.choose_migrations(*args)

@@ -340,3 +340,17 @@ def test_llmd_router_study_exports_its_scorer_weights(router_studies, tmp_path):
     names = [n for n, _, _ in res.unexpressible]
     assert "router_params.routed_prefix_ttl_s" in names and "router_params.track_routed_prefixes" in names
     assert not any(n in names for n in ("router", "router_params.queue_weight", "router_params.prefix_weight"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_priority_exports_as_the_engines_priority_scheduler_and_lists_what_it_cannot_carry(engine):
+    """vllm-priority is the engine's own priority scheduler; a victim rule the engine does not apply
+    and V0's priority preemption are listed as not expressible, never dropped."""
+    native, unexp = ex._policy_unexpressible(engine, "vllm-priority", {"victim_rule": "priority"})
+    assert native == "priority" and unexp == []
+    _, unexp = ex._policy_unexpressible(engine, "vllm-priority", {"victim_rule": "oldest", "priority_preemption": True})
+    assert [k for k, _, _ in unexp] == ["policy_params.victim_rule", "policy_params.priority_preemption"]
+    _, unexp = ex._policy_unexpressible(engine, "fcfs", {"victim_rule": "newest"})
+    assert unexp == []  # what the engine's fcfs does anyway
+    _, unexp = ex._policy_unexpressible(engine, "fcfs", {"victim_rule": "least-computed"})
+    assert [(k, v) for k, v, _ in unexp] == [("policy_params.victim_rule", "least-computed")]

@@ -389,7 +389,7 @@ def test_generic_jsonl_us_and_errors(tmp_path):
     with pytest.raises(ConfigError, match="time_unit"):
         tr.load_generic(p, cols, time_unit="minutes")
     with pytest.raises(ConfigError, match="unknown field"):
-        tr.load_generic(p, {**cols, "priority": "x"})
+        tr.load_generic(p, {**cols, "tenant": "x"})
     with pytest.raises(ConfigError, match="output_tokens"):
         tr.load_generic(p, {"arrival_s": "at", "prompt_tokens": "p"})
     with pytest.raises(TraceFormatError, match=r"line 1: required key 'out' is missing"):
