@@ -228,14 +228,17 @@ class InstanceSpec:
         for t in self.extra_tiers:
             require(t.name not in STANDARD_TIERS, f"{o}.extra_tiers", t.name,
                     f"a tier name other than the standard ones ({', '.join(STANDARD_TIERS)})")
-            # the one content with a tier-generic mechanism: running blocks compute in HBM, PNM
-            # residency needs a device that computes, and the prefix cache lives in HBM (#21)
-            # (recompute and migrate are reserved modes: check_tier_list says what they mean)
+            # the contents with a tier-generic mechanism: swapped blocks (a preemption target) and
+            # cached prefixes (prefix_offload); running blocks compute in HBM, PNM residency needs
+            # a device that computes (recompute and migrate are reserved modes: check_tier_list)
             require(t.preemption_mode not in ("swap", "offload"), f"{o}.extra_tiers[{t.name}].preemption_mode",
                     t.preemption_mode, "a mode of its own, not the DRAM tier's 'swap' or NVMe's 'offload'")
-            require(t.holds == ("swapped",), f"{o}.extra_tiers[{t.name}].holds", list(t.holds),
-                    "['swapped'] on an extra tier (running: HBM only; pnm_resident: the PNM tier; "
-                    "prefix: HBM's prefix cache)")
+            require(set(t.holds) <= {"swapped", "prefix"}, f"{o}.extra_tiers[{t.name}].holds", list(t.holds),
+                    "['swapped'], ['prefix'] or both on an extra tier (running: HBM only; pnm_resident: the PNM tier)")
+            listed = self.prefix_offload is not None and t.name in getattr(self.prefix_offload, "tiers", ())
+            require("prefix" not in t.holds or listed, f"{o}.extra_tiers[{t.name}].holds", list(t.holds),
+                    f"'prefix' only on a tier listed in prefix_offload.tiers (which fills it); add {t.name!r} there "
+                    "or drop 'prefix'")
 
     def _check_limits(self) -> None:
         """Scheduler limits, feature flags and the preemption mode."""

@@ -129,12 +129,17 @@ def test_a_toy_tier_round_trips_through_yaml_and_bad_entries_are_named():
 
 
 @pytest.mark.parametrize("holds", [("prefix",), ("swapped", "prefix")])
-def test_an_extra_tier_may_only_hold_swapped_blocks_the_one_content_with_a_generic_mechanism(holds):
-    # running / pnm_resident are refused by TierSpec itself (the next test); prefix is a valid
-    # content of HBM's tier, refused only on an extra tier
+def test_an_extra_tier_holds_prefixes_only_when_prefix_offload_lists_it(holds):
+    # running / pnm_resident are refused by TierSpec itself (the next test); a declared prefix
+    # content nobody fills is refused, a listed one is a prefix cache (kvsched.envs.sim.prefix_offload)
+    from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
+
     tier = TierSpec("cxl", 1e9, holds, "hbm", CXL_LINK, CXL_LINK)
-    with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.holds.*\['swapped'\] on an extra tier"):
-        spec(extra_tiers=(tier,))
+    mode = "cxl" if "swapped" in holds else "recompute"
+    with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.holds.*prefix_offload\.tiers"):
+        spec(extra_tiers=(tier,), preemption_mode=mode)
+    s = spec(extra_tiers=(tier,), preemption_mode=mode, prefix_offload=PrefixOffloadSpec(tiers=("cxl",)))
+    assert "prefix" in s.tiers[3].holds
 
 
 def test_a_preemption_mode_on_a_tier_that_holds_no_swapped_blocks_is_refused():
