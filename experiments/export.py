@@ -296,7 +296,7 @@ def _router_unexpressible(target: str, router: str | None, router_params: Mappin
 
 def _spec_unexpressible(engine: str, spec, partial_flags: bool) -> list:
     out = []
-    if spec.max_num_partial_prefills != 1 or spec.max_long_partial_prefills != 1:
+    if spec.max_num_partial_prefills is not None:  # a limit (None: none, as vLLM V1 and SGLang)
         if not partial_flags:
             out.append(("max_num_partial_prefills", [spec.max_num_partial_prefills, spec.max_long_partial_prefills],
                         f"no partial-prefill limit flags in {engine} {engine_args(engine)['version']}"))
@@ -353,7 +353,7 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     if spec.hbm_kv_blocks is not None:
         cfg["num-gpu-blocks-override"] = spec.hbm_kv_blocks
     partial = "max-num-partial-prefills" in flags
-    if partial:
+    if partial and spec.max_num_partial_prefills is not None:
         cfg["max-num-partial-prefills"] = spec.max_num_partial_prefills
         cfg["max-long-partial-prefills"] = spec.max_long_partial_prefills
     if spec.dram_kv_bytes > 0:  # native CPU offload, size in GiB (REFERENCE §4.1)
