@@ -237,7 +237,7 @@ class InstanceSpec:
                 int_at_least(o, name, getattr(self, name), 1)
         int_at_least(o, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         partial = self.max_num_partial_prefills
-        require(partial is None or (is_int(partial) and partial >= 1), f"{o}.max_num_partial_prefills", partial,
+        require(partial is None or (is_int(partial) and int(partial) >= 1), f"{o}.max_num_partial_prefills", partial,
                 "None (no limit) or an integer >= 1")
         int_at_least(o, "max_long_partial_prefills", self.max_long_partial_prefills, 1)
         if partial is None:
