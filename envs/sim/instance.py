@@ -138,6 +138,7 @@ class Instance:
         self.pnm = self.kv.pnm
         self.links = self.kv.links
         self.long_threshold = effective_long_prefill_threshold(spec)
+        self._prefix_lookup = self.kv.cached_prefix_tokens  # the FeatureTable's cached_prefix_tokens
         policy.bind(PolicyContext(spec=spec, cost=self.cost, instance_id=instance_id))
         self._configure_from_policy(policy, spec)
         recorder.register_instance(instance_id, [t.name for t in self.kv.tiers], self.kv.capacity_blocks())
@@ -234,9 +235,10 @@ class Instance:
         return self.stretch.folded_steps
 
     def feature_table(self, states, now: float, running: np.ndarray | None = None) -> FeatureTable:
-        """A :class:`FeatureTable` of ``states`` at ``now`` as this instance's policy may see it."""
+        """A :class:`FeatureTable` of ``states`` at ``now`` as this instance's policy may see it
+        (its ``cached_prefix_tokens`` looked up in this instance's HBM prefix cache)."""
         return FeatureTable(states, now, self.options.oracle_lengths, running=running,
-                            tier_codes=self.kv.tier_codes)
+                            tier_codes=self.kv.tier_codes, prefix_lookup=self._prefix_lookup)
 
     # ----------------------------------------------------------------------------- arrivals
     def add_request(self, st: RequestState, now: float) -> bool:

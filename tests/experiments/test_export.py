@@ -227,6 +227,21 @@ def test_a_partial_prefill_limit_is_listed_as_not_expressible_and_no_limit_is_no
             assert "max-num-partial-prefills" not in res.config
 
 
+def test_lpm_exports_to_sglangs_own_schedule_policy_and_not_to_vllm():
+    """SGLang runs ``--schedule-policy lpm`` itself: the export sets it (its constants listed when
+    tuned away from SGLang's); vLLM has no such scheduler: listed, FCFS runs."""
+    from kvsched.experiments.tune import scenario_for
+
+    spec = scenario_for(small_scenario(), (0.0, 12.0), 0, {}).instance_spec()
+    params = {"fcfs_above_waiting": 128, "in_batch_check_tokens": 64}
+    res = ex.export_sglang("lpm", params, {}, spec, {"study": "x"})
+    assert res.config["schedule-policy"] == "lpm"
+    assert [(n, v) for n, v, _ in res.unexpressible] == [("policy_params.in_batch_check_tokens", 64)]
+    assert "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD" in res.text
+    res = ex.export_vllm("lpm", params, {}, spec, {"study": "x"})
+    assert res.config["scheduling-policy"] == "fcfs" and res.unexpressible[0][:2] == ("policy", "lpm")
+
+
 def test_routed_multi_instance_scenario_round_trips(tmp_path):
     """Trials run the cluster `simulate` runs: the scenario's router (not round-robin) and its seed."""
     from kvsched.runner.scenario import Scenario
