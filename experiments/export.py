@@ -52,6 +52,7 @@ import yaml
 import kvsched
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.policies.base import make_policy
+from kvsched.policies.lpm import LPMParams
 from kvsched import atomic_files
 
 ENGINE_ARGS_DIR = Path(__file__).resolve().parent / "engine_args"
@@ -208,7 +209,7 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
                           "writing the export there would destroy the study; give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
-        tc["provenance"].update(target_objective(study_name, storage_url, tc))
+        tc["provenance"].update(target_objective(study_name, storage_url, tc, target))
     fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"],
              router=tc["router"], router_params=tc["router_params"])
@@ -218,11 +219,11 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     return res
 
 
-def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -> dict:
+def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any], engine: str = "vllm") -> dict:
     """The study's objective when only what an engine can express is kept: the engine's native
-    scheduler (fcfs, or priority for kvsched's priority and vllm-priority policies) with the trial's
-    engine settings,
-    simulated on the study's windows and seeds. Shows how much of the tuned gain the exported
+    scheduler (fcfs, or the study's policy when ``engine`` has it: :data:`NATIVE_POLICIES`, with
+    its default parameters; priority for kvsched's priority and vllm-priority policies) with the
+    trial's engine settings, simulated on the study's windows and seeds. Shows how much of the tuned gain the exported
     file carries (all of it when the gain came from engine knobs; none of a heuristic's own).
     The run uses the scenario's router: for a router study, whose router the engine file cannot
     carry, ``target_router_simulated`` names it.
@@ -232,8 +233,7 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
     study = open_study(study_name, storage_url)
     cfg = TuneConfig.from_dict(study.user_attrs["tune_config"])
     sc = scenario_of_study(study)
-    # kvsched's policy that runs as the engine's native scheduler
-    native = tc["policy"] if tc["policy"] in ("priority", "vllm-priority") else "fcfs"
+    native = NATIVE_POLICIES.get(engine, {}).get(tc["policy"]) or "fcfs"
     vals = [metric_value(run_scenario(sc, w, s, native, {}, tc["engine"]), cfg.objective)
             for w in cfg.windows_s for s in cfg.seeds]
     out = {"target_policy_simulated": native, "target_objective_mean": _nanmean(vals)}
@@ -243,18 +243,31 @@ def target_objective(study_name: str, storage_url: str, tc: Mapping[str, Any]) -
 
 
 # ----------------------------------------------------------------------------- shared pieces
-#: kvsched policies an engine runs as its own ``scheduling-policy`` (``priority``: kvsched's
+#: kvsched policies an engine runs natively, by its scheduling-policy value: vLLM
+#: ``--scheduling-policy`` (REFERENCE §4.1), SGLang ``--schedule-policy`` (§4.2; ``lpm`` is
+#: SGLang's longest prefix match, :mod:`kvsched.policies.lpm`). ``priority``: kvsched's
 #: shortest-prompt-first when clients send priority = prompt tokens; ``vllm-priority``: vLLM's
-#: priority scheduler on the requests' own priorities).
-NATIVE_POLICIES: Mapping[str, str] = {"fcfs": "fcfs", "priority": "priority", "vllm-priority": "priority"}
+#: priority scheduler on the requests' own priorities.
+NATIVE_POLICIES: Mapping[str, Mapping[str, str]] = {
+    "vllm": {"fcfs": "fcfs", "priority": "priority", "vllm-priority": "priority"},
+    "sglang": {"fcfs": "fcfs", "priority": "priority", "vllm-priority": "priority", "lpm": "lpm"},
+}
 #: The ``victim_rule`` each native policy's engine applies anyway (vLLM V1 ``Scheduler.schedule``:
 #: ``running[-1]`` under fcfs, the largest ``(priority, arrival_time)`` under priority).
 _ENGINE_VICTIM_RULE: Mapping[str, str] = {"fcfs": "newest", "vllm-priority": "priority"}
 
+#: Parameters of a native policy that are SGLang constants, not flags: name -> where SGLang sets it.
+_LPM_CONSTANTS = {
+    "fcfs_above_waiting": "hard-coded 128 in SGLang's SchedulePolicy._determine_active_policy",
+    "in_batch_check_tokens": "SGLang reads it from the environment: IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD",
+    "in_batch_deprioritize_tokens": "SGLang reads it from the environment: "
+                                    "IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD",
+}
+
 
 def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -> tuple[str | None, list]:
     """(the engine's scheduling-policy value or None, unexpressible policy parameters)."""
-    native = NATIVE_POLICIES.get(policy)
+    native = NATIVE_POLICIES.get(engine, {}).get(policy)
     out = []
     base_flags = ("tier_aware_preemption", "prefetch", "admit_while_swapped")
     if native is None:
@@ -277,6 +290,11 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
             out.append(("policy_params.priority_preemption", True, f"{engine} has no flag for it (vLLM V0's "
                                                                    "priority preemption; V1 engines never preempt "
                                                                    "for a waiting request)"))
+        if native == "lpm":
+            defaults = LPMParams()
+            for k, where in _LPM_CONSTANTS.items():
+                if k in params and params[k] != getattr(defaults, k):
+                    out.append((f"policy_params.{k}", params[k], f"no {engine} flag ({where})"))
     return native, out
 
 
@@ -315,7 +333,7 @@ def _router_unexpressible(target: str, router: str | None, router_params: Mappin
 
 def _spec_unexpressible(engine: str, spec, partial_flags: bool) -> list:
     out = []
-    if spec.max_num_partial_prefills != 1 or spec.max_long_partial_prefills != 1:
+    if spec.max_num_partial_prefills is not None:  # a limit (None: none, as vLLM V1 and SGLang)
         if not partial_flags:
             out.append(("max_num_partial_prefills", [spec.max_num_partial_prefills, spec.max_long_partial_prefills],
                         f"no partial-prefill limit flags in {engine} {engine_args(engine)['version']}"))
@@ -372,7 +390,7 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     if spec.hbm_kv_blocks is not None:
         cfg["num-gpu-blocks-override"] = spec.hbm_kv_blocks
     partial = "max-num-partial-prefills" in flags
-    if partial:
+    if partial and spec.max_num_partial_prefills is not None:
         cfg["max-num-partial-prefills"] = spec.max_num_partial_prefills
         cfg["max-long-partial-prefills"] = spec.max_long_partial_prefills
     if spec.dram_kv_bytes > 0:  # native CPU offload, size in GiB (REFERENCE §4.1)

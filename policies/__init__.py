@@ -8,6 +8,7 @@ Importing this package registers the built-in policies; build one with
 from . import ewsjf  # noqa: F401  (registers "ewsjf")
 from . import fcfs  # noqa: F401  (registers "fcfs")
 from . import lars  # noqa: F401  (registers "lars")
+from . import lpm  # noqa: F401  (registers "lpm")
 from . import nonpreemptive  # noqa: F401  (registers "nonpreemptive")
 from . import pnm  # noqa: F401  (registers "pnm")
 from . import prefetch  # noqa: F401  (registers "prefetch")

@@ -119,10 +119,16 @@ class PolicyParams:
             compute (packing-prefetch, arXiv 2508.08457; REFERENCE.md §9.1, mapping [inferred]),
             instead of reloading on demand the way vLLM V0 does (the step waits for the
             swap-in copy, stalling every running request). Available to every policy.
-        admit_while_swapped: keep admitting new prompts while requests are swapped out. vLLM V0
-            does not (swapped requests resume first); allowing it lets new arrivals push more
+        admit_while_swapped: keep admitting new prompts while requests are swapped out, also in
+            the step whose preemptions swapped them out: vLLM V0 with chunked prefill
+            (``Scheduler._schedule_chunked_prefill`` in ``vllm/core/scheduler.py``: swapped
+            requests resume only after a running pass without preemption and only while the
+            oldest fits, ``_schedule_swapped``; new prompts are admitted after every pass,
+            ``_schedule_prefills``), so new arrivals take the HBM a swap-out freed and push more
             requests out until host memory fills (then preemption falls back to NVMe, then
-            recompute).
+            recompute; V0 aborted there, "lack of CPU swap space"). Default False: no admission
+            while anyone is swapped out (V0 without chunked prefill, ``_schedule_default``) nor
+            after a preemption (vLLM V1). Changes nothing without a lower tier.
         admission_preemption: may the head of the admission order, blocked for KV blocks,
             preempt a running request? ``"never"`` (vLLM V1, default), ``"always"`` (vLLM V0
             priority preemption: the largest longer holder goes) or ``"cost-gated"`` (only when
@@ -159,7 +165,8 @@ class PolicyParams:
     RESIDENCY_SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
         "tier_aware_preemption": SearchDim("categorical", choices=(False, True), source="REFERENCE.md §5.4"),
         "prefetch": SearchDim("categorical", choices=(False, True), source="arXiv 2508.08457; REFERENCE.md §9.1"),
-        "admit_while_swapped": SearchDim("categorical", choices=(False, True), source="kvsched choice (vLLM V0: False)"),
+        "admit_while_swapped": SearchDim("categorical", choices=(False, True),
+                                         source="vLLM V0 _schedule_default (False), _schedule_chunked_prefill (True)"),
         "admission_preemption": SearchDim("categorical", choices=("never", "always", "cost-gated"),
                                           source="vLLM V1 (never), V0 priority (always), kvsched (cost-gated)"),
     }

@@ -125,7 +125,7 @@ class Admitter:
         if n <= 0:
             return STOP
         leaves_partial = n < to_compute
-        if inst.composer.partial_blocked(st, leaves_partial, step):
+        if inst.composer.partial_blocked(st, leaves_partial, step, admitting=True):
             return SKIP
         hit_hashes = st.hashes[:hit]
         hit_blocks = hit * (st.seg_tokens // kv.bs) if hit else 0

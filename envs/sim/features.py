@@ -13,7 +13,7 @@ Columns are NumPy arrays built lazily on first access, so a policy that keeps qu
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -55,6 +55,9 @@ class FeatureTable:
         running: the ``running`` column when the caller knows it (default: from the states).
         tier_codes: tier name -> code of the ``tier`` column (default :data:`TIER_CODES`; the
             index of the tier in the instance's tier list).
+        prefix_lookup: request -> tokens its prefix-cache lookup would hit in HBM now (the
+            instance's :meth:`~.kv_manager.KVManager.cached_prefix_tokens`); called only when a
+            policy reads ``cached_prefix_tokens`` (default: none, the column is 0).
 
     Columns (each ``np.ndarray`` of shape ``(len(states),)``): ``request_id`` (int64),
     ``arrival_s``, ``wait_s`` (now - arrival), ``prompt_tokens``, ``computed_tokens``,
@@ -63,16 +66,23 @@ class FeatureTable:
     list, 0 HBM, 1 DRAM, 2 NVMe, then extra tiers, then PNM; 3 for PNM with the standard list),
     ``pnm_blocks`` (KV blocks in the PNM tier), ``preemptions``, ``priority`` (int64, the
     request's scheduling priority, lower is served earlier; 0 unless the workload gives one, vLLM's
-    default), ``output_tokens`` (-1 unless oracle).
+    default), ``output_tokens`` (-1 unless oracle), ``cached_prefix_tokens`` (tokens whose KV is
+    cached in HBM now: the leading run of its prompt's prefix segments a prefix-cache lookup would
+    hit if it were admitted now, as vLLM's ``get_computed_blocks`` or SGLang's ``match_prefix``, at
+    least one token left to compute; a running row's lookup finds its own computed segments too),
+    ``prefix_segment_tokens`` and ``prefix_hashes`` (object: a tuple per row) of its prompt's
+    cacheable segments.
     """
 
     def __init__(self, states: Sequence[RequestState], now_s: float, oracle_lengths: bool = False,
-                 running: np.ndarray | None = None, tier_codes: dict[str, int] | None = None):
+                 running: np.ndarray | None = None, tier_codes: dict[str, int] | None = None,
+                 prefix_lookup: Callable[[RequestState], int] | None = None):
         self._states = states  # private: policies read the columns, never the raw states
         self.now_s = now_s
         self.oracle_lengths = oracle_lengths
         self._running = running
         self._tier_codes = TIER_CODES if tier_codes is None else tier_codes
+        self._prefix_lookup = prefix_lookup
 
     @cached_column
     def running(self) -> np.ndarray:
@@ -143,6 +153,30 @@ class FeatureTable:
     @cached_column
     def priority(self) -> np.ndarray:
         return self._col("priority")
+
+    @cached_column
+    def cached_prefix_tokens(self) -> np.ndarray:
+        """Computed on first access only (one prefix-cache lookup per row): building the table
+        stays as cheap as before for every policy that does not read it."""
+        lookup = self._prefix_lookup
+        if lookup is None:
+            return np.zeros(len(self._states), dtype=np.int64)
+        return np.fromiter(map(lookup, self._states), dtype=np.int64, count=len(self._states))
+
+    @cached_column
+    def prefix_segment_tokens(self) -> np.ndarray:
+        """Tokens per prefix segment (the trace's hash block; 0 without prefix hashes)."""
+        return self._col("seg_tokens")
+
+    @cached_column
+    def prefix_hashes(self) -> np.ndarray:
+        """Object column: each row's chained hashes of the prompt segments a prefix cache could
+        hold (a tuple; equal hashes mean equal prompts up to that segment, as vLLM's chained
+        block hashes -- what a scheduler knows from the token ids)."""
+        out = np.empty(len(self._states), dtype=object)
+        for i, s in enumerate(self._states):
+            out[i] = s.hashes[:s.n_cacheable_segments]
+        return out
 
     @cached_column
     def output_tokens(self) -> np.ndarray:

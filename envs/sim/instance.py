@@ -8,11 +8,14 @@ Each step (one scheduler iteration, vLLM ``Scheduler.schedule``; REFERENCE.md §
    policy picks a victim (vLLM: the most recently admitted) and it is **preempted** by
    recompute (vLLM V1 default), swap to DRAM or offload to NVMe (``preemption_mode``), until
    the allocation succeeds or the request preempts itself.
-2. **Swapped requests resume** (their blocks are copied back to HBM over PCIe; a request cannot
-   run until its copy lands) and, only when nothing was preempted this step and nobody is
-   swapped out (vLLM V0 rule), **waiting requests are admitted** in the policy's order until the
-   token budget (``max_num_batched_tokens``), ``max_num_seqs`` or the KV cache runs out.
-   A prefix-cache lookup reduces the tokens to compute.
+2. **Swapped requests resume** when nothing was preempted this step (their blocks are copied
+   back to HBM over PCIe; a request cannot run until its copy lands) and, only when nothing was
+   preempted and nobody is swapped out (vLLM V1; V0's ``_schedule_default``), **waiting requests
+   are admitted** in the policy's order until the token budget (``max_num_batched_tokens``),
+   ``max_num_seqs`` or the KV cache runs out. With the policy's ``admit_while_swapped`` they are
+   admitted while requests are swapped out, also after this step's swap-outs (V0's
+   ``_schedule_chunked_prefill``; :meth:`.step_plan.StepComposer.open_admission`). A prefix-cache
+   lookup reduces the tokens to compute.
 3. The step's time comes from the cost model; at its end every request that finished its
    pending tokens emits one output token.
 
@@ -27,12 +30,13 @@ The instance is the loop; each mechanism is a collaborator in its own file:
 - :mod:`.pnm_migration` -- the processing-near-memory tier's migrations (REFERENCE §3);
 - :mod:`.invariants` -- block conservation and holdings, checked after every step in tests.
 
-Partial prefills (vLLM ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``, V0
-``PartialPrefillMetadata``): only when ``max_num_partial_prefills = k > 1``, each prefill gets at
+Partial prefills (vLLM V0 ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``,
+``PartialPrefillMetadata``): with a limit ``max_num_partial_prefills = k``, each prefill gets at
 most ``budget // min(m, k)`` tokens (``m`` prefills could run), at most ``k`` requests may be
 left with an unfinished prefill by one step, and at most ``max_long_partial_prefills`` of them
 *long* (prompt above ``long_prefill_token_threshold``, which defaults to 4 % of
-``max_model_len`` then). With ``k = 1`` nothing is limited (:mod:`.step_plan`).
+``max_model_len`` when ``k > 1``). ``k = 1`` is V0's default (one unfinished prefill at a time);
+``None`` (the default) limits nothing, as vLLM V1 (:mod:`.step_plan`).
 
 **Fast-forward** (:mod:`.fast_forward`): when a step's batch is all decodes, nobody is loading,
 swapped or preempted, and the waiting queue cannot be admitted by a static-order policy, the
@@ -85,13 +89,14 @@ def effective_long_prefill_threshold(spec: InstanceSpec) -> int:
 
     ``long_prefill_token_threshold`` when > 0; when it is 0 and ``max_num_partial_prefills > 1``,
     vLLM sets it to 4 % of ``max_model_len`` (``SchedulerConfig.__post_init__``, REFERENCE.md
-    §4.1). Without chunked prefill there is no per-step cap (a prompt runs whole).
+    §4.1; not for a limit of 1 nor without a limit). Without chunked prefill there is no
+    per-step cap (a prompt runs whole).
     """
     if not spec.enable_chunked_prefill:
         return 0
     if spec.long_prefill_token_threshold > 0:
         return spec.long_prefill_token_threshold
-    if spec.max_num_partial_prefills > 1:
+    if spec.max_num_partial_prefills is not None and spec.max_num_partial_prefills > 1:
         return max(1, int(spec.model_len_limit * 0.04))
     return 0
 
@@ -134,6 +139,7 @@ class Instance:
         self.pnm = self.kv.pnm
         self.links = self.kv.links
         self.long_threshold = effective_long_prefill_threshold(spec)
+        self._prefix_lookup = self.kv.cached_prefix_tokens  # the FeatureTable's cached_prefix_tokens
         policy.bind(PolicyContext(spec=spec, cost=self.cost, instance_id=instance_id))
         self._configure_from_policy(policy, spec)
         recorder.register_instance(instance_id, [t.name for t in self.kv.tiers], self.kv.capacity_blocks())
@@ -233,9 +239,10 @@ class Instance:
         return self.stretch.folded_steps
 
     def feature_table(self, states, now: float, running: np.ndarray | None = None) -> FeatureTable:
-        """A :class:`FeatureTable` of ``states`` at ``now`` as this instance's policy may see it."""
+        """A :class:`FeatureTable` of ``states`` at ``now`` as this instance's policy may see it
+        (its ``cached_prefix_tokens`` looked up in this instance's HBM prefix cache)."""
         return FeatureTable(states, now, self.options.oracle_lengths, running=running,
-                            tier_codes=self.kv.tier_codes)
+                            tier_codes=self.kv.tier_codes, prefix_lookup=self._prefix_lookup)
 
     # ----------------------------------------------------------------------------- arrivals
     def add_request(self, st: RequestState, now: float) -> bool:

@@ -81,8 +81,19 @@ class InstanceSpec:
         long_prefill_token_threshold: vLLM ``--long-prefill-token-threshold``, 0 = off
             (REFERENCE §4.1; vLLM sets it to 4 % of max_model_len when
             max_num_partial_prefills > 1 and it is 0 -- left to the scheduler).
-        max_num_partial_prefills, max_long_partial_prefills: vLLM flags of the same names, 1 and
-            1 (REFERENCE §4.1); 1 <= long <= partial.
+        max_num_partial_prefills: at most this many requests may be left with an unfinished
+            prefill by one step, each prefill's chunk at most the token budget split over up to
+            this many prefills; None (default) = no limit, as vLLM V1, which never honoured the
+            flag (V1's ``EngineArgs`` refused or fell back to V0 for "Concurrent Partial
+            Prefill"; gone in 0.32). The limit is vLLM V0's ``--max-num-partial-prefills``
+            (``SchedulerConfig``, default 1; ``PartialPrefillMetadata`` and
+            ``partial_prefill_budget_lookup_list`` in ``vllm/core/scheduler.py``): with V0's
+            default 1 a step chunks only the prefill that exhausts the budget, so at most one
+            is left unfinished -- here ``1`` says so explicitly (before this field took None,
+            1 meant no limit: files that wrote 1 for that must write null).
+        max_long_partial_prefills: vLLM V0 ``--max-long-partial-prefills``, 1: how many of those
+            may be *long* (prompt above the effective ``long_prefill_token_threshold``);
+            1 <= long <= max_num_partial_prefills, and 1 without a partial-prefill limit.
         enable_chunked_prefill, enable_prefix_caching: True, True (vLLM V1 defaults, §4.1).
         cache_decode_blocks: with prefix caching, whether a request's decode-phase blocks stay
             cached after it finishes and age in the same LRU free queue as its prompt blocks,
@@ -143,7 +154,7 @@ class InstanceSpec:
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     long_prefill_token_threshold: int = 0
-    max_num_partial_prefills: int = 1
+    max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int = 1
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
@@ -247,11 +258,16 @@ class InstanceSpec:
             if getattr(self, name) is not None:
                 int_at_least(o, name, getattr(self, name), 1)
         int_at_least(o, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
-        int_at_least(o, "max_num_partial_prefills", self.max_num_partial_prefills, 1)
+        partial = self.max_num_partial_prefills
+        require(partial is None or (is_int(partial) and int(partial) >= 1), f"{o}.max_num_partial_prefills", partial,
+                "None (no limit) or an integer >= 1")
         int_at_least(o, "max_long_partial_prefills", self.max_long_partial_prefills, 1)
-        require(self.max_long_partial_prefills <= self.max_num_partial_prefills,
-                f"{o}.max_long_partial_prefills", self.max_long_partial_prefills,
-                f"<= max_num_partial_prefills={self.max_num_partial_prefills}")
+        if partial is None:
+            require(self.max_long_partial_prefills == 1, f"{o}.max_long_partial_prefills",
+                    self.max_long_partial_prefills, "1 without a partial-prefill limit (max_num_partial_prefills=None)")
+        else:
+            require(self.max_long_partial_prefills <= partial, f"{o}.max_long_partial_prefills",
+                    self.max_long_partial_prefills, f"<= max_num_partial_prefills={partial}")
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks"):
             require(isinstance(getattr(self, name), bool), f"{o}.{name}", getattr(self, name), "true or false")
         require(self.kv_free_order in KV_FREE_ORDERS, f"{o}.kv_free_order", self.kv_free_order,

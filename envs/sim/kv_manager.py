@@ -173,6 +173,13 @@ class KVManager:
         max_seg = min(st.n_cacheable_segments, (total_tokens - 1) // st.seg_tokens)
         return self.hbm.cached_prefix_segments(st.hashes, max_seg), max_seg
 
+    def cached_prefix_tokens(self, st: RequestState) -> int:
+        """Tokens of ``st``'s prompt (and generated tokens) a prefix-cache lookup would hit in HBM
+        if it were admitted now: :meth:`cached_prefix`'s segments over all its tokens, times the
+        segment size (what :meth:`~.admission.Admitter.try_admit` takes as cached)."""
+        hit, _ = self.cached_prefix(st, st.prompt_tokens + st.generated)
+        return hit * st.seg_tokens
+
     def evictable_hit_blocks(self, hashes) -> int:
         """Blocks of the cached segments ``hashes`` nobody references: evictable now, yet no room
         for the request that hits them (it pins them)."""

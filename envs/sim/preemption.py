@@ -77,6 +77,7 @@ class Preemptor:
             victim = candidates[row]
             step.drop(victim)
             self.preempt(victim, now, mode)
+            step.victims.append(victim)
             if victim is st:
                 return False
             if inst.kv.allocate(need):

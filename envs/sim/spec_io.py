@@ -101,9 +101,11 @@ def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
     return out
 
 
-_INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_num_partial_prefills",
-               "max_long_partial_prefills")
-_OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+_INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_long_partial_prefills")
+#: null allowed; ``max_num_partial_prefills: null`` (or left out) is no limit, an integer k a limit
+#: of k (1 included: it meant no limit before the field took null, InstanceSpec docstring)
+_OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                   "max_num_partial_prefills")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
 _STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode", "kv_free_order")
 _BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")

@@ -10,22 +10,40 @@ prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it
 - a prefill's chunk is capped by ``long_prefill_token_threshold``, the per-prefill share of the
   budget with several partial prefills (``partial_prefill_budget_lookup_list``), the policy's
   ``chunk_limit`` and the budget left;
-- with ``max_num_partial_prefills = k > 1`` at most ``k`` requests (``max_long_partial_prefills``
-  long ones) may be left with an unfinished prefill by one step; ``k = 1`` limits nothing;
+- with a partial-prefill limit ``max_num_partial_prefills = k`` at most ``k`` requests
+  (``max_long_partial_prefills`` long ones) may be left with an unfinished prefill by one step
+  (vLLM V0 ``PartialPrefillMetadata``); ``None`` limits nothing (vLLM V1);
 - KV blocks for the new tokens are allocated all-or-nothing; when HBM runs out the
-  :mod:`.preemption` mechanism makes room.
+  :mod:`.preemption` mechanism makes room;
+- waiting requests are admitted only when the step preempted nobody and nobody is swapped out
+  (vLLM V1 admits nobody after a preemption, ``Scheduler.schedule``; vLLM V0's
+  ``Scheduler._schedule_default`` schedules no prefill while ``self.swapped`` is not empty). With
+  the policy's ``admit_while_swapped`` they are admitted whenever requests are swapped out, also
+  in a step whose preemptions swapped requests out: vLLM V0's ``_schedule_chunked_prefill``
+  (``vllm/core/scheduler.py``, V0 up to 0.10) calls ``_schedule_swapped`` only when the running
+  pass preempted nobody, and ``_schedule_prefills`` whatever happened, so new prompts take the
+  HBM a swap-out freed before the swapped request can come back, and under sustained load
+  host memory fills (:meth:`StepComposer.open_admission`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .request import RUNNING, RequestState
+from .request import RUNNING, WAITING, RequestState
 
 if TYPE_CHECKING:  # pragma: no cover
     from .instance import Instance
+
+
+def is_unfinished_prefill(st: RequestState) -> bool:
+    """Whether ``st`` (holding KV) still has prompt (or, after a recompute, generated) tokens to
+    prefill: more than the one token of a decode left to compute."""
+    left = st.prompt_tokens + st.generated - st.computed
+    return left > 1 or (left == 1 and st.generated == 0)
 
 
 class StepBuild:
@@ -40,12 +58,14 @@ class StepBuild:
         n_tokens, attn2, kv_tokens: the batch so far in the cost model's terms (``attn2`` is twice
             the attention pairs, so integers stay exact).
         admission_order: waiting candidates in admission order (for admission preemption).
-        displaced: requests preempted for a blocked waiting one (recompute): they re-enter the
-            queue head after this step's admissions.
+        displaced: requests preempted for a blocked waiting one (recompute), or (admission while
+            swapped) preempted by recompute in this step's running pass: they re-enter the queue
+            head after this step's admissions.
+        victims: requests preempted in this step's running pass (for lack of KV blocks).
     """
 
     __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
-                 "kv_tokens", "prefill_slot", "admission_order", "displaced")
+                 "kv_tokens", "prefill_slot", "admission_order", "displaced", "victims")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -60,6 +80,7 @@ class StepBuild:
         self.kv_tokens = 0
         self.admission_order: list[RequestState] = []
         self.displaced: list[RequestState] = []
+        self.victims: list[RequestState] = []
 
     def drop(self, victim: RequestState) -> bool:
         """Take ``victim`` out of the plan (a preemption); returns whether it was planned."""
@@ -85,8 +106,8 @@ class StepComposer:
 
     # --------------------------------------------------------------------- whole step
     def compose(self, step: StepBuild, now: float) -> tuple[int, bool]:
-        """vLLM order: running requests, then swapped ones resume, then waiting ones are admitted
-        (only when nothing was preempted and, vLLM V0, nobody is swapped out).
+        """vLLM order: running requests, then swapped ones resume (only when nothing was
+        preempted), then waiting ones are admitted (when :meth:`open_admission`).
 
         Returns ``(n_decodes, waiting_blocked_static)``: ``n_decodes > 0`` when the plan starts
         with one decode of every running request (the fast path); whether a waiting queue left
@@ -106,14 +127,41 @@ class StepComposer:
                     self.schedule_running(st, step, now)
         if not step.preempted:
             inst.preemptor.resume_swapped(now)
-            if (not inst.swapped or inst.admit_while_swapped) and inst.waiting and step.budget > 0 \
-                    and (len(running) < inst.spec.max_seqs or inst.head_preemption):
-                order = inst.policy.order_waiting(inst.feature_table(inst.waiting, now))
-                cands = list(inst.waiting) if order is None else [inst.waiting[int(r)] for r in order]
-                step.admission_order = cands
-                inst.admitter.admit_in_order(cands, step, now, keep_queue_order=order is None)
-                blocked_static = inst.policy.order_is_static
+        if self.open_admission(step) and inst.waiting and step.budget > 0 \
+                and (len(running) < inst.spec.max_seqs or inst.head_preemption):
+            order = inst.policy.order_waiting(inst.feature_table(inst.waiting, now))
+            cands = list(inst.waiting) if order is None else [inst.waiting[int(r)] for r in order]
+            step.admission_order = cands
+            inst.admitter.admit_in_order(cands, step, now, keep_queue_order=order is None)
+            blocked_static = inst.policy.order_is_static
         return n_decodes, blocked_static
+
+    def open_admission(self, step: StepBuild) -> bool:
+        """Whether waiting requests may be admitted after this step's running pass (and, when
+        they may right after a preemption, the pass's recompute victims set aside).
+
+        Default: only when the pass preempted nobody (vLLM V1 ``Scheduler.schedule``: no
+        admission after a preemption) and nobody is swapped out (vLLM V0
+        ``Scheduler._schedule_default``: "If any requests are swapped, prioritized swapped
+        requests"). With ``admit_while_swapped`` and requests swapped out, always -- also right
+        after this step's preemptions -- as vLLM V0's ``Scheduler._schedule_chunked_prefill``
+        (``vllm/core/scheduler.py``, V0 up to 0.10), whose ``_schedule_prefills`` runs whatever
+        the running pass did; the requests that pass preempted by recompute are not candidates
+        (V0 puts them back in ``waiting`` only after ``_schedule_prefills``): they leave the
+        queue for the step and re-enter its head after the admissions (``step.displaced``).
+        Without requests swapped out the flag changes nothing.
+        """
+        inst = self.inst
+        if not inst.swapped:
+            return not step.preempted
+        if not inst.admit_while_swapped:
+            return False
+        if step.preempted and step.victims:
+            requeued = {id(v) for v in step.victims if v.status == WAITING}
+            if requeued:
+                step.displaced.extend(s for s in inst.waiting if id(s) in requeued)
+                inst.waiting = deque(s for s in inst.waiting if id(s) not in requeued)
+        return True
 
     def compose_stall_free(self, step: StepBuild, now: float) -> tuple[int, bool]:
         """Sarathi-Serve stall-free batching: running decodes first, then every prefill (running
@@ -135,7 +183,7 @@ class StepComposer:
             inst.preemptor.resume_swapped(now)
         partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now
                         and st.rid not in step.planned]
-        admit = not step.preempted and (not inst.swapped or inst.admit_while_swapped)
+        admit = self.open_admission(step)
         cands = partial_runs + (list(inst.waiting) if admit else [])
         if cands and step.budget > 0:
             is_running = np.zeros(len(cands), dtype=bool)
@@ -152,14 +200,15 @@ class StepComposer:
     def prefill_slot_budget(self, now: float) -> int:
         """Per-prefill share of the token budget with several partial prefills.
 
-        vLLM (``Scheduler._chunk_new_tokens_to_schedule`` with
-        ``partial_prefill_budget_lookup_list``): with ``max_num_partial_prefills = k > 1`` and
+        vLLM V0 (``Scheduler._chunk_new_tokens_to_schedule`` with
+        ``partial_prefill_budget_lookup_list``): with a limit ``max_num_partial_prefills = k`` and
         ``m`` prefills that could run, each prefill gets at most ``budget // min(m, k)`` tokens,
-        so a long prompt cannot take the whole budget from short ones.
+        so a long prompt cannot take the whole budget from short ones (``k = 1``: the whole
+        budget, V0's ``lookup[1] = max_num_batched_tokens``). No limit (None): the whole budget.
         """
         inst = self.inst
         k = inst.spec.max_num_partial_prefills
-        if k <= 1 or not inst.chunked:
+        if k is None or k <= 1 or not inst.chunked:
             return inst.budget
         m = sum(1 for st in inst.running
                 if st.status == RUNNING and st.ready_s <= now and st.prompt_tokens + st.generated - st.computed > 1)
@@ -183,19 +232,35 @@ class StepComposer:
             n = step.budget
         return n
 
-    def partial_blocked(self, st: RequestState, leaves_partial: bool, step: StepBuild) -> bool:
-        """Whether a chunk that leaves ``st``'s prefill unfinished is refused this step."""
+    def partial_blocked(self, st: RequestState, leaves_partial: bool, step: StepBuild, admitting: bool = False) -> bool:
+        """Whether a chunk that leaves ``st``'s prefill unfinished is refused this step.
+
+        Under a partial-prefill limit ``k`` the step may leave at most ``k`` prefills unfinished
+        (``max_long_partial_prefills`` of them long). A waiting request being admitted
+        (``admitting``) also counts the running requests this step leaves with an unfinished
+        prefill without a chunk (resumed from a lower tier, still loading, or later in a
+        stall-free order): they stay partial whatever it does.
+        """
         if not leaves_partial:
             return False
         inst = self.inst
         if not inst.chunked:
             return True  # an unchunked prefill runs whole or not at all
         spec = inst.spec
-        if spec.max_num_partial_prefills <= 1:
-            return False  # concurrent partial prefills are only limited when enabled (> 1)
-        is_long = inst.long_threshold > 0 and st.prompt_tokens > inst.long_threshold
-        return (step.partial >= spec.max_num_partial_prefills
-                or (is_long and step.long_partial >= spec.max_long_partial_prefills))
+        k = spec.max_num_partial_prefills
+        if k is None:
+            return False  # no partial-prefill limit (vLLM V1)
+        long_threshold = inst.long_threshold
+        is_long = long_threshold > 0 and st.prompt_tokens > long_threshold
+        partial, long_partial = step.partial, step.long_partial
+        if admitting:
+            planned = step.planned
+            for r in inst.running:
+                if r.rid not in planned and r.status == RUNNING and is_unfinished_prefill(r):
+                    partial += 1
+                    if long_threshold > 0 and r.prompt_tokens > long_threshold:
+                        long_partial += 1
+        return partial >= k or (is_long and long_partial >= spec.max_long_partial_prefills)
 
     def count(self, st: RequestState, n: int, leaves_partial: bool, step: StepBuild) -> None:
         """Add ``(st, n)`` to the plan and the batch totals."""

@@ -231,12 +231,23 @@ class Scenario:
         return w
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (instance resolved inline), for provenance."""
+        """Plain-data form (instance resolved inline), for provenance.
+
+        The resolved instance keeps the form scenarios were hashed in before
+        ``max_num_partial_prefills`` took None: no limit is written as 1 (what 1 meant then) and
+        a limit of k > 1 as k; a limit of one, new, as 1 with ``partial_prefill_limit_of_one:
+        true`` (so its hash differs from no limit's).
+        """
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
         if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
             del d["instance"]["extra_tiers"]
+        partial = d["instance"]["max_num_partial_prefills"]
+        if partial is None:
+            d["instance"]["max_num_partial_prefills"] = 1
+        elif partial == 1:
+            d["instance"]["partial_prefill_limit_of_one"] = True
         # routing fields at their defaults are left out, so scenarios written before routing
         # existed keep their hash
         for key, default in (("router", "round-robin"), ("router_params", {}), ("router_delay_s", 0.0),

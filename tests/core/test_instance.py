@@ -89,7 +89,8 @@ def test_chunked_prefill_off_serves_a_prompt_above_the_long_prefill_threshold():
 
 def test_effective_long_prefill_threshold_follows_vllm():
     assert effective_long_prefill_threshold(make_spec(long_prefill_token_threshold=300)) == 300
-    assert effective_long_prefill_threshold(make_spec()) == 0  # one partial prefill: no cap
+    assert effective_long_prefill_threshold(make_spec()) == 0  # no partial-prefill limit: no cap
+    assert effective_long_prefill_threshold(make_spec(max_num_partial_prefills=1)) == 0  # vLLM: only > 1
     two = make_spec(max_num_partial_prefills=2, max_model_len=10_000)
     assert effective_long_prefill_threshold(two) == 400  # 4 % of max_model_len
     off = make_spec(enable_chunked_prefill=False, max_num_batched_tokens=None, long_prefill_token_threshold=300)

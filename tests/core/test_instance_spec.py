@@ -137,6 +137,12 @@ def test_chunked_prefill_off_needs_budget_at_least_model_len() -> None:
      ({"preemption_mode": "swap"}, "dram_kv_bytes"), ({"preemption_mode": "offload"}, "nvme_kv_bytes"),
      ({"preemption_mode": "drop"}, "preemption_mode"), ({"weight_dtype": "int8"}, "weight_dtype"),
      ({"max_num_partial_prefills": 1, "max_long_partial_prefills": 2}, "max_long_partial_prefills"),
+     ({"max_long_partial_prefills": 2}, "max_long_partial_prefills"),  # no partial-prefill limit
+     ({"max_num_partial_prefills": 0}, "max_num_partial_prefills"),
+     ({"max_num_partial_prefills": -1}, "max_num_partial_prefills"),
+     ({"max_num_partial_prefills": 1.5}, "max_num_partial_prefills"),
+     ({"max_num_partial_prefills": "2"}, "max_num_partial_prefills"),
+     ({"max_num_partial_prefills": True}, "max_num_partial_prefills"),
      ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
      ({"max_num_seqs": 0}, "max_num_seqs"), ({"block_size_tokens": 0}, "block_size_tokens")],
 )
@@ -198,3 +204,13 @@ def test_a_preemption_mode_whose_tier_holds_less_than_one_block_is_refused(mode)
     with pytest.raises(ConfigError, match="holds at least one KV block"):
         make_spec(preemption_mode=mode, dram_kv_bytes=1000.0, nvme_kv_bytes=1000.0)
     assert make_spec(preemption_mode=mode, dram_kv_bytes=4e9, nvme_kv_bytes=4e9).preemption_mode == mode
+
+
+def test_partial_prefill_limit_is_none_by_default_and_a_bad_one_names_what_is_allowed() -> None:
+    assert _spec("Llama-3.1-8B").max_num_partial_prefills is None  # no limit (vLLM V1)
+    assert _spec("Llama-3.1-8B", max_num_partial_prefills=1).max_num_partial_prefills == 1
+    with pytest.raises(ConfigError) as e:
+        _spec("Llama-3.1-8B", max_num_partial_prefills=0)
+    msg = str(e.value)
+    assert "InstanceSpec.max_num_partial_prefills=0" in msg and "None (no limit) or an integer >= 1" in msg
+    assert len(msg.splitlines()) == 1

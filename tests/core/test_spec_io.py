@@ -57,6 +57,25 @@ def test_from_dict_unknown_key_names_key_source_and_allowed() -> None:
         instance_spec_from_dict({"model": "Llama-3.1-8B", "gpu": "H100-SXM", "cost": {"bogus": 1}})
 
 
+def test_partial_prefill_limit_reads_null_as_no_limit_and_round_trips(tmp_path: Path) -> None:
+    """A file that leaves the key out or writes null has no limit; an integer is a limit (1
+    included); both round-trip through YAML. A wrong value names the key and what is allowed."""
+    base = {"model": "Llama-3.1-8B", "gpu": "H100-SXM"}
+    assert instance_spec_from_dict(base).max_num_partial_prefills is None
+    assert instance_spec_from_dict({**base, "max_num_partial_prefills": None}).max_num_partial_prefills is None
+    assert instance_spec_from_dict({**base, "max_num_partial_prefills": 1}).max_num_partial_prefills == 1
+    for k in (None, 1, 3):
+        s = instance_spec_from_dict({**base, "max_num_partial_prefills": k})
+        save_instance_spec(s, tmp_path / "s.yaml")
+        assert load_instance_spec(tmp_path / "s.yaml") == s
+        assert instance_spec_to_dict(s)["max_num_partial_prefills"] == k
+    for bad in ("2", 2.5, True):
+        with pytest.raises(ConfigError, match=r"x.yaml: max_num_partial_prefills=.* expected an integer or null"):
+            instance_spec_from_dict({**base, "max_num_partial_prefills": bad}, source="x.yaml")
+    with pytest.raises(ConfigError, match="max_num_partial_prefills=0"):
+        instance_spec_from_dict({**base, "max_num_partial_prefills": 0}, source="x.yaml")
+
+
 def test_from_dict_wrong_types_raise() -> None:
     base = {"model": "Llama-3.1-8B", "gpu": "H100-SXM"}
     for key, value in [("tp", "2"), ("tp", 2.0), ("enable_prefix_caching", "yes"), ("gpu_memory_utilization", "lots"),

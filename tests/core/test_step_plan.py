@@ -1,17 +1,19 @@
 """The batch of one step (envs/sim/step_plan.py): chunking rules (long-prefill threshold, the
-per-prefill share with several partial prefills, k = 1 limiting nothing, the policy's chunk
-limit, the budget), partial-prefill limits, the batch totals, and the all-decodes fast path."""
+per-prefill share with several partial prefills, no limit (None) limiting nothing and a limit of
+one, the policy's chunk limit, the budget), partial-prefill limits, the batch totals, the
+all-decodes fast path, and admission while requests are swapped out."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hst
 
 from kvsched.envs.sim.metrics import summary_to_json
-from kvsched.envs.sim.request import Request, Workload
+from kvsched.envs.sim.request import RUNNING, SWAPPED, WAITING, Request, Workload
 from kvsched.envs.sim.step_plan import StepBuild
 from simkit import BLOCK_BYTES, build_workload, make_instance, make_spec, place_running, request_lists, run, state
 
@@ -150,9 +152,10 @@ def test_prefill_slot_is_the_budget_split_over_up_to_k_prefills():
     assert comp.prefill_slot_budget(0.0) == 300  # two prefills: half each
     inst.waiting.extend(state(10 + i, 100) for i in range(5))
     assert comp.prefill_slot_budget(0.0) == 150  # seven could run: k = 4 shares
-    one = make_instance(make_spec(max_num_batched_tokens=600))
-    one.waiting.extend(state(i, 100) for i in range(7))
-    assert one.composer.prefill_slot_budget(0.0) == 600  # k = 1: no share
+    for k in (None, 1):  # no limit, or V0's default of one (lookup[1] = the whole budget): no share
+        one = make_instance(make_spec(max_num_batched_tokens=600, max_num_partial_prefills=k))
+        one.waiting.extend(state(i, 100) for i in range(7))
+        assert one.composer.prefill_slot_budget(0.0) == 600
 
 
 def _partial_case(k, max_long):
@@ -171,9 +174,16 @@ def test_with_k_partial_prefills_a_third_partial_is_skipped_and_a_short_prompt_g
     assert step.partial == 2 and step.long_partial == 2
 
 
-def test_k_equal_to_one_limits_no_partial_prefill():
-    step = composed(_partial_case(k=1, max_long=1))
+def test_no_partial_prefill_limit_limits_nothing():
+    step = composed(_partial_case(k=None, max_long=1))
     assert planned(step) == [(0, 600), (1, 600), (2, 600), (3, 100)]
+
+
+def test_a_limit_of_one_leaves_one_prefill_unfinished_and_lets_a_short_prompt_finish():
+    """vLLM V0's default (``--max-num-partial-prefills 1``): one prefill left unfinished; a prompt
+    that completes in the step still goes. (Before None existed, 1 meant no limit.)"""
+    step = composed(_partial_case(k=1, max_long=1))
+    assert planned(step) == [(0, 600), (3, 100)] and step.partial == 1
 
 
 def test_long_partial_prefills_have_their_own_limit():
@@ -220,3 +230,102 @@ def test_decode_fast_path_allocates_one_block_at_each_block_boundary():
     c = place_running(inst, state(2, 50), 20)  # a prefill among them: the fast path declines
     assert not inst.composer.schedule_decodes(inst.running, StepBuild(inst.budget), 0.0)
     assert c.private_blocks == 2
+
+
+# ------------------------------------------------------------- admission while swapped out
+def _swap_pressure(flag, dram_blocks=20, swapped_first=False):
+    """A 9-block HBM, full: an old decode at a block boundary (4 blocks, needs a 5th) and a newer
+    one (5 blocks); a 30-token prompt waits. ``swapped_first``: a fifth request (5 blocks) was
+    swapped out earlier and cannot come back this step."""
+    inst = make_instance(make_spec(hbm_kv_blocks=9, dram_kv_bytes=dram_blocks * BLOCK_BYTES,
+                                   preemption_mode="swap", enable_prefix_caching=False),
+                         params={"admit_while_swapped": flag})
+    earlier = None
+    if swapped_first:
+        earlier = place_running(inst, state(5, 80), 80, generated=1)
+        inst.preemptor.preempt(earlier, 0.0)
+    old = place_running(inst, state(0, 64), 64, generated=1)
+    new = place_running(inst, state(1, 70), 70, generated=1)
+    waiting = state(2, 30)
+    inst.waiting.append(waiting)
+    return inst, old, new, waiting, earlier
+
+
+def test_admit_while_swapped_admits_into_the_hbm_a_swap_out_just_freed_as_vllm_v0_chunked():
+    """vLLM V0 ``_schedule_chunked_prefill``: after a running pass that swapped a request out,
+    ``_schedule_swapped`` is skipped but ``_schedule_prefills`` runs, so a new prompt takes the
+    freed HBM. The old flag waited for a step without preemption (where the swapped request,
+    resumed first, took its blocks back): new prompts never beat it back."""
+    inst, old, new, waiting, _ = _swap_pressure(True)
+    step = composed(inst)
+    assert list(inst.swapped) == [new] and new.status == SWAPPED  # the newest went to DRAM
+    assert planned(step) == [(0, 1), (2, 30)] and waiting.status == RUNNING
+    assert not inst.waiting
+    inst, old, new, waiting, _ = _swap_pressure(False)  # default: no admission after a preemption
+    step = composed(inst)
+    assert list(inst.swapped) == [new] and planned(step) == [(0, 1)] and list(inst.waiting) == [waiting]
+
+
+def test_admit_while_swapped_does_not_readmit_a_request_recomputed_in_the_same_step():
+    """DRAM full (an earlier request holds 5 of its 6 blocks): this step's victim falls back to
+    recompute. vLLM V0 puts such victims back in ``waiting`` after ``_schedule_prefills``: the
+    new prompt is admitted, the victim waits at the queue head for the next step."""
+    inst, old, new, waiting, earlier = _swap_pressure(True, dram_blocks=6, swapped_first=True)
+    step = composed(inst)
+    assert new.status == WAITING and new.lost_tokens == 70 and list(inst.swapped) == [earlier]
+    assert planned(step) == [(0, 1), (2, 30)] and step.displaced == [new] and not inst.waiting
+    inst, old, new, waiting, earlier = _swap_pressure(False, dram_blocks=6, swapped_first=True)
+    step = composed(inst)
+    assert planned(step) == [(0, 1)] and list(inst.waiting) == [new, waiting] and not step.displaced
+
+
+def test_admit_while_swapped_changes_nothing_without_requests_swapped_out():
+    """Recompute-only preemption (no lower tier, nobody swapped): no admission after a
+    preemption, with the flag as without (vLLM V1's rule)."""
+    for flag in (False, True):
+        inst = make_instance(make_spec(hbm_kv_blocks=9, enable_prefix_caching=False),
+                             params={"admit_while_swapped": flag})
+        place_running(inst, state(0, 64), 64, generated=1)
+        new = place_running(inst, state(1, 70), 70, generated=1)
+        waiting = state(2, 30)
+        inst.waiting.append(waiting)
+        step = composed(inst)
+        assert planned(step) == [(0, 1)] and list(inst.waiting) == [new, waiting]
+
+
+# ------------------------------------------------------------------ partial-prefill limit
+def _unfinished_prefills_at_step_ends(spec, policy, rows):
+    """The most requests left with an unfinished prefill at any step end of a run (stepping
+    one by one), and the run."""
+    from kvsched.envs.sim.instance import Instance
+    from kvsched.envs.sim.step_plan import is_unfinished_prefill
+
+    most = [0]
+    orig = Instance.complete_step
+
+    def complete_step(self, now):
+        orig(self, now)
+        most[0] = max(most[0], sum(1 for st in self.running if is_unfinished_prefill(st)))
+
+    Instance.complete_step = complete_step
+    try:
+        res = run(build_workload(rows), spec, fast_forward=False, policy=policy)
+    finally:
+        Instance.complete_step = orig
+    return most[0], res
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "sarathi", "lars"])
+def test_with_a_limit_of_one_two_long_prompts_arriving_together_are_never_both_partial(policy):
+    """Two 6,000-token prompts at once, chunks capped at 200 tokens (long_prefill_token_threshold)
+    under a 2,048-token budget (Sarathi's own: 512), plus short ones behind them: with no limit both are left
+    partial by the same step; with a limit of one never (the second starts when the first
+    completes), in vLLM's order and in the stall-free order alike."""
+    rows = [(0.0, 6000, 4, 0), (0.0, 6000, 4, 0), (0.0, 300, 4, 0), (0.05, 2000, 4, 0), (0.1, 100, 4, 0)]
+    most = {}
+    for limit in (None, 1):
+        spec = make_spec(max_num_batched_tokens=2048, long_prefill_token_threshold=200, max_model_len=8192,
+                         max_num_partial_prefills=limit)
+        most[limit], res = _unfinished_prefills_at_step_ends(spec, policy, rows)
+        assert (res.records.status == "finished").all()
+    assert most[None] >= 2 and most[1] == 1, most

@@ -212,6 +212,36 @@ def test_sglang_hicache_size_is_whole_gb_per_rank_and_said_so():
     assert "#   dram_kv_bytes = 500000000.0" in res.text
 
 
+def test_a_partial_prefill_limit_is_listed_as_not_expressible_and_no_limit_is_not():
+    """vLLM 0.33 and SGLang have no partial-prefill limit flags (vLLM V1 never honoured V0's):
+    a limit, one included, is listed; no limit (None, the default) is what they do."""
+    from kvsched.experiments.tune import scenario_for
+
+    sc = small_scenario()
+    for limit in (None, 1, 2):
+        spec = scenario_for(sc, (0.0, 12.0), 0, {"max_num_partial_prefills": limit}).instance_spec()
+        for export in (ex.export_vllm, ex.export_sglang):
+            res = export("fcfs", {}, {}, spec, {"study": "x"})
+            listed = [v for n, v, _ in res.unexpressible if n == "max_num_partial_prefills"]
+            assert listed == ([] if limit is None else [[limit, 1]]), (export.__name__, limit)
+            assert "max-num-partial-prefills" not in res.config
+
+
+def test_lpm_exports_to_sglangs_own_schedule_policy_and_not_to_vllm():
+    """SGLang runs ``--schedule-policy lpm`` itself: the export sets it (its constants listed when
+    tuned away from SGLang's); vLLM has no such scheduler: listed, FCFS runs."""
+    from kvsched.experiments.tune import scenario_for
+
+    spec = scenario_for(small_scenario(), (0.0, 12.0), 0, {}).instance_spec()
+    params = {"fcfs_above_waiting": 128, "in_batch_check_tokens": 64}
+    res = ex.export_sglang("lpm", params, {}, spec, {"study": "x"})
+    assert res.config["schedule-policy"] == "lpm"
+    assert [(n, v) for n, v, _ in res.unexpressible] == [("policy_params.in_batch_check_tokens", 64)]
+    assert "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD" in res.text
+    res = ex.export_vllm("lpm", params, {}, spec, {"study": "x"})
+    assert res.config["scheduling-policy"] == "fcfs" and res.unexpressible[0][:2] == ("policy", "lpm")
+
+
 def test_routed_multi_instance_scenario_round_trips(tmp_path):
     """Trials run the cluster `simulate` runs: the scenario's router (not round-robin) and its seed."""
     from kvsched.runner.scenario import Scenario

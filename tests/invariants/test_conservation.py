@@ -36,7 +36,7 @@ from simkit import (BLOCK_BYTES, build_workload, literature_spec, make_spec, pnm
        budget=hst.sampled_from([64, 256, 2048]),
        mode=hst.sampled_from(["recompute", "swap", "offload"]),
        threshold=hst.sampled_from([0, 128]),
-       partial=hst.sampled_from([1, 2]),
+       partial=hst.sampled_from([None, 1, 2]),
        max_seqs=hst.sampled_from([2, 64]))
 def test_blocks_and_tokens_are_conserved_across_modes_and_budgets(rows, hbm_blocks, budget, mode, threshold,
                                                                    partial, max_seqs):

@@ -211,13 +211,13 @@ def test_fold_keeps_the_running_order_under_a_stall_free_policy(policy):
 
 def test_fold_declines_a_plan_out_of_running_order_but_folds_in_order():
     """Sarathi with two partial prefills: the plan [1, 2, 0] is out of running order [1, 0, 2]
-    (not folded), with one partial prefill the same workload folds; both exact."""
+    (not folded), with no partial-prefill limit the same workload folds; both exact."""
     w = Workload.from_requests([Request(0, 0.0, 300, 20), Request(1, 0.001, 10, 30), Request(2, 0.002, 20, 30)])
     folded = {}
-    for mp in (1, 2):
-        spec = make_spec(max_num_batched_tokens=64, max_num_partial_prefills=mp, max_long_partial_prefills=mp)
+    for mp in (None, 2):
+        spec = make_spec(max_num_batched_tokens=64, max_num_partial_prefills=mp, max_long_partial_prefills=mp or 1)
         folded[mp] = three_way(w, [spec], policy="sarathi")
-    assert folded == {1: 1, 2: 0}
+    assert folded == {None: 1, 2: 0}
 
 
 def test_fold_runs_through_a_decode_finishing_at_the_step_end():
@@ -256,13 +256,13 @@ def cases(draw):
     hbm = draw(hst.sampled_from([24, 40, 71, 150, 4096]))
     mml = min(2048, hbm * bs)
     mode = draw(hst.sampled_from(["recompute", "swap", "offload"]))
-    mp = draw(hst.sampled_from([1, 2, 3, 4])) if chunked else 1
+    mp = draw(hst.sampled_from([None, 1, 2, 3, 4])) if chunked else None
     spec_kw = dict(
         hbm_kv_blocks=hbm, block_size_tokens=bs, max_model_len=mml, enable_chunked_prefill=chunked,
         max_num_batched_tokens=draw(hst.sampled_from([8, 33, 64, 512])) if chunked else mml,
         max_num_seqs=draw(hst.sampled_from([1, 2, 3, 64])),
         long_prefill_token_threshold=draw(hst.sampled_from([0, 40])) if chunked else 0,
-        max_num_partial_prefills=mp, max_long_partial_prefills=draw(hst.integers(1, mp)),
+        max_num_partial_prefills=mp, max_long_partial_prefills=draw(hst.integers(1, mp or 1)),
         enable_prefix_caching=draw(hst.booleans()) or draw(hst.booleans()),
         cache_decode_blocks=draw(hst.booleans()), preemption_mode=mode,
         dram_kv_bytes=40 * BLOCK_BYTES * bs // 16 if mode == "swap" else 0,
@@ -283,7 +283,8 @@ def cases(draw):
                                      hst.one_of(hst.integers(1, 3), hst.integers(1, 60)),
                                      hst.integers(0, 3)), min_size=1, max_size=14))
     params = draw(hst.sampled_from([None, None, {"admission_preemption": "always", "admission_victim_min_tokens": 1},
-                                    {"admission_preemption": "cost-gated", "admission_victim_min_tokens": 1}]))
+                                    {"admission_preemption": "cost-gated", "admission_victim_min_tokens": 1},
+                                    {"admit_while_swapped": True}]))
     return dict(rows=rows, specs=specs, policy=policy, params=params, oracle=draw(hst.booleans()),
                 seg=draw(hst.sampled_from([bs, 2 * bs])))
 
@@ -291,8 +292,8 @@ def cases(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(case=cases())
 def test_fold_is_exact_across_policies_tiers_and_instances(case):
-    """Every policy (oracle lengths or not, admission preemption), chunked or whole prefills,
-    several partial prefills, tiny budgets and KV caches with recompute/swap/offload
+    """Every policy (oracle lengths or not, admission preemption, admission while swapped),
+    chunked or whole prefills, partial-prefill limits or none, tiny budgets and KV caches with recompute/swap/offload
     preemption, prefix caching with shared prefixes and the single free queue, one to three
     (heterogeneous) round-robin instances: fold on == fold off == one by one."""
     try:

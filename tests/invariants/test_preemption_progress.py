@@ -69,12 +69,12 @@ BOUNDED_ROWS = hst.lists(
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=BOUNDED_ROWS, hbm=hst.integers(8, 160), budget=hst.sampled_from([1, 7, 64, 4096]),
        mode=hst.sampled_from(["recompute", "swap", "offload"]), chunked=hst.booleans(),
-       partial=hst.integers(1, 4), seqs=hst.sampled_from([1, 2, 64]), n_inst=hst.sampled_from([1, 3]),
+       partial=hst.sampled_from([None, 1, 2, 3, 4]), seqs=hst.sampled_from([1, 2, 64]), n_inst=hst.sampled_from([1, 3]),
        dram=hst.integers(1, 30), seg=hst.sampled_from([16, 64]), data=hst.data())
 def test_every_request_is_served_under_tiny_budgets_caches_and_lower_tiers(rows, hbm, budget, mode, chunked,
                                                                            partial, seqs, n_inst, dram, seg, data):
     """The space the existing property test leaves out: chunked prefill off, budgets of 1 and
-    7 tokens, max_num_seqs=1, up to 4 partial prefills, several instances, KV caches of 8
+    7 tokens, max_num_seqs=1, no partial-prefill limit or one of 1 to 4, several instances, KV caches of 8
     blocks, swap into a DRAM tier of 1 block. Every request finishes with all its tokens or is
     rejected with a reason, blocks are conserved at every event (check_invariants), and
     fast-forward gives identical records and summary."""
@@ -85,7 +85,7 @@ def test_every_request_is_served_under_tiny_budgets_caches_and_lower_tiers(rows,
     w = Workload.from_requests(reqs)
     kw = dict(hbm_kv_blocks=hbm, max_num_seqs=seqs, enable_chunked_prefill=chunked, preemption_mode=mode,
               max_num_partial_prefills=partial,
-              max_long_partial_prefills=data.draw(hst.integers(1, partial)),
+              max_long_partial_prefills=data.draw(hst.integers(1, partial or 1)),
               long_prefill_token_threshold=data.draw(hst.sampled_from([0, 1, 100])) if chunked else 0,
               max_num_batched_tokens=budget if chunked else None)
     if mode == "swap":

@@ -249,9 +249,10 @@ def test_prefetch_cuts_the_stall_of_swapped_in_requests():
 
 
 def test_admitting_while_swapped_fills_host_memory_and_still_finishes():
-    """Swap preemption that keeps admitting new prompts while others are swapped out pushes
-    ever more KV to the host until DRAM is full (then it falls back to recompute); the run
-    still makes progress, also with a request that alone needs most of HBM."""
+    """Swap preemption that keeps admitting new prompts while others are swapped out (vLLM V0
+    with chunked prefill) pushes ever more KV to the host until DRAM is full (then it falls back
+    to recompute); the run still makes progress, also with a request that alone needs most of
+    HBM."""
     s = short_only(rate=6.0, dur=40.0)
     mix = with_longs(s, [1.0, 3.0, 6.0, 9.0], [30_000, 60_000, 70_000, 75_000], out=300)
     from kvsched.envs.sim.cluster import Cluster
@@ -266,9 +267,60 @@ def test_admitting_while_swapped_fills_host_memory_and_still_finishes():
     assert dram_keep["max_capacity_blocks"] == 2560
     assert dram_keep["max_utilization"] > 0.99 and dram_v0["max_utilization"] <= 1.0
     pk, pv = keep.summary["classes"]["all"]["preemptions"], v0.summary["classes"]["all"]["preemptions"]
-    # more requests pushed out, and once DRAM is full the fallback recomputes (measured 1.15M vs 41k tokens)
-    assert pk["requests_preempted"] > pv["requests_preempted"]
+    # DRAM (40,960 tokens) holds none of the 60k-75k-token requests: once new prompts have taken the
+    # HBM a swap-out freed, victims fall back to recompute (measured 2.10M vs 41k tokens; the
+    # request count is about the same, 41 vs 42: see the sustained-arrivals test below for it)
     assert pk["recomputed_tokens"] > 10 * pv["recomputed_tokens"]
+
+
+def _sustained_short(rate=4.0, dur=20.0):
+    """Poisson arrivals of equal requests (500 prompt, 600 output tokens): their decodes keep
+    outgrowing a small HBM while new ones keep arriving."""
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(1 / rate, int(2 * rate * dur)))
+    return Workload.from_requests([Request(i, float(a), 500, 600) for i, a in enumerate(t[t < dur])])
+
+
+def test_admitting_while_swapped_lets_new_prompts_beat_swapped_ones_back_until_dram_is_full():
+    """The case vLLM V0 users reported: with chunked prefill, V0 admits new prompts into the HBM
+    a swap-out just freed (``_schedule_chunked_prefill`` runs ``_schedule_prefills`` after any
+    running pass, ``_schedule_swapped`` only after one without preemption), so under sustained
+    arrivals ever more requests wait swapped out until host memory is full (V0 then aborts,
+    "lack of CPU swap space"; kvsched falls back to recompute). The default holds admission
+    while anyone is swapped out. Measured: DRAM peak 588 vs 183 of 600 blocks, 54 vs 40
+    requests swapped, 2,864 vs 0 recomputed tokens."""
+    from kvsched.envs.sim.cluster import Cluster
+    from simkit import BLOCK_BYTES, make_spec
+
+    w = _sustained_short()
+    sp = make_spec(hbm_kv_blocks=300, dram_kv_bytes=600 * BLOCK_BYTES, preemption_mode="swap",
+                   max_num_batched_tokens=2048)
+    v0 = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True})).run(w)
+    held = Cluster([sp], lambda: make_policy("fcfs")).run(w)
+    for res in (v0, held):
+        assert (res.records.status == "finished").all()
+    dram_v0 = v0.summary["kv_occupancy"]["tiers"]["dram"]["max_used_blocks"]
+    dram_held = held.summary["kv_occupancy"]["tiers"]["dram"]["max_used_blocks"]
+    assert dram_v0 >= 0.95 * 600 and dram_held < 0.5 * 600
+    swapped_v0 = int((v0.records.bytes_hbm_to_dram > 0).sum())
+    swapped_held = int((held.records.bytes_hbm_to_dram > 0).sum())
+    assert swapped_v0 > swapped_held
+    # DRAM full: further victims fall back to recompute
+    assert v0.records.recomputed_tokens.sum() > 0 == held.records.recomputed_tokens.sum()
+
+
+def test_admitting_while_swapped_changes_nothing_without_a_dram_tier():
+    """Recompute preemption only (no lower tier): nobody is ever swapped out, so the flag leaves
+    the run byte-identical under the same sustained pressure (47,735 recomputed tokens)."""
+    from kvsched.envs.sim.cluster import Cluster
+    from simkit import assert_identical, make_spec
+
+    w = _sustained_short()
+    sp = make_spec(hbm_kv_blocks=300, max_num_batched_tokens=2048)
+    on = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True})).run(w)
+    off = Cluster([sp], lambda: make_policy("fcfs")).run(w)
+    assert off.records.recomputed_tokens.sum() > 0  # preemption happened
+    assert_identical(on, off)
 
 
 # --------------------------------------------------------------------------------------------

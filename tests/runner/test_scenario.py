@@ -133,6 +133,22 @@ def test_a_scenario_without_extra_tiers_keeps_the_hash_it_had_before_tiers_exist
     assert with_tier.to_dict()["instance"]["extra_tiers"][0]["name"] == "cxl"
 
 
+def test_no_partial_prefill_limit_keeps_the_hash_and_a_limit_of_one_gets_its_own():
+    """max_num_partial_prefills took None for no limit (1 meant no limit before): the hashed form
+    still writes 1 for no limit, so provenance hashes stay; a limit of one, new, hashes apart."""
+    base = {"model": "Llama-3.1-8B", "gpu": "H100-SXM"}
+    default = Scenario(source="command line")
+    explicit_none = Scenario(instance={**base, "max_num_partial_prefills": None})
+    one = Scenario(instance={**base, "max_num_partial_prefills": 1})
+    two = Scenario(instance={**base, "max_num_partial_prefills": 2})
+    assert default.to_dict()["instance"]["max_num_partial_prefills"] == 1
+    assert explicit_none.sha256() == Scenario(instance=base).sha256()
+    assert one.instance_spec().max_num_partial_prefills == 1
+    assert one.to_dict()["instance"]["partial_prefill_limit_of_one"] is True
+    assert len({Scenario(instance=base).sha256(), one.sha256(), two.sha256()}) == 3
+    assert "partial_prefill_limit_of_one" not in two.to_dict()["instance"]
+
+
 @pytest.mark.parametrize("body, fragment", [
     ("policy: lars\npolicy_params: {1: 2, foo: 3}\n", "policy 'lars': unknown parameters [1, 'foo']"),
     ("router: least-loaded\nrouter_params: {1: 2, foo: 3}\n", "router 'least-loaded': unknown parameters [1, 'foo']"),
