@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from .errors import ConfigError
 
@@ -93,10 +94,10 @@ class BlockPool:
         #: called once per allocation that evicted cached segments, with their (hash, blocks,
         #: creator id) in eviction order (a lower tier's write-back, :mod:`.prefix_offload`);
         #: None: nothing is told
-        self.on_evict = None
+        self.on_evict: Callable[[list], None] | None = None
         #: a lower tier caching prefixes: frees blocks by evicting one of its entries, returning
         #: how many (:meth:`.prefix_offload.PrefixStore.evict_one`); None: the LRU below
-        self.reclaimer = None
+        self.reclaimer: Callable[[], int] | None = None
 
     # -------------------------------------------------------------------------------- queries
     @property
@@ -196,7 +197,8 @@ class BlockPool:
         if self.reclaimer is not None:  # a lower tier's prefix store evicts (and counts) for itself
             while self.free_blocks < n_blocks:
                 self.reclaimer()
-        evicted = [] if self.on_evict is not None else None
+        on_evict = self.on_evict
+        evicted: list | None = [] if on_evict is not None else None
         while self.free_blocks < n_blocks:
             h, nb = self._lru.popitem(last=False)
             self.evictable_blocks -= nb
@@ -207,8 +209,8 @@ class BlockPool:
                     self.evicted_segments += 1
                     if evicted is not None:
                         evicted.append((h, nb, seg.creator_id))
-        if evicted:
-            self.on_evict(evicted)
+        if evicted and on_evict is not None:
+            on_evict(evicted)
         self.free_blocks -= n_blocks
         self.used_blocks += n_blocks
         return True

