@@ -147,7 +147,7 @@ class ElapsedCallback(BaseCallback):
 
     def _on_step(self) -> bool:
         infos = self.locals.get("infos")
-        buffer = self.model.rollout_buffer
+        buffer = getattr(self.model, "rollout_buffer", None)  # off-policy algorithms have none
         if infos is None or not isinstance(buffer, _TimeDiscountMixin):
             return True  # not in a rollout (or not a semi-MDP buffer): nothing to record
         try:

@@ -269,7 +269,7 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
     """(the engine's scheduling-policy value or None, unexpressible policy parameters)."""
     native = NATIVE_POLICIES.get(engine, {}).get(policy)
     out = []
-    base_flags = ("tier_aware_preemption", "prefetch", "admit_while_swapped")
+    base_flags = ("tier_aware_preemption", "prefetch", "admit_while_swapped", "admit_in_preemption_step")
     if native is None:
         out.append(("policy", policy, f"{engine} has no {policy} scheduler (REFERENCE §7: needs a scheduler plugin); "
                                       "the engine runs its FCFS scheduler"))

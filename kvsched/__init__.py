@@ -9,4 +9,4 @@ Sub-packages (each a top-level folder of the repository, mapped under ``kvsched`
 - :mod:`kvsched.experiments` -- the ``kvsched`` command line, scenarios and reports.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

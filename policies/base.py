@@ -119,16 +119,21 @@ class PolicyParams:
             compute (packing-prefetch, arXiv 2508.08457; REFERENCE.md §9.1, mapping [inferred]),
             instead of reloading on demand the way vLLM V0 does (the step waits for the
             swap-in copy, stalling every running request). Available to every policy.
-        admit_while_swapped: keep admitting new prompts while requests are swapped out, also in
-            the step whose preemptions swapped them out: vLLM V0 with chunked prefill
+        admit_while_swapped: keep admitting new prompts while requests are swapped out (in steps
+            without a preemption; with ``admit_in_preemption_step`` also in the step whose
+            preemptions swapped them out). Default False: no admission while anyone is swapped
+            out (V0 without chunked prefill, ``_schedule_default``) nor after a preemption (vLLM
+            V1). Changes nothing without a lower tier.
+        admit_in_preemption_step: with ``admit_while_swapped`` and requests swapped out, admit new
+            prompts also in a step whose running pass preempted: vLLM V0 with chunked prefill
             (``Scheduler._schedule_chunked_prefill`` in ``vllm/core/scheduler.py``: swapped
             requests resume only after a running pass without preemption and only while the
             oldest fits, ``_schedule_swapped``; new prompts are admitted after every pass,
             ``_schedule_prefills``), so new arrivals take the HBM a swap-out freed and push more
             requests out until host memory fills (then preemption falls back to NVMe, then
-            recompute; V0 aborted there, "lack of CPU swap space"). Default False: no admission
-            while anyone is swapped out (V0 without chunked prefill, ``_schedule_default``) nor
-            after a preemption (vLLM V1). Changes nothing without a lower tier.
+            recompute; V0 aborted there, "lack of CPU swap space"). Both true reproduce V0.
+            Default False (kvsched 0.1's ``admit_while_swapped``, which kvsched bench v1's tuned
+            heuristics were computed with: its admission waited for a step without preemption).
         admission_preemption: may the head of the admission order, blocked for KV blocks,
             preempt a running request? ``"never"`` (vLLM V1, default), ``"always"`` (vLLM V0
             priority preemption: the largest longer holder goes) or ``"cost-gated"`` (only when
@@ -174,6 +179,7 @@ class PolicyParams:
     tier_aware_preemption: bool = False
     prefetch: bool = False
     admit_while_swapped: bool = False
+    admit_in_preemption_step: bool = False
     admission_preemption: str = "never"
     admission_victim_min_tokens: int = 8192
     max_admission_preemptions: int = 1
@@ -182,7 +188,7 @@ class PolicyParams:
 
     def __post_init__(self) -> None:
         # messages are built only on failure: the Knobs-v0 environment builds parameters every step
-        for name in ("tier_aware_preemption", "prefetch", "admit_while_swapped"):
+        for name in ("tier_aware_preemption", "prefetch", "admit_while_swapped", "admit_in_preemption_step"):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 require(False, f"PolicyParams.{name}", v, "true or false")

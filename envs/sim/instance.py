@@ -181,6 +181,7 @@ class Instance:
         params = getattr(policy, "params", None)
         self.prefetch = bool(getattr(params, "prefetch", False))
         self.admit_while_swapped = bool(getattr(params, "admit_while_swapped", False))
+        self.admit_in_preemption_step = bool(getattr(params, "admit_in_preemption_step", False))
         # may a blocked waiting request preempt a running one (kvsched.policies.preemption)?
         self.admission_preemption = getattr(params, "admission_preemption", "never") != "never"
         # may the head of the admission order, blocked for a seat or KV blocks, ask the policy for

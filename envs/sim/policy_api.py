@@ -69,7 +69,8 @@ class SchedulerPolicy(Protocol):
 
     ``params`` may carry the options every policy takes (``PolicyParams`` fields the core reads
     with vLLM-like defaults when absent): ``tier_aware_preemption``, ``prefetch``,
-    ``admit_while_swapped`` (bool), ``admission_preemption`` ("never", "always", "cost-gated").
+    ``admit_while_swapped`` and ``admit_in_preemption_step`` (bool), ``admission_preemption``
+    ("never", "always", "cost-gated").
     Optional too: ``preempts_for_head`` (bool, default false) and, when true,
     ``choose_head_preemption`` (decision 10 of the module docstring).
     """

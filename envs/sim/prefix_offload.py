@@ -44,7 +44,8 @@ Mechanism here (one :class:`PrefixStore` per listed tier, composed by :class:`Pr
   write that finds the tier full of swapped blocks is skipped and counted).
 - **Eviction** per tier (``eviction``): ``lru`` (vLLM's offloading, LMCache, HiCache default),
   ``lfu`` (fewest uses first, LRU among equals), ``session`` (LRU, but an entry whose conversation
-  was active within ``session_keep_s`` -- its expected think time -- goes only after every other
+  -- :func:`conversation_of` -- was active within ``session_keep_s``, its expected think time,
+  goes only after every other
   [kvsched's session-aware policy, in the spirit of Mooncake's and CachedAttention's
   conversation-aware placement]) and ``clairvoyant`` (Belady, "A study of replacement algorithms
   for a virtual-storage computer", IBM Systems Journal 1966: the entry whose next use by an
@@ -199,9 +200,20 @@ class _Entry:
     n_blocks: int
     ready_s: float
     creator_id: int
-    session_id: int
+    session_id: Any  # the conversation (conversation_of), None: none
     uses: int
     last_s: float
+
+
+def conversation_of(st: "RequestState") -> Any:
+    """The conversation a request belongs to, for the ``session`` eviction policy: its session id
+    when the workload gives one (>= 0), else its prompt's first chained prefix key (a trace without
+    session ids, such as Mooncake's, repeats a conversation's history at the head of each turn, so
+    its turns share that key, as kvsched's session router derives conversations), else None."""
+    sid = st.req.session_id
+    if sid >= 0:
+        return ("session", sid)
+    return ("prefix", st.hashes[0]) if st.hashes else None
 
 
 # ---------------------------------------------------------------------------- eviction orders
@@ -266,7 +278,7 @@ class _Session(_LRU):
         keep_s, last_use = self.keep_s, self.last_use
         for key in self.keys:
             s = entries[key].session_id
-            if s < 0 or now_s - last_use.get(s, -math.inf) > keep_s:
+            if s is None or now_s - last_use.get(s, -math.inf) > keep_s:
                 return key
         return next(iter(self.keys))  # every entry's conversation is active: plain LRU
 
@@ -351,7 +363,7 @@ class PrefixStore:
         e = self.entries.get(key)
         return e is not None and e.ready_s <= now_s
 
-    def put(self, key: Any, n_blocks: int, creator_id: int, session_id: int, ready_s: float, now_s: float,
+    def put(self, key: Any, n_blocks: int, creator_id: int, session_id: Any, ready_s: float, now_s: float,
             hops: list) -> bool:
         """Store ``key`` (``n_blocks``) copied over ``hops`` (tiers whose write links it crosses,
         top down) from ``ready_s``; refresh it when already stored. Evicts for room (never
@@ -381,7 +393,7 @@ class PrefixStore:
         self.bytes_written += nbytes
         return True
 
-    def put_many(self, keys: list, n_blocks: int, creator_id: int, session_id: int, now_s: float,
+    def put_many(self, keys: list, n_blocks: int, creator_id: int, session_id: Any, now_s: float,
                  hops: list) -> None:
         """:meth:`put` of several segments of ``n_blocks`` each, written from ``now_s`` as one copy
         (one reservation per link: a request's newly computed segments go down together, so the
@@ -474,11 +486,11 @@ class PrefixTiers:
         self.kv = kv
         self.block_bytes = kv.block_bytes
         self.now_s = 0.0  # the instance's clock, set at each scheduling pass (KVManager.now_s)
-        self.session_last_s: dict[int, float] = {}
+        self.session_last_s: dict[Any, float] = {}  # conversation -> last use (s)
         self._future: dict[int, np.ndarray] = {}
         self.threshold = spec.threshold
         self._uses: dict[int, int] = {}  # HBM uses per segment (selective writes)
-        self._session_of: dict[int, int] = {}  # request id -> session (write-back of its segments)
+        self._session_of: dict[int, Any] = {}  # request id -> conversation (write-back of its segments)
         self.recompute_chosen = 0
         self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
         for upper, lower in zip(self.stores, self.stores[1:]):
@@ -495,14 +507,16 @@ class PrefixTiers:
         if not len(hashes):
             self._future = {}
             return
+        from .request import _chain
+
         t = np.asarray(workload.arrival_s if arrivals_s is None else arrivals_s, dtype=np.float64)
-        owner = np.repeat(np.arange(len(t)), np.diff(off))
-        times = t[owner]
-        order = np.lexsort((times, hashes))
-        hs, ts = hashes[order], times[order]
-        starts = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]])
-        ends = np.r_[starts[1:], len(hs)]
-        self._future = {int(hs[a]): ts[a:b] for a, b in zip(starts, ends)}
+        uses: dict[int, list[float]] = {}
+        for i in range(len(t)):  # the chained keys the instances cache by (RequestState.hashes)
+            a, b = int(off[i]), int(off[i + 1])
+            if b > a:
+                for key in _chain(tuple(int(h) for h in hashes[a:b])):
+                    uses.setdefault(key, []).append(float(t[i]))
+        self._future = {k: np.sort(np.asarray(v)) for k, v in uses.items()}
 
     def next_use_s(self, key: Any, now_s: float) -> float:
         """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none)."""
@@ -516,14 +530,14 @@ class PrefixTiers:
     def on_computed(self, st: "RequestState", new_hashes: list, seg_blocks: int, now_s: float) -> None:
         """``st`` computed and cached ``new_hashes`` in HBM: write them through (threshold 1) or
         count their first use (selective)."""
-        self._session_of[st.rid] = st.req.session_id
-        if st.req.session_id >= 0:
-            self.session_last_s[st.req.session_id] = now_s
+        sess = conversation_of(st)
+        self._session_of[st.rid] = sess
+        if sess is not None:
+            self.session_last_s[sess] = now_s
         th = self.threshold
         if th == 0:  # write-back: nothing until HBM evicts them
             return
         first = self.stores[0]
-        sess = st.req.session_id
         if th == 1:
             first.put_many(new_hashes, seg_blocks, st.rid, sess, now_s, self._first_hops)
             return
@@ -540,8 +554,9 @@ class PrefixTiers:
         """An admission reused ``hashes`` from HBM: count a use (selective writes) and the
         conversation's activity."""
         now_s = self.now_s
-        if st.req.session_id >= 0:
-            self.session_last_s[st.req.session_id] = now_s
+        sess = conversation_of(st)
+        if sess is not None:
+            self.session_last_s[sess] = now_s
         if self.threshold < 2:
             return
         uses, th, first = self._uses, self.threshold, self.stores[0]
@@ -552,7 +567,7 @@ class PrefixTiers:
                 due.append(h)
         if due:  # written as the request's own copy (the creator of each is rarely needed)
             creator = creator_of(due[0])
-            first.put_many(due, seg_blocks, creator, self._session_of.get(creator, -1), now_s, self._first_hops)
+            first.put_many(due, seg_blocks, creator, self._session_of.get(creator), now_s, self._first_hops)
 
     def forget_uses(self, evicted: list) -> None:
         """Selective writes: HBM evicted ``evicted`` ((hash, blocks, creator id)); a segment
@@ -573,7 +588,7 @@ class PrefixTiers:
             j = i
             while j < n and evicted[j][1] == nb and evicted[j][2] == creator:
                 j += 1
-            first.put_many([e[0] for e in evicted[i:j]], nb, creator, session_of.get(creator, -1), now_s, hops)
+            first.put_many([e[0] for e in evicted[i:j]], nb, creator, session_of.get(creator), now_s, hops)
             i = j
 
     def on_finished(self, st: "RequestState", now_s: float) -> None:
@@ -583,7 +598,7 @@ class PrefixTiers:
         bs = self.kv.bs
         n = -(-(st.prompt_tokens + st.generated) // bs) - (-(-st.prompt_tokens // bs))
         if n > 0:
-            self.stores[0].put(("decode", st.rid), n, st.rid, st.req.session_id, now_s, now_s, self._first_hops)
+            self.stores[0].put(("decode", st.rid), n, st.rid, conversation_of(st), now_s, now_s, self._first_hops)
 
     # ------------------------------------------------------------------------------- loads
     def _run(self, hashes, now_s: float) -> list[PrefixStore]:
@@ -671,8 +686,9 @@ class PrefixTiers:
             s.loaded_segments += n
             s.bytes_loaded += n * seg_blocks * self.block_bytes
         ready = self._load_end_s(groups, seg_blocks, now_s, True)
-        if st.req.session_id >= 0:
-            self.session_last_s[st.req.session_id] = now_s
+        sess = conversation_of(st)
+        if sess is not None:
+            self.session_last_s[sess] = now_s
         # next_seg = hit: the loaded segments join HBM's prefix cache at the request's next step
         inst.admitter.take_residency(st, hit_hashes, hit * seg_blocks, need, hit, (hit + f) * seg, now_s)
         st.ready_s = ready

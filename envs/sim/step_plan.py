@@ -18,8 +18,9 @@ prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it
 - waiting requests are admitted only when the step preempted nobody and nobody is swapped out
   (vLLM V1 admits nobody after a preemption, ``Scheduler.schedule``; vLLM V0's
   ``Scheduler._schedule_default`` schedules no prefill while ``self.swapped`` is not empty). With
-  the policy's ``admit_while_swapped`` they are admitted whenever requests are swapped out, also
-  in a step whose preemptions swapped requests out: vLLM V0's ``_schedule_chunked_prefill``
+  the policy's ``admit_while_swapped`` they are admitted while requests are swapped out and, with
+  ``admit_in_preemption_step``, also in a step whose preemptions swapped requests out: vLLM V0's
+  ``_schedule_chunked_prefill``
   (``vllm/core/scheduler.py``, V0 up to 0.10) calls ``_schedule_swapped`` only when the running
   pass preempted nobody, and ``_schedule_prefills`` whatever happened, so new prompts take the
   HBM a swap-out freed before the swapped request can come back, and under sustained load
@@ -143,8 +144,9 @@ class StepComposer:
         Default: only when the pass preempted nobody (vLLM V1 ``Scheduler.schedule``: no
         admission after a preemption) and nobody is swapped out (vLLM V0
         ``Scheduler._schedule_default``: "If any requests are swapped, prioritized swapped
-        requests"). With ``admit_while_swapped`` and requests swapped out, always -- also right
-        after this step's preemptions -- as vLLM V0's ``Scheduler._schedule_chunked_prefill``
+        requests"). With ``admit_while_swapped`` and requests swapped out, after a pass without
+        preemption; with ``admit_in_preemption_step`` too, always -- also right after this
+        step's preemptions -- as vLLM V0's ``Scheduler._schedule_chunked_prefill``
         (``vllm/core/scheduler.py``, V0 up to 0.10), whose ``_schedule_prefills`` runs whatever
         the running pass did; the requests that pass preempted by recompute are not candidates
         (V0 puts them back in ``waiting`` only after ``_schedule_prefills``): they leave the
@@ -154,7 +156,7 @@ class StepComposer:
         inst = self.inst
         if not inst.swapped:
             return not step.preempted
-        if not inst.admit_while_swapped:
+        if not inst.admit_while_swapped or (step.preempted and not inst.admit_in_preemption_step):
             return False
         if step.preempted and step.victims:
             requeued = {id(v) for v in step.victims if v.status == WAITING}

@@ -243,6 +243,13 @@ class Scenario:
         d["instance"] = instance_spec_to_dict(self.instance_spec())
         if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
             del d["instance"]["extra_tiers"]
+        # and before prefix tiers and the freeing order existed (issue #21): left out at their
+        # defaults (the default order changed then, to vLLM's tail first; kvsched_commit in the run
+        # metadata says which simulator served it)
+        if d["instance"]["prefix_offload"] is None:
+            del d["instance"]["prefix_offload"]
+        if d["instance"]["kv_free_order"] == "tail_first":
+            del d["instance"]["kv_free_order"]
         partial = d["instance"]["max_num_partial_prefills"]
         if partial is None:
             d["instance"]["max_num_partial_prefills"] = 1

@@ -239,7 +239,7 @@ def _swap_pressure(flag, dram_blocks=20, swapped_first=False):
     swapped out earlier and cannot come back this step."""
     inst = make_instance(make_spec(hbm_kv_blocks=9, dram_kv_bytes=dram_blocks * BLOCK_BYTES,
                                    preemption_mode="swap", enable_prefix_caching=False),
-                         params={"admit_while_swapped": flag})
+                         params={"admit_while_swapped": flag, "admit_in_preemption_step": flag})
     earlier = None
     if swapped_first:
         earlier = place_running(inst, state(5, 80), 80, generated=1)
@@ -254,8 +254,9 @@ def _swap_pressure(flag, dram_blocks=20, swapped_first=False):
 def test_admit_while_swapped_admits_into_the_hbm_a_swap_out_just_freed_as_vllm_v0_chunked():
     """vLLM V0 ``_schedule_chunked_prefill``: after a running pass that swapped a request out,
     ``_schedule_swapped`` is skipped but ``_schedule_prefills`` runs, so a new prompt takes the
-    freed HBM. The old flag waited for a step without preemption (where the swapped request,
-    resumed first, took its blocks back): new prompts never beat it back."""
+    freed HBM (admit_while_swapped with admit_in_preemption_step). The flag alone waits for a
+    step without preemption (where the swapped request, resumed first, took its blocks back):
+    new prompts never beat it back."""
     inst, old, new, waiting, _ = _swap_pressure(True)
     step = composed(inst)
     assert list(inst.swapped) == [new] and new.status == SWAPPED  # the newest went to DRAM
@@ -329,3 +330,16 @@ def test_with_a_limit_of_one_two_long_prompts_arriving_together_are_never_both_p
         most[limit], res = _unfinished_prefills_at_step_ends(spec, policy, rows)
         assert (res.records.status == "finished").all()
     assert most[None] >= 2 and most[1] == 1, most
+
+
+def test_admit_while_swapped_alone_waits_for_a_step_without_preemption():
+    """kvsched 0.1's flag (which bench v1's tuned heuristics used), kept as the default of
+    ``admit_in_preemption_step``: in the step of the swap-out nothing is admitted."""
+    inst = make_instance(make_spec(hbm_kv_blocks=9, dram_kv_bytes=20 * BLOCK_BYTES, preemption_mode="swap",
+                                   enable_prefix_caching=False), params={"admit_while_swapped": True})
+    place_running(inst, state(0, 64), 64, generated=1)
+    new = place_running(inst, state(1, 70), 70, generated=1)
+    waiting = state(2, 30)
+    inst.waiting.append(waiting)
+    step = composed(inst)
+    assert list(inst.swapped) == [new] and planned(step) == [(0, 1)] and list(inst.waiting) == [waiting]

@@ -295,7 +295,8 @@ def test_admitting_while_swapped_lets_new_prompts_beat_swapped_ones_back_until_d
     w = _sustained_short()
     sp = make_spec(hbm_kv_blocks=300, dram_kv_bytes=600 * BLOCK_BYTES, preemption_mode="swap",
                    max_num_batched_tokens=2048)
-    v0 = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True})).run(w)
+    v0 = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True,
+                                                     "admit_in_preemption_step": True})).run(w)
     held = Cluster([sp], lambda: make_policy("fcfs")).run(w)
     for res in (v0, held):
         assert (res.records.status == "finished").all()
@@ -317,7 +318,8 @@ def test_admitting_while_swapped_changes_nothing_without_a_dram_tier():
 
     w = _sustained_short()
     sp = make_spec(hbm_kv_blocks=300, max_num_batched_tokens=2048)
-    on = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True})).run(w)
+    on = Cluster([sp], lambda: make_policy("fcfs", {"admit_while_swapped": True,
+                                                     "admit_in_preemption_step": True})).run(w)
     off = Cluster([sp], lambda: make_policy("fcfs")).run(w)
     assert off.records.recomputed_tokens.sum() > 0  # preemption happened
     assert_identical(on, off)
