@@ -192,6 +192,9 @@ class PolicyParams:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 require(False, f"PolicyParams.{name}", v, "true or false")
+        if self.admit_in_preemption_step and not self.admit_while_swapped:
+            require(False, "PolicyParams.admit_in_preemption_step", True,
+                    "false unless admit_while_swapped is true (it extends that flag's admission)")
         if self.admission_preemption not in ADMISSION_PREEMPTION_MODES:
             require(False, "PolicyParams.admission_preemption", self.admission_preemption,
                     "one of " + ", ".join(ADMISSION_PREEMPTION_MODES))

@@ -358,8 +358,8 @@ class InstanceSpec:
             i = index.get(name)
             require(i is not None, f"{o}.tiers", name, f"a tier of this instance ({', '.join(index)})")
             assert i is not None
-            require(blocks[i] >= 1, f"{o}.tiers", name, f"a tier with capacity (set {name}_kv_bytes or the extra tier's "
-                    "capacity_bytes to at least one KV block)")
+            where = f"{name}_kv_bytes" if name in ("dram", "nvme") else f"extra_tiers[{name}].capacity_bytes"
+            require(blocks[i] >= 1, f"{o}.tiers", name, f"a tier with capacity (set {where} to at least one KV block)")
             require("prefix" in tiers[i].holds, f"{o}.tiers", name, "a tier whose holds include 'prefix' (an extra "
                     "tier must declare it)")
             if prev is not None:

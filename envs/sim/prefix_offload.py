@@ -44,12 +44,17 @@ Mechanism here (one :class:`PrefixStore` per listed tier, composed by :class:`Pr
   write that finds the tier full of swapped blocks is skipped and counted).
 - **Eviction** per tier (``eviction``): ``lru`` (vLLM's offloading, LMCache, HiCache default),
   ``lfu`` (fewest uses first, LRU among equals), ``session`` (LRU, but an entry whose conversation
-  -- :func:`conversation_of` -- was active within ``session_keep_s``, its expected think time,
+  -- :meth:`PrefixTiers.conversation_of` -- was active within ``session_keep_s``, its expected think time,
   goes only after every other
   [kvsched's session-aware policy, in the spirit of Mooncake's and CachedAttention's
   conversation-aware placement]) and ``clairvoyant`` (Belady, "A study of replacement algorithms
   for a virtual-storage computer", IBM Systems Journal 1966: the entry whose next use by an
-  arrival of the window is farthest; it reads the future, so it is a bound, never a policy).
+  arrival of the window is farthest, the deepest segment first among equals). It reads the
+  future, so it is a reference for what knowing the future is worth, never a policy. It is not a
+  proven bound here: Belady's rule is optimal for one cache whose every reference hits
+  independently, while a hit below HBM needs the whole leading run of a prompt's segments, and a
+  use may be served by HBM or another instance instead; the tests check it against the other
+  policies on fixed windows, and it can lose on contrived ones.
 - **Loads.** At admission, after the HBM lookup (:meth:`.kv_manager.KVManager.cached_prefix`),
   the leading run of the request's next segments found in the listed tiers (each in the highest
   tier that holds it, its copy landed) is loaded when that is predicted faster than recomputing
@@ -90,6 +95,11 @@ LOAD_POLICIES: tuple[str, ...] = ("cost", "always")
 #: default uses before a selective write: SGLang ``HiRadixCache`` sets ``write_through_threshold``
 #: to 2 under ``write_through_selective`` (1 under ``write_through``)
 SELECTIVE_THRESHOLD = 2
+#: the ``session`` policy looks for a victim among this many least recently used entries
+#: [kvsched choice: bounds the cost of an eviction]
+SESSION_SCAN = 64
+#: the largest ``write_threshold`` (uses before a selective write)
+MAX_WRITE_THRESHOLD = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -139,8 +149,11 @@ class PrefixOffloadSpec:
         require(self.write_policy in WRITE_POLICIES, f"{o}.write_policy", self.write_policy,
                 f"one of {', '.join(WRITE_POLICIES)}")
         w = self.write_threshold
-        require(isinstance(w, int) and not isinstance(w, bool) and w >= 1, f"{o}.write_threshold", w,
-                "an integer >= 1 (uses before a selective write)")
+        require(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= MAX_WRITE_THRESHOLD,
+                f"{o}.write_threshold", w, f"an integer in [1, {MAX_WRITE_THRESHOLD}] (uses before a selective write)")
+        require(w == SELECTIVE_THRESHOLD or self.write_policy == "write_through_selective", f"{o}.write_threshold",
+                w, f"{SELECTIVE_THRESHOLD} (the default) unless write_policy is write_through_selective, the only "
+                "policy that reads it")
         require(isinstance(self.offload_prompt_only, bool), f"{o}.offload_prompt_only", self.offload_prompt_only,
                 "true or false")
         ev = self.eviction
@@ -200,20 +213,9 @@ class _Entry:
     n_blocks: int
     ready_s: float
     creator_id: int
-    session_id: Any  # the conversation (conversation_of), None: none
+    session_id: Any  # the conversation (PrefixTiers.conversation_of), None: none
     uses: int
     last_s: float
-
-
-def conversation_of(st: "RequestState") -> Any:
-    """The conversation a request belongs to, for the ``session`` eviction policy: its session id
-    when the workload gives one (>= 0), else its prompt's first chained prefix key (a trace without
-    session ids, such as Mooncake's, repeats a conversation's history at the head of each turn, so
-    its turns share that key, as kvsched's session router derives conversations), else None."""
-    sid = st.req.session_id
-    if sid >= 0:
-        return ("session", sid)
-    return ("prefix", st.hashes[0]) if st.hashes else None
 
 
 # ---------------------------------------------------------------------------- eviction orders
@@ -267,7 +269,9 @@ class _LFU:
 
 
 class _Session(_LRU):
-    """LRU, but entries of a conversation used within ``keep_s`` go after every other."""
+    """LRU, but entries of a conversation used within ``keep_s`` go after the others among the
+    :data:`SESSION_SCAN` least recently used (a bounded search: eviction stays O(1) amortised
+    per entry however many conversations are active)."""
 
     def __init__(self, keep_s: float, last_use: dict[int, float]) -> None:
         super().__init__()
@@ -276,20 +280,24 @@ class _Session(_LRU):
 
     def victim(self, entries: dict, now_s: float) -> Any:
         keep_s, last_use = self.keep_s, self.last_use
-        for key in self.keys:
+        for i, key in enumerate(self.keys):
+            if i >= SESSION_SCAN:
+                break
             s = entries[key].session_id
             if s is None or now_s - last_use.get(s, -math.inf) > keep_s:
                 return key
-        return next(iter(self.keys))  # every entry's conversation is active: plain LRU
+        return next(iter(self.keys))  # the oldest entries' conversations are all active: plain LRU
 
 
 class _Clairvoyant:
-    """Belady's rule: the entry whose next use after now is farthest (or never) goes first. A
-    lazy max-heap of next-use times, recomputed when stale (the use passed without a hit here)."""
+    """Belady's rule: the entry whose next use after now is farthest (or never) goes first, the
+    latest stored first among equals. A lazy max-heap of next-use times, recomputed when stale
+    (the use passed without a hit here)."""
 
-    def __init__(self, future: Callable[[Any, float], float]) -> None:
+    def __init__(self, future: Callable[[Any, float], float], depth: dict) -> None:
         self.future = future  # (key, now_s) -> next arrival using key after now_s (inf: none)
-        self.heap: list[tuple[float, int, Any]] = []
+        self.depth = depth  # key -> its position in the prompts that hold it (0: a prompt's first segment)
+        self.heap: list[tuple[float, int, int, Any]] = []
         self.token: dict[Any, tuple[float, int]] = {}
         self.seq = 0
 
@@ -297,7 +305,9 @@ class _Clairvoyant:
         nxt = self.future(key, now_s)
         self.seq += 1
         self.token[key] = (nxt, self.seq)
-        heapq.heappush(self.heap, (-nxt, self.seq, key))
+        # among equal next uses the deepest segment goes first: a hit needs the leading run, so
+        # evicting a prompt's head first would waste the rest of it
+        heapq.heappush(self.heap, (-nxt, -self.depth.get(key, 0), self.seq, key))
 
     def add(self, key: Any, e: _Entry, now_s: float) -> None:
         self._push(key, now_s)
@@ -309,16 +319,24 @@ class _Clairvoyant:
 
     def victim(self, entries: dict, now_s: float) -> Any:
         heap, token = self.heap, self.token
-        while True:
-            neg, seq, key = heap[0]
-            if token.get(key) != (-neg, seq):
-                heapq.heappop(heap)  # stale
-                continue
-            if -neg <= now_s:  # its predicted use has passed: find the next one
-                heapq.heappop(heap)
+        held = []  # entries needed now (an unfinished request holds them): evicted only last
+        try:
+            while heap:
+                neg, _, seq, key = heap[0]
+                if token.get(key) != (-neg, seq):
+                    heapq.heappop(heap)  # stale: removed or touched since
+                    continue
+                if -neg > now_s:
+                    return key
+                heapq.heappop(heap)  # its predicted use is now or has passed: find the next one
+                if self.future(key, now_s) <= now_s:
+                    held.append(key)
+                else:
+                    self._push(key, now_s)
+            return held[-1]  # every entry is needed now: the deepest of the last examined
+        finally:
+            for key in held:
                 self._push(key, now_s)
-                continue
-            return key
 
 
 # ---------------------------------------------------------------------------------- one tier
@@ -344,7 +362,7 @@ class PrefixStore:
         elif eviction == "session":
             self.order = _Session(owner.spec.session_keep_s, owner.session_last_s)
         else:
-            self.order = _Clairvoyant(owner.next_use_s)
+            self.order = _Clairvoyant(owner.next_use_s, owner.depth)
         self.next: PrefixStore | None = None  # where evicted entries are demoted
         self.hit_tokens = 0
         self.self_hit_tokens = 0
@@ -492,11 +510,48 @@ class PrefixTiers:
         self._uses: dict[int, int] = {}  # HBM uses per segment (selective writes)
         self._session_of: dict[int, Any] = {}  # request id -> conversation (write-back of its segments)
         self.recompute_chosen = 0
+        self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
+        #: segment key -> its position in the prompts that hold it (the clairvoyant order's ties)
+        self.depth: dict[int, int] = {}
+        self._depth_done: set[int] = set()
+        #: segment key -> unfinished requests holding it (their next use is a re-admission after a
+        #: preemption, which no arrival announces: the clairvoyant order treats it as imminent)
+        self._live: dict[int, int] = {}
+        self._clairvoyant = "clairvoyant" in spec.eviction
+        self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
         self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
         for upper, lower in zip(self.stores, self.stores[1:]):
             upper.next = lower
         first = self.stores[0].tier
         self._first_hops = list(first.path)  # HBM -> first listed tier: every write link on the path
+
+    # -------------------------------------------------------------------- conversations
+    def conversation_of(self, st: "RequestState") -> Any:
+        """The conversation ``st`` belongs to, for the ``session`` eviction policy: its session
+        id when the workload gives one (>= 0); otherwise derived from its prefix keys as kvsched's
+        session router does (docs/cluster-routing.md "Sessions"): a request continues the
+        conversation of the earlier request whose whole chain of full-segment keys is the longest
+        prefix of its own (a turn repeats the previous prompt), else it starts one. Memoised per
+        request; None without a session id or prefix keys."""
+        conv = self._conv_of_request.get(st.rid)
+        if conv is not None or st.rid in self._conv_of_request:
+            return conv
+        sid = st.req.session_id
+        if sid >= 0:
+            conv = ("session", sid)
+        elif st.hashes:
+            chain_end = self._conv_by_chain_end
+            n = st.n_cacheable_segments
+            for key in reversed(st.hashes[:n]):
+                conv = chain_end.get(key)
+                if conv is not None:
+                    break
+            else:
+                conv = ("request", st.rid)
+            if n:
+                chain_end[st.hashes[n - 1]] = conv
+        self._conv_of_request[st.rid] = conv
+        return conv
 
     # -------------------------------------------------------------------------- the future
     def set_future(self, workload: "Workload", arrivals_s: np.ndarray | None = None) -> None:
@@ -519,7 +574,10 @@ class PrefixTiers:
         self._future = {k: np.sort(np.asarray(v)) for k, v in uses.items()}
 
     def next_use_s(self, key: Any, now_s: float) -> float:
-        """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none)."""
+        """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none); ``now_s``
+        while an unfinished request holds it (its own re-admission after a preemption)."""
+        if self._live.get(key):
+            return now_s
         ts = self._future.get(int(key)) if isinstance(key, (int, np.integer)) else None
         if ts is None:
             return math.inf
@@ -530,10 +588,16 @@ class PrefixTiers:
     def on_computed(self, st: "RequestState", new_hashes: list, seg_blocks: int, now_s: float) -> None:
         """``st`` computed and cached ``new_hashes`` in HBM: write them through (threshold 1) or
         count their first use (selective)."""
-        sess = conversation_of(st)
+        sess = self.conversation_of(st)
         self._session_of[st.rid] = sess
         if sess is not None:
             self.session_last_s[sess] = now_s
+        if self._clairvoyant and st.rid not in self._depth_done:  # once per request
+            self._depth_done.add(st.rid)
+            depth, live = self.depth, self._live
+            for i, h in enumerate(st.hashes):
+                depth.setdefault(h, i)
+                live[h] = live.get(h, 0) + 1
         th = self.threshold
         if th == 0:  # write-back: nothing until HBM evicts them
             return
@@ -554,7 +618,7 @@ class PrefixTiers:
         """An admission reused ``hashes`` from HBM: count a use (selective writes) and the
         conversation's activity."""
         now_s = self.now_s
-        sess = conversation_of(st)
+        sess = self.conversation_of(st)
         if sess is not None:
             self.session_last_s[sess] = now_s
         if self.threshold < 2:
@@ -592,13 +656,22 @@ class PrefixTiers:
             i = j
 
     def on_finished(self, st: "RequestState", now_s: float) -> None:
-        """With ``offload_prompt_only`` false: write ``st``'s decode blocks (an entry no prompt hits)."""
+        """``st`` finished: its segments are no longer held by it (the clairvoyant order) and, with
+        ``offload_prompt_only`` false, its decode blocks are written (an entry no prompt hits)."""
+        if st.rid in self._depth_done:
+            live = self._live
+            for h in st.hashes:
+                n = live.get(h, 0) - 1
+                if n > 0:
+                    live[h] = n
+                else:
+                    live.pop(h, None)
         if self.spec.offload_prompt_only:
             return
         bs = self.kv.bs
         n = -(-(st.prompt_tokens + st.generated) // bs) - (-(-st.prompt_tokens // bs))
         if n > 0:
-            self.stores[0].put(("decode", st.rid), n, st.rid, conversation_of(st), now_s, now_s, self._first_hops)
+            self.stores[0].put(("decode", st.rid), n, st.rid, self.conversation_of(st), now_s, now_s, self._first_hops)
 
     # ------------------------------------------------------------------------------- loads
     def _run(self, hashes, now_s: float) -> list[PrefixStore]:
@@ -681,12 +754,15 @@ class PrefixTiers:
         kv.acquire_prefix(st, hit_hashes)
         ok = kv.allocate(need)
         assert ok, "prefix_offload: load allocation failed after the availability check"
+        from .kv_manager import add_tier_bytes
+
         for s, n in groups.items():
             s.loads += 1
             s.loaded_segments += n
             s.bytes_loaded += n * seg_blocks * self.block_bytes
+            add_tier_bytes(st, s.tier.name + "_to_hbm", n * seg_blocks * self.block_bytes)  # the record's column
         ready = self._load_end_s(groups, seg_blocks, now_s, True)
-        sess = conversation_of(st)
+        sess = self.conversation_of(st)
         if sess is not None:
             self.session_last_s[sess] = now_s
         # next_seg = hit: the loaded segments join HBM's prefix cache at the request's next step

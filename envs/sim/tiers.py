@@ -93,8 +93,9 @@ class TierSpec:
         real_in(o, "capacity_bytes", self.capacity_bytes, math.isfinite, "a finite number of bytes >= 0")
         if isinstance(self.holds, list):
             object.__setattr__(self, "holds", tuple(self.holds))
-        require(isinstance(self.holds, tuple) and bool(self.holds) and all(h in TIER_CONTENTS for h in self.holds),
-                f"{o}.holds", self.holds, f"a non-empty list of {', '.join(TIER_CONTENTS)}")
+        require(isinstance(self.holds, tuple) and bool(self.holds) and all(h in TIER_CONTENTS for h in self.holds)
+                and len(set(self.holds)) == len(self.holds),
+                f"{o}.holds", self.holds, f"a non-empty list of distinct contents among {', '.join(TIER_CONTENTS)}")
         require(isinstance(self.parent, str), f"{o}.parent", self.parent, "a tier name")
         for content, owner in (("running", "hbm"), ("pnm_resident", "pnm")):  # the mechanisms of those two tiers
             require(content not in self.holds or self.name == owner, f"{o}.holds", self.holds,

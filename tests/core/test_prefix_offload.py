@@ -161,19 +161,26 @@ def test_fast_forward_equals_stepping_with_tiers_caching(po):
     assert_identical(run(w, spec, fast_forward=True), run(w, spec, fast_forward=False))
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_clairvoyant_bound_hits_at_least_as_often_below_hbm_as_every_policy(seed):
-    """Belady's rule on the tier's stream of uses: on each window, the clairvoyant store's hit
-    tokens are >= those of LRU, LFU and session-aware (loads always taken, so the decisions do
-    not depend on link timing)."""
-    w = _sessions(seed, n=80)
-    hits = {}
-    for ev in EVICTION_POLICIES:
-        spec = make_spec(hbm_kv_blocks=200, max_num_batched_tokens=512, dram_kv_bytes=40 * 16 * 131072,
-                         prefix_offload=PrefixOffloadSpec(eviction=ev, load_policy="always"))
-        t = run(w, spec).summary["prefix_tiers"]["tiers"]["dram"]
-        hits[ev] = t["hit_tokens"] + t["self_hit_tokens"]
-    assert hits["clairvoyant"] >= max(hits.values()), hits
+def test_the_clairvoyant_order_evicts_the_farthest_next_use_deepest_first_and_held_keys_last():
+    """Belady's rule as implemented: the entry whose next arrival is farthest goes first; among
+    equal next uses the deepest segment (a hit needs the leading run); keys an unfinished request
+    still holds (its re-admission after a preemption) go last."""
+    from kvsched.envs.sim.prefix_offload import _Clairvoyant
+
+    future = {10: 5.0, 11: 5.0, 12: 9.0, 13: float("inf"), 14: 1.0}
+    held = {14}
+    order = _Clairvoyant(lambda k, now: now if k in held else future[k], depth={10: 0, 11: 1, 12: 0, 13: 0, 14: 3})
+    entries = {}
+    for k in future:
+        order.add(k, None, 0.0)
+        entries[k] = None
+    victims = []
+    for _ in range(5):
+        v = order.victim(entries, 2.0)
+        order.remove(v)
+        del entries[v]
+        victims.append(v)
+    assert victims == [13, 12, 11, 10, 14]
 
 
 # --------------------------------------------------------------------------------- bad input
@@ -216,3 +223,62 @@ def test_without_prefix_offload_nothing_changes_and_no_summary_block_appears():
     b = simulate(w, dataclasses.replace(_spec(), prefix_offload=None), options=InstanceOptions(check_invariants=True))
     assert_identical(a, b)
     assert "prefix_tiers" not in a.summary
+
+
+def _returning_storm(n=8, p=1024, extra=4096):
+    """n prompts, then all n return at once with a longer prompt (the breaker's storm)."""
+    rows = [(0.5 * i, p, 4, i + 1) for i in range(n)] + [(40.0, p + extra, 64, i + 1) for i in range(n)]
+    return build_workload(rows, seg_tokens=SEG)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_loads_respect_the_partial_prefill_limit(limit):
+    """A load leaves its request an unfinished prefill: admitting it counts against
+    max_num_partial_prefills like a chunk that leaves the prompt unfinished."""
+    from kvsched.envs.sim.step_plan import is_unfinished_prefill
+    from kvsched.runner.simulate import build_cluster
+
+    spec = make_spec(hbm_kv_blocks=2000, max_num_batched_tokens=512, dram_kv_bytes=4000 * 2**21,
+                     prefix_offload=PrefixOffloadSpec(load_policy="always"), max_num_partial_prefills=limit)
+    c = build_cluster([spec], "fcfs", {}, options=InstanceOptions(fast_forward=False, check_invariants=True))
+    inst = c.instances[0]
+    most = [0]
+    orig = inst.complete_step
+
+    def counting(t):
+        r = orig(t)
+        most[0] = max(most[0], sum(1 for s in inst.running if s.status == 1 and is_unfinished_prefill(s)))
+        return r
+
+    inst.complete_step = counting
+    c.start(_returning_storm())
+    assert c.run_until_decision(until_s=1000) is None  # served
+    assert 1 <= most[0] <= limit
+    assert c.result().summary["prefix_tiers"]["tiers"]["dram"]["loads"] > 0
+
+
+def test_a_loaded_prefix_counts_in_its_requests_bytes_moved():
+    w = _returning_turn()
+    r = run(w, _spec(prefix_offload=PrefixOffloadSpec()))
+    dram = r.summary["prefix_tiers"]["tiers"]["dram"]
+    assert dram["bytes_loaded"] > 0
+    assert r.records["bytes_dram_to_hbm"].sum() == dram["bytes_loaded"]
+    assert r.summary["classes"]["all"]["bytes_moved"]["dram_to_hbm"] == dram["bytes_loaded"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(write_policy="write_through", write_threshold=5), "write_threshold"),
+    (dict(write_policy="write_through_selective", write_threshold=10**30), "write_threshold"),
+])
+def test_a_write_threshold_nobody_reads_or_out_of_range_is_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        PrefixOffloadSpec(**kw)
+
+
+def test_an_extra_tier_without_capacity_is_named_by_its_own_field():
+    from kvsched.envs.sim.hardware import CXL_LINK
+    from kvsched.envs.sim.tiers import TierSpec
+
+    tier = TierSpec("cxl", 0.0, ("prefix",), "hbm", CXL_LINK, CXL_LINK)
+    with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.capacity_bytes"):
+        make_spec(extra_tiers=(tier,), prefix_offload=PrefixOffloadSpec(tiers=("cxl",)))

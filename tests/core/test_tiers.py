@@ -180,3 +180,8 @@ def test_an_extra_tier_taking_a_standard_tiers_mode_is_named_as_the_duplicate():
     tier = TierSpec("cxl", 1e9, ("swapped",), "hbm", CXL_LINK, CXL_LINK, preemption_mode="swap")
     with pytest.raises(ConfigError, match=r"extra_tiers\[cxl\]\.preemption_mode='swap'.*a mode of its own"):
         spec(extra_tiers=(tier,))
+
+
+def test_a_tier_listing_a_content_twice_is_refused():
+    with pytest.raises(ConfigError, match="distinct contents"):
+        TierSpec("cxl", 1e9, ("prefix", "prefix"), "hbm", CXL_LINK, CXL_LINK)

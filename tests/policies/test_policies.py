@@ -490,3 +490,11 @@ def test_prefetch_policy_is_fcfs_with_prefetch_and_tier_aware_preemption():
     assert named.summary["classes"]["all"]["bytes_moved"]["dram_to_hbm"] > 0
     assert named.summary["classes"]["all"]["itl_s"]["p99"] < plain.summary["classes"]["all"]["itl_s"]["p99"]
     assert make_policy("prefetch", {"prefetch": False}).params.prefetch is False
+
+
+def test_admit_in_preemption_step_without_admit_while_swapped_is_refused_not_ignored():
+    from kvsched.envs.sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="admit_in_preemption_step"):
+        make_policy("fcfs", {"admit_in_preemption_step": True})
+    make_policy("fcfs", {"admit_in_preemption_step": True, "admit_while_swapped": True})
