@@ -244,3 +244,13 @@ def test_load_generic_maps_an_n_column(tmp_path: Path):
     cols = {"arrival_s": "t", "prompt_tokens": "p", "output_tokens": "m", "n": "samples"}
     assert tr.load_generic(c, cols).n.tolist() == [1, 3]
     assert tr.load_generic(c, {k: v for k, v in cols.items() if k != "n"}).n.tolist() == [1, 1]
+
+
+def test_fast_forward_serves_children_as_stepping_one_by_one_does():
+    from simkit import three_way
+
+    reqs = [Request(i, 0.02 * i, 200 + 40 * (i % 3), 30 + i, prefix_hashes=tuple(range(100 * i, 100 * i + 6)),
+                    hash_block_tokens=SEG, n=1 + i % 4) for i in range(10)]
+    w = Workload.from_requests(reqs)
+    for specs in ([make_spec(max_num_batched_tokens=256)], [make_spec(max_num_batched_tokens=256)] * 2):
+        three_way(w, specs)  # fold on (invariants checked) == fold off == one step at a time
