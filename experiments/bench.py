@@ -205,7 +205,7 @@ def tile_workload(w, copies: int):
         session_id=sessions[order], slo_class=np.tile(w.slo_class, copies)[order],
         hash_offsets=np.zeros(total + 1, dtype=np.int64), hashes=np.zeros(0, dtype=np.int64),
         hash_block_tokens=0, slo_class_names=w.slo_class_names, source_sha256=w.source_sha256,
-        notes=w.notes + (note,), priority=np.tile(w.priority, copies)[order])
+        notes=w.notes + (note,), priority=np.tile(w.priority, copies)[order], n=np.tile(w.n, copies)[order])
 
 
 # =============================================================================================

@@ -12,6 +12,19 @@ stops too (vLLM V1 breaks out of its waiting loop), unless the policy preempts f
 (``preempts_for_head``: vLLM V0's priority preemption, which also frees seats).
 A request whose chunk would leave one partial prefill too many is skipped for this step and
 later ones may go.
+
+Children of a parallel-sampling request (``n > 1``, :meth:`~.request.Request.children`) admitted in
+the step a sibling is scheduled find the sibling's full prompt blocks already cached, as in vLLM
+V1: ``KVCacheManager.allocate_slots`` (``vllm/v1/core/kv_cache_manager.py``) caches the blocks of
+the tokens it schedules (``coordinator.cache_blocks(request, num_tokens_to_cache)``, computed +
+new tokens) when it allocates them, so the next child's ``get_computed_blocks`` in the same
+``Scheduler.schedule`` waiting loop hits them and only one child computes the prompt (the KV is
+written in the same forward pass, before attention reads it). kvsched otherwise caches a segment
+when the step that computed it ends (:meth:`~.kv_manager.KVManager.register_segments`); for
+siblings it caches the planned segments at the child's admission
+(:meth:`~.kv_manager.KVManager.register_scheduled_segments`). Between unrelated requests sharing
+a prefix and admitted in the same step kvsched keeps its own rule (each computes the prefix), so
+results without parallel sampling are unchanged.
 """
 
 from __future__ import annotations
@@ -111,6 +124,8 @@ class Admitter:
         kv = inst.kv
         total_tokens = st.prompt_tokens + st.generated
         hit, max_seg = kv.cached_prefix(st, total_tokens)
+        if hit < max_seg and st.req.parent_id >= 0 and self._cache_planned_siblings(st, step, now):
+            hit, max_seg = kv.cached_prefix(st, total_tokens)
         # a load or fetch leaves the request an unfinished prefill (it computes nothing this step):
         # only when the partial-prefill limit lets one more stay unfinished (chunked prefill; an
         # unchunked instance prefills the rest whole once the copy lands)
@@ -143,6 +158,20 @@ class Admitter:
         self.take_residency(st, hit_hashes, hit_blocks, need, hit, hit_tokens, now)
         inst.composer.count(st, n, leaves_partial, step)
         return ADMITTED
+
+    def _cache_planned_siblings(self, st: RequestState, step: StepBuild, now: float) -> bool:
+        """Cache the prompt segments this step's plan schedules for siblings of ``st`` (children of
+        the same parallel-sampling parent), as vLLM V1 caches blocks when it schedules them (the
+        module docstring); returns whether any plan entry was a sibling. Cost: one pass over the
+        plan, for children only."""
+        pid = st.req.parent_id
+        kv = self.inst.kv
+        found = False
+        for sib, tokens in step.plan:
+            if sib.req.parent_id == pid and sib is not st and sib.status == RUNNING:
+                kv.register_scheduled_segments(sib, tokens, now)
+                found = True
+        return found
 
     def _room_for(self, st: RequestState, need: int, hit_hashes, chunk: int, step: StepBuild, now: float) -> bool:
         """Whether ``need`` new HBM blocks can be had for ``st`` (its own cached hits pinned),

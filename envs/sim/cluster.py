@@ -6,6 +6,16 @@ instance from a :class:`~kvsched.envs.sim.routing.RouterTable` of the cluster's 
 KV manager and cost model; step ends, transfer completions and arrivals are events in one
 deterministic queue (:mod:`kvsched.envs.sim.events`). Nothing here reads the wall clock or a
 global random generator.
+
+Parallel sampling (a request with ``n > 1``): the router sees one arrival, the parent, and all
+``n`` child sequences (:meth:`~.request.Request.children`) are placed on the instance it picks,
+in child order, at the same time. An external router in front of vLLM servers sees one HTTP
+request carrying ``n`` and the server it picks fans it out locally (``AsyncLLM.add_request``,
+``vllm/v1/engine/async_llm.py``). (vLLM's own data-parallel load balancer routes each child
+separately, ``DPLBAsyncMPClient.get_core_engine_for_request`` in
+``vllm/v1/engine/core_client.py``: kvsched does not model that.) The records hold one row per
+child sequence with a ``parent_id`` column, and ``summary["parallel_sampling"]`` gives the
+per-parent latencies (:func:`parallel_sampling_summary`).
 """
 
 from __future__ import annotations
@@ -195,6 +205,11 @@ class Cluster:
         self._workload = workload
         self.watch = watch
         n = len(workload)
+        # parallel sampling: ids for children k >= 1, above every id of the workload, in arrival order
+        self._fan_out = workload.has_parallel_sampling
+        self._next_child_id = int(workload.request_id.max()) + 1 if self._fan_out else 0
+        if self._fan_out:
+            self.recorder.parent_ids = []
         instances = self.instances
         # when the engine sees each request (after the API front end), and in which order
         arrivals = workload.arrival_s + self.front_end.server_delay_s(workload.prompt_tokens)
@@ -300,6 +315,15 @@ class Cluster:
 
     def _place(self, st: RequestState, idx: int, t: float) -> None:
         inst = self.instances[idx]
+        if st.req.n > 1:  # parallel sampling: every child goes where the parent was routed
+            children = st.req.children(self._next_child_id)
+            self._next_child_id += len(children) - 1
+            wake = False
+            for child in children:
+                wake = inst.add_request(RequestState(child, inst.bs, st.length_class), t) or wake
+            if wake:
+                self._wake(inst, t)
+            return
         if inst.bs != self.instances[0].bs:  # heterogeneous block sizes: segments in its blocks
             st = RequestState(st.req, inst.bs, st.length_class)
         if inst.add_request(st, t):
@@ -477,9 +501,9 @@ class Cluster:
             raise RuntimeError("call Cluster.start(workload) first")
         rec = self.recorder
         records = rec.records_frame()
-        if len(records) != len(workload):
+        if len(records) != workload.num_sequences:
             stuck = [(i.instance_id, len(i.waiting), len(i.running), len(i.swapped)) for i in self.instances]
-            raise RuntimeError(f"{len(workload) - len(records)} requests neither finished nor were "
+            raise RuntimeError(f"{workload.num_sequences - len(records)} requests neither finished nor were "
                                f"rejected (instance, waiting, running, swapped): {stuck}")
         occupancy = rec.occupancy_frame()
         summary = summarize(records, rec.itl, None, self.metrics)
@@ -492,6 +516,8 @@ class Cluster:
             summary["shared_kv"] = self.shared_kv.stats()
         if any(i.kv.prefix_tiers is not None for i in self.instances):
             summary["prefix_tiers"] = self.prefix_tier_summary(summary)
+        if "parent_id" in records.columns:
+            summary["parallel_sampling"] = parallel_sampling_summary(records)
         stats = {
             "events": self.events.popped,
             "steps": sum(i.steps for i in self.instances),
@@ -511,3 +537,43 @@ class Cluster:
             stats["shared_kv"] = self.shared_kv.stats()
         return SimulationResult(records=records, summary=summary, occupancy=occupancy, stats=stats)
 
+
+
+def _latency_stats(x: np.ndarray) -> dict:
+    """``count``, ``mean``, ``p50``, ``p90``, ``p99`` of latencies ``x`` (s; None when empty)."""
+    if not len(x):
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    q = np.quantile(x, [0.5, 0.9, 0.99])
+    return {"count": int(len(x)), "mean": float(x.mean()), "p50": float(q[0]), "p90": float(q[1]),
+            "p99": float(q[2])}
+
+
+def parallel_sampling_summary(records: pd.DataFrame) -> dict:
+    """Per-parent latencies of a run with parallel sampling (``records`` with a ``parent_id`` column).
+
+    The rest of the summary is per sequence (each child is a record, as vLLM's engine core sees it).
+    Here a user request (parent) is what vLLM's API answers (``ParentRequest.get_outputs`` in
+    ``vllm/v1/engine/parallel_sampling.py``): its first token is the first token any child
+    streams (the earliest child ``first_token_s``; with ``RequestOutputKind.FINAL_ONLY`` vLLM
+    returns nothing before every child finished), and it finishes when its last child does
+    (``finished = not self.child_requests``), so its E2E is the latest child ``finish_s`` minus
+    the arrival. A parent with a rejected child counts as rejected.
+
+    Returns:
+        ``{"parents", "sequences", "finished_parents", "rejected_parents", "ttft_s", "e2e_s"}``,
+        the latencies (s) as ``count/mean/p50/p90/p99`` over the finished parents.
+    """
+    g = records.groupby("parent_id", sort=True)
+    arrival = g["arrival_s"].min().to_numpy(dtype=np.float64)
+    first = g["first_token_s"].min().to_numpy(dtype=np.float64)
+    finish = g["finish_s"].max().to_numpy(dtype=np.float64)
+    rejected = g["status"].agg(lambda s: bool((s != "finished").any())).to_numpy(dtype=bool)
+    ok = ~rejected
+    return {
+        "parents": int(len(arrival)),
+        "sequences": int(len(records)),
+        "finished_parents": int(ok.sum()),
+        "rejected_parents": int(rejected.sum()),
+        "ttft_s": _latency_stats(first[ok] - arrival[ok]),
+        "e2e_s": _latency_stats(finish[ok] - arrival[ok]),
+    }

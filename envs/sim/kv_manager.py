@@ -230,6 +230,21 @@ class KVManager:
             if self.prefix_tiers is not None:  # the instance's own lower tiers
                 self.prefix_tiers.on_computed(st, new, seg_blocks, now)
 
+    def register_scheduled_segments(self, st: RequestState, tokens: int, now: float) -> None:
+        """:meth:`register_segments` for the segments ``st`` completes once the ``tokens`` (>= 0)
+        scheduled for it in the step being composed are computed: vLLM V1 caches blocks when
+        ``KVCacheManager.allocate_slots`` (``vllm/v1/core/kv_cache_manager.py``) allocates them
+        (``cache_blocks(request, num_computed + num_new_tokens)``), before the forward pass.
+        Used for the children of a parallel-sampling request only (:mod:`.admission`): kvsched
+        caches other requests' segments when their step ends. The step's own end then finds
+        nothing more to cache for these tokens."""
+        computed = st.computed
+        st.computed = computed + tokens
+        try:
+            self.register_segments(st, now)
+        finally:
+            st.computed = computed
+
     def free(self, st: RequestState) -> None:
         """Release every HBM block ``st`` holds.
 

@@ -48,6 +48,10 @@ class Recorder:
         #: byte counters of the records beyond the standard ones (extra tiers' ``hbm_to_<tier>``
         #: and ``<tier>_to_hbm``), in the order their tiers were registered
         self.extra_bytes: list[str] = []
+        #: parallel sampling (set to a list by the cluster when some request has ``n > 1``): per
+        #: record, the id of the user request it belongs to (the parent's for a child sequence, its
+        #: own otherwise), written as the records' ``parent_id`` column; ``None``: no such column
+        self.parent_ids: list[int] | None = None
 
     def register_instance(self, instance_id: int, tier_names: list[str], capacity_blocks: tuple[int, ...]) -> None:
         """Declare an instance's tiers (HBM first) and their capacity in blocks: its occupancy is
@@ -78,6 +82,9 @@ class Recorder:
             moved = (0,) * (len(_STANDARD_BYTES) + len(self.extra_bytes))
         else:
             moved = tuple(tb.get(k, 0) for k in _STANDARD_BYTES) + tuple(tb.get(k, 0) for k in self.extra_bytes)
+        if self.parent_ids is not None:
+            pid = st.req.parent_id
+            self.parent_ids.append(st.rid if pid < 0 else pid)
         self.rows.append((
             st.rid, st.instance_id, st.arrival_s, st.prompt_tokens, st.output_tokens,
             st.req.slo_class, LENGTH_CLASSES[st.length_class],
@@ -148,9 +155,12 @@ class Recorder:
 
     def records_frame(self) -> pd.DataFrame:
         """Per-request records sorted by request id (columns :data:`RECORD_COLUMNS`, then
-        ``bytes_<key>`` for each of :attr:`extra_bytes`)."""
+        ``bytes_<key>`` for each of :attr:`extra_bytes`, then ``parent_id`` with parallel
+        sampling: one record per child sequence, see :attr:`parent_ids`)."""
         cols = list(RECORD_COLUMNS) + [f"bytes_{k}" for k in self.extra_bytes]
         df = pd.DataFrame.from_records(self.rows, columns=cols)
+        if self.parent_ids is not None:
+            df["parent_id"] = np.asarray(self.parent_ids, dtype=np.int64)
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
     def occupancy_frame(self) -> pd.DataFrame:

@@ -5,7 +5,18 @@ how many output tokens it will decode (hidden from policies unless a scenario en
 lengths; in the simulator it acts as the request's ``max_tokens`` with ``ignore_eos``), an
 optional session, prefix hashes that identify reusable prompt blocks, an SLO class and a
 scheduling priority (vLLM's per-request ``priority``: lower is served earlier under
-``--scheduling-policy priority``; 0 unless given, as in vLLM).
+``--scheduling-policy priority``; 0 unless given, as in vLLM) and ``n``, the number of parallel
+samples (vLLM's ``SamplingParams.n``, 1 unless given).
+
+Parallel sampling (n > 1) as vLLM V1 serves it: the front end fans the request out into ``n``
+child requests (``vllm/v1/engine/async_llm.py`` ``AsyncLLM.add_request`` and
+``vllm/v1/engine/llm_engine.py`` ``LLMEngine.add_request``: "Fan out child requests (for n>1)",
+each a ``copy`` of the parent ``EngineCoreRequest`` -- same prompt, arrival time and priority --
+with id ``f"{index}_{parent_id}"`` and ``SamplingParams.n = 1``, from
+``vllm/v1/engine/parallel_sampling.py`` ``ParentRequest.get_child_info``). The engine core sees
+``n`` independent requests whose full prompt blocks it shares through the prefix cache. In
+kvsched the cluster does the fan-out at arrival (:meth:`Request.children`, used by
+:class:`~kvsched.envs.sim.cluster.Cluster`).
 
 A :class:`Workload` stores many requests as NumPy columns (memory grows with requests, not
 with Python objects) and hands out :class:`Request` objects one at a time.
@@ -19,7 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, require
 
 #: Inclusive bounds of a request's ``priority``. vLLM takes any Python int (``priority: int = 0``
 #: in ``vllm/v1/request.py`` ``Request.__init__``); kvsched bounds it to the int32 range (its
@@ -28,6 +39,18 @@ PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 #: A request's priority when none is given: vLLM's default (``Request.__init__(priority=0)``,
 #: ``vllm/v1/request.py``).
 DEFAULT_PRIORITY = 0
+#: A request's number of parallel samples when none is given: vLLM's default
+#: (``SamplingParams.n: int = 1``, ``vllm/sampling_params.py``).
+DEFAULT_N = 1
+#: Largest ``n`` allowed: vLLM's default ``VLLM_MAX_N_SEQUENCES`` (16384; checked by
+#: ``_verify_num_sequences`` in ``vllm/sampling_params.py``).
+N_MAX = 16384
+#: What :func:`~.errors.require` says is allowed for ``n``.
+N_ALLOWED = f"an integer in [1, {N_MAX}] (parallel samples per request, vLLM's SamplingParams.n)"
+#: ``parent_id`` of a request that is not a child of a parallel-sampling request.
+NO_PARENT = -1
+#: The default of :attr:`Workload.n` (a marker, replaced by a column of :data:`DEFAULT_N`).
+_NO_N = np.zeros(0, dtype=np.int64)
 #: The default of :attr:`Workload.priority` (a marker: ``__post_init__`` replaces it by a column of
 #: :data:`DEFAULT_PRIORITY`, one per request).
 _NO_PRIORITY = np.zeros(0, dtype=np.int64)
@@ -53,10 +76,18 @@ class Request:
             served earlier by vLLM's priority scheduler (``vllm/v1/request.py`` ``Request.__lt__``:
             ``(priority, arrival_time)``). Default 0, vLLM's. Policies see it (a real scheduler
             does).
+        n: number of parallel samples (vLLM's ``SamplingParams.n``), an integer in
+            ``[1, N_MAX]``, default 1. With ``n > 1`` the cluster serves ``n`` child sequences
+            (:meth:`children`), each decoding ``output_tokens`` tokens (kvsched does not sample
+            tokens, so every child has the parent's output length).
+        parent_id: for a child sequence of a parallel-sampling request, the parent's
+            ``request_id``; ``NO_PARENT`` (-1) otherwise. Children are made by :meth:`children`,
+            never read from a workload.
 
     Raises:
-        ConfigError: on any negative or zero length, negative time, inconsistent hashes, or a
-            priority that is not an integer in range.
+        ConfigError: on any negative or zero length, negative time, inconsistent hashes, a
+            priority that is not an integer in range, or an ``n`` that is not an integer in
+            ``[1, N_MAX]``.
     """
 
     request_id: int
@@ -68,9 +99,14 @@ class Request:
     hash_block_tokens: int = 0
     slo_class: str = "default"
     priority: int = DEFAULT_PRIORITY
+    n: int = DEFAULT_N
+    parent_id: int = NO_PARENT
 
     def __post_init__(self) -> None:
-        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "hash_block_tokens", "priority"):
+        require(not isinstance(self.n, bool) and isinstance(self.n, (int, np.integer)) and 1 <= self.n <= N_MAX,
+                f"request {self.request_id!r}: n", self.n, N_ALLOWED)
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "hash_block_tokens", "priority",
+                     "parent_id"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ConfigError(f"request {self.request_id!r}: {name}={v!r} must be an integer")
@@ -100,7 +136,8 @@ class Request:
     @classmethod
     def _from_validated(cls, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                         session_id: int, prefix_hashes: tuple[int, ...], hash_block_tokens: int,
-                        slo_class: str, priority: int) -> "Request":
+                        slo_class: str, priority: int, n: int = DEFAULT_N,
+                        parent_id: int = NO_PARENT) -> "Request":
         """A request from fields already checked column-wise by :class:`Workload` (no re-check).
 
         The simulator's per-arrival path: the same object as the constructor would build, without
@@ -117,7 +154,31 @@ class Request:
         set_(r, "hash_block_tokens", hash_block_tokens)
         set_(r, "slo_class", slo_class)
         set_(r, "priority", priority)
+        set_(r, "n", n)
+        set_(r, "parent_id", parent_id)
         return r
+
+    def children(self, first_new_id: int) -> tuple["Request", ...]:
+        """The ``n`` child sequences of a parallel-sampling request (``(self,)`` when ``n == 1``).
+
+        As vLLM V1's front end (``ParentRequest.get_child_info`` in
+        ``vllm/v1/engine/parallel_sampling.py``; ``AsyncLLM.add_request``): every child is a copy
+        of the parent -- same arrival, prompt, prefix hashes, priority and SLO class -- with
+        ``n = 1``. vLLM gives child ``index`` the id ``f"{index}_{parent_id}"``; kvsched's ids are
+        integers, so child 0 keeps the parent's ``request_id`` (its records are those of an
+        ``n = 1`` request but for ``parent_id``) and child ``k >= 1`` gets
+        ``first_new_id + k - 1`` (the cluster hands out ids above every id of the workload, in
+        arrival order, so runs are deterministic). Each child decodes ``output_tokens`` tokens:
+        kvsched does not sample, so the children's outputs do not differ in length. With a
+        seed, vLLM gives child ``index`` the seed ``seed + index``; kvsched has no seeds to give.
+        """
+        if self.n == 1:
+            return (self,)
+        mk = Request._from_validated
+        base = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.session_id, self.prefix_hashes,
+                self.hash_block_tokens, self.slo_class, self.priority)
+        rid = self.request_id
+        return tuple(mk(rid if k == 0 else first_new_id + k - 1, *base, DEFAULT_N, rid) for k in range(self.n))
 
     @property
     def total_tokens(self) -> int:
@@ -134,7 +195,9 @@ class Workload:
     (int64, -1 when unknown), ``slo_class`` (int16 codes into ``slo_class_names``),
     ``priority`` (int64 in ``[PRIORITY_MIN, PRIORITY_MAX]``, lower is served earlier by vLLM's
     priority scheduler; optional: left out (or ``None``) every request has vLLM's default 0,
-    ``Request.__init__(priority=0)`` in ``vllm/v1/request.py``). Prefix
+    ``Request.__init__(priority=0)`` in ``vllm/v1/request.py``), ``n`` (int64 in ``[1, N_MAX]``,
+    parallel samples per request, vLLM's ``SamplingParams.n``; optional: left out (or ``None``)
+    every request has vLLM's default 1; see :meth:`Request.children`). Prefix
     hashes are ragged: request ``i`` owns ``hashes[hash_offsets[i]:hash_offsets[i+1]]``, each
     covering ``hash_block_tokens`` tokens.
 
@@ -166,13 +229,17 @@ class Workload:
     source_sha256: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     priority: np.ndarray = field(default_factory=lambda: _NO_PRIORITY)
+    n: np.ndarray = field(default_factory=lambda: _NO_N)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if self.priority is _NO_PRIORITY or self.priority is None:
             # not given: vLLM's default priority for every request (see the class doc)
             object.__setattr__(self, "priority", np.full(n, DEFAULT_PRIORITY, dtype=np.int64))
-        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class", "priority"):
+        if self.n is _NO_N or self.n is None:
+            # not given: vLLM's default n for every request (see the class doc)
+            object.__setattr__(self, "n", np.full(n, DEFAULT_N, dtype=np.int64))
+        for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class", "priority", "n"):
             if len(getattr(self, name)) != n:
                 raise ConfigError(f"Workload column {name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.hash_offsets) != n + 1:
@@ -186,7 +253,7 @@ class Workload:
         if len(self.hashes) and self.hash_block_tokens <= 0:
             raise ConfigError(f"hash_block_tokens={self.hash_block_tokens} must be > 0 when hashes are given")
         for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class",
-                     "hash_offsets", "hashes", "priority"):
+                     "hash_offsets", "hashes", "priority", "n"):
             kind = np.asarray(getattr(self, name)).dtype.kind
             if kind not in "iu":
                 raise ConfigError(f"Workload column {name} has dtype {np.asarray(getattr(self, name)).dtype}; "
@@ -196,6 +263,10 @@ class Workload:
             i = int(np.flatnonzero((pr < PRIORITY_MIN) | (pr > PRIORITY_MAX))[0])
             raise ConfigError(f"Workload priority={int(pr[i])} (row {i}) is not allowed: expected an integer in "
                               f"[{PRIORITY_MIN}, {PRIORITY_MAX}]")
+        ns = self.n
+        if n and (ns.min() < 1 or ns.max() > N_MAX):
+            i = int(np.flatnonzero((ns < 1) | (ns > N_MAX))[0])
+            require(False, f"Workload n (row {i})", int(ns[i]), N_ALLOWED)
         if n and np.any(self.request_id < 0):
             i = int(np.flatnonzero(self.request_id < 0)[0])
             raise ConfigError(f"Workload request_id={int(self.request_id[i])} (row {i}) must be >= 0")
@@ -250,6 +321,7 @@ class Workload:
             source_sha256=source_sha256,
             notes=tuple(notes),
             priority=np.asarray([r.priority for r in reqs], dtype=np.int64),
+            n=np.asarray([r.n for r in reqs], dtype=np.int64),
         )
 
     def __len__(self) -> int:
@@ -268,6 +340,7 @@ class Workload:
             self.hash_block_tokens if hi > lo else 0,
             self.slo_class_names[int(self.slo_class[i])],
             int(self.priority[i]),
+            int(self.n[i]),
         )
 
     def __iter__(self) -> Iterator[Request]:
@@ -300,6 +373,7 @@ class Workload:
             source_sha256=self.source_sha256,
             notes=self.notes + ((note,) if note else ()),
             priority=self.priority[idx],
+            n=self.n[idx],
         )
 
     def with_arrivals(self, arrival_s: np.ndarray, note: str) -> "Workload":
@@ -310,7 +384,7 @@ class Workload:
             session_id=self.session_id, slo_class=self.slo_class, hash_offsets=self.hash_offsets,
             hashes=self.hashes, hash_block_tokens=self.hash_block_tokens,
             slo_class_names=self.slo_class_names, source_sha256=self.source_sha256,
-            notes=self.notes + (note,), priority=self.priority,
+            notes=self.notes + (note,), priority=self.priority, n=self.n,
         )
 
     def content_sha256(self) -> str:
@@ -318,7 +392,8 @@ class Workload:
 
         The ``priority`` column enters only when some request's priority is not 0: an all-zero
         column is the same workload as one without priorities (vLLM's default), so workloads
-        hashed before the column existed keep their hash.
+        hashed before the column existed keep their hash. Likewise ``n`` enters only when some
+        request has ``n != 1``.
         """
         h = hashlib.sha256()
         for arr in (self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
@@ -328,7 +403,20 @@ class Workload:
         if self.priority.any():
             h.update(b"priority")
             h.update(np.ascontiguousarray(self.priority, dtype=np.int64).tobytes())
+        if self.has_parallel_sampling:
+            h.update(b"n")
+            h.update(np.ascontiguousarray(self.n, dtype=np.int64).tobytes())
         return h.hexdigest()
+
+    @property
+    def has_parallel_sampling(self) -> bool:
+        """Whether some request asks for more than one sample (``n > 1``)."""
+        return bool(len(self.n)) and int(self.n.max()) > DEFAULT_N
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences the engine serves: the sum of ``n`` (one per request when no ``n > 1``)."""
+        return int(self.n.sum()) if self.has_parallel_sampling else len(self)
 
 
 def _chain(hashes: tuple[int, ...]) -> tuple[int, ...]:

@@ -23,6 +23,10 @@ Model (all lengths in tokens, times in seconds):
   ``short_priority``, every ``"long"`` one ``long_priority`` (vLLM's per-request ``priority``,
   lower is served earlier under ``--scheduling-policy priority``; ``vllm/v1/request.py``). Both
   default to 0, vLLM's default, and draw no random numbers.
+* **Parallel samples** -- every request asks for ``n_samples`` samples (vLLM's
+  ``SamplingParams.n``; the front end fans it out into ``n`` child requests sharing the prompt,
+  ``vllm/v1/engine/parallel_sampling.py`` ``ParentRequest``). Default 1, vLLM's default; draws no
+  random numbers.
 * **Short requests** belong to conversations (sessions). ``concurrent_sessions`` conversations
   are open at any time; each short arrival is given to one of them uniformly at random, so the
   mean gap between turns of a conversation is about ``concurrent_sessions / rate_per_s``. A
@@ -64,7 +68,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
-from kvsched.envs.sim.request import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN, Workload
+from kvsched.envs.sim.request import DEFAULT_N, DEFAULT_PRIORITY, N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = ["ARRIVAL_PROCESSES", "GENERATOR_VERSION", "SLO_CLASSES", "SyntheticConfig", "generate",
            "mixed_traffic_config"]
@@ -77,6 +81,10 @@ SLO_CLASSES = ("short", "long")
 #: The per-class priority fields; left out of the provenance JSON at their default (0), so the
 #: ``source_sha256`` of configs written before they existed is unchanged.
 PRIORITY_FIELDS = ("short_priority", "long_priority")
+#: Fields left out of the provenance JSON at their default value (the priority fields and
+#: ``n_samples``), so the ``source_sha256`` of configs written before they existed is unchanged.
+_OMITTED_AT_DEFAULT = {"short_priority": DEFAULT_PRIORITY, "long_priority": DEFAULT_PRIORITY,
+                       "n_samples": DEFAULT_N}
 #: Hard cap on the expected number of generated requests (memory guard).
 MAX_REQUESTS = 20_000_000
 _MIN_ACCEPT = 1e-3  # truncated distributions must keep at least this probability mass
@@ -123,6 +131,9 @@ class SyntheticConfig:
         short_priority, long_priority: scheduling priority of every request of SLO class
             ``"short"`` / ``"long"``, an integer in ``[PRIORITY_MIN, PRIORITY_MAX]``; lower is
             served earlier by vLLM's priority scheduler. Default 0 (vLLM's default priority).
+        n_samples: parallel samples of every request (vLLM's ``SamplingParams.n``), an integer in
+            ``[1, N_MAX]``; default 1 (vLLM's default). Each request is then served as
+            ``n_samples`` child sequences sharing its prompt (:meth:`Request.children`).
 
     Raises:
         ConfigError: any field out of range (naming the field, the value and what is allowed).
@@ -153,6 +164,7 @@ class SyntheticConfig:
     hash_block_tokens: int = 16
     short_priority: int = DEFAULT_PRIORITY
     long_priority: int = DEFAULT_PRIORITY
+    n_samples: int = DEFAULT_N
 
     def __post_init__(self) -> None:
         # checked in field order; the first violation raises
@@ -166,6 +178,7 @@ class SyntheticConfig:
             self._need(_is_int(getattr(self, name)) and PRIORITY_MIN <= getattr(self, name) <= PRIORITY_MAX, name,
                        f"an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}] (scheduling priority of the class; lower "
                        "is served earlier)")
+        self._need(_is_int(self.n_samples) and 1 <= self.n_samples <= N_MAX, "n_samples", N_ALLOWED)
         self._canonicalize()
 
     def _need(self, ok: bool, field: str, allowed: str) -> None:
@@ -442,8 +455,8 @@ def _prefix_hashes(seed: int, prompt: np.ndarray, is_long: np.ndarray, session: 
 # =============================================================================================
 def _provenance(cfg: SyntheticConfig, seed: int) -> tuple[str, str, str]:
     config = asdict(cfg)
-    for name in PRIORITY_FIELDS:  # see PRIORITY_FIELDS
-        if config[name] == DEFAULT_PRIORITY:
+    for name, default in _OMITTED_AT_DEFAULT.items():  # see _OMITTED_AT_DEFAULT
+        if config[name] == default:
             del config[name]
     full = json.dumps({"generator": GENERATOR_VERSION, "config": config, "seed": seed},
                       sort_keys=True)
@@ -579,7 +592,8 @@ def generate(config: SyntheticConfig, seed: int = 0) -> Workload:
         prompt_tokens=prompt, output_tokens=d.output, session_id=session,
         slo_class=d.is_long.astype(np.int16), hash_offsets=offsets, hashes=hashes,
         hash_block_tokens=c.hash_block_tokens, slo_class_names=SLO_CLASSES, source_sha256=sha, notes=notes,
-        priority=np.where(d.is_long, c.long_priority, c.short_priority).astype(np.int64))
+        priority=np.where(d.is_long, c.long_priority, c.short_priority).astype(np.int64),
+        n=np.full(n, c.n_samples, dtype=np.int64))
 
 
 _UNSET: Any = object()

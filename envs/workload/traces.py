@@ -19,6 +19,13 @@ field. When present it must hold an integer in ``[PRIORITY_MIN, PRIORITY_MAX]`` 
 empty cell, a missing or null key is an error, never a silent 0); when absent every request has
 vLLM's default priority 0 (``vllm/v1/request.py`` ``Request.__init__``).
 
+Per-request parallel samples (vLLM's ``SamplingParams.n``, ``vllm/sampling_params.py``; the
+front end fans a request with ``n > 1`` out into ``n`` child requests sharing the prompt,
+``vllm/v1/engine/parallel_sampling.py`` ``ParentRequest``): an Azure-format CSV may carry an extra
+column ``n``, a Mooncake-format JSONL file an extra key ``n``; :func:`load_generic` maps field
+``n``. Same rules as ``priority``: when present an integer in ``[1, N_MAX]`` on every row; when
+absent every request has vLLM's default 1.
+
 Conventions shared by all loaders:
 
 * Files may be gzip-compressed (detected by content, so ``.gz`` or not). ``Workload.source_sha256``
@@ -59,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs.sim.errors import ConfigError, TraceFormatError
-from kvsched.envs.sim.request import PRIORITY_MAX, PRIORITY_MIN, Workload
+from kvsched.envs.sim.request import N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = [
     "AZURE_COLUMNS",
@@ -91,10 +98,13 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_HASH_BLOCK_TOKENS = 512
 #: Fields :func:`load_generic` can map: required ones first.
 GENERIC_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "session_id", "slo_class",
-                  "prefix_hashes", "priority")
+                  "prefix_hashes", "priority", "n")
 #: The optional column (Azure-format CSV) or key (Mooncake-format JSONL) holding each request's
 #: scheduling priority.
 PRIORITY_COLUMN = "priority"
+#: The optional column (Azure-format CSV) or key (Mooncake-format JSONL) holding each request's
+#: number of parallel samples (vLLM's ``SamplingParams.n``).
+N_COLUMN = "n"
 _REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -238,6 +248,26 @@ def _priority_column(raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: s
     return num.astype(np.int64)
 
 
+def _n_column(raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: str, column: str,
+              numbers: Callable[..., np.ndarray]) -> np.ndarray:
+    """Per-request parallel samples (int64, vLLM's ``SamplingParams.n``) from a trace column,
+    every row required (as :func:`_priority_column`).
+
+    Raises:
+        TraceFormatError: the first empty, missing, null, non-numeric, non-integer or
+            out-of-range (< 1 or > N_MAX) cell, naming the file, its 1-based line, the column and
+            the value.
+    """
+    num = numbers(raw, lines, file, "n", column)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(num) | (num != np.floor(num)) | (num < 1) | (num > N_MAX)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        raise _bad(file, int(lines[i]), "n", column, raw[i], N_ALLOWED, len(idx) - 1)
+    return num.astype(np.int64)
+
+
 # =============================================================================================
 # Assembly: sort, build columns, notes
 # =============================================================================================
@@ -258,7 +288,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
               hashes: np.ndarray | None = None, hash_block_tokens: int = 0,
               session: np.ndarray | None = None, slo_codes: np.ndarray | None = None,
               slo_names: tuple[str, ...] = ("default",), notes: Sequence[str] = (),
-              priority: np.ndarray | None = None) -> Workload:
+              priority: np.ndarray | None = None, n_samples: np.ndarray | None = None) -> Workload:
     n = len(arrival)
     if n == 0:
         raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
@@ -270,6 +300,8 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
         slo_codes = np.zeros(n, dtype=np.int16)
     if priority is None:  # no priority column: vLLM's default for every request (the module doc)
         priority = np.zeros(n, dtype=np.int64)
+    if n_samples is None:  # no n column: vLLM's default n = 1 for every request (the module doc)
+        n_samples = np.ones(n, dtype=np.int64)
     if hash_lens is None or hashes is None:
         offsets = np.zeros(n + 1, dtype=np.int64)
         hashes = np.zeros(0, dtype=np.int64)
@@ -286,6 +318,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
         arrival, prompt, output = arrival[order], prompt[order], output[order]
         request_id, session, slo_codes = request_id[order], session[order], slo_codes[order]
         priority = priority[order]
+        n_samples = n_samples[order]
         offsets, hashes = _ragged_take(offsets, hashes, order)
     try:
         return Workload(
@@ -297,7 +330,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
             hashes=hashes.astype(np.int64, copy=False),
             hash_block_tokens=hash_block_tokens if len(hashes) else 0,
             slo_class_names=tuple(slo_names), source_sha256=sha, notes=tuple(notes),
-            priority=priority.astype(np.int64, copy=False))
+            priority=priority.astype(np.int64, copy=False), n=n_samples.astype(np.int64, copy=False))
     except ConfigError as e:  # should not happen after validation; keep the file in the message
         raise TraceFormatError(f"{file}: {e}") from None
 
@@ -520,7 +553,7 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
 # =============================================================================================
 def _azure_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
     t_col, p_col, o_col = AZURE_COLUMNS
-    cols, lines, notes = _read_csv_rows(data, file, AZURE_COLUMNS, optional=(PRIORITY_COLUMN,))
+    cols, lines, notes = _read_csv_rows(data, file, AZURE_COLUMNS, optional=(PRIORITY_COLUMN, N_COLUMN))
     arrival, t0 = _datetime_seconds(cols[t_col], lines, file, "arrival_s", t_col, slice26=True)
     prompt = _token_column(_numbers_from_strings(cols[p_col], lines, file, "prompt_tokens", p_col),
                            cols[p_col], lines, file, "prompt_tokens", p_col)
@@ -529,10 +562,14 @@ def _azure_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
     priority = None
     if PRIORITY_COLUMN in cols:
         priority = _priority_column(cols[PRIORITY_COLUMN], lines, file, PRIORITY_COLUMN, _numbers_from_strings)
+    n_samples = None
+    if N_COLUMN in cols:
+        n_samples = _n_column(cols[N_COLUMN], lines, file, N_COLUMN, _numbers_from_strings)
     notes.insert(0, f"loaded {len(lines)} rows from {file} (Azure LLM inference trace format); "
                     f"arrival_s = seconds since the earliest TIMESTAMP {t0}"
-                    + (f"; per-request priority from column {PRIORITY_COLUMN!r}" if priority is not None else ""))
-    return _assemble(file, name, sha, arrival, prompt, output, notes=notes, priority=priority)
+                    + (f"; per-request priority from column {PRIORITY_COLUMN!r}" if priority is not None else "")
+                    + (f"; parallel samples from column {N_COLUMN!r}" if n_samples is not None else ""))
+    return _assemble(file, name, sha, arrival, prompt, output, notes=notes, priority=priority, n_samples=n_samples)
 
 
 def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -543,8 +580,8 @@ def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload
 
     Columns: ``TIMESTAMP`` (naive wall clock, e.g. ``2023-11-16 18:17:03.9799600``; parsed after
     truncating to 26 characters, i.e. microseconds), ``ContextTokens`` -> ``prompt_tokens``,
-    ``GeneratedTokens`` -> ``output_tokens``; optional ``priority`` (kvsched's extension, see the
-    module docstring: an integer on every row). Other columns are ignored.
+    ``GeneratedTokens`` -> ``output_tokens``; optional ``priority`` and ``n`` (kvsched's
+    extensions, see the module docstring: an integer on every row). Other columns are ignored.
 
     Returns:
         A workload with ``arrival_s`` in seconds since the earliest timestamp (the first row in
@@ -569,7 +606,8 @@ def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workloa
     k_t, k_in, k_out, k_h = MOONCAKE_KEYS
     keys = {"arrival_s": k_t, "prompt_tokens": k_in, "output_tokens": k_out, "prefix_hashes": k_h}
     vals, lines, hash_lens, flat, notes = _read_jsonl_rows(
-        data, file, {**keys, "priority": PRIORITY_COLUMN}, required=tuple(keys), list_key="prefix_hashes")
+        data, file, {**keys, "priority": PRIORITY_COLUMN, "n": N_COLUMN}, required=tuple(keys),
+        list_key="prefix_hashes")
     ms = _numbers_from_json(vals["arrival_s"], lines, file, "arrival_s", k_t)
     _check_numbers(ms, vals["arrival_s"], lines, file, "arrival_s", k_t, integer=False,
                    minimum=0, strict=False)
@@ -585,11 +623,16 @@ def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workloa
     priority = None
     if any(v is not None for v in vals["priority"]):  # the key on one line: required on every line
         priority = _priority_column(vals["priority"], lines, file, PRIORITY_COLUMN, _numbers_from_json)
+    n_samples = None
+    if any(v is not None for v in vals["n"]):  # as priority: the key on one line, required on every line
+        n_samples = _n_column(vals["n"], lines, file, N_COLUMN, _numbers_from_json)
     notes.insert(0, f"loaded {len(lines)} rows from {file} (Mooncake JSONL format); arrival_s = "
                     f"timestamp ms / 1000; hash_ids kept as 512-token prefix-block hashes"
-                    + (f"; per-request priority from key {PRIORITY_COLUMN!r}" if priority is not None else ""))
+                    + (f"; per-request priority from key {PRIORITY_COLUMN!r}" if priority is not None else "")
+                    + (f"; parallel samples from key {N_COLUMN!r}" if n_samples is not None else ""))
     return _assemble(file, name, sha, ms / 1000.0, prompt, output, hash_lens=hash_lens,
-                     hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes, priority=priority)
+                     hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes, priority=priority,
+                     n_samples=n_samples)
 
 
 def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -601,8 +644,9 @@ def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
     Keys: ``timestamp`` (arrival in **milliseconds** from the trace start; ``arrival_s = ms /
     1000``), ``input_length`` -> ``prompt_tokens``, ``output_length`` -> ``output_tokens``,
     ``hash_ids`` -> ``prefix_hashes`` with ``hash_block_tokens = 512`` (kept as int64; the
-    simulator maps each 512-token hash to 32 KV blocks of 16 tokens); optional ``priority``
-    (kvsched's extension, see the module docstring: once on any line, an integer on every line).
+    simulator maps each 512-token hash to 32 KV blocks of 16 tokens); optional ``priority`` and
+    ``n`` (kvsched's extensions, see the module docstring: once on any line, an integer on every
+    line).
     Other keys are ignored.
 
     Returns:
@@ -919,7 +963,8 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
             ``"default"``), ``prefix_hashes`` (a list of integer hash ids per row: a JSON list in
             JSONL; in CSV a cell ``"[1, 2, 3]"`` or ``"1 2 3"`` / ``"1;2;3"``; empty -> none),
             ``priority`` (an integer in ``[PRIORITY_MIN, PRIORITY_MAX]`` on every row, lower is
-            served earlier; not mapped: every request has vLLM's default 0).
+            served earlier; not mapped: every request has vLLM's default 0), ``n`` (parallel
+            samples, an integer in ``[1, N_MAX]`` on every row; not mapped: 1, vLLM's default).
         time_unit: unit of the arrival column: ``"s"``, ``"ms"`` or ``"us"`` (numbers), or
             ``"datetime"`` (ISO-8601 wall-clock strings; arrival = seconds since the earliest).
         fmt: ``"csv"`` or ``"jsonl"``; ``None`` infers it from the suffix.
@@ -956,12 +1001,17 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
     if "priority" in columns:
         priority = _priority_column(rows.raw["priority"], rows.lines, file, columns["priority"],
                                     _numbers_from_strings if fmt == "csv" else _numbers_from_json)
+    n_samples = None
+    if "n" in columns:
+        n_samples = _n_column(rows.raw["n"], rows.lines, file, columns["n"],
+                              _numbers_from_strings if fmt == "csv" else _numbers_from_json)
     notes = [f"loaded {len(rows.lines)} rows from {file} (generic {fmt}, columns {columns}{note_tail}",
              *rows.notes, *label_notes]
     return _assemble(file, name or _default_name(path), sha, arrival, prompt, output,
                      hash_lens=rows.hash_lens if has_hashes else None, hashes=hashes,
                      hash_block_tokens=hash_block_tokens if has_hashes else 0, session=session,
-                     slo_codes=slo_codes, slo_names=slo_names, notes=notes, priority=priority)
+                     slo_codes=slo_codes, slo_names=slo_names, notes=notes, priority=priority,
+                     n_samples=n_samples)
 
 
 def _session_column(vals: Sequence[Any], empty: Any, lines: np.ndarray, file: str, column: str
@@ -1145,7 +1195,7 @@ def _slice(w: Workload, lo: int, hi: int, arrival: np.ndarray, note: str) -> Wor
         prompt_tokens=w.prompt_tokens[lo:hi], output_tokens=w.output_tokens[lo:hi],
         session_id=w.session_id[lo:hi], slo_class=w.slo_class[lo:hi],
         hash_offsets=off[lo:hi + 1] - off[lo], hashes=w.hashes[off[lo]:off[hi]],
-        notes=w.notes + (note,), priority=w.priority[lo:hi])
+        notes=w.notes + (note,), priority=w.priority[lo:hi], n=w.n[lo:hi])
 
 
 def window(w: Workload, start_s: float, end_s: float, rebase: bool = True, allow_empty: bool = False) -> Workload:
