@@ -49,7 +49,7 @@ Mechanism here (one :class:`PrefixStore` per listed tier, composed by :class:`Pr
   [kvsched's session-aware policy, in the spirit of Mooncake's and CachedAttention's
   conversation-aware placement]) and ``clairvoyant`` (Belady, "A study of replacement algorithms
   for a virtual-storage computer", IBM Systems Journal 1966: the entry whose next use by an
-  arrival of the window is farthest, the deepest segment first among equals). It reads the
+  arrival of the window is farthest, the earliest stored first among equals). It reads the
   future, so it is a reference for what knowing the future is worth, never a policy. It is not a
   proven bound here: Belady's rule is optimal for one cache whose every reference hits
   independently, while a hit below HBM needs the whole leading run of a prompt's segments, and a
@@ -291,13 +291,14 @@ class _Session(_LRU):
 
 class _Clairvoyant:
     """Belady's rule: the entry whose next use after now is farthest (or never) goes first, the
-    latest stored first among equals. A lazy max-heap of next-use times, recomputed when stale
-    (the use passed without a hit here)."""
+    earliest stored first among equals. Two lazy heaps over the stored next-use times: a max-heap
+    to pick the victim and a min-heap to find the entries whose predicted use has passed (served
+    elsewhere, e.g. by HBM), whose next use is looked up again before a victim is chosen."""
 
-    def __init__(self, future: Callable[[Any, float], float], depth: dict) -> None:
+    def __init__(self, future: Callable[[Any, float], float]) -> None:
         self.future = future  # (key, now_s) -> next arrival using key after now_s (inf: none)
-        self.depth = depth  # key -> its position in the prompts that hold it (0: a prompt's first segment)
-        self.heap: list[tuple[float, int, int, Any]] = []
+        self.heap: list[tuple[float, int, Any]] = []  # (-next use, seq, key): farthest first
+        self.due: list[tuple[float, int, Any]] = []  # (next use, seq, key): soonest first
         self.token: dict[Any, tuple[float, int]] = {}
         self.seq = 0
 
@@ -305,9 +306,9 @@ class _Clairvoyant:
         nxt = self.future(key, now_s)
         self.seq += 1
         self.token[key] = (nxt, self.seq)
-        # among equal next uses the deepest segment goes first: a hit needs the leading run, so
-        # evicting a prompt's head first would waste the rest of it
-        heapq.heappush(self.heap, (-nxt, -self.depth.get(key, 0), self.seq, key))
+        heapq.heappush(self.heap, (-nxt, self.seq, key))
+        if nxt != math.inf:
+            heapq.heappush(self.due, (nxt, self.seq, key))
 
     def add(self, key: Any, e: _Entry, now_s: float) -> None:
         self._push(key, now_s)
@@ -318,25 +319,16 @@ class _Clairvoyant:
         del self.token[key]
 
     def victim(self, entries: dict, now_s: float) -> Any:
-        heap, token = self.heap, self.token
-        held = []  # entries needed now (an unfinished request holds them): evicted only last
-        try:
-            while heap:
-                neg, _, seq, key = heap[0]
-                if token.get(key) != (-neg, seq):
-                    heapq.heappop(heap)  # stale: removed or touched since
-                    continue
-                if -neg > now_s:
-                    return key
-                heapq.heappop(heap)  # its predicted use is now or has passed: find the next one
-                if self.future(key, now_s) <= now_s:
-                    held.append(key)
-                else:
-                    self._push(key, now_s)
-            return held[-1]  # every entry is needed now: the deepest of the last examined
-        finally:
-            for key in held:
+        heap, due, token = self.heap, self.due, self.token
+        while due and due[0][0] <= now_s:  # predicted uses that have passed: look them up again
+            nxt, seq, key = heapq.heappop(due)
+            if token.get(key) == (nxt, seq):
                 self._push(key, now_s)
+        while True:
+            neg, seq, key = heap[0]
+            if token.get(key) == (-neg, seq):
+                return key
+            heapq.heappop(heap)  # stale: removed, touched or looked up again since
 
 
 # ---------------------------------------------------------------------------------- one tier
@@ -362,7 +354,7 @@ class PrefixStore:
         elif eviction == "session":
             self.order = _Session(owner.spec.session_keep_s, owner.session_last_s)
         else:
-            self.order = _Clairvoyant(owner.next_use_s, owner.depth)
+            self.order = _Clairvoyant(owner.next_use_s)
         self.next: PrefixStore | None = None  # where evicted entries are demoted
         self.hit_tokens = 0
         self.self_hit_tokens = 0
@@ -511,13 +503,6 @@ class PrefixTiers:
         self._session_of: dict[int, Any] = {}  # request id -> conversation (write-back of its segments)
         self.recompute_chosen = 0
         self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
-        #: segment key -> its position in the prompts that hold it (the clairvoyant order's ties)
-        self.depth: dict[int, int] = {}
-        self._depth_done: set[int] = set()
-        #: segment key -> unfinished requests holding it (their next use is a re-admission after a
-        #: preemption, which no arrival announces: the clairvoyant order treats it as imminent)
-        self._live: dict[int, int] = {}
-        self._clairvoyant = "clairvoyant" in spec.eviction
         self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
         self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
         for upper, lower in zip(self.stores, self.stores[1:]):
@@ -574,10 +559,7 @@ class PrefixTiers:
         self._future = {k: np.sort(np.asarray(v)) for k, v in uses.items()}
 
     def next_use_s(self, key: Any, now_s: float) -> float:
-        """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none); ``now_s``
-        while an unfinished request holds it (its own re-admission after a preemption)."""
-        if self._live.get(key):
-            return now_s
+        """The first arrival after ``now_s`` whose prompt holds ``key`` (``inf``: none)."""
         ts = self._future.get(int(key)) if isinstance(key, (int, np.integer)) else None
         if ts is None:
             return math.inf
@@ -592,12 +574,6 @@ class PrefixTiers:
         self._session_of[st.rid] = sess
         if sess is not None:
             self.session_last_s[sess] = now_s
-        if self._clairvoyant and st.rid not in self._depth_done:  # once per request
-            self._depth_done.add(st.rid)
-            depth, live = self.depth, self._live
-            for i, h in enumerate(st.hashes):
-                depth.setdefault(h, i)
-                live[h] = live.get(h, 0) + 1
         th = self.threshold
         if th == 0:  # write-back: nothing until HBM evicts them
             return
@@ -656,16 +632,7 @@ class PrefixTiers:
             i = j
 
     def on_finished(self, st: "RequestState", now_s: float) -> None:
-        """``st`` finished: its segments are no longer held by it (the clairvoyant order) and, with
-        ``offload_prompt_only`` false, its decode blocks are written (an entry no prompt hits)."""
-        if st.rid in self._depth_done:
-            live = self._live
-            for h in st.hashes:
-                n = live.get(h, 0) - 1
-                if n > 0:
-                    live[h] = n
-                else:
-                    live.pop(h, None)
+        """With ``offload_prompt_only`` false: write ``st``'s decode blocks (an entry no prompt hits)."""
         if self.spec.offload_prompt_only:
             return
         bs = self.kv.bs

@@ -161,26 +161,29 @@ def test_fast_forward_equals_stepping_with_tiers_caching(po):
     assert_identical(run(w, spec, fast_forward=True), run(w, spec, fast_forward=False))
 
 
-def test_the_clairvoyant_order_evicts_the_farthest_next_use_deepest_first_and_held_keys_last():
-    """Belady's rule as implemented: the entry whose next arrival is farthest goes first; among
-    equal next uses the deepest segment (a hit needs the leading run); keys an unfinished request
-    still holds (its re-admission after a preemption) go last."""
+def test_the_clairvoyant_order_evicts_the_farthest_next_use_first():
+    """Belady's rule as implemented: the entry whose next arrival is farthest (never: first) goes
+    first, the earliest stored among equals, and a next use that has passed is looked up again."""
     from kvsched.envs.sim.prefix_offload import _Clairvoyant
 
-    future = {10: 5.0, 11: 5.0, 12: 9.0, 13: float("inf"), 14: 1.0}
-    held = {14}
-    order = _Clairvoyant(lambda k, now: now if k in held else future[k], depth={10: 0, 11: 1, 12: 0, 13: 0, 14: 3})
+    future = {10: [5.0], 11: [5.0], 12: [9.0], 13: [], 14: [1.0, 20.0]}
+
+    def next_use(key, now):
+        later = [t for t in future[key] if t > now]
+        return later[0] if later else float("inf")
+
+    order = _Clairvoyant(next_use)
     entries = {}
     for k in future:
         order.add(k, None, 0.0)
         entries[k] = None
     victims = []
     for _ in range(5):
-        v = order.victim(entries, 2.0)
+        v = order.victim(entries, 2.0)  # at 2 s, key 14's use at 1 s has passed: next is 20 s
         order.remove(v)
         del entries[v]
         victims.append(v)
-    assert victims == [13, 12, 11, 10, 14]
+    assert victims == [13, 14, 12, 10, 11]
 
 
 # --------------------------------------------------------------------------------- bad input
