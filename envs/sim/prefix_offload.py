@@ -376,39 +376,18 @@ class PrefixStore:
     def put(self, key: Any, n_blocks: int, creator_id: int, session_id: Any, ready_s: float, now_s: float,
             hops: list) -> bool:
         """Store ``key`` (``n_blocks``) copied over ``hops`` (tiers whose write links it crosses,
-        top down) from ``ready_s``; refresh it when already stored. Evicts for room (never
-        swapped blocks); a write that cannot get room is skipped. Returns whether it is stored."""
-        e = self.entries.get(key)
-        if e is not None:
-            e.last_s = now_s
-            self.order.touch(key, e, now_s)
-            return True
-        pool = self.pool
-        if n_blocks > pool.free_blocks + pool.evictable_blocks:
-            self.skipped_writes += 1
-            return False
-        while pool.free_blocks < n_blocks:
-            self.evict_one(now_s)
-        pool.free_blocks -= n_blocks
-        pool.evictable_blocks += n_blocks
-        owner = self.owner
-        nbytes = n_blocks * owner.block_bytes
-        transfer = owner.kv.cost.transfer_time_s
-        t = ready_s if ready_s > now_s else now_s
-        for hop in hops:
-            t = hop.write(t, transfer(n_blocks, hop.links()[0]), nbytes)
-        e = self.entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
-        self.order.add(key, e, now_s)
-        self.writes += 1
-        self.bytes_written += nbytes
-        return True
+        top down) from ``max(ready_s, now_s)``; refresh it when already stored. Returns whether
+        it is stored (:meth:`put_many`)."""
+        return self.put_many([key], n_blocks, creator_id, session_id, now_s, hops, ready_s)
 
     def put_many(self, keys: list, n_blocks: int, creator_id: int, session_id: Any, now_s: float,
-                 hops: list) -> None:
-        """:meth:`put` of several segments of ``n_blocks`` each, written from ``now_s`` as one copy
-        (one reservation per link: a request's newly computed segments go down together, so the
-        cost grows with writes, not segments). Already stored ones are refreshed; when the tier
-        cannot make room for all the new ones, none is written (a skipped write)."""
+                 hops: list, ready_s: float = 0.0) -> bool:
+        """Store segments ``keys`` of ``n_blocks`` each, copied over ``hops`` (tiers whose write
+        links they cross, top down) from ``max(ready_s, now_s)`` as one copy (one reservation per
+        link: a request's newly computed segments go down together, so the cost grows with
+        writes, not segments). Already stored ones are refreshed. Evicts for room (never swapped
+        blocks); when the tier cannot make room for all the new ones, none is written (a skipped
+        write). Returns whether every key is stored."""
         entries, order = self.entries, self.order
         new = []
         for key in keys:
@@ -419,12 +398,12 @@ class PrefixStore:
                 e.last_s = now_s
                 order.touch(key, e, now_s)
         if not new:
-            return
+            return True
         pool = self.pool
         total = n_blocks * len(new)
         if total > pool.free_blocks + pool.evictable_blocks:
             self.skipped_writes += 1
-            return
+            return False
         while pool.free_blocks < total:
             self.evict_one(now_s)
         pool.free_blocks -= total
@@ -432,7 +411,7 @@ class PrefixStore:
         owner = self.owner
         nbytes = total * owner.block_bytes
         transfer = owner.kv.cost.transfer_time_s
-        t = now_s
+        t = ready_s if ready_s > now_s else now_s
         for hop in hops:
             t = hop.write(t, transfer(total, hop.links()[0]), nbytes)
         for key in new:
@@ -440,6 +419,7 @@ class PrefixStore:
             order.add(key, e, now_s)
         self.writes += 1
         self.bytes_written += nbytes
+        return True
 
     def evict_one(self, now_s: float | None = None) -> int:
         """Evict the policy's victim at ``now_s`` (default: the owner's clock, for a swap into the
