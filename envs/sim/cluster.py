@@ -219,7 +219,7 @@ class Cluster:
             arrivals = arrivals[order]
         self._arrivals = arrivals
         self._order = order
-        for inst in instances:  # the clairvoyant eviction bound reads the window's future uses
+        for inst in instances:  # the clairvoyant eviction reference reads the window's future uses
             pt = inst.kv.prefix_tiers
             if pt is not None and "clairvoyant" in pt.spec.eviction:
                 pt.set_future(workload)

@@ -520,7 +520,7 @@ class PrefixTiers:
 
     # -------------------------------------------------------------------------- the future
     def set_future(self, workload: "Workload", arrivals_s: np.ndarray | None = None) -> None:
-        """Index, for the ``clairvoyant`` bound, when each prefix hash is next used: the arrival
+        """Index, for the ``clairvoyant`` reference, when each prefix hash is next used: the arrival
         times (s) of the window's requests whose prompt holds it."""
         off = np.asarray(workload.hash_offsets)
         hashes = np.asarray(workload.hashes)
