@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched import atomic_files
 
 ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
@@ -148,6 +148,38 @@ def planned_timesteps(model, timesteps: int) -> int:
         rollout = int(model.n_steps) * int(model.n_envs)
         return -(-int(timesteps) // rollout) * rollout
     return int(timesteps)
+
+
+def _shaping(reward: Any) -> float:
+    """The shaping weight of an environment's ``reward`` argument (a RewardConfig, a mapping or None)."""
+    if isinstance(reward, Mapping):
+        return reward.get("shaping") or 0.0
+    return getattr(reward, "shaping", 0.0) or 0.0
+
+
+def _check_resumed_reward(resume: Path, reward: Any) -> None:
+    """A resumed run trains on the reward its checkpoint was trained on: the ``train.json`` of the
+    run that wrote ``resume`` (in its folder or the one above, as ``kvsched train`` lays them out)
+    must name the same ``reward`` as ``--env-kwargs`` now (SB3 checkpoints do not store it).
+
+    Raises:
+        ConfigError: the rewards differ (both are named).
+    """
+    from kvsched.envs.reward import reward_config
+
+    for folder in (resume.parent, resume.parent.parent):
+        meta_path = folder / "train.json"
+        if meta_path.is_file():
+            try:
+                before = json.loads(meta_path.read_text()).get("env_kwargs", {}).get("reward")
+            except (OSError, ValueError, AttributeError):
+                return  # unreadable metadata: nothing to compare against (evaluate reports it)
+            same = reward_config(before or {}) == reward_config(reward or {})
+            if not same:
+                raise ConfigError(f"--resume: the checkpoint was trained with reward {bounded_repr(before)} "
+                                  f"({meta_path}) and --env-kwargs now gives {bounded_repr(reward)}; pass the "
+                                  "same reward (a different one changes the objective mid-run)")
+            return
 
 
 def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int, reference_env,
@@ -275,11 +307,6 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         if algo not in ("ppo", "maskable_ppo"):
             raise ConfigError(f"--discount-time-s is for --algo ppo or maskable_ppo (GAE over a rollout); got --algo "
                               f"{algo}")
-        reward = (env_kwargs or {}).get("reward")
-        shaping = getattr(reward, "shaping", None) if not isinstance(reward, Mapping) else reward.get("shaping")
-        if shaping:
-            raise ConfigError("--discount-time-s with reward shaping: the shaping term is policy-invariant only under "
-                              "the per-decision discount shaping_gamma; use one or the other")
     if eval_split not in ("train", "heldout"):
         raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
@@ -326,6 +353,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             why = str(e).splitlines()[0] if str(e) else repr(e)
             raise ConfigError(f"--resume {str(resume)!r} is not a {cls.__name__} checkpoint of {env_id} with "
                               f"these --env-kwargs ({type(e).__name__}: {why})") from None
+        _check_resumed_reward(Path(resume), (env_kwargs or {}).get("reward"))
         reset = False
     else:
         if policy_net == "candidate-set":  # the row and instance widths of the environment's observation version
@@ -351,6 +379,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             bc_info = {"dataset": demos.spec.dataset_id, "episodes": demos.total_episodes, "epochs": bc_epochs,
                        "last_loss": bc_loss}
         reset = True
+    if getattr(getattr(model, "rollout_buffer", None), "discount_time_s", None) is not None \
+            and _shaping(kw.get("reward")):  # given now, or kept by a resumed checkpoint
+        raise ConfigError("--discount-time-s (given or kept by the resumed checkpoint) with reward shaping: the "
+                          "shaping term is policy-invariant only under the per-decision discount shaping_gamma; "
+                          "use one or the other")
     # defaults from the steps the run will take (a PPO run of --timesteps 500 takes a whole rollout,
     # 1,024 steps: a fifth of 500 evaluated it ten times, each evaluation costing more than the training)
     planned = planned_timesteps(model, timesteps)

@@ -145,6 +145,8 @@ class KnobEnv(gym.Env):
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
         require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
         self.reward_config = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
+        require(not self.reward_config.shaping, "reward.shaping", self.reward_config.shaping,
+                "0 on Knobs-v0 (potential-based shaping is implemented in kvsched/Scheduling-v0/v1 only)")
         self.metrics = self.source.scenario.metrics_config()
         d = len(self.knobs)
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
@@ -316,7 +318,9 @@ class KnobEnv(gym.Env):
         self._arrived0 = cluster.arrived
         terminated = point is None
         truncated = not terminated and t >= self.horizon_s
-        extra = {"knobs": values, "elapsed_s": self.interval_s}
+        # the episode may end before the interval does: its end, not the interval's, is the time
+        end_s = cluster.now_s if terminated and cluster.now_s < t else t
+        extra = {"knobs": values, "elapsed_s": end_s - (t - self.interval_s)}
         obs = self._observe(reward.met - met0, reward.missed - missed0, arrived, values)
         if truncated:
             comps["truncation"] = reward.truncation_penalty(unfinished(cluster), t)
@@ -327,4 +331,4 @@ class KnobEnv(gym.Env):
             if terminated:
                 extra["summary"] = cluster.result().summary
         extra["reward_components"] = comps
-        return obs, float(sum(comps.values())), terminated, truncated, step_info(self, t, extra)
+        return obs, float(sum(comps.values())), terminated, truncated, step_info(self, end_s, extra)

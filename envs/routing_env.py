@@ -82,6 +82,8 @@ class RoutingEnv(gym.Env):
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
         require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0")
         self.reward_config = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
+        require(not self.reward_config.shaping, "reward.shaping", self.reward_config.shaping,
+                "0 on Routing-v0 (potential-based shaping is implemented in kvsched/Scheduling-v0/v1 only)")
         self.metrics = sc.metrics_config()
         self.observation_space = spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES) + n * len(INSTANCE_FEATURES),),
                                             np.float32)

@@ -209,10 +209,15 @@ def _train_es(args, console) -> int:
     unused = [f for f, v in (("--n-envs", args.n_envs is not None), ("--subprocess", args.subprocess),
                              ("--policy-net", args.policy_net != "mlp"),
                              ("--reference-bias", args.reference_bias != 0.0),
-                             ("--discount-time-s", args.discount_time_s is not None),
                              ("--bc-dataset", args.bc_dataset is not None), ("--resume", args.resume is not None),
                              ("--checkpoint-every", args.checkpoint_every is not None),
                              ("--eval-every", args.eval_every is not None)) if v]
+    if args.discount_time_s is not None:
+        raise ConfigError("--discount-time-s: --algo es has no discount (its fitness is each episode's SLO "
+                          "attainment); it is for --algo ppo or maskable_ppo")
+    if "reward" in _json_arg(args.env_kwargs, "--env-kwargs"):
+        raise ConfigError("--env-kwargs reward: --algo es ignores the environment's reward (its fitness is each "
+                          "episode's SLO attainment); leave it out")
     if unused:
         raise ConfigError(f"{', '.join(unused)}: not options of --algo es (it starts at the reference, checkpoints "
                           "every generation and validates on train windows; set it with --hyperparameters)")
@@ -242,8 +247,10 @@ def _train_rllib(args, console) -> int:
                              ("--max-wall-s", args.max_wall_s is not None),
                              ("--policy-net", args.policy_net != "mlp"),
                              ("--reference-bias", args.reference_bias != 0.0),
-                             ("--discount-time-s", args.discount_time_s is not None),
                              ("--bc-dataset", args.bc_dataset is not None)) if v]
+    if args.discount_time_s is not None:
+        raise ConfigError("--discount-time-s is a Stable-Baselines3 option (a rollout buffer discounting by "
+                          "simulated time); --backend rllib discounts per decision")
     if unused:
         raise ConfigError(f"{', '.join(unused)}: Stable-Baselines3 options; with --backend rllib use "
                           "--num-env-runners")

@@ -114,6 +114,15 @@ def test_options_es_does_not_have_are_refused(tmp_path, capsys):
     assert "--reference-bias: not options of --algo es" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, expected", [(["--discount-time-s", "0.1"], "--algo es has no discount"),
+                                             (["--env-kwargs", '{"reward": {"graded": true}}'],
+                                              "--algo es ignores the environment's reward")])
+def test_es_refuses_a_discount_or_reward_it_would_ignore(tmp_path, capsys, flags, expected):
+    assert main(["train", "--task", "overload-burst", "--algo", "es", "--timesteps", "1", "--out", str(tmp_path),
+                 *flags]) == 2
+    assert expected in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kw, expected", [({"foo": 1}, "--env-kwargs: ['foo'] not allowed"),
                                           ({"action_mode": "slot"}, "action_mode"),
                                           ({"split": "heldout"}, "--env-kwargs: ['split'] not allowed")])

@@ -124,3 +124,30 @@ def test_discount_time_is_refused_where_it_has_no_meaning(tmp_path, algo, env_kw
     with pytest.raises(ConfigError, match=match):
         train("kvsched/Scheduling-v0", algo, 32, tmp_path, window_s=10.0, env_kwargs=env_kwargs,
               progress_bar=False, discount_time_s=1.0)
+
+
+def test_a_resume_keeps_its_reward_and_refuses_shaping_with_the_kept_discount(tmp_path):
+    """The checkpoint keeps the discount; SB3 checkpoints do not keep the environment's reward, so
+    a resume naming another reward than the run's train.json is refused, and so is shaping under
+    a discount the checkpoint brought back."""
+    hp = {"n_steps": 16, "batch_size": 16, "n_epochs": 1}
+    first = tmp_path / "first"
+    train("kvsched/Scheduling-v0", "maskable_ppo", 16, first, window_s=10.0, n_envs=1, hyperparameters=hp,
+          eval_episodes=1, progress_bar=False, discount_time_s=0.5, env_kwargs={"reward": {"graded": True}})
+    with pytest.raises(ConfigError, match="trained with reward"):
+        train("kvsched/Scheduling-v0", "maskable_ppo", 16, tmp_path / "second", window_s=10.0, n_envs=1,
+              eval_episodes=1, progress_bar=False, resume=first / "final.zip")
+    with pytest.raises(ConfigError, match="shaping"):
+        train("kvsched/Scheduling-v0", "maskable_ppo", 16, tmp_path / "third", window_s=10.0, n_envs=1,
+              eval_episodes=1, progress_bar=False, resume=first / "final.zip",
+              env_kwargs={"reward": {"graded": True, "shaping": 1.0}})
+    meta = train("kvsched/Scheduling-v0", "maskable_ppo", 16, tmp_path / "fourth", window_s=10.0, n_envs=1,
+                 eval_episodes=1, progress_bar=False, resume=first / "final.zip",
+                 env_kwargs={"reward": {"graded": True}})
+    assert meta["discount_time_s"] == 0.5
+
+
+@pytest.mark.parametrize("env_id", ["kvsched/Routing-v0", "kvsched/Knobs-v0"])
+def test_shaping_is_refused_where_it_is_not_implemented(env_id):
+    with pytest.raises(ConfigError, match="shaping"):
+        gym.make(env_id, window_s=10.0, reward={"shaping": 1.0})
