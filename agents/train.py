@@ -174,6 +174,8 @@ def _check_resumed_reward(resume: Path, reward: Any) -> None:
                 before = json.loads(meta_path.read_text()).get("env_kwargs", {}).get("reward")
             except (OSError, ValueError, AttributeError):
                 return  # unreadable metadata: nothing to compare against (evaluate reports it)
+            if before is not None and not isinstance(before, Mapping):
+                return  # a RewardConfig given from Python, recorded as its text: not comparable
             same = reward_config(before or {}) == reward_config(reward or {})
             if not same:
                 raise ConfigError(f"--resume: the checkpoint was trained with reward {bounded_repr(before)} "
