@@ -187,15 +187,16 @@ class PrefixOffloadSpec:
             ConfigError: not a mapping, an unknown key, or a bad value (naming ``source``).
         """
         import dataclasses
+        from collections.abc import Mapping
 
-        if not isinstance(d, dict):
+        if not isinstance(d, Mapping):
             raise ConfigError(f"{source} must be a mapping of PrefixOffloadSpec fields, got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(PrefixOffloadSpec)]
         unknown = [k for k in d if k not in names]
         if unknown:
             raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(names)}")
         try:
-            return PrefixOffloadSpec(**d)
+            return PrefixOffloadSpec(**dict(d))
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
