@@ -254,3 +254,23 @@ def test_fast_forward_serves_children_as_stepping_one_by_one_does():
     w = Workload.from_requests(reqs)
     for specs in ([make_spec(max_num_batched_tokens=256)], [make_spec(max_num_batched_tokens=256)] * 2):
         three_way(w, specs)  # fold on (invariants checked) == fold off == one step at a time
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_children_with_prefix_tiers_conserve_blocks_and_fast_forward_equals_stepping(write_policy):
+    """n > 1 on an instance whose DRAM caches prefixes: the siblings' segments cached when
+    scheduled are written below too; blocks stay conserved in every tier (invariants checked every
+    step) and fast-forward equals stepping."""
+    from simkit import BLOCK_BYTES
+
+    from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
+
+    reqs = [Request(i, 0.05 * i, 200 + 40 * (i % 3), 20 + i, prefix_hashes=tuple(range(100 * (i % 4), 100 * (i % 4) + 6)),
+                    hash_block_tokens=SEG, n=1 + i % 4) for i in range(16)]
+    w = Workload.from_requests(reqs)
+    spec = make_spec(hbm_kv_blocks=60, max_num_batched_tokens=256, dram_kv_bytes=200 * BLOCK_BYTES,
+                     prefix_offload=PrefixOffloadSpec(write_policy=write_policy))
+    a, b = run(w, spec, fast_forward=True), run(w, spec, fast_forward=False)
+    assert_identical(a, b)
+    assert a.summary["prefix_tiers"]["tiers"]["dram"]["writes"] > 0
+    assert a.summary["parallel_sampling"]["parents"] == 16
