@@ -265,8 +265,8 @@ def test_children_with_prefix_tiers_conserve_blocks_and_fast_forward_equals_step
 
     from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
 
-    reqs = [Request(i, 0.05 * i, 200 + 40 * (i % 3), 20 + i, prefix_hashes=tuple(range(100 * (i % 4), 100 * (i % 4) + 6)),
-                    hash_block_tokens=SEG, n=1 + i % 4) for i in range(16)]
+    reqs = [Request(i, 0.05 * i, 200 + 40 * (i % 3), 20 + i, hash_block_tokens=SEG, n=1 + i % 4,
+                    prefix_hashes=tuple(range(100 * (i % 4), 100 * (i % 4) + 6))) for i in range(16)]
     w = Workload.from_requests(reqs)
     spec = make_spec(hbm_kv_blocks=60, max_num_batched_tokens=256, dram_kv_bytes=200 * BLOCK_BYTES,
                      prefix_offload=PrefixOffloadSpec(write_policy=write_policy))
