@@ -129,7 +129,8 @@ class Admitter:
         # a load or fetch leaves the request an unfinished prefill (it computes nothing this step):
         # only when the partial-prefill limit lets one more stay unfinished (chunked prefill; an
         # unchunked instance prefills the rest whole once the copy lands)
-        if hit < max_seg and not (inst.chunked and inst.composer.partial_blocked(st, True, step, admitting=True)):
+        if hit < max_seg and (kv.prefix_tiers is not None or inst.shared_kv is not None) \
+                and not (inst.chunked and inst.composer.partial_blocked(st, True, step, admitting=True)):
             if kv.prefix_tiers is not None and kv.prefix_tiers.try_load_admit(inst, st, hit, max_seg, now):
                 return ADMITTED  # the next segments load from the instance's lower tiers
             if inst.shared_kv is not None and inst.shared_kv.try_fetch_admit(inst, st, hit, max_seg, now):

@@ -194,9 +194,20 @@ class BlockPool:
             return True
         if n_blocks > self.free_blocks + self.evictable_blocks:
             return False
-        if self.reclaimer is not None:  # a lower tier's prefix store evicts (and counts) for itself
+        if self.free_blocks < n_blocks:  # the usual case, free blocks enough, skips all of this
+            self._evict_for(n_blocks)
+        self.free_blocks -= n_blocks
+        self.used_blocks += n_blocks
+        return True
+
+    def _evict_for(self, n_blocks: int) -> None:
+        """Evict until ``n_blocks`` blocks are free (the caller checked they are reachable): a
+        lower tier's prefix store picks its own victims (``reclaimer``); otherwise the LRU head
+        goes, cached segments counted and reported to ``on_evict`` in one call."""
+        if self.reclaimer is not None:
             while self.free_blocks < n_blocks:
                 self.reclaimer()
+            return
         on_evict = self.on_evict
         evicted: list | None = [] if on_evict is not None else None
         while self.free_blocks < n_blocks:
@@ -211,9 +222,6 @@ class BlockPool:
                         evicted.append((h, nb, seg.creator_id))
         if evicted and on_evict is not None:
             on_evict(evicted)
-        self.free_blocks -= n_blocks
-        self.used_blocks += n_blocks
-        return True
 
     def release_private(self, n_blocks: int) -> None:
         """Return ``n_blocks`` private blocks to the free pool."""

@@ -83,7 +83,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .errors import ConfigError, bounded_repr, require
+from .errors import ConfigError, require
+from .spec_validation import known_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kv_manager import KVManager, KVTier
@@ -187,14 +188,8 @@ class PrefixOffloadSpec:
             ConfigError: not a mapping, an unknown key, or a bad value (naming ``source``).
         """
         import dataclasses
-        from collections.abc import Mapping
 
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"{source} must be a mapping of PrefixOffloadSpec fields, got {type(d).__name__}")
-        names = [f.name for f in dataclasses.fields(PrefixOffloadSpec)]
-        unknown = [k for k in d if k not in names]
-        if unknown:
-            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(names)}")
+        known_keys(d, [f.name for f in dataclasses.fields(PrefixOffloadSpec)], source, "PrefixOffloadSpec")
         try:
             return PrefixOffloadSpec(**dict(d))
         except ConfigError as e:
@@ -483,6 +478,7 @@ class PrefixTiers:
         self._uses: dict[int, int] = {}  # HBM uses per segment (selective writes)
         self._session_of: dict[int, Any] = {}  # request id -> conversation (write-back of its segments)
         self.recompute_chosen = 0
+        self._sessions = "session" in spec.eviction
         self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
         self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
         self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
@@ -498,7 +494,9 @@ class PrefixTiers:
         session router does (docs/cluster-routing.md "Sessions"): a request continues the
         conversation of the earlier request whose whole chain of full-segment keys is the longest
         prefix of its own (a turn repeats the previous prompt), else it starts one. Memoised per
-        request; None without a session id or prefix keys."""
+        request; None without a session id or prefix keys, and when no tier evicts by session."""
+        if not self._sessions:  # only the session policy reads conversations
+            return None
         conv = self._conv_of_request.get(st.rid)
         if conv is not None or st.rid in self._conv_of_request:
             return conv

@@ -23,7 +23,7 @@ from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec
 from .instance_spec import InstanceSpec
 from .model_spec import MODEL_PRESETS, ModelSpec, get_model
 from .prefix_offload import PrefixOffloadSpec
-from .spec_validation import as_float, is_int
+from .spec_validation import as_float, is_int, known_keys
 from .tiers import TierSpec
 from kvsched import atomic_files
 
@@ -55,12 +55,7 @@ def _tier_from(value: Any, where: str) -> TierSpec:
     Raises:
         ConfigError: not a mapping, unknown or missing keys, bad values.
     """
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be a mapping of TierSpec fields, got {type(value).__name__}")
-    allowed = [f.name for f in dataclasses.fields(TierSpec)]
-    unknown = [k for k in value if k not in allowed]
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(allowed)}")
+    known_keys(value, [f.name for f in dataclasses.fields(TierSpec)], where, "TierSpec")
     missing = [k for k in ("name", "capacity_bytes", "write_link", "read_link") if k not in value]
     if missing:
         raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")

@@ -65,3 +65,19 @@ def as_float(value: Any, where: str) -> float:
     if not is_real(value):
         raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a finite number")
     return value  # type: ignore[return-value]  # the real number as given (an int stays an int)
+
+
+def known_keys(value: Any, allowed, where: str, what: str) -> None:
+    """``value`` is a mapping whose keys are all in ``allowed`` (a dataclass's field names).
+
+    Raises:
+        ConfigError: not a mapping (``"<where> must be a mapping of <what> fields"``), or the first
+            unknown key, named with the allowed ones.
+    """
+    from collections.abc import Mapping
+
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping of {what} fields, got {type(value).__name__}")
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(allowed)}")
