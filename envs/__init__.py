@@ -9,6 +9,7 @@ Gymnasium nor any policy. The environments are registered with Gymnasium as entr
   :mod:`kvsched.envs.observation_v1`)
 - ``kvsched/Routing-v0`` (:class:`kvsched.envs.routing_env.RoutingEnv`)
 - ``kvsched/Knobs-v0`` (:class:`kvsched.envs.knob_env.KnobEnv`)
+- ``kvsched/Residency-v0`` (:class:`kvsched.envs.residency_env.ResidencyEnv`)
 
 Either way works::
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import sys
 
-ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1", "kvsched/Routing-v0", "kvsched/Knobs-v0")
+ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1", "kvsched/Routing-v0", "kvsched/Knobs-v0",
+           "kvsched/Residency-v0")
 
 #: the ids of the scheduling environment (one class; the observation version differs)
 SCHEDULING_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1")
@@ -42,6 +44,7 @@ ENTRY_POINTS: dict[str, str] = {
     "kvsched/Scheduling-v1": "kvsched.envs.scheduling_env:SchedulingEnvV1",
     "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
     "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
+    "kvsched/Residency-v0": "kvsched.envs.residency_env:ResidencyEnv",
 }
 
 

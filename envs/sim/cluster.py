@@ -52,11 +52,15 @@ class DecisionWatch:
         schedule_filter: ``filter(instance, now_s) -> bool``: stop only at the watched
             instance's scheduling points where it returns ``True`` (``None``: every one where
             the instance is idle). Must not change the instance.
+        residency: stop (``"residency"``) once per request finished on an instance whose lower
+            tiers cache prefixes, after the event it finished in, for a retention decision
+            (:meth:`Cluster.retain`, :mod:`.retention`); nothing is suspended.
     """
 
     route: bool = False
     schedule_instance: int | None = None
     schedule_filter: Callable[[Instance, float], bool] | None = None
+    residency: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,13 @@ class DecisionPoint:
 
     Attributes:
         kind: ``"route"`` (an arrival to place), ``"schedule"`` (an idle instance about to plan
-            its next step) or ``"time"`` (the ``until_s`` of the call was reached).
+            its next step), ``"residency"`` (a finished request's retention decision) or
+            ``"time"`` (the ``until_s`` of the call was reached).
         time_s: simulated time (s).
-        instance_id: the instance about to schedule (``"schedule"``), else ``None``.
-        request: the arriving request's state (``"route"``), else ``None``.
+        instance_id: the instance about to schedule (``"schedule"``) or where the request
+            finished (``"residency"``), else ``None``.
+        request: the arriving request's state (``"route"``), the finished one's
+            (``"residency"``), else ``None``.
     """
 
     kind: str
@@ -170,6 +177,8 @@ class Cluster:
         self._workload: Workload | None = None
         self._pending: tuple | None = None
         self._now_s = 0.0
+        self._retention: list = []
+        self._retention_pending: tuple | None = None
         self._until_s = math.inf  # the caller's stop time of the current run_until_decision
         self.watch: DecisionWatch | None = None
 
@@ -219,10 +228,13 @@ class Cluster:
             arrivals = arrivals[order]
         self._arrivals = arrivals
         self._order = order
+        self._retention: list = []  # (instance id, finished request, finish s) awaiting a decision
         for inst in instances:  # the clairvoyant eviction reference reads the window's future uses
             pt = inst.kv.prefix_tiers
             if pt is not None and "clairvoyant" in pt.spec.eviction:
                 pt.set_future(workload)
+            if pt is not None and watch is not None and watch.residency:
+                pt.enable_retention(self._retention, inst.instance_id)
         self._n = n
         self._next_idx = 0
         self._done_reported = 0
@@ -372,7 +384,10 @@ class Cluster:
         route_watched = watch is not None and watch.route
         sched_inst = None if watch is None or watch.schedule_instance is None else instances[watch.schedule_instance]
         sched_filter = None if watch is None else watch.schedule_filter
+        retention = self._retention
         while len(ev):
+            if retention:
+                return self._retention_point()
             if until_s < math.inf and ev.peek_time() > until_s:
                 return DecisionPoint("time", until_s, None, None)
             t, kind, payload = ev.pop()
@@ -411,9 +426,39 @@ class Cluster:
             if self.progress is not None and len(rec.rows) - self._done_reported >= 1000:
                 self._done_reported = len(rec.rows)
                 self.progress(self._done_reported)
+        if retention:
+            return self._retention_point()
         if self.progress is not None:
             self.progress(len(rec.rows))
         return None
+
+    @property
+    def arrivals_taken(self) -> int:
+        """Arrivals the event loop has taken in so far (routed or pending a route)."""
+        return self._next_idx
+
+    def _retention_point(self) -> DecisionPoint:
+        """The next finished request awaiting a retention decision (taken off the queue)."""
+        inst_id, st, _ = self._retention.pop(0)
+        self._retention_pending = (inst_id, st)
+        return DecisionPoint("residency", self._now_s, inst_id, st)
+
+    def retain(self, decision) -> None:
+        """Apply a retention decision (:class:`.retention.RetentionDecision`) for the request of
+        the last ``"residency"`` point, now; optional (an undecided request keeps ``default``).
+
+        Raises:
+            RuntimeError: no ``"residency"`` point was returned since the last call.
+        """
+        pending = self._retention_pending
+        if pending is None:
+            raise RuntimeError("no residency decision point is pending")
+        self._retention_pending = None
+        inst_id, st = pending
+        pt = self.instances[inst_id].kv.prefix_tiers
+        assert pt is not None
+        pt.now_s = self._now_s
+        pt.retain(st, decision.kind, decision.keep_s, self._now_s)
 
     def _route(self, st: RequestState, t: float) -> int:
         """Index of the instance an arriving request goes to (the router's choice, checked)."""
@@ -474,12 +519,15 @@ class Cluster:
         hits are HBM's)."""
         tiers: dict[str, dict] = {}
         recompute = 0
+        decisions = None
         for inst in self.instances:
             pt = inst.kv.prefix_tiers
             if pt is None:
                 continue
             st = pt.stats()
             recompute += st["recompute_chosen"]
+            if "retention_decisions" in st:
+                decisions = st["retention_decisions"] + (decisions or 0)
             for name, counters in st["tiers"].items():
                 acc = tiers.setdefault(name, {})
                 for k, v in counters.items():
@@ -487,7 +535,10 @@ class Cluster:
         prompt = summary["classes"]["all"]["prefix"]["prompt_tokens"]
         for acc in tiers.values():
             acc["hit_rate"] = acc["hit_tokens"] / prompt if prompt else None
-        return {"recompute_chosen": recompute, "tiers": tiers}
+        out: dict = {"recompute_chosen": recompute, "tiers": tiers}
+        if decisions is not None:
+            out["retention_decisions"] = decisions
+        return out
 
     def result(self) -> SimulationResult:
         """Records, summary and counters of the served workload (after the loop ended).

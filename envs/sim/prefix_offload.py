@@ -233,6 +233,9 @@ class _LRU:
     def victim(self, entries: dict, now_s: float) -> Any:
         return next(iter(self.keys))
 
+    def __len__(self) -> int:
+        return len(self.keys)
+
 
 class _LFU:
     """Fewest uses first, least recently used among equals (a lazy heap: O(log n) per change)."""
@@ -254,6 +257,9 @@ class _LFU:
 
     def remove(self, key: Any) -> None:
         del self.token[key]
+
+    def __len__(self) -> int:
+        return len(self.token)
 
     def victim(self, entries: dict, now_s: float) -> Any:
         heap, token = self.heap, self.token
@@ -314,6 +320,9 @@ class _Clairvoyant:
     def remove(self, key: Any) -> None:
         del self.token[key]
 
+    def __len__(self) -> int:
+        return len(self.token)
+
     def victim(self, entries: dict, now_s: float) -> Any:
         heap, due, token = self.heap, self.due, self.token
         while due and due[0][0] <= now_s:  # predicted uses that have passed: look them up again
@@ -352,6 +361,12 @@ class PrefixStore:
         else:
             self.order = _Clairvoyant(owner.next_use_s)
         self.next: PrefixStore | None = None  # where evicted entries are demoted
+        # retention (:meth:`PrefixTiers.retain`): entries out of the eviction order until a deadline
+        self.protected: dict[Any, float] = {}  # key -> deadline (s)
+        self._deadlines: list[tuple[float, int, Any]] = []  # (deadline, seq, key), lazy min-heap
+        self._seq = 0
+        self.protected_blocks = 0
+        self.by_session: dict[Any, set] | None = None  # conversation -> its keys (with retention only)
         self.hit_tokens = 0
         self.self_hit_tokens = 0
         self.loads = 0
@@ -362,6 +377,7 @@ class PrefixStore:
         self.skipped_writes = 0
         self.demotions = 0
         self.evicted = 0
+        self.evicted_blocks = 0
         self.pool.reclaimer = self.evict_one  # a swap into this tier evicts prefixes it needs room from
 
     def ready(self, key: Any, now_s: float) -> bool:
@@ -384,7 +400,7 @@ class PrefixStore:
         writes, not segments). Already stored ones are refreshed. Evicts for room (never swapped
         blocks); when the tier cannot make room for all the new ones, none is written (a skipped
         write). Returns whether every key is stored."""
-        entries, order = self.entries, self.order
+        entries, order, protected = self.entries, self.order, self.protected
         new = []
         for key in keys:
             e = entries.get(key)
@@ -392,12 +408,19 @@ class PrefixStore:
                 new.append(key)
             else:
                 e.last_s = now_s
-                order.touch(key, e, now_s)
+                if key not in protected:
+                    order.touch(key, e, now_s)
         if not new:
             return True
         pool = self.pool
         total = n_blocks * len(new)
-        if total > pool.free_blocks + pool.evictable_blocks:
+        by_session = self.by_session
+        until = -math.inf if by_session is None else self.owner.keep_until_s.get(session_id, -math.inf)
+        room = pool.free_blocks + pool.evictable_blocks
+        if self.protected and until <= now_s:  # a write not kept itself never evicts kept entries
+            self._release(now_s)
+            room -= self.protected_blocks
+        if total > room:
             self.skipped_writes += 1
             return False
         while pool.free_blocks < total:
@@ -412,7 +435,12 @@ class PrefixStore:
             t = hop.write(t, transfer(total, hop.links()[0]), nbytes)
         for key in new:
             e = entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
-            order.add(key, e, now_s)
+            if until > now_s:  # its conversation is kept: out of the order until its deadline
+                self._protect(key, e, until)
+            else:
+                order.add(key, e, now_s)
+        if by_session is not None:
+            by_session.setdefault(session_id, set()).update(new)
         self.writes += 1
         self.bytes_written += nbytes
         return True
@@ -422,24 +450,105 @@ class PrefixStore:
         tier), demoting it to the next listed tier; returns its blocks."""
         if now_s is None:
             now_s = self.owner.now_s
-        key = self.order.victim(self.entries, now_s)
+        protected = self.protected
+        if protected:
+            self._release(now_s)
+            if len(protected) == len(self.entries):  # everything is kept: the earliest deadline goes
+                key = self._earliest_protected()
+                return self.remove(key, now_s, demote=True)
+        return self.remove(self.order.victim(self.entries, now_s), now_s, demote=True)
+
+    def remove(self, key: Any, now_s: float, demote: bool) -> int:
+        """Evict ``key`` at ``now_s``, demoting it to the next listed tier when ``demote`` (and
+        there is one); returns its blocks."""
         e = self.entries.pop(key)
-        self.order.remove(key)
+        if self.protected.pop(key, None) is None:
+            self.order.remove(key)
+        else:
+            self.protected_blocks -= e.n_blocks
+        if self.by_session is not None:
+            keys = self.by_session.get(e.session_id)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.by_session[e.session_id]
         pool = self.pool
         pool.evictable_blocks -= e.n_blocks
         pool.free_blocks += e.n_blocks
         self.evicted += 1
+        self.evicted_blocks += e.n_blocks
         nxt = self.next
-        if nxt is not None and nxt.put(key, e.n_blocks, e.creator_id, e.session_id, e.ready_s, now_s, [nxt.tier]):
+        if demote and nxt is not None and nxt.put(key, e.n_blocks, e.creator_id, e.session_id, e.ready_s, now_s,
+                                                  [nxt.tier]):
             self.demotions += 1
         return e.n_blocks
+
+    # ------------------------------------------------------------------------ retention
+    def _protect(self, key: Any, e: _Entry, until_s: float) -> None:
+        """Keep ``key`` out of the eviction order until ``until_s`` (s); it must not be in it."""
+        if key not in self.protected:
+            self.protected_blocks += e.n_blocks
+        self.protected[key] = until_s
+        self._seq += 1
+        heapq.heappush(self._deadlines, (until_s, self._seq, key))
+
+    def _release(self, now_s: float) -> None:
+        """Entries whose deadline passed rejoin the eviction order (as if used at ``now_s``:
+        an order has no place for an older use [kvsched choice])."""
+        heap, protected, entries, order = self._deadlines, self.protected, self.entries, self.order
+        while heap and heap[0][0] <= now_s:
+            until, _, key = heapq.heappop(heap)
+            if protected.get(key) == until:
+                del protected[key]
+                e = entries[key]
+                self.protected_blocks -= e.n_blocks
+                order.add(key, e, now_s)
+
+    def _earliest_protected(self) -> Any:
+        heap, protected = self._deadlines, self.protected
+        while True:
+            until, _, key = heap[0]
+            if protected.get(key) == until:
+                return key
+            heapq.heappop(heap)  # stale: removed or given another deadline since
+
+    def keep(self, session: Any, until_s: float, now_s: float) -> None:
+        """Keep every entry of conversation ``session`` out of the eviction order until
+        ``until_s`` (s); ``until_s <= now_s`` returns kept ones to it."""
+        keys = self.by_session.get(session) if self.by_session is not None else None
+        if not keys:
+            return
+        entries, order, protected = self.entries, self.order, self.protected
+        for key in sorted(keys, key=lambda k: entries[k].last_s):  # deterministic, oldest use first
+            e = entries[key]
+            if until_s > now_s:
+                if key not in protected:
+                    order.remove(key)
+                self._protect(key, e, until_s)
+            elif key in protected:
+                del protected[key]
+                self.protected_blocks -= e.n_blocks
+                order.add(key, e, now_s)
+
+    def evict_session(self, session: Any, now_s: float, demote: bool) -> int:
+        """Evict every entry of conversation ``session`` (demoted to the next listed tier when
+        ``demote``); returns the blocks freed."""
+        keys = self.by_session.get(session) if self.by_session is not None else None
+        if not keys:
+            return 0
+        entries = self.entries
+        freed = 0
+        for key in sorted(keys, key=lambda k: entries[k].last_s):
+            freed += self.remove(key, now_s, demote)
+        return freed
 
     def use(self, key: Any, now_s: float) -> None:
         """A load read ``key``: count the use and refresh its place in the eviction order."""
         e = self.entries[key]
         e.uses += 1
         e.last_s = now_s
-        self.order.touch(key, e, now_s)
+        if key not in self.protected:
+            self.order.touch(key, e, now_s)
 
     def check(self) -> None:
         """Assert the stored blocks are the pool's evictable blocks."""
@@ -447,6 +556,11 @@ class PrefixStore:
         if held != self.pool.evictable_blocks:
             raise AssertionError(f"{self.tier.name} prefix store holds {held} blocks, the pool counts "
                                  f"{self.pool.evictable_blocks} evictable")
+        kept = sum(self.entries[k].n_blocks for k in self.protected)
+        if len(self.order) + len(self.protected) != len(self.entries) or kept != self.protected_blocks:
+            raise AssertionError(f"{self.tier.name} prefix store: {len(self.order)} ordered + "
+                                 f"{len(self.protected)} kept entries of {len(self.entries)}; kept blocks "
+                                 f"{kept} vs counted {self.protected_blocks}")
 
     def stats(self) -> dict[str, Any]:
         """Counters of this tier (JSON-ready)."""
@@ -478,9 +592,13 @@ class PrefixTiers:
         self._uses: dict[int, int] = {}  # HBM uses per segment (selective writes)
         self._session_of: dict[int, Any] = {}  # request id -> conversation (write-back of its segments)
         self.recompute_chosen = 0
+        self.keep_until_s: dict[Any, float] = {}  # conversation -> retention deadline (s), :meth:`retain`
+        self.retention_queue: list | None = None  # finished requests awaiting a retention decision
+        self.retention_decisions = 0
         self._sessions = "session" in spec.eviction
         self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
         self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
+        self._seen_keys: set = set()  # every full-segment key of a request seen so far
         self.stores = [PrefixStore(kv.by_name[name], ev, self) for name, ev in zip(spec.tiers, spec.eviction)]
         for upper, lower in zip(self.stores, self.stores[1:]):
             upper.next = lower
@@ -493,7 +611,11 @@ class PrefixTiers:
         id when the workload gives one (>= 0); otherwise derived from its prefix keys as kvsched's
         session router does (docs/cluster-routing.md "Sessions"): a request continues the
         conversation of the earlier request whose whole chain of full-segment keys is the longest
-        prefix of its own (a turn repeats the previous prompt), else it starts one. Memoised per
+        prefix of its own (a turn repeats the previous prompt), else it starts one. A conversation
+        continues from its latest turn only (a chain two later requests extend is a template, not
+        one conversation: the second starts its own); a request whose
+        last key was seen before (its prompt adds nothing new, e.g. a shared system prompt alone) is
+        no conversation later requests continue. Memoised per
         request; None without a session id or prefix keys, and when no tier evicts by session."""
         if not self._sessions:  # only the session policy reads conversations
             return None
@@ -507,13 +629,15 @@ class PrefixTiers:
             chain_end = self._conv_by_chain_end
             n = st.n_cacheable_segments
             for key in reversed(st.hashes[:n]):
-                conv = chain_end.get(key)
-                if conv is not None:
+                conv = chain_end.pop(key, None)  # a conversation continues from its latest turn only:
+                if conv is not None:  # a second request extending the same chain starts its own
                     break
             else:
                 conv = ("request", st.rid)
-            if n:
-                chain_end[st.hashes[n - 1]] = conv
+            seen = self._seen_keys
+            if n and st.hashes[n - 1] not in seen:  # a chain adding nothing new (e.g. only a shared
+                chain_end[st.hashes[n - 1]] = conv  # system prompt) is no conversation to continue
+            seen.update(st.hashes[:n])
         self._conv_of_request[st.rid] = conv
         return conv
 
@@ -611,13 +735,78 @@ class PrefixTiers:
             i = j
 
     def on_finished(self, st: "RequestState", now_s: float) -> None:
-        """With ``offload_prompt_only`` false: write ``st``'s decode blocks (an entry no prompt hits)."""
+        """With ``offload_prompt_only`` false: write ``st``'s decode blocks (an entry no prompt
+        hits). With retention control (:meth:`enable_retention`): queue ``st`` for a decision."""
+        if self.retention_queue is not None:
+            self.retention_queue.append((self._instance_id, st, now_s))
         if self.spec.offload_prompt_only:
             return
         bs = self.kv.bs
         n = -(-(st.prompt_tokens + st.generated) // bs) - (-(-st.prompt_tokens // bs))
         if n > 0:
             self.stores[0].put(("decode", st.rid), n, st.rid, self.conversation_of(st), now_s, now_s, self._first_hops)
+
+    # ---------------------------------------------------------------------------- retention
+    def enable_retention(self, queue: list, instance_id: int) -> None:
+        """Let a caller decide how long each conversation's entries stay (:meth:`retain`): index
+        the stores' entries by conversation and append ``(instance id, request, finish time s)``
+        to ``queue`` for every finished request. Call before the run starts (the conversations
+        of entries already stored are unknown)."""
+        self.retention_queue = queue
+        self._instance_id = instance_id
+        self._sessions = True
+        for s in self.stores:
+            if s.by_session is None:
+                s.by_session = {}
+                for key, e in s.entries.items():
+                    s.by_session.setdefault(e.session_id, set()).add(key)
+
+    def retain(self, st: "RequestState", kind: str, keep_s: float, now_s: float) -> None:
+        """Apply a retention decision for the conversation of finished request ``st`` at ``now_s``
+        in every listed tier (:mod:`.retention` defines the kinds):
+
+        - ``"default"``: its entries follow the tiers' eviction orders (a kept deadline is lifted);
+        - ``"keep"``: its entries, and those it stores later, leave the eviction orders until
+          ``now_s + keep_s``; a tier evicts a kept entry only when every entry it holds is kept
+          (the earliest deadline first);
+        - ``"drop"``: its entries are evicted from every listed tier now, without demotion;
+        - ``"demote"``: its entries in the first listed tier move to the next one now (over the
+          link; with one listed tier, as ``"drop"``).
+
+        Raises:
+            ConfigError: an unknown kind, or a keep time that is not a finite number >= 0.
+        """
+        from .retention import RETENTION_KINDS
+
+        require(kind in RETENTION_KINDS, "retention kind", kind, f"one of {', '.join(RETENTION_KINDS)}")
+        require(isinstance(keep_s, (int, float)) and not isinstance(keep_s, bool) and math.isfinite(keep_s)
+                and keep_s >= 0, "keep_s", keep_s, "a finite number of seconds >= 0")
+        conv = self.conversation_of(st)
+        if conv is None:
+            return
+        self.retention_decisions += 1
+        until = now_s + keep_s if kind == "keep" and keep_s > 0 else -math.inf
+        if until > now_s:
+            self.keep_until_s[conv] = until
+        else:
+            self.keep_until_s.pop(conv, None)
+        if kind == "drop":
+            for s in self.stores:
+                s.evict_session(conv, now_s, demote=False)
+        elif kind == "demote":
+            self.stores[0].evict_session(conv, now_s, demote=True)
+        else:
+            for s in self.stores:
+                s.keep(conv, until, now_s)
+
+    def session_blocks(self, st: "RequestState") -> list[int]:
+        """Blocks the conversation of ``st`` holds in each listed tier (with retention control)."""
+        conv = self.conversation_of(st)
+        out = []
+        for s in self.stores:
+            keys = s.by_session.get(conv, ()) if s.by_session is not None else ()
+            out.append(sum(s.entries[k].n_blocks for k in keys))
+        return out
 
     # ------------------------------------------------------------------------------- loads
     def _run(self, hashes, now_s: float) -> list[PrefixStore]:
@@ -725,6 +914,9 @@ class PrefixTiers:
 
     def stats(self) -> dict[str, Any]:
         """Counters per listed tier plus the spec (JSON-ready)."""
-        return {"write_policy": self.spec.write_policy, "load_policy": self.spec.load_policy,
-                "recompute_chosen": self.recompute_chosen,
-                "tiers": {s.tier.name: s.stats() for s in self.stores}}
+        out = {"write_policy": self.spec.write_policy, "load_policy": self.spec.load_policy,
+               "recompute_chosen": self.recompute_chosen,
+               "tiers": {s.tier.name: s.stats() for s in self.stores}}
+        if self.retention_queue is not None:
+            out["retention_decisions"] = self.retention_decisions
+        return out

@@ -1,0 +1,309 @@
+"""``kvsched/Residency-v0``: the agent decides how long each conversation's cached prefix stays in
+the lower tiers (host DRAM, NVMe) of a tiered prefix cache.
+
+Adapter only: the simulation is :class:`kvsched.envs.sim.cluster.Cluster` with its finished
+requests watched (``DecisionWatch(residency=True)``); the decision vocabulary (keep for a time,
+drop, demote, or leave it to the tier's eviction order) is the core's, :mod:`kvsched.envs.sim.retention`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from kvsched.envs.common import check_steppable, episode_config, integer_action, reference, step_info, unfinished
+from kvsched.envs.episodes import EpisodeSource
+from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
+from kvsched.envs.sim.cluster import Cluster, DecisionWatch
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.prefix_offload import EVICTION_POLICIES
+from kvsched.envs.sim.retention import RetentionDecision
+
+#: keep times of the ``keep`` actions (s) [kvsched choice: from a few seconds to the 5-minute
+#: think times of the conversation traces; Mooncake's and Azure's turns come back after tens of
+#: seconds to minutes]
+KEEP_BINS_S: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+#: actions before the keep bins
+BASE_ACTIONS: tuple[str, ...] = ("default", "drop", "demote")
+FEATURES: tuple[str, ...] = (
+    "prompt", "generated", "prefix_hit", "turns", "first_turn", "turn_gap", "conversation_age",
+    "conversation_tier0", "conversation_tier1", "tier0_prefix_fill", "tier0_kept", "tier0_swapped",
+    "tier0_survival", "hbm_used", "waiting", "arrival_rate", "has_tier1",
+)
+#: time constant of the eviction-rate and arrival-rate averages (s) [kvsched choice]
+RATE_TAU_S = 30.0
+
+
+class ResidencyEnv(gym.Env):
+    """Retention decisions for the lower-tier prefix caches of every instance of a scenario.
+
+    The scenario's instances must cache prefixes below HBM (``instance.prefix_offload``,
+    docs/architecture.md "Prefix caches below HBM"); HBM keeps vLLM's LRU prefix cache.
+
+    **Decision points**: every request that finishes, once (after the event it finished in, at
+    that simulated time). Its conversation (the session id, or the prefix chain it continues:
+    :meth:`~kvsched.envs.sim.prefix_offload.PrefixTiers.conversation_of`) is what the decision
+    applies to, in every listed tier of the request's instance.
+
+    **Action** ``Discrete(3 + len(keep_bins_s))``: 0 ``default`` (the tiers' eviction order
+    decides: the reference), 1 ``drop`` (evict the conversation's entries now), 2 ``demote``
+    (move its first-tier entries to the next listed tier now; masked without one), then
+    ``keep`` for each of ``keep_bins_s`` seconds (out of the eviction order until then; a tier
+    evicts kept entries only when it holds nothing else). A masked action is not an error: it
+    acts as 0 and ``info["invalid_action"]`` is True.
+
+    **Observation** ``Box(0, 1, (17,), float32)``, fixed scales (:data:`FEATURES`):
+
+    =======================  ==================================================================
+    ``prompt``               p / (p + 8192), p = the request's prompt tokens
+    ``generated``            g / (g + 512), g = its output tokens
+    ``prefix_hit``           prompt tokens it found cached (HBM or below) / p
+    ``turns``                n / (n + 3), n = requests of its conversation finished so far
+    ``first_turn``           1 when n = 1
+    ``turn_gap``             d / (d + 60), d = s between the arrivals of its last two turns (0 first)
+    ``conversation_age``     a / (a + 300), a = s since its conversation's first arrival
+    ``conversation_tier0``   blocks its conversation holds in the first listed tier / capacity
+    ``conversation_tier1``   the same in the second listed tier (0 without one)
+    ``tier0_prefix_fill``    cached-prefix blocks / capacity of the first listed tier
+    ``tier0_kept``           kept (retained) blocks / capacity
+    ``tier0_swapped``        swapped-out requests' blocks / capacity
+    ``tier0_survival``       s / (s + 60), s = capacity / eviction rate (blocks/s, averaged over
+                             30 s): how long an entry the order does not protect lasts; 1 with
+                             no evictions yet
+    ``hbm_used``             used / capacity HBM blocks
+    ``waiting``              n / (n + 16), n = waiting requests
+    ``arrival_rate``         r / (r + 1), r = arrivals per second (averaged over 30 s)
+    ``has_tier1``            1 when a second listed tier exists
+    =======================  ==================================================================
+
+    Output lengths are known here only because the request has finished; nothing of the future
+    is shown.
+
+    **Reward**: as ``kvsched/Routing-v0`` (SLO attainment per recorded request, over all
+    instances; :mod:`kvsched.envs.reward`); ``info["summary"]`` at the end has the per-tier hits
+    (``prefix_tiers``).
+
+    **Heuristics** (:meth:`heuristic_action`): ``lru``, ``lfu`` and ``clairvoyant`` are the tier
+    order with action 0 (make the environment with ``eviction=<name>``); ``session`` keeps every
+    conversation for a fixed time (``keep_s``, one of ``keep_bins_s``). ``clairvoyant`` reads the
+    window's future: a reference for what knowing it is worth, never a policy.
+
+    Args:
+        scenario, window_s, split, heldout_fraction, max_requests: see ``Scheduling-v0``
+            (default window 300 s: retention acts over think times of minutes).
+        eviction: the listed tiers' eviction order, one of ``lru``, ``lfu``, ``session``,
+            ``clairvoyant`` (default: the scenario's).
+        keep_bins_s: keep times of the keep actions (s), increasing, each > 0.
+        n_instances: instances (default: the scenario's).
+        horizon_s: truncation time (s), default ``3 * window_s``.
+        reward: :class:`RewardConfig`, or a mapping of its fields (no shaping).
+
+    Raises:
+        ConfigError: a scenario without ``prefix_offload``, an unknown eviction order, bad keep
+            bins, a bad horizon or reward.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: str | None = None, window_s: float = 300.0, split: str = "train",
+                 heldout_fraction: float = 0.25, max_requests: int | None = None, eviction: str | None = None,
+                 keep_bins_s: tuple[float, ...] | list[float] = KEEP_BINS_S, n_instances: int | None = None,
+                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig()) -> None:
+        self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
+        sc = self.source.scenario
+        spec = sc.instance_spec()
+        po = spec.prefix_offload
+        require(po is not None, "scenario", sc.name, "a scenario whose instance caches prefixes below HBM "
+                "(instance.prefix_offload, e.g. experiments/scenarios/residency-mooncake.yaml)")
+        assert po is not None
+        require(eviction is None or eviction in EVICTION_POLICIES, "eviction", eviction,
+                f"one of {', '.join(EVICTION_POLICIES)} (None: the scenario's)")
+        if eviction is not None:
+            po = dataclasses.replace(po, eviction=eviction)
+            spec = dataclasses.replace(spec, prefix_offload=po)
+        self.eviction = po.eviction[0] if len(set(po.eviction)) == 1 else "/".join(po.eviction)
+        self.instance_spec = spec
+        bins = tuple(keep_bins_s) if isinstance(keep_bins_s, (list, tuple)) else None
+        require(bins is not None and len(bins) >= 1
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b > 0
+                        for b in bins) and all(a < b for a, b in zip(bins, bins[1:])), "keep_bins_s", keep_bins_s,
+                "a non-empty increasing list of finite keep times (s) > 0")
+        assert bins is not None
+        self.keep_bins_s = tuple(float(b) for b in bins)
+        n = sc.n_instances if n_instances is None else n_instances
+        require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n_instances", n_instances,
+                "an integer >= 1")
+        self.n_instances = n
+        self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
+        require(self.horizon_s > 0, "horizon_s", horizon_s, "a number of seconds > 0 (math.inf: never truncate)")
+        self.reward_config = reward_config(reward)
+        require(not self.reward_config.shaping, "reward.shaping", self.reward_config.shaping,
+                "0 on Residency-v0 (potential-based shaping is implemented in kvsched/Scheduling-v0/v1 only)")
+        reference(sc.policy, None, self.source)  # the instances' policy: validate early
+        self.metrics = sc.metrics_config()
+        self.n_actions = len(BASE_ACTIONS) + len(self.keep_bins_s)
+        self.observation_space = spaces.Box(0.0, 1.0, (len(FEATURES),), np.float32)
+        self.action_space = spaces.Discrete(self.n_actions)
+        self._mask = np.ones(self.n_actions, dtype=bool)
+        self._mask[2] = len(po.tiers) >= 2  # demote needs a next tier
+        self._decisions = tuple([RetentionDecision("default"), RetentionDecision("drop"),
+                                 RetentionDecision("demote" if len(po.tiers) >= 2 else "default")]
+                                + [RetentionDecision("keep", b) for b in self.keep_bins_s])
+        self._action_allowed = f"an action index in [0, {self.n_actions})"
+        self.cluster: Cluster | None = None
+
+    # ------------------------------------------------------------------------------ episode
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.workload, self.episode = self.source.choose(self.np_random, options)
+        sc = self.source.scenario
+        from kvsched.policies.routing import make_router
+
+        self.cluster = Cluster([self.instance_spec] * self.n_instances, lambda: reference(sc.policy, None, self.source),
+                               metrics=self.metrics, router=make_router(sc.router, dict(sc.router_params)),
+                               router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed,
+                               options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
+        self.slo_reward = SLOReward(self.reward_config, self.metrics)
+        self.cluster.start(self.workload, DecisionWatch(residency=True))
+        self.decisions = 0
+        self._over = False
+        self._turns: dict = {}  # conversation -> (turns finished, first arrival s, last arrival s, gap s)
+        self._evicted = [0.0] * self.n_instances  # blocks evicted from the first tier, last seen
+        self._evict_rate = [0.0] * self.n_instances  # blocks/s, averaged
+        self._rate_t = [0.0] * self.n_instances
+        self._arrivals_seen = 0
+        self._arrival_rate = 0.0
+        self._arrival_t = 0.0
+        self._point = self.cluster.run_until_decision(self.horizon_s)
+        self._decided_s = self.cluster.now_s
+        return self._observe(), self._info({})
+
+    def _tier0(self, inst_id: int):
+        c = self.cluster
+        assert c is not None
+        pt = c.instances[inst_id].kv.prefix_tiers
+        assert pt is not None
+        return pt
+
+    def _observe(self) -> np.ndarray:
+        p = self._point
+        if p is None or p.kind != "residency":
+            return np.zeros(self.observation_space.shape, dtype=np.float32)
+        c = self.cluster
+        assert c is not None
+        st, now = p.request, p.time_s
+        inst = c.instances[p.instance_id]
+        pt = self._tier0(p.instance_id)
+        conv = pt.conversation_of(st)
+        turns, first_s, last_s, gap = self._turns.get(conv, (0, st.arrival_s, st.arrival_s, 0.0))
+        if turns:
+            gap = max(st.arrival_s - last_s, 0.0)
+        turns += 1
+        self._turns[conv] = (turns, first_s, st.arrival_s, gap)
+        store = pt.stores[0]
+        pool = store.pool
+        cap = float(max(pool.capacity_blocks, 1))
+        held = pt.session_blocks(st)
+        # the first tier's eviction rate (blocks/s), an exponential average over RATE_TAU_S
+        i = p.instance_id
+        evicted = float(store.evicted_blocks)
+        dt = now - self._rate_t[i]
+        if dt > 0:
+            w = math.exp(-dt / RATE_TAU_S)
+            self._evict_rate[i] = w * self._evict_rate[i] + (1 - w) * (evicted - self._evicted[i]) / dt
+            self._evicted[i], self._rate_t[i] = evicted, now
+        rate = self._evict_rate[i]
+        survival = 1.0 if rate <= 0 else (cap / rate) / (cap / rate + 60.0)
+        arrived = c.arrivals_taken
+        dt = now - self._arrival_t
+        if dt > 0:
+            w = math.exp(-dt / RATE_TAU_S)
+            self._arrival_rate = w * self._arrival_rate + (1 - w) * (arrived - self._arrivals_seen) / dt
+            self._arrivals_seen, self._arrival_t = arrived, now
+        r = self._arrival_rate
+        prompt = float(st.prompt_tokens)
+        hbm = inst.hbm
+        swapped = pool.capacity_blocks - pool.free_blocks - pool.evictable_blocks
+        nw = len(inst.waiting)
+        cap1 = float(max(pt.stores[1].pool.capacity_blocks, 1)) if len(pt.stores) > 1 else 1.0
+        vals = (prompt / (prompt + 8192.0), st.generated / (st.generated + 512.0),
+                min((st.prefix_hit_tokens + st.self_hit_tokens) / prompt, 1.0) if prompt else 0.0,
+                turns / (turns + 3.0), 1.0 if turns == 1 else 0.0, gap / (gap + 60.0),
+                (now - first_s) / (now - first_s + 300.0) if now > first_s else 0.0,
+                min(held[0] / cap, 1.0), min(held[1] / cap1, 1.0) if len(held) > 1 else 0.0,
+                pool.evictable_blocks / cap, store.protected_blocks / cap, swapped / cap, survival,
+                hbm.used_blocks / float(max(hbm.capacity_blocks, 1)), nw / (nw + 16.0), r / (r + 1.0),
+                1.0 if len(pt.stores) > 1 else 0.0)
+        return np.clip(np.array(vals, dtype=np.float32), 0.0, 1.0)
+
+    # ------------------------------------------------------------------------------- masks
+    def action_masks(self) -> np.ndarray:
+        """Valid actions: all but ``demote`` without a second listed tier."""
+        return self._mask.copy()
+
+    def _info(self, extra: dict) -> dict:
+        return step_info(self, self.cluster.now_s if self.cluster else 0.0, extra)
+
+    def decision_of(self, action: int) -> RetentionDecision:
+        """The :class:`~kvsched.envs.sim.retention.RetentionDecision` action ``action`` stands for."""
+        return self._decisions[action]
+
+    # -------------------------------------------------------------------------------- step
+    def step(self, action):
+        if self.cluster is None or self._over:
+            check_steppable(self)  # raises
+        a = action if type(action) is int else integer_action(action, 1, self._action_allowed)[0]
+        if not 0 <= a < self.n_actions:
+            require(False, "action", action, self._action_allowed)
+        invalid = not self._mask[a]
+        c = self.cluster
+        assert c is not None
+        if self._point is not None and self._point.kind == "residency":
+            c.retain(self._decisions[0 if invalid else a])
+            self.decisions += 1
+            self._point = c.run_until_decision(self.horizon_s)
+        comps = self.slo_reward.collect(c.recorder.rows)
+        terminated = self._point is None
+        truncated = self._point is not None and self._point.kind == "time"
+        extra: dict = {"invalid_action": invalid, "elapsed_s": c.now_s - self._decided_s}
+        self._decided_s = c.now_s
+        states = unfinished(c)
+        if truncated:
+            comps["truncation"] = self.slo_reward.truncation_penalty(states, c.now_s)
+        elif not terminated and self.reward_config.early_miss:
+            comps["slo_missed"] += self.slo_reward.certain_misses(states, c.now_s)
+        if terminated or truncated:
+            self._over = True
+            if terminated:
+                extra["summary"] = c.result().summary
+        extra["reward_components"] = comps
+        return self._observe(), float(sum(comps.values())), terminated, truncated, self._info(extra)
+
+    # ---------------------------------------------------------------------- reference agents
+    def heuristic_action(self, policy: str | None = None, keep_s: float | None = None) -> int:
+        """The action of heuristic ``policy`` at this decision: the tier order (``None``, or the
+        environment's ``eviction``: ``lru``, ``lfu``, ``clairvoyant``) plays 0; ``session`` keeps
+        every conversation ``keep_s`` seconds (one of ``keep_bins_s``; default 30 s, the
+        ``session`` order's ``session_keep_s`` default).
+
+        Raises:
+            ConfigError: another name, a tier order other than the environment's (make it with
+                ``eviction=<name>``), or a keep time not among the bins.
+        """
+        if policy is None or (policy == self.eviction and policy != "session"):
+            return 0
+        if policy == "session":
+            k = 30.0 if keep_s is None else keep_s
+            require(k in self.keep_bins_s, "keep_s", keep_s, f"one of the keep bins {list(self.keep_bins_s)}")
+            return len(BASE_ACTIONS) + self.keep_bins_s.index(k)
+        if policy in EVICTION_POLICIES:
+            raise ConfigError(f"heuristic {bounded_repr(policy)} is a tier eviction order: make the environment with "
+                              f"eviction={policy!r} and play action 0 (this one evicts by {self.eviction!r})")
+        raise ConfigError(f"heuristic {bounded_repr(policy)} is not a residency heuristic; allowed: None, 'session', or the "
+                          f"environment's eviction order {self.eviction!r} (others: make the environment with "
+                          "eviction=<name>)")

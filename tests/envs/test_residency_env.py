@@ -1,0 +1,136 @@
+"""kvsched/Residency-v0: the tier order played through the environment is the direct run, the
+session heuristic is a keep action, masked actions fall back to the reference, observations stay
+in their box, bad configuration is refused naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from simkit import assert_identical
+
+import kvsched.envs  # noqa: F401  (registers the ids)
+from kvsched.envs.residency_env import BASE_ACTIONS, FEATURES, KEEP_BINS_S, ResidencyEnv
+from kvsched.envs.sim.cluster import Cluster
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
+from kvsched.policies.base import make_policy
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "experiments" / "scenarios"
+SCENARIO = str(SCENARIOS / "residency-mooncake.yaml")
+SMALL = dict(scenario=SCENARIO, window_s=60.0, max_requests=60)
+
+
+def _play(env, action, options=None):
+    obs, info = env.reset(options=options or {"window_index": 1})
+    steps = 0
+    while True:
+        a = action(env, obs) if callable(action) else action
+        obs, r, term, trunc, info = env.step(a)
+        assert env.observation_space.contains(obs)
+        steps += 1
+        if term or trunc:
+            return info, steps
+
+
+@pytest.mark.parametrize("eviction", ["lru", "clairvoyant"])
+def test_the_tier_order_played_through_the_environment_is_the_direct_run(eviction):
+    env = ResidencyEnv(eviction=eviction, **SMALL)
+    info, steps = _play(env, 0)
+    direct = Cluster([env.instance_spec], lambda: make_policy("fcfs"), seed=0).run(env.workload)
+    played = env.cluster.result()
+    assert played.summary["prefix_tiers"].pop("retention_decisions") == steps == len(env.workload)
+    assert_identical(direct, played)
+    assert info["summary"]["prefix_tiers"]["tiers"]["dram"]["eviction"] == eviction
+
+
+def test_the_session_heuristic_is_a_keep_action_and_other_orders_need_their_environment():
+    env = ResidencyEnv(**SMALL)
+    env.reset(options={"window_index": 1})
+    a = env.heuristic_action("session")
+    assert env.decision_of(a).kind == "keep" and env.decision_of(a).keep_s == 30.0
+    assert env.decision_of(env.heuristic_action("session", 300.0)).keep_s == 300.0
+    assert env.heuristic_action("lru") == 0 and env.heuristic_action(None) == 0
+    with pytest.raises(ConfigError, match="keep_s"):
+        env.heuristic_action("session", 31.0)
+    with pytest.raises(ConfigError, match="eviction='lfu'"):
+        env.heuristic_action("lfu")
+    with pytest.raises(ConfigError, match="not a residency heuristic"):
+        env.heuristic_action("fcfs")
+
+
+def test_keeping_every_conversation_changes_what_dram_holds():
+    """The keep actions act: keeping every conversation 300 s serves the same requests with other
+    DRAM contents than LRU (kept entries are never evicted by others' writes)."""
+    env = ResidencyEnv(**SMALL)
+    store = lambda: env.cluster.instances[0].kv.prefix_tiers.stores[0]  # noqa: E731
+    _play(env, 0)
+    lru = set(store().entries)
+    assert store().protected_blocks == 0
+    _play(env, lambda e, o: e.heuristic_action("session", 300.0))
+    assert set(store().entries) != lru and store().protected_blocks > 0
+
+
+def test_demote_is_masked_without_a_second_tier_and_a_masked_action_acts_as_the_reference(tmp_path):
+    env = ResidencyEnv(**SMALL)
+    env.reset(options={"window_index": 1})
+    mask = env.action_masks()
+    assert mask.tolist() == [True, True, False] + [True] * len(KEEP_BINS_S)
+    _, _, _, _, info = env.step(2)
+    assert info["invalid_action"] is True and info["action_mask"].tolist() == mask.tolist()
+    two = tmp_path / "two.yaml"
+    two.write_text(Path(SCENARIO).read_text().replace("tiers: [dram]", "tiers: [dram, nvme]")
+                   .replace("  dram_kv_bytes:", "  nvme_kv_bytes: 68719476736\n  dram_kv_bytes:"))
+    env2 = ResidencyEnv(scenario=str(two), window_s=60.0, max_requests=60)
+    env2.reset(options={"window_index": 1})
+    assert env2.action_masks()[2]
+    _, _, _, _, info = env2.step(2)
+    assert info["invalid_action"] is False
+
+
+def test_the_observation_names_its_features_and_a_first_turn_is_flagged():
+    env = ResidencyEnv(**SMALL)
+    obs, _ = env.reset(options={"window_index": 1})
+    assert obs.shape == (len(FEATURES),) == env.observation_space.shape
+    assert obs[FEATURES.index("turns")] == pytest.approx(1 / 4) and obs[FEATURES.index("first_turn")] == 1.0
+    assert env.action_space.n == len(BASE_ACTIONS) + len(KEEP_BINS_S)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(scenario=str(SCENARIOS / "mooncake-conversation.yaml")), "prefix_offload"),
+    (dict(eviction="fifo"), "eviction"),
+    (dict(keep_bins_s=[30.0, 5.0]), "keep_bins_s"),
+    (dict(keep_bins_s=[]), "keep_bins_s"),
+    (dict(keep_bins_s=[float("inf")]), "keep_bins_s"),
+    (dict(n_instances=0), "n_instances"),
+    (dict(reward={"shaping": 1.0}), "shaping"),
+])
+def test_bad_configuration_is_refused_naming_the_field(kw, match):
+    args = dict(SMALL)
+    args.update(kw)
+    with pytest.raises(ConfigError, match=match):
+        ResidencyEnv(**args)
+
+
+def test_an_action_out_of_range_is_refused():
+    env = ResidencyEnv(**SMALL)
+    env.reset(options={"window_index": 1})
+    with pytest.raises(ConfigError, match="action"):
+        env.step(env.action_space.n)
+
+
+def test_an_eviction_override_keeps_the_rest_of_the_scenario():
+    env = ResidencyEnv(eviction="lfu", **SMALL)
+    po = env.instance_spec.prefix_offload
+    assert isinstance(po, PrefixOffloadSpec) and po.eviction == ("lfu",) and po.tiers == ("dram",)
+    base = ResidencyEnv(**SMALL).instance_spec
+    assert dataclasses.replace(base, prefix_offload=po) == env.instance_spec
+
+
+def test_gym_make_builds_it():
+    env = gym.make("kvsched/Residency-v0", **SMALL)
+    obs, _ = env.reset(seed=0)
+    assert np.all((obs >= 0) & (obs <= 1))
