@@ -550,28 +550,48 @@ def _constraints_func(trial) -> Sequence[float]:
 
 
 # ----------------------------------------------------------------------------- storage / study
-def make_storage(url: str | None):
+def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
     """``None`` -> in memory; ``journal:PATH`` / ``*.journal`` / ``*.log`` -> JournalStorage file;
     anything with ``://`` -> RDBStorage (heartbeat 10 s, grace 30 s, a killed trial retried once).
 
+    A journal file is checked first (:func:`kvsched.experiments.journal.check_journal`): one whose
+    last records were cut short (a full disk) is recovered up to its last complete record, the
+    original kept as ``<journal>.torn-<n>.bak``, and ``notify`` (default: print to stderr) gets
+    the one-line message saying what was dropped.
+
     Raises:
-        ConfigError: another form, or a journal path naming a file that is not an Optuna journal.
+        ConfigError: another form, a journal path naming a file that is not an Optuna journal, or
+            a torn journal that cannot be repaired (e.g. the disk is still full).
     """
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    from .journal import check_journal
+
     if url is None:
         return optuna.storages.InMemoryStorage()
     path = journal_path(url)
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        shown = bounded_repr(url)
+        if not path:
+            raise ConfigError(f"--storage={shown} is not allowed: the journal path is empty")
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--storage={shown}: cannot make the journal's folder ({e.strerror or e})") from None
+        if Path(path).is_dir():
+            raise ConfigError(f"--storage={shown} is not allowed: {bounded_repr(path)} is a folder; give a file name")
+        message = check_journal(path)
+        if message is not None:
+            (notify or _print_stderr)(message)
         try:  # JournalStorage replays the file's log lines (JSON) when opened
             return JournalStorage(JournalFileBackend(str(path)))
-        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, foreign JSON
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:  # records Optuna cannot apply
             why = str(e).splitlines()[0] if str(e) else repr(e)
-            raise ConfigError(f"--storage={url!r}: {path!r} is not an Optuna journal file ({type(e).__name__}: "
-                              f"{why}); give a journal that kvsched tune wrote, or a new file name") from None
+            raise ConfigError(f"--storage={shown}: {bounded_repr(path)} is not an Optuna journal file "
+                              f"({type(e).__name__}: {bounded_repr(why)}); give a journal that kvsched tune wrote, "
+                              "or a new file name") from None
     if "://" in url:
         return _rdb_storage(rdb_url(url))
     raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
@@ -625,6 +645,12 @@ def _rdb_storage(url: str, attempts: int = 5):
                     raise ConfigError(f"--storage {_redact(url)}: cannot open ({type(e).__name__}: "
                                       f"{str(e).splitlines()[0]})") from None
                 time.sleep(0.2 * (k + 1))
+
+
+def _print_stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
 
 
 def optuna_experimental_warning():
