@@ -845,7 +845,9 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
     if workers > 1 and storage_url is None:
         if out is None:
             raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")
-        storage_url = f"journal:{Path(out) / (study_name + '.journal')}"
+        from .outputs import inside
+
+        storage_url = f"journal:{inside(Path(out), study_name, 'study name', '.journal')}"
     check_scenario(cfg, scenario)
     t0 = time.perf_counter()
     storage = make_storage(storage_url)

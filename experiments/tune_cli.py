@@ -10,9 +10,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvsched.envs.sim.errors import bounded_repr
+
 from .cli_types import count, seed
 from .consoles import stderr_console
-from .outputs import prepare_out_dir, prepare_out_file
+from .outputs import file_name, inside, prepare_out_dir, prepare_out_file
 
 
 def add_tune_arguments(t: argparse.ArgumentParser) -> None:
@@ -81,7 +83,12 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
                      sampler_seed=a.seed, router=a.router)
     check_scenario(cfg, sc)  # before the output folder is made
     name = a.study or (f"{a.policy}-{sc.name}" if cfg.router is None else f"router-{cfg.router}-{sc.name}")
-    out = a.out or Path("runs") / "tune" / name
+    # the study's name becomes a folder (default --out) or a journal file name (--workers without
+    # --storage): a hostile --study or scenario name must not write outside runs/tune or --out
+    what = "--study" if a.study else f"the study name (from the scenario's name {bounded_repr(sc.name)})"
+    if a.out is None or (a.workers > 1 and a.storage is None):
+        file_name(name, what)
+    out = a.out or inside(Path("runs") / "tune", name, what)
     prepare_out_dir(out)  # before the trials (minutes), not when their results are written
     err = stderr_console()
     fixed = f" (policy {cfg.policy} fixed)" if cfg.router is not None else ""

@@ -164,3 +164,47 @@ def test_a_worker_whose_every_trial_fails_stops_with_one_error(monkeypatch):
     monkeypatch.setattr(tune_mod.Objective, "__call__", undefined)
     with pytest.raises(ConfigError, match=r"5 trials in a row failed; the last: 'objective goodput_rps:all"):
         tune(small_scenario(), one_window(), "f", None, n_trials=2)
+
+
+# ----------------------------------------------------------------------------- path confinement
+HOSTILE_NAMES = ["../escaped", "../../tmp/escaped", "/tmp/abs-escaped", "a/b", "a\\b", "..", ".", "x\ny", "n" * 300]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_hostile_study_or_scenario_name_never_writes_outside_the_output_folder(tmp_path, monkeypatch, capsys,
+                                                                                 name):
+    import json
+
+    import kvsched.experiments.tune as tune_mod
+    from kvsched.experiments.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: pytest.fail("trials ran"))
+    scen = tmp_path / "work" / "s.yaml"
+    common = ["tune", "--policy", "lars", "--windows", "1", "--window-s", "10", "--seeds", "1", "--trials", "1"]
+    scen.write_text("name: tiny\nsynthetic: {rate_per_s: 4.0, duration_s: 30}\npolicy: lars\nseed: 0\n")
+    assert main([*common, "--scenario", str(scen), "--study", name]) == 2  # default --out runs/tune/<study>
+    assert "--study=" in capsys.readouterr().err
+    if name in (".", ".."):  # the study name "lars-.." is an ordinary file name
+        return
+    scen.write_text(f"name: {json.dumps(name)}\nsynthetic: {{rate_per_s: 4.0, duration_s: 30}}\npolicy: lars\n")
+    assert main([*common, "--scenario", str(scen)]) == 2
+    err = capsys.readouterr().err
+    assert "the study name (from the scenario's name" in err and "is not allowed" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # --workers without --storage puts a journal named after the study in --out
+    assert main([*common, "--scenario", str(scen), "--out", str(tmp_path / "work" / "o"), "--workers", "2"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # nothing written beside the working folder
+    assert not any(p.is_file() and p.name != "s.yaml" for p in (tmp_path / "work").rglob("*"))
+
+
+def test_file_name_accepts_ordinary_names_and_every_bundled_scenarios_study_name():
+    from kvsched.experiments.outputs import file_name
+    from kvsched.runner.scenario import bundled_scenarios, load_scenario
+
+    for name in ("lars-mixed-long-short", "router-llm-d-x", "v1.2_test", "été"):
+        assert file_name(name, "--study") == name
+    for s in bundled_scenarios():
+        file_name(f"lars-{load_scenario(s).name}", "study name")
