@@ -31,7 +31,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--constraint", action="append", default=[],
                    help="METRIC[:CLASS]<=BOUND or >=BOUND on the mean over runs, e.g. 'ttft_p99_s:short<=1.0' "
                         "(repeatable)")
-    t.add_argument("--trials", type=count, default=20, help="finished trials the study should hold (default 20)")
+    t.add_argument("--trials", type=count, default=20,
+                   help="COMPLETE trials the study should hold (pruned and failed ones do not count; every worker "
+                        "stops there; default 20)")
     t.add_argument("--sampler", choices=("tpe", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
     t.add_argument("--study", help="study name (default <policy>-<scenario name>; with --router "
                                    "router-<router>-<scenario name>)")
@@ -53,7 +55,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--pruner", choices=("median", "none"), default="median", help="pruner (default median)")
     t.add_argument("--penalty", type=float, default=10.0,
                    help="CMA-ES constraint penalty, objective units per 100%% violation (default 10)")
-    t.add_argument("--seed", type=seed, default=0, help="sampler seed (worker k uses seed + k; default 0)")
+    t.add_argument("--seed", type=seed, default=0,
+                   help="sampler seed (worker k's sampler is seeded from seed, k and the trials already in the study, "
+                        "so a resume continues the sequence; default 0)")
     t.add_argument("--out", type=Path, help="write tune.json, trials.csv, history.png, importances.png here "
                                             "(default runs/tune/<study>)")
 
