@@ -828,10 +828,11 @@ class TuneResult:
 def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None = None,
          n_trials: int = 20, workers: int = 1, holdout_seeds: int = 0, scenario_path: str | None = None,
          out: Path | None = None) -> TuneResult:
-    """Run (or resume) the study until it holds ``n_trials`` finished trials; see module doc.
+    """Run (or resume) the study until it holds ``n_trials`` COMPLETE trials; see module doc.
 
     Raises:
-        ConfigError: bad arguments, a storage that cannot open, a study with another objective.
+        ConfigError: bad arguments, a storage that cannot open, a study with another objective,
+            a storage that cannot be written (e.g. a full disk; finished trials are kept).
     """
     import optuna
 
@@ -851,6 +852,20 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
     check_scenario(cfg, scenario)
     t0 = time.perf_counter()
     storage = make_storage(storage_url)
+    try:
+        return _tune(scenario, cfg, study_name, storage_url, storage, n_trials, workers, holdout_seeds,
+                     scenario_path, t0)
+    except OSError as e:  # the study's storage cannot be written (e.g. no space left on device)
+        where = bounded_repr(journal_path(storage_url) or _redact(storage_url or "memory"))
+        raise ConfigError(f"--storage {where}: cannot write the study ({e.strerror or e}); finished trials are "
+                          "kept, run the same command again to resume (a record cut short is recovered then)") \
+            from None
+
+
+def _tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None, storage, n_trials: int,
+          workers: int, holdout_seeds: int, scenario_path: str | None, t0: float) -> TuneResult:
+    import optuna
+
     base = baseline_params(cfg, scenario)
     outside = [k for k, v in base.items() if not cfg.space()[k].contains(v)]
     if outside:  # Optuna would reject the enqueued values; say so instead of silently clipping

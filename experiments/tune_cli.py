@@ -102,7 +102,14 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
     rep = res.report
     console.print(report_table(rep))
-    files = write_results(res.study, rep, out)
+    try:
+        files = write_results(res.study, rep, out)
+    except OSError as e:  # e.g. no space left on device: the study itself is safe in its storage
+        from kvsched.envs.sim.errors import KvschedError
+
+        raise KvschedError(f"--out {bounded_repr(str(out))}: cannot write the results ({e.strerror or e}); the "
+                           "trials are kept in the study's storage (with --storage, run the same command again "
+                           "to write them)") from None
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     if a.storage:
         console.print(f"dashboard: optuna-dashboard {_dashboard_arg(a.storage)}  (pip install optuna-dashboard)",

@@ -3,6 +3,7 @@ sampler, concurrent workers stopping at --trials complete trials."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import optuna
@@ -208,3 +209,33 @@ def test_file_name_accepts_ordinary_names_and_every_bundled_scenarios_study_name
         assert file_name(name, "--study") == name
     for s in bundled_scenarios():
         file_name(f"lars-{load_scenario(s).name}", "study name")
+
+
+def test_a_full_disk_mid_study_is_one_error_and_the_next_run_resumes_every_finished_trial(tmp_path, monkeypatch,
+                                                                                        capsys):
+    import errno
+
+    from optuna.storages.journal import JournalFileBackend
+
+    path = tmp_path / "f.journal"
+    url = f"journal:{path}"
+    c = one_window()
+    tune(small_scenario(), c, "f", url, n_trials=2)
+    before = _complete(url, "f")
+    real = JournalFileBackend.append_logs
+
+    def full_disk(self, logs):  # the write stops half-way through its bytes, as ENOSPC leaves it
+        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
+        with open(self._file_path, "ab") as f:
+            f.write(text.encode()[: len(text) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(JournalFileBackend, "append_logs", full_disk)
+    with pytest.raises(ConfigError, match=r"cannot write the study \(No space left on device\); finished trials"):
+        tune(small_scenario(), c, "f", url, n_trials=4)
+    monkeypatch.setattr(JournalFileBackend, "append_logs", real)  # space freed
+    capsys.readouterr()
+    study = tune(small_scenario(), c, "f", url, n_trials=4).study
+    assert "recovered the study up to its last complete record" in capsys.readouterr().err
+    after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(after) == 4 and {k: after[k] for k in before} == before
