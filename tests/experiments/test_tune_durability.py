@@ -1,5 +1,6 @@
 """kvsched tune durability: a journal cut short by a full disk, resume without replaying the
-sampler, concurrent workers stopping at --trials complete trials."""
+sampler, concurrent workers stopping at --trials complete trials; and output paths derived from
+user-given names (a study, a scenario's name, calibrate's --gpu) confined to their folder."""
 
 from __future__ import annotations
 
@@ -239,3 +240,10 @@ def test_a_full_disk_mid_study_is_one_error_and_the_next_run_resumes_every_finis
     assert "recovered the study up to its last complete record" in capsys.readouterr().err
     after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
     assert len(after) == 4 and {k: after[k] for k in before} == before
+
+
+def test_calibrate_refuses_a_gpu_name_that_would_write_outside_the_calibration_folder(capsys):
+    from kvsched.experiments.cli import main
+
+    assert main(["calibrate", "--gpu", "../../../escaped"]) == 2  # the default --out is <gpu>.json in the package
+    assert "--gpu='../../../escaped' is not allowed: it holds a path separator" in capsys.readouterr().err
