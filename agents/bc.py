@@ -130,6 +130,9 @@ def save_clone(model, path: Path, env_id: str, env_kwargs: dict[str, Any], datas
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_files.replacing(path) as tmp:
         model.save(str(tmp))
+    from . import trust
+
+    trust.record(path)
     algo = "maskable_ppo" if type(model).__name__ == "MaskablePPO" else "ppo"
     meta = {"env_id": env_id, "algo": algo, "env_kwargs": env_kwargs, "behaviour_clone": {"dataset": dataset_id, **extra}}
     atomic_files.write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 from kvsched.envs.sim.errors import ConfigError
@@ -182,7 +183,12 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom
             self._summaries: list = []
             self._windows: list = []
             evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            best = self.best_mean_reward
             go_on = super()._on_step()
+            if self.best_mean_reward != best and self.best_model_save_path is not None:  # it saved best_model.zip
+                from . import trust
+
+                trust.record(Path(self.best_model_save_path) / "best_model.zip")
             if evaluating and self._summaries:
                 self.last_metrics = summary_metrics(self._summaries)
                 if reference_env is not None:
@@ -213,3 +219,21 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom
             return out
 
     return _SloEval(eval_env, **kwargs)
+
+
+def RecordedCheckpointCallback(**kwargs: Any):
+    """SB3's ``CheckpointCallback`` (``kwargs`` go to it) that also records each checkpoint's
+    SHA-256 sidecar (:func:`kvsched.agents.trust.record`), so kvsched loads it without
+    ``--trust-checkpoint``."""
+    from stable_baselines3.common.callbacks import CheckpointCallback
+
+    from . import trust
+
+    class _Recorded(CheckpointCallback):
+        def _on_step(self) -> bool:
+            go_on = super()._on_step()
+            if self.n_calls % self.save_freq == 0:
+                trust.record(self._checkpoint_path(extension="zip"))
+            return go_on
+
+    return _Recorded(**kwargs)

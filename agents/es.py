@@ -151,6 +151,9 @@ class LinearScheduler:
                 np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
                 z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), entry.getvalue())
         atomic_files.write_bytes(Path(path), buf.getvalue())
+        from . import trust
+
+        trust.record(path)  # kvsched wrote it: loaded without --trust-checkpoint
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "LinearScheduler":

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched import atomic_files
 
 METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
@@ -43,12 +43,39 @@ METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 MASKED_ALGOS = ("maskable_ppo", "es")
 
 
+#: Keys every checkpoint's training metadata must hold, and their JSON types.
+META_KEYS: dict[str, type] = {"env_id": str, "algo": str, "env_kwargs": dict}
+
+
 def _sidecar(ckpt: Path) -> dict:
+    """The training metadata of checkpoint ``ckpt``: ``<stem>.json`` beside it, else ``train.json``
+    in its folder or the one above (as ``kvsched train`` lays them out).
+
+    Raises:
+        ConfigError: none found, or the first found is unreadable, not a JSON object, or misses
+            a key of :data:`META_KEYS` (or has it with another type); naming the file and the key.
+    """
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
         if p.is_file():
-            return json.loads(p.read_text())
-    raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
-                      "beside it (written by `kvsched train`)")
+            try:
+                meta = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+                raise ConfigError(f"training metadata {bounded_repr(str(p))} of checkpoint {bounded_repr(str(ckpt))} "
+                                  f"is not readable JSON ({bounded_repr(str(e))})") from None
+            if not isinstance(meta, dict):
+                raise ConfigError(f"training metadata {bounded_repr(str(p))}: expected a JSON object, got "
+                                  f"{type(meta).__name__}")
+            for key, kind in META_KEYS.items():
+                if key not in meta:
+                    raise ConfigError(f"training metadata {bounded_repr(str(p))} has no key {key!r} (expected "
+                                      f"{', '.join(META_KEYS)}, as `kvsched train` writes them)")
+                if not isinstance(meta[key], kind):
+                    raise ConfigError(f"training metadata {bounded_repr(str(p))}: {key}={bounded_repr(meta[key])} is "
+                                      f"not allowed: expected a JSON {'string' if kind is str else 'object'}")
+            return meta
+    raise ConfigError(f"no training metadata for {bounded_repr(str(ckpt))}: expected "
+                      f"{bounded_repr(str(ckpt.with_suffix('.json')))} or train.json beside it (written by "
+                      "`kvsched train`)")
 
 
 def _is_rllib_checkpoint(agent: str) -> bool:
@@ -271,7 +298,8 @@ DEFAULT_WINDOWS = 4
 
 def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds: int, out: str | Path,
              window_s: float | None = None, stochastic: bool = False, backend: str = "local",
-             address: str | None = None, progress=None, env_id: str | None = None) -> pd.DataFrame:
+             address: str | None = None, progress=None, env_id: str | None = None,
+             trust_checkpoint: bool = False) -> pd.DataFrame:
     """Run every agent on the same held-out episodes; write the table and plots to ``out``.
 
     Every (agent, episode) pair is one task (:func:`kvsched.runner.sweep.map_tasks`): with
@@ -287,9 +315,13 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     router names (Routing-v0). ``random`` acts in the checkpoints' environment with their training
     arguments (reference policy and its parameters included). Windows without requests are left out.
 
+    Checkpoints are loaded (unpickled) only when kvsched wrote or shipped them
+    (:func:`kvsched.agents.trust.check`), unless ``trust_checkpoint``.
+
     Raises:
         ConfigError: no agents, counts < 1, more windows than held out, missing metadata,
-            checkpoints of different environments, or an ``env_id`` that contradicts them.
+            checkpoints of different environments, or an ``env_id`` that contradicts them; a
+            checkpoint kvsched did not write (without ``trust_checkpoint``).
     """
     from kvsched.envs.common import episode_config
     from kvsched.envs.episodes import HELDOUT_SEED_BASE, EpisodeSource
@@ -307,6 +339,10 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         if not c.exists():
             raise ConfigError(f"checkpoint {str(c)!r} does not exist")
     metas = [_sidecar(c) for c in ckpts]
+    from . import trust
+
+    for c in ckpts:  # before any episode: loading unpickles
+        trust.check(c, trust_checkpoint)
     env_ids = sorted({m.get("env_id", "?") for m in metas})
     if len(env_ids) > 1:
         raise ConfigError(f"the checkpoints were trained on different environments {env_ids}; evaluate one at a time")

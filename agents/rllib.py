@@ -173,7 +173,8 @@ def ppo_config(env_id: str, env_kwargs: dict[str, Any], seed: int = 0, num_env_r
 def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | None = None,
                 window_s: float | None = None, env_kwargs: dict | None = None, seed: int = 0,
                 num_env_runners: int = 0, address: str | None = None, resume: str | Path | None = None,
-                hyperparameters: dict | None = None, progress: Any = None) -> dict[str, Any]:
+                hyperparameters: dict | None = None, progress: Any = None,
+                trust_checkpoint: bool = False) -> dict[str, Any]:
     """Train PPO with RLlib until ``timesteps`` environment steps were sampled over the
     algorithm's lifetime (with ``resume``: including the restored run's); returns ``train.json``.
 
@@ -204,6 +205,10 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     if window_s is not None:
         kw["window_s"] = float(window_s)
     kw = rllib_env_kwargs(env_id, kw)
+    if resume is not None:  # restoring unpickles: only what kvsched wrote, unless trusted
+        from . import trust
+
+        trust.check(resume, trust_checkpoint)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     from kvsched.runner.ray_connect import init_ray
@@ -230,6 +235,9 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
         wall = time.time() - t0
         ckpt = out / "checkpoint"
         algo.save_to_path(str(ckpt.resolve()))
+        from . import trust
+
+        trust.record(ckpt)  # RLlib's checkpoint pickles too: loaded without --trust-checkpoint only with this
         algo.stop()
     finally:
         if started_here:

@@ -189,9 +189,10 @@ def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool
            max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
     """Run ``model.learn`` with the checkpoint, evaluation, budget and signal callbacks, save
     ``final.zip`` (also when stopped early), and return what ``train.json`` adds at the end."""
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.callbacks import CallbackList
 
-    from .callbacks import SignalStop, budget_callback, slo_eval_callback
+    from . import trust
+    from .callbacks import RecordedCheckpointCallback, SignalStop, budget_callback, slo_eval_callback
     from .semi_mdp import ElapsedCallback
 
     budget = budget_callback(max_cpu_s, max_wall_s)
@@ -203,13 +204,14 @@ def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool
     start_steps = model.num_timesteps
     t0, c0 = time.time(), time.process_time()
     with SignalStop() as signals:
-        callbacks = CallbackList([ElapsedCallback(), budget, signals.callback(), evaluation, CheckpointCallback(
+        callbacks = CallbackList([ElapsedCallback(), budget, signals.callback(), evaluation, RecordedCheckpointCallback(
             save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"), name_prefix=algo)])
         model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
                     reset_num_timesteps=reset, tb_log_name=algo)
     wall, cpu = time.time() - t0, time.process_time() - c0
     with atomic_files.replacing(out / "final.zip") as tmp:
         model.save(str(tmp))
+    trust.record(out / "final.zip")  # kvsched wrote it: evaluate and --resume load it without --trust-checkpoint
     steps = model.num_timesteps - start_steps
     stopped = budget.stopped_by or (signals.received and f"signal {signals.received}")
     return {"status": f"stopped: {stopped}" if stopped else "finished", "timesteps": steps,
@@ -246,8 +248,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           max_wall_s: float | None = None, policy_net: str = "mlp",
           reference_bias: float = 0.0, bc_dataset: str | None = None, bc_dataset_id: str | None = None,
           bc_epochs: int = 5, discount_time_s: float | None = None,
-          bench_headroom: float | None = None) -> dict[str, Any]:
+          bench_headroom: float | None = None, trust_checkpoint: bool = False) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
+
+    ``resume`` loads a checkpoint, which unpickles it: it must be one kvsched wrote or shipped
+    (:func:`kvsched.agents.trust.check`) unless ``trust_checkpoint`` (``--trust-checkpoint``).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
     fifth of a shorter run, so a short run still checkpoints and evaluates). ``max_cpu_s`` /
@@ -281,7 +286,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
 
     Raises:
         ConfigError: unknown algorithm, incompatible action space, bad counts, an unknown
-            ``eval_split``.
+            ``eval_split``; a ``resume`` checkpoint kvsched did not write (without
+            ``trust_checkpoint``) or one that cannot be loaded (e.g. half-written).
     """
     import torch
 
@@ -346,15 +352,24 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                          "rollout_buffer_kwargs": {"discount_time_s": discount_time_s}}
         hp.update(time_discount)
     if resume is not None:
+        import pickle
+        import zipfile
+        import zlib
+
+        from . import trust
+
         hp = {**(hyperparameters or {}), **time_discount}  # the rest comes from the checkpoint
         # hyper-parameters given now override the saved ones (e.g. n_steps for another n_envs)
+        trust.check(resume if Path(resume).is_file() else Path(f"{resume}.zip"), trust_checkpoint)
         try:
             model = cls.load(str(resume), env=venv, tensorboard_log=str(out / "tb"), device="cpu", **hp)
-        except (ValueError, KeyError, TypeError) as e:  # not a zip (SB3: ValueError), another env's spaces,
-            # another algorithm's checkpoint
+        except (ValueError, KeyError, TypeError, AssertionError, EOFError, OSError, RuntimeError, zipfile.BadZipFile,
+                pickle.UnpicklingError, zlib.error) as e:  # not a zip or cut short (SB3: ValueError, AssertionError),
+            # another env's spaces, another algorithm's checkpoint
             why = str(e).splitlines()[0] if str(e) else repr(e)
-            raise ConfigError(f"--resume {str(resume)!r} is not a {cls.__name__} checkpoint of {env_id} with "
-                              f"these --env-kwargs ({type(e).__name__}: {why})") from None
+            raise ConfigError(f"--resume {bounded_repr(str(resume))} is not a {cls.__name__} checkpoint of {env_id} "
+                              f"with these --env-kwargs, or it is damaged ({type(e).__name__}: "
+                              f"{bounded_repr(why)})") from None
         _check_resumed_reward(Path(resume), (env_kwargs or {}).get("reward"))
         reset = False
     else:

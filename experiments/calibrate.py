@@ -257,11 +257,13 @@ def cmd_calibrate(a, console) -> int:
     from kvsched.envs.sim.calibration import calibration_path, save_calibration
 
     from .groundtruth import find_groundtruth
+    from .outputs import file_name
 
+    # the default output is named after --gpu: a name with a path in it must not write elsewhere
+    out = Path(a.out) if a.out else calibration_path(file_name(a.gpu, "--gpu"))
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
     train = tuple(a.train) if a.train else DEFAULT_TRAIN
-    out = Path(a.out) if a.out else calibration_path(a.gpu)
     console.print(f"calibrating {a.gpu} on {len(train)} experiments from {gt}: " + ", ".join(train), highlight=False)
     t0 = time.perf_counter()
 

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", help="comma-separated task ids (default: every task of the suite)")
     p.add_argument("--agents", help="comma-separated agents to evaluate: checkpoint .zip files, heuristic names, "
                                     "random")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="load --agents checkpoints kvsched did not write (no valid .sha256 beside them); loading "
+                        "unpickles them, which can run code: only for files you trust")
     p.add_argument("--episodes", type=cli_types.count, help="evaluate agents on the first N episodes of each "
                                                              "stratum only (default all)")
     p.add_argument("--show", action="store_true", help="print the committed results (the default without --agents "
@@ -239,16 +242,21 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     # a checkpoint is labelled by its file name unless two share it (runs/a/final.zip, runs/b/final.zip)
     labels = [Path(n).name if n.endswith(".zip") and sum(Path(m).name == Path(n).name for m in names) == 1 else n
               for n in names]
+    from kvsched.agents import trust
+
     for name in names:  # every name before the first episode: a typo in the last agent costs nothing
         for t in tasks:
             check_agent(t, name)
+        if name.endswith(".zip"):  # loading unpickles: refused before any episode, not after minutes
+            trust.check(Path(name), a.trust_checkpoint)
     out: dict = {}
     for name, label in zip(names, labels):
         out[label] = {}
         for t in tasks:
             tr = results["tasks"][t.task_id]
             out[label][t.task_id] = evaluate_agent(t, tr, name, a.episodes,
-                                                   progress=lambda m: print(m, file=sys.stderr, flush=True))
+                                                   progress=lambda m: print(m, file=sys.stderr, flush=True),
+                                                   trust=a.trust_checkpoint)
     return out
 
 

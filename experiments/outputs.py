@@ -10,7 +10,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from kvsched.envs.sim.errors import KvschedError
+from kvsched.envs.sim.errors import KvschedError, bounded_repr
+
+#: Longest name :func:`file_name` accepts, UTF-8 bytes (file systems allow 255; suffixes such as
+#: ``.journal.torn-<n>.bak`` are added to some).
+MAX_NAME_BYTES = 200
 
 
 def _probe(folder: Path) -> None:
@@ -60,3 +64,44 @@ def prepare_out_file(path: Path | None, flag: str = "--out") -> None:
     except OSError as e:
         raise KvschedError(f"{flag} {str(path)!r} is not allowed: its folder cannot be written ({e.strerror})") \
             from None
+
+
+def file_name(name: str, what: str) -> str:
+    """Check a user-given name (a study, a scenario's ``name``) that becomes a file or folder name
+    inside an output folder, and return it unchanged.
+
+    A name that could leave the folder or name something else is refused, not rewritten (two
+    different names must not map to one file): empty, ``.`` or ``..``, a path separator (``/``
+    or ``\\``, on every system, so a study name means the same everywhere), a NUL or another
+    control character, or longer than :data:`MAX_NAME_BYTES` bytes.
+
+    Raises:
+        KvschedError: naming ``what``, the name (bounded) and what is allowed.
+    """
+    text = str(name)
+    bad = None
+    if text in ("", ".", ".."):
+        bad = "it names no file (empty, '.' or '..')"
+    elif "/" in text or "\\" in text:
+        bad = "it holds a path separator ('/' or '\\') and would write outside the output folder"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        bad = "it holds a control character"
+    elif len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        bad = f"it is longer than {MAX_NAME_BYTES} bytes"
+    if bad is not None:
+        raise KvschedError(f"{what}={bounded_repr(text)} is not allowed: {bad}; it becomes a file name, so use a "
+                           "name without '/', '\\' or control characters, other than '.' and '..'")
+    return text
+
+
+def inside(folder: Path, name: str, what: str, suffix: str = "") -> Path:
+    """``folder / (name + suffix)`` after :func:`file_name` checked ``name``; the result is
+    checked to lie directly in ``folder`` (defence in depth).
+
+    Raises:
+        KvschedError: ``name`` is not allowed (see :func:`file_name`).
+    """
+    path = folder / (file_name(name, what) + suffix)
+    if path.parent != folder:  # pragma: no cover - file_name refuses every name that could do this
+        raise KvschedError(f"{what}={bounded_repr(name)} is not allowed: it would write outside {folder}")
+    return path

@@ -67,6 +67,9 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                    help="steps between evaluations (default 10,000, or a fifth of the steps a shorter run takes)")
     t.add_argument("--eval-episodes", type=count, default=4, help="held-out episodes per evaluation (default 4)")
     t.add_argument("--resume", type=Path, help="continue training from this checkpoint .zip")
+    t.add_argument("--trust-checkpoint", action="store_true",
+                   help="load a --resume checkpoint kvsched did not write (no valid .sha256 beside it); loading "
+                        "unpickles it, which can run code: only for files you trust")
     t.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=1,
                    help="torch threads, at most this machine's CPUs (default 1; far more crashed torch)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -98,6 +101,9 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="run the episodes here or as Ray tasks (needs kvsched[ray]); same table (default local)")
     e.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray)")
+    e.add_argument("--trust-checkpoint", action="store_true",
+                   help="load checkpoints kvsched did not write (no valid .sha256 beside them); loading unpickles "
+                        "them, which can run code: only for files you trust")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.add_argument("--stochastic", action="store_true",
                    help="also run learned agents with sampled (not argmax) actions")
@@ -193,6 +199,7 @@ def cmd_train(args, console) -> int:
                  eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net,
                  reference_bias=args.reference_bias, bc_dataset=args.bc_dataset, bc_dataset_id=_bc_dataset_id(args),
                  bc_epochs=args.bc_epochs, discount_time_s=args.discount_time_s,
+                 trust_checkpoint=args.trust_checkpoint,
                  bench_headroom=_bench_headroom(args))
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
@@ -256,6 +263,7 @@ def _train_rllib(args, console) -> int:
                           "--num-env-runners")
     kw = dict(env_kwargs=_json_arg(args.env_kwargs, "--env-kwargs"), seed=args.seed,
               num_env_runners=args.num_env_runners, address=args.address, resume=args.resume,
+              trust_checkpoint=args.trust_checkpoint,
               hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"))
     if args.no_progress:
         meta = train_rllib(args.env, args.timesteps, args.out, args.scenario, args.window_s, **kw)
@@ -279,7 +287,7 @@ def cmd_evaluate(args, console) -> int:
     run = lambda progress=None: evaluate(  # noqa: E731
         agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
         stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress,
-        env_id=args.env)
+        env_id=args.env, trust_checkpoint=args.trust_checkpoint)
     if args.no_progress or not sys.stderr.isatty():
         table = run()
     else:

@@ -56,10 +56,20 @@ PostgreSQL the psycopg2 driver), which lets ``kvsched tune`` workers on several 
 join one study, with heartbeats (a killed worker's running trial is marked failed after
 ``grace_period`` and retried once). ``--workers N`` starts N processes on this machine
 (a journal file in ``--out`` when no storage is given). ``--trials N`` is the study's total
-of finished (complete or pruned) trials (Optuna's ``MaxTrialsCallback``): re-running the same
-command after a kill resumes the study and runs only the missing trials; finished trials are
-in the storage as soon as they finish and are never re-run. A trial that was running when its
-process was killed stays ``RUNNING`` in a journal (it never finished) and is not counted.
+of COMPLETE trials (pruned and failed ones do not count; Optuna's ``MaxTrialsCallback``
+default): every worker checks before each trial and stops when the study holds ``N``, and
+one that finds enough trials in flight on live workers waits for them (:mod:`.tune_gate`), so
+a journal or in-memory study ends with exactly ``N`` (an RDB study shared across machines
+with up to ``workers - 1`` more). A worker stops with an error after
+:data:`MAX_FAILED_IN_A_ROW` failed trials in a row. Re-running the same command after a kill
+resumes the study and runs only the missing trials; finished trials are in the storage as
+soon as they finish and are never re-run. A trial that was running when its process was
+killed stays ``RUNNING`` in a journal (it never finished) and is not counted. The sampler is
+seeded from ``--seed``, the worker and the number of trials already in the study
+(:func:`sampler_seed`), so a resumed study continues the sampler's sequence instead of
+replaying the parameter sets it already ran. A journal whose last record was cut short (a
+full disk) is recovered up to its last complete record when it is opened
+(:mod:`.journal`).
 
 Results: the best parameters and their objective vs the baseline (printed and
 ``tune.json``), ``trials.csv``, and plots ``history.png`` (optimisation history) and
@@ -550,28 +560,48 @@ def _constraints_func(trial) -> Sequence[float]:
 
 
 # ----------------------------------------------------------------------------- storage / study
-def make_storage(url: str | None):
+def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
     """``None`` -> in memory; ``journal:PATH`` / ``*.journal`` / ``*.log`` -> JournalStorage file;
     anything with ``://`` -> RDBStorage (heartbeat 10 s, grace 30 s, a killed trial retried once).
 
+    A journal file is checked first (:func:`kvsched.experiments.journal.check_journal`): one whose
+    last records were cut short (a full disk) is recovered up to its last complete record, the
+    original kept as ``<journal>.torn-<n>.bak``, and ``notify`` (default: print to stderr) gets
+    the one-line message saying what was dropped.
+
     Raises:
-        ConfigError: another form, or a journal path naming a file that is not an Optuna journal.
+        ConfigError: another form, a journal path naming a file that is not an Optuna journal, or
+            a torn journal that cannot be repaired (e.g. the disk is still full).
     """
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    from .journal import check_journal
+
     if url is None:
         return optuna.storages.InMemoryStorage()
     path = journal_path(url)
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        shown = bounded_repr(url)
+        if not path:
+            raise ConfigError(f"--storage={shown} is not allowed: the journal path is empty")
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--storage={shown}: cannot make the journal's folder ({e.strerror or e})") from None
+        if Path(path).is_dir():
+            raise ConfigError(f"--storage={shown} is not allowed: {bounded_repr(path)} is a folder; give a file name")
+        message = check_journal(path)
+        if message is not None:
+            (notify or _print_stderr)(message)
         try:  # JournalStorage replays the file's log lines (JSON) when opened
             return JournalStorage(JournalFileBackend(str(path)))
-        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, foreign JSON
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:  # records Optuna cannot apply
             why = str(e).splitlines()[0] if str(e) else repr(e)
-            raise ConfigError(f"--storage={url!r}: {path!r} is not an Optuna journal file ({type(e).__name__}: "
-                              f"{why}); give a journal that kvsched tune wrote, or a new file name") from None
+            raise ConfigError(f"--storage={shown}: {bounded_repr(path)} is not an Optuna journal file "
+                              f"({type(e).__name__}: {bounded_repr(why)}); give a journal that kvsched tune wrote, "
+                              "or a new file name") from None
     if "://" in url:
         return _rdb_storage(rdb_url(url))
     raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
@@ -627,6 +657,12 @@ def _rdb_storage(url: str, attempts: int = 5):
                 time.sleep(0.2 * (k + 1))
 
 
+def _print_stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
 def optuna_experimental_warning():
     import optuna
 
@@ -647,11 +683,27 @@ def _redact(url: str) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
-def make_sampler(cfg: TuneConfig, worker: int = 0, baseline: Mapping[str, Any] | None = None):
-    """The sampler of ``cfg`` (seeded ``sampler_seed + worker``); constraints where supported."""
+def sampler_seed(seed: int, worker: int = 0, history: int = 0) -> int:
+    """The seed of worker ``worker``'s sampler in a study that holds ``history`` trials (any
+    state) when the worker opens it: ``numpy.random.SeedSequence((seed, worker, history))``'s
+    first 32-bit word.
+
+    A sampler seeded only by ``--seed`` would, on resume, draw the same random start-up points
+    (TPE's and GP's first ten trials, CMA-ES's independent draws) as the first run, so finished
+    parameter sets would be proposed and run again. Folding in the number of trials already in
+    the study continues the sequence instead, and keeps a study a function of ``--seed`` and its
+    history: the same command on the same stored study proposes the same trials. (CMA-ES also
+    restores its search state from the stored trials, as Optuna does.)
+    """
+    return int(np.random.SeedSequence((int(seed), int(worker), int(history))).generate_state(1)[0])
+
+
+def make_sampler(cfg: TuneConfig, worker: int = 0, baseline: Mapping[str, Any] | None = None, history: int = 0):
+    """The sampler of ``cfg``, seeded :func:`sampler_seed` ``(cfg.sampler_seed, worker, history)``;
+    constraints where supported."""
     import optuna
 
-    seed = cfg.sampler_seed + worker
+    seed = sampler_seed(cfg.sampler_seed, worker, history)
     # Optuna < 5 takes constraints through the sampler's constraints_func; >= 5 through
     # Trial.set_constraint (the objective sets them), the sampler argument being deprecated
     cf = _constraints_func if cfg.constraints and not _HAS_SET_CONSTRAINT else None
@@ -685,8 +737,10 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
             names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
             raise ConfigError(f"--study {name!r}: no such study in the storage; studies there: {names}") from None
     study = optuna.create_study(study_name=name, storage=storage, direction=cfg.direction,
-                                sampler=make_sampler(cfg, worker), load_if_exists=True,
+                                sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True,
                                 pruner=_make_pruner(cfg))
+    # seeded from the study's history: a resumed study continues instead of replaying
+    study.sampler = make_sampler(cfg, worker, history=len(study.get_trials(deepcopy=False)))
     stored = study.user_attrs.get("tune_config")
     if stored is None:
         study.set_user_attr("tune_config", cfg.to_dict())
@@ -711,28 +765,55 @@ def _make_pruner(cfg: TuneConfig):
     return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
 
 
+#: A worker stops after this many failed trials in a row (an objective undefined in every run).
+MAX_FAILED_IN_A_ROW = 5
+
+
 def _worker(study_name: str, storage_url: str | None, cfg_dict: dict, scenario: Scenario, n_trials: int,
             worker: int, storage=None) -> None:
+    """Run trials until the study holds ``n_trials`` COMPLETE trials (:mod:`.tune_gate`).
+
+    Raises:
+        ConfigError: :data:`MAX_FAILED_IN_A_ROW` trials in a row failed (the last one's reason),
+            or the storage cannot be written (a full disk: finished trials are kept; run the
+            same command again once there is space).
+    """
     import optuna
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
+
+    from .tune_gate import TrialGate
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     cfg = TuneConfig.from_dict(cfg_dict)
-    study = open_study(study_name, storage_url, cfg, worker, storage=storage)
-    done = _count(study)
-    if done >= n_trials:
-        return
-    study.optimize(Objective(cfg, scenario), n_trials=n_trials - done,
-                   callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
-                   catch=(ValueError,))
+    objective = Objective(cfg, scenario)
+    failed: list[str] = []
 
+    def run(trial) -> float:
+        try:
+            value = objective(trial)
+        except ValueError as e:
+            failed.append(str(e))
+            raise
+        failed.clear()
+        return value
 
-def _count(study) -> int:
-    from optuna.trial import TrialState
-
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    jp = journal_path(storage_url)
+    try:
+        study = open_study(study_name, storage_url, cfg, worker, storage=storage)
+        rdb = storage_url is not None and jp is None
+        with TrialGate(study, n_trials, journal=jp, rdb=rdb, storage=storage) as gate:
+            while gate.next():
+                try:
+                    study.optimize(gate.wrap(run), n_trials=1, catch=(ValueError,))
+                finally:
+                    gate.release()
+                if len(failed) >= MAX_FAILED_IN_A_ROW:
+                    raise ConfigError(f"{cfg.tuned}: {len(failed)} trials in a row failed; the last: "
+                                      f"{bounded_repr(failed[-1])}")
+    except OSError as e:  # the journal or its lock files (e.g. no space left on device)
+        where = f" {bounded_repr(jp)}" if jp else ""
+        raise ConfigError(f"--storage{where}: cannot write the study ({e.strerror or e}); finished trials are kept, "
+                          "run the same command again to resume (a record cut short is recovered then)") from None
 
 
 @dataclass
@@ -747,10 +828,11 @@ class TuneResult:
 def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None = None,
          n_trials: int = 20, workers: int = 1, holdout_seeds: int = 0, scenario_path: str | None = None,
          out: Path | None = None) -> TuneResult:
-    """Run (or resume) the study until it holds ``n_trials`` finished trials; see module doc.
+    """Run (or resume) the study until it holds ``n_trials`` COMPLETE trials; see module doc.
 
     Raises:
-        ConfigError: bad arguments, a storage that cannot open, a study with another objective.
+        ConfigError: bad arguments, a storage that cannot open, a study with another objective,
+            a storage that cannot be written (e.g. a full disk; finished trials are kept).
     """
     import optuna
 
@@ -764,10 +846,26 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
     if workers > 1 and storage_url is None:
         if out is None:
             raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")
-        storage_url = f"journal:{Path(out) / (study_name + '.journal')}"
+        from .outputs import inside
+
+        storage_url = f"journal:{inside(Path(out), study_name, 'study name', '.journal')}"
     check_scenario(cfg, scenario)
     t0 = time.perf_counter()
     storage = make_storage(storage_url)
+    try:
+        return _tune(scenario, cfg, study_name, storage_url, storage, n_trials, workers, holdout_seeds,
+                     scenario_path, t0)
+    except OSError as e:  # the study's storage cannot be written (e.g. no space left on device)
+        where = bounded_repr(journal_path(storage_url) or _redact(storage_url or "memory"))
+        raise ConfigError(f"--storage {where}: cannot write the study ({e.strerror or e}); finished trials are "
+                          "kept, run the same command again to resume (a record cut short is recovered then)") \
+            from None
+
+
+def _tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None, storage, n_trials: int,
+          workers: int, holdout_seeds: int, scenario_path: str | None, t0: float) -> TuneResult:
+    import optuna
+
     base = baseline_params(cfg, scenario)
     outside = [k for k, v in base.items() if not cfg.space()[k].contains(v)]
     if outside:  # Optuna would reject the enqueued values; say so instead of silently clipping
@@ -936,8 +1034,12 @@ def write_results(study, rep: dict, out: Path) -> list[Path]:
     atomic_files.write_text(p, json.dumps(rep, indent=2, sort_keys=True, default=float) + "\n")
     files.append(p)
     p = out / "trials.csv"
+    from .tune_gate import OWNER_ATTR
+
+    df = study.trials_dataframe()
+    df = df.drop(columns=[c for c in df.columns if c == f"user_attrs_{OWNER_ATTR}"])  # a random token per worker
     with atomic_files.replacing(p) as tmp:
-        study.trials_dataframe().to_csv(tmp, index=False)
+        df.to_csv(tmp, index=False)
     files.append(p)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

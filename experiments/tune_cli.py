@@ -10,9 +10,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvsched.envs.sim.errors import bounded_repr
+
 from .cli_types import count, seed
 from .consoles import stderr_console
-from .outputs import prepare_out_dir, prepare_out_file
+from .outputs import file_name, inside, prepare_out_dir, prepare_out_file
 
 
 def add_tune_arguments(t: argparse.ArgumentParser) -> None:
@@ -29,7 +31,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--constraint", action="append", default=[],
                    help="METRIC[:CLASS]<=BOUND or >=BOUND on the mean over runs, e.g. 'ttft_p99_s:short<=1.0' "
                         "(repeatable)")
-    t.add_argument("--trials", type=count, default=20, help="finished trials the study should hold (default 20)")
+    t.add_argument("--trials", type=count, default=20,
+                   help="COMPLETE trials the study should hold (pruned and failed ones do not count; every worker "
+                        "stops there; default 20)")
     t.add_argument("--sampler", choices=("tpe", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
     t.add_argument("--study", help="study name (default <policy>-<scenario name>; with --router "
                                    "router-<router>-<scenario name>)")
@@ -51,7 +55,9 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--pruner", choices=("median", "none"), default="median", help="pruner (default median)")
     t.add_argument("--penalty", type=float, default=10.0,
                    help="CMA-ES constraint penalty, objective units per 100%% violation (default 10)")
-    t.add_argument("--seed", type=seed, default=0, help="sampler seed (worker k uses seed + k; default 0)")
+    t.add_argument("--seed", type=seed, default=0,
+                   help="sampler seed (worker k's sampler is seeded from seed, k and the trials already in the study, "
+                        "so a resume continues the sequence; default 0)")
     t.add_argument("--out", type=Path, help="write tune.json, trials.csv, history.png, importances.png here "
                                             "(default runs/tune/<study>)")
 
@@ -81,7 +87,12 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
                      sampler_seed=a.seed, router=a.router)
     check_scenario(cfg, sc)  # before the output folder is made
     name = a.study or (f"{a.policy}-{sc.name}" if cfg.router is None else f"router-{cfg.router}-{sc.name}")
-    out = a.out or Path("runs") / "tune" / name
+    # the study's name becomes a folder (default --out) or a journal file name (--workers without
+    # --storage): a hostile --study or scenario name must not write outside runs/tune or --out
+    what = "--study" if a.study else f"the study name (from the scenario's name {bounded_repr(sc.name)})"
+    if a.out is None or (a.workers > 1 and a.storage is None):
+        file_name(name, what)
+    out = a.out or inside(Path("runs") / "tune", name, what)
     prepare_out_dir(out)  # before the trials (minutes), not when their results are written
     err = stderr_console()
     fixed = f" (policy {cfg.policy} fixed)" if cfg.router is not None else ""
@@ -91,7 +102,14 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
     rep = res.report
     console.print(report_table(rep))
-    files = write_results(res.study, rep, out)
+    try:
+        files = write_results(res.study, rep, out)
+    except OSError as e:  # e.g. no space left on device: the study itself is safe in its storage
+        from kvsched.envs.sim.errors import KvschedError
+
+        raise KvschedError(f"--out {bounded_repr(str(out))}: cannot write the results ({e.strerror or e}); the "
+                           "trials are kept in the study's storage (with --storage, run the same command again "
+                           "to write them)") from None
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     if a.storage:
         console.print(f"dashboard: optuna-dashboard {_dashboard_arg(a.storage)}  (pip install optuna-dashboard)",

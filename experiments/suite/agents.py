@@ -100,17 +100,22 @@ def checkpoint_meta(path: Path) -> dict:
     return meta
 
 
-def load_checkpoint(path: Path, meta: dict | None = None) -> tuple[Any, dict]:
+def load_checkpoint(path: Path, meta: dict | None = None, trust: bool = False) -> tuple[Any, dict]:
     """The model of a ``kvsched train`` checkpoint and its metadata (:func:`checkpoint_meta`).
+    Loading unpickles it: it must be one kvsched wrote or shipped unless ``trust``
+    (:func:`kvsched.agents.trust.check`).
 
     Raises:
-        ConfigError: a missing file, missing or bad metadata, or a file the algorithm cannot load.
+        ConfigError: a missing file, missing or bad metadata, a checkpoint kvsched did not write
+            (without ``trust``), or a file the algorithm cannot load.
     """
     import zipfile
 
+    from kvsched.agents import trust as trusted
     from kvsched.agents.evaluate import _load_model
 
     meta = checkpoint_meta(path) if meta is None else meta
+    trusted.check(path, trust)
     try:
         return _load_model(path, meta), meta
     except ConfigError:
@@ -121,8 +126,10 @@ def load_checkpoint(path: Path, meta: dict | None = None) -> tuple[Any, dict]:
 
 
 def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, limit: int | None = None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, list[float | None]]:
-    """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring).
+                   progress: Callable[[str], None] | None = None,
+                   trust: bool = False) -> dict[str, list[float | None]]:
+    """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring);
+    ``trust``: load a checkpoint kvsched did not write (:func:`load_checkpoint`).
 
     Raises:
         ConfigError: an unknown agent, a checkpoint of another environment or other spaces, or
@@ -137,7 +144,7 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
         raise ConfigError(f"the results of {task.name} were computed for another definition of the task "
                           f"({bounded_repr(stored)}): their baselines and bounds are not this task's; recompute them")
     ref, ref_params = _reference(task_result)
-    kind, act_for, env = _agent(task, agent, ref, ref_params)
+    kind, act_for, env = _agent(task, agent, ref, ref_params, trust)
     if progress and agent.endswith(".zip"):
         for note in checkpoint_mismatches(task, checkpoint_meta(Path(agent)), ref, ref_params):
             progress(f"note: {agent}: {note}")
@@ -243,13 +250,13 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
     return out
 
 
-def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict):
+def _agent(task: BenchTask, agent: str, ref: str, ref_params: dict, trust: bool = False):
     """``(kind, act_for(episode index) -> actor, env)`` of an agent name."""
     meta = check_agent(task, agent)
     if agent == "random":
         return "env", random_actor_for, make_env(task, ref, ref_params)
     if meta is not None:
-        model, meta = load_checkpoint(Path(agent), meta)
+        model, meta = load_checkpoint(Path(agent), meta, trust)
         # the task's environment, never one the checkpoint picks (but with its observation version)
         env = make_env(task, ref, ref_params, **observation_overrides(task, meta))
         if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:

@@ -222,7 +222,7 @@ def test_kill_and_restart_loses_no_finished_trial(tmp_path):
     assert len(after) == target
     assert {k: after[k] for k in killed} == killed  # nothing lost, nothing re-run
     rep = json.loads((tmp_path / "o" / "tune.json").read_text())
-    assert rep["trials"]["complete"] + rep["trials"]["pruned"] == target and rep["baseline"]["trial"] == 0
+    assert rep["trials"]["complete"] == target and rep["baseline"]["trial"] == 0  # --trials counts COMPLETE
     assert "baseline (published defaults)" in r.stdout and "best" in r.stdout
     for f in ("history.png", "importances.png", "trials.csv"):
         assert (tmp_path / "o" / f).stat().st_size > 1000
@@ -232,8 +232,8 @@ def test_two_worker_processes_share_a_journal(tmp_path):
     sc = small_scenario()
     url = f"journal:{tmp_path / 'w.journal'}"
     res = tune(sc, cfg(seeds=(0,), windows_s=(WINDOWS[0],)), "w", url, n_trials=6, workers=2)
-    finished = [t for t in res.study.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert 6 <= len(finished) <= 7  # MaxTrialsCallback may let the other worker finish one more
+    states = [t.state.name for t in res.study.trials]
+    assert states.count("COMPLETE") == 6 and "RUNNING" not in states  # the gate: no overshoot
     assert len({t.number for t in res.study.trials}) == len(res.study.trials)
 
 
@@ -272,8 +272,8 @@ def test_two_tune_commands_join_one_postgresql_study(tmp_path):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     st = open_study(name, POSTGRES_URL)
-    finished = [t for t in st.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert 8 <= len(finished) <= 9
+    complete = [t for t in st.trials if t.state.name == "COMPLETE"]
+    assert 8 <= len(complete) <= 9  # RDB: no shared lock, two workers may both start the last trial
     assert sum(bool(t.user_attrs.get("baseline")) for t in st.trials) == 1
     assert all(math.isfinite(t.value) for t in st.trials if t.state.name == "COMPLETE")
     assert all(Path(tmp_path / f"o{k}" / "tune.json").exists() for k in range(2))
