@@ -82,7 +82,10 @@ def parse_window(text: str, flag: str = "--timeline-window") -> tuple[float, flo
     except ValueError:
         raise ConfigError(f"{flag}={bounded_repr(text)} is not allowed: START and END must be numbers of "
                           "simulated seconds (e.g. 10:20)") from None
-    return check_window((start, end), flag)
+    if not (math.isfinite(start) and start >= 0.0 and not math.isnan(end) and end > start):
+        raise ConfigError(f"{flag}={bounded_repr(text)} is not allowed: expected START:END simulated seconds with "
+                          "0 <= START < END (END may be empty for the run's end)")
+    return start, end
 
 
 def check_window(window: Any, field: str = "window_s") -> tuple[float, float]:
