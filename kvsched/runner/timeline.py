@@ -188,8 +188,9 @@ class TimelineWriter:
             raw = stack.enter_context(open(tmp, "wb"))
             binary: Any = raw
             if self.path.name.endswith(".gz"):  # no name, time 0: the same run gives the same bytes
-                binary = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                                                           compresslevel=6))
+                gz = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                       compresslevel=6))
+                binary = stack.enter_context(io.BufferedWriter(gz, buffer_size=1 << 20))  # few large writes
             self._out = stack.enter_context(io.TextIOWrapper(binary, encoding="utf-8", newline="\n"))
         except BaseException:
             stack.close()

@@ -298,3 +298,21 @@ def test_an_environment_writes_one_timeline_per_episode(tmp_path):
     assert trace["otherData"]["complete"] is False and load(tmp_path / "ep-00.json")["otherData"]["complete"]
     with pytest.raises(KvschedError, match="timeline"):
         gym.make("kvsched/Scheduling-v0", timeline=str(tmp_path / "no-field.json"))
+
+
+def test_a_routing_agents_placements_are_the_callers_on_the_routing_track(tmp_path):
+    gym = pytest.importorskip("gymnasium")
+    import kvsched.envs  # noqa: F401  (registers the ids)
+
+    env = gym.make("kvsched/Routing-v0", max_requests=12, window_s=30.0, timeline=str(tmp_path / "r{episode}.json"))
+    env.reset(seed=0)
+    done, chosen = False, []
+    while not done:
+        a = len(chosen) % 2
+        chosen.append(a)
+        _, _, term, trunc, _ = env.step(a)
+        done = term or trunc
+    env.close()
+    routes = [e for e in check_trace(load(tmp_path / "r0.json"), 2) if e.get("cat") == "routing"]
+    assert [e["args"]["instance"] for e in routes] == chosen[:len(routes)] and len(routes) == 12
+    assert {e["args"]["by"] for e in routes} == {"caller"}
