@@ -23,7 +23,10 @@ a run with an observer gives the same results, byte for byte, as one without.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 #: ``BatchEntry.phase`` values: a prompt chunk, a chunk recomputing a preempted request's
 #: prompt and generated tokens (after it emitted tokens), one decode token.
@@ -74,7 +77,7 @@ class StepEvent:
 
     instance_id: int
     start_s: float
-    ends_s: Sequence[float]
+    ends_s: Union[Sequence[float], "np.ndarray"]
     batch: tuple[BatchEntry, ...]
     member_steps: tuple[int, ...] | None = None
     folded: bool = False
