@@ -96,3 +96,14 @@ def timeline_window(text: str) -> tuple[float, float]:
         return parse_window(text, "START:END")
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("START:END=")) from None
+
+
+def timeline_dir(text: str):
+    """argparse type of compare's ``--timeline DIR``: a non-empty folder name (an empty one would
+    mean the current folder)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)} is not allowed: expected a folder for the runs' "
+                                         "timeline files")
+    return Path(text)

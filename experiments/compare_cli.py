@@ -49,7 +49,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray; default: "
                                      "start a local Ray)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    c.add_argument("--timeline", type=Path, metavar="DIR",
+    c.add_argument("--timeline", type=cli_types.timeline_dir, metavar="DIR",
                    help="write each run's schedule as a Chrome/Perfetto trace into DIR "
                         "(timeline-<policy or router>-seed<seed>[-window<k>].json.gz); see docs/timeline.md")
     c.add_argument("--timeline-window", type=cli_types.timeline_window, metavar="START:END",
@@ -84,8 +84,6 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     if a.timeline_window is not None and a.timeline is None:
         raise KvschedError("--timeline-window needs --timeline DIR")
     if a.timeline is not None:
-        if not str(a.timeline).strip():
-            raise KvschedError("--timeline '' is not allowed: expected a folder for the runs' timeline files")
         prepare_out_dir(a.timeline, "--timeline")
     if a.out:
         prepare_out_dir(a.out)

@@ -276,6 +276,17 @@ def test_simulate_and_compare_write_timelines(tmp_path):
     assert main(["simulate", "--max-requests", "5", "--timeline-window", "0:1"]) == 2  # needs --timeline
 
 
+@pytest.mark.parametrize("argv", [["simulate", "--timeline", ""], ["simulate", "--timeline", "run.csv"],
+                                  ["simulate", "--timeline", "t.json", "--timeline-window", "9:3"],
+                                  ["compare", "--scenario", "x.yaml", "--timeline", ""]])
+def test_the_cli_refuses_a_bad_timeline_flag_naming_it(argv, capsys):
+    from kvsched.experiments.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "argument --timeline" in capsys.readouterr().err
+
+
 def test_an_environment_writes_one_timeline_per_episode(tmp_path):
     gym = pytest.importorskip("gymnasium")
     import kvsched.envs  # noqa: F401  (registers the ids)
