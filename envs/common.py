@@ -3,6 +3,7 @@ for an episode, the reference policy."""
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -24,9 +25,10 @@ def default_scenario_path() -> str:
 
 
 def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_instances: int | None = None,
-                  seed: int | None = None) -> Cluster:
+                  seed: int | None = None, observer=None) -> Cluster:
     """A cluster for one episode of ``source``'s scenario (its router, router parameters and
-    delay, shared KV tier); ``policy_for(i)`` builds instance i's policy."""
+    delay, shared KV tier); ``policy_for(i)`` builds instance i's policy; ``observer`` is told of
+    its events (:mod:`kvsched.envs.sim.observer`; the environments' ``timeline`` option)."""
     sc = source.scenario
     n = sc.n_instances if n_instances is None else n_instances
     spec = sc.instance_spec()
@@ -36,7 +38,77 @@ def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_
     return Cluster([spec] * n, lambda: policy_for(next(counter)), metrics=sc.metrics_config(),
                    router=make_router(sc.router, dict(sc.router_params)), router_delay_s=sc.router_delay_s,
                    shared_kv=sc.shared_kv_spec(), seed=sc.seed if seed is None else seed,
-                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
+                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths), observer=observer)
+
+
+class EpisodeTimelines:
+    """The environments' ``timeline`` option: each episode's schedule as a Chrome/Perfetto trace
+    (:class:`kvsched.runner.timeline.TimelineWriter`; docs/timeline.md).
+
+    Args:
+        template: ``None`` (no timeline) or a file name containing ``{episode}``, replaced by the
+            episode's number (0, 1, ... per environment object; format specs allowed, e.g.
+            ``"runs/tl/episode-{episode:04d}.json.gz"``); ``.json`` or ``.json.gz``.
+
+    An episode's file is written when it ends (terminated or truncated); an episode left unfinished
+    (``reset`` or ``close`` first) is written as far as it ran, with ``otherData.complete`` false.
+
+    Raises:
+        ConfigError: a template that is not text, has no ``{episode}`` field, does not format, or
+            does not end in ``.json`` / ``.json.gz``.
+    """
+
+    def __init__(self, template) -> None:
+        self.template = None if template is None else self._check(template)
+        self.episodes = 0
+        self._writer = None
+
+    @staticmethod
+    def _check(template) -> str:
+        from kvsched.runner.timeline import timeline_path
+
+        require(isinstance(template, (str, os.PathLike)) and "{episode" in str(template), "timeline", template,
+                "None or a file name with an {episode} field, e.g. 'runs/tl/episode-{episode:04d}.json.gz'")
+        text = str(template)
+        try:
+            name = text.format(episode=0)
+        except (ValueError, KeyError, IndexError, AttributeError):
+            require(False, "timeline", template, "a file name whose only field is {episode} (an integer; e.g. "
+                    "{episode:04d}); double the braces of a literal { or }")
+        timeline_path(name, "timeline")
+        return text
+
+    def begin(self, source: EpisodeSource, n_instances: int, episode: dict):
+        """The writer of a new episode (the previous one, if unfinished, is written first), or
+        None without a template."""
+        self.end(None)
+        if self.template is None:
+            return None
+        from kvsched.runner.timeline import TimelineWriter, instance_labels
+
+        sc = source.scenario
+        meta = {"scenario": sc.name, "episode": self.episodes, "window": dict(episode), "complete": True}
+        path = self.template.format(episode=self.episodes)
+        self.episodes += 1
+        writer = TimelineWriter(path, instance_labels(n_instances, sc.instance_spec()), None, meta)
+        writer.open()
+        self._writer = writer
+        return writer
+
+    def end(self, cluster: Cluster | None) -> None:
+        """Write the episode's file (its request events from ``cluster``'s records so far)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            if cluster is None or not cluster.done:
+                writer.metadata["complete"] = False
+            if cluster is not None:
+                writer.add_records(cluster.recorder.records_frame())
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
 
 
 def queued_prefill_tokens(inst) -> int:

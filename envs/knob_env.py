@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import (build_cluster, check_steppable, episode_config, queued_prefill_tokens, reference,
-                                 step_info, unfinished)
+from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppable, episode_config,
+                                 queued_prefill_tokens, reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import DecisionWatch
@@ -127,6 +127,9 @@ class KnobEnv(gym.Env):
         interval_s: simulated seconds between decisions (> 0).
         horizon_s: truncation time (s), default ``3 * window_s``.
         reward: :class:`RewardConfig`, or a mapping of its fields.
+        timeline: write each episode's schedule as a Chrome/Perfetto trace: a file name with an
+            ``{episode}`` field (e.g. ``"runs/tl/episode-{episode:04d}.json.gz"``; docs/timeline.md,
+            :class:`~kvsched.envs.common.EpisodeTimelines`), or None (default).
     """
 
     metadata = {"render_modes": []}
@@ -134,7 +137,7 @@ class KnobEnv(gym.Env):
     def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, heuristic: str = "lars",
                  interval_s: float = 5.0, horizon_s: float | None = None,
-                 reward: RewardConfig = RewardConfig()) -> None:
+                 reward: RewardConfig = RewardConfig(), timeline: str | None = None) -> None:
         require(heuristic in KNOB_SETS, "heuristic", heuristic, f"one of {sorted(KNOB_SETS)}")
         require(isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool) and interval_s > 0,
                 "interval_s", interval_s, "a number of seconds > 0")
@@ -158,6 +161,7 @@ class KnobEnv(gym.Env):
         self._reference_values: tuple[np.ndarray, dict] | None = None  # heuristic_action's (action, values)
         self._check_knob_box()
         self.cluster = None
+        self._timelines = EpisodeTimelines(timeline)
 
     def _check_knob_box(self) -> None:
         """Build the scenario's parameters at every corner of the knob box (each knob at its low
@@ -260,10 +264,18 @@ class KnobEnv(gym.Env):
         """Parameter values mapped back to [-1, 1] (the observation's last ``d`` entries)."""
         return [2.0 * (values[n] - lo) / span - 1.0 for n, lo, span, _ in self._spans]
 
+    def close(self) -> None:
+        """Write the unfinished episode's timeline, if any (the ``timeline`` option)."""
+        self._timelines.end(self.cluster)
+        super().close()
+
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
-        self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source))
+        self._timelines.end(self.cluster)  # an unfinished episode's timeline
+        observer = self._timelines.begin(self.source, self.source.scenario.n_instances, self.episode)
+        self.cluster = build_cluster(self.source, lambda i: reference(self.heuristic, None, self.source),
+                                     observer=observer)
         #: (policy, the builder of its parameters) per instance
         knob_names = [n for n, *_ in self.knobs]
         self._builders = [(inst.policy, ParamsBuilder(inst.policy.params, knob_names))
@@ -327,6 +339,7 @@ class KnobEnv(gym.Env):
         elif not terminated and self.reward_config.early_miss:
             comps["slo_missed"] += reward.certain_misses(unfinished(cluster), t)
         if terminated or truncated:
+            self._timelines.end(cluster)
             self._over = True
             if terminated:
                 extra["summary"] = cluster.result().summary

@@ -13,8 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import (build_cluster, check_steppable, episode_config, integer_action, queued_prefill_tokens,
-                                 reference, step_info, unfinished)
+from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppable, episode_config, integer_action,
+                                 queued_prefill_tokens, reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import DecisionWatch
@@ -62,6 +62,9 @@ class RoutingEnv(gym.Env):
         policy: the instances' scheduler policy (default: the scenario's).
         horizon_s: truncation time (s), default ``3 * window_s``.
         reward: :class:`RewardConfig`, or a mapping of its fields.
+        timeline: write each episode's schedule as a Chrome/Perfetto trace: a file name with an
+            ``{episode}`` field (e.g. ``"runs/tl/episode-{episode:04d}.json.gz"``; docs/timeline.md,
+            :class:`~kvsched.envs.common.EpisodeTimelines`), or None (default).
     """
 
     metadata = {"render_modes": []}
@@ -69,7 +72,7 @@ class RoutingEnv(gym.Env):
     def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, n_instances: int | None = None,
                  policy: str | None = None, horizon_s: float | None = None,
-                 reward: RewardConfig = RewardConfig()) -> None:
+                 reward: RewardConfig = RewardConfig(), timeline: str | None = None) -> None:
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         sc = self.source.scenario
         n = max(2, sc.n_instances) if n_instances is None else n_instances
@@ -90,13 +93,21 @@ class RoutingEnv(gym.Env):
         self.action_space = spaces.Discrete(n)
         self._mask = np.ones(n, dtype=bool)
         self.cluster = None
+        self._timelines = EpisodeTimelines(timeline)
         self._heuristic = None
+
+    def close(self) -> None:
+        """Write the unfinished episode's timeline, if any (the ``timeline`` option)."""
+        self._timelines.end(self.cluster)
+        super().close()
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
+        self._timelines.end(self.cluster)  # an unfinished episode's timeline
+        observer = self._timelines.begin(self.source, self.n_instances, self.episode)
         self.cluster = build_cluster(self.source, lambda i: reference(self.policy, None, self.source),
-                                     n_instances=self.n_instances)
+                                     n_instances=self.n_instances, observer=observer)
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self.cluster.start(self.workload, DecisionWatch(route=True))
         self._heuristic = None  # the router heuristic_action asks (one per episode)
@@ -182,6 +193,7 @@ class RoutingEnv(gym.Env):
         elif not terminated and self.reward_config.early_miss:
             comps["slo_missed"] += self.slo_reward.certain_misses(states, self.cluster.now_s)
         if terminated or truncated:
+            self._timelines.end(self.cluster)
             self._over = True
             if terminated:
                 extra["summary"] = self.cluster.result().summary

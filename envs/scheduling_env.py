@@ -16,8 +16,8 @@ from gymnasium import spaces
 
 from kvsched.envs.action import (CHUNK_BINS_TOKENS, PREEMPTION_MODES, VICTIM_RULES, AgentDecision, AgentPolicy,
                                  mode_mask)
-from kvsched.envs.common import (build_cluster, check_steppable, episode_config, integer_action, reference, step_info,
-                                 unfinished)
+from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppable, episode_config, integer_action,
+                                 reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.observation import build_observation, candidates, has_scheduling_choice, observation_size, \
     reference_order
@@ -90,6 +90,9 @@ class SchedulingEnv(gym.Env):
             + 18 values, :mod:`kvsched.envs.observation_v1`).
         output_signal: version 1's output-length signal: None, ``"oracle"`` (exact lengths) or
             ``{"log_sd": s}`` (a predictor with log-normal error); None with version 0.
+        timeline: write each episode's schedule as a Chrome/Perfetto trace: a file name with an
+            ``{episode}`` field (e.g. ``"runs/tl/episode-{episode:04d}.json.gz"``; docs/timeline.md,
+            :class:`~kvsched.envs.common.EpisodeTimelines`), or None (default).
     """
 
     metadata = {"render_modes": []}
@@ -98,7 +101,8 @@ class SchedulingEnv(gym.Env):
                  heldout_fraction: float = 0.25, max_requests: int | None = None, reference_policy: str = "fcfs",
                  reference_params: dict | None = None, k: int = 16, action_mode: str = "multi",
                  horizon_s: float | None = None, reward: RewardConfig = RewardConfig(),
-                 observation_version: int = 0, output_signal: dict | str | None = None) -> None:
+                 observation_version: int = 0, output_signal: dict | str | None = None,
+                 timeline: str | None = None) -> None:
         require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", k, "an integer >= 1")
         require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
         reward = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
@@ -127,8 +131,14 @@ class SchedulingEnv(gym.Env):
             self._nvec = (k,)
             self.action_space = spaces.Discrete(k)
         self.cluster = None
+        self._timelines = EpisodeTimelines(timeline)
 
     # ------------------------------------------------------------------------------ episode
+    def close(self) -> None:
+        """Write the unfinished episode's timeline, if any (the ``timeline`` option)."""
+        self._timelines.end(self.cluster)
+        super().close()
+
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
@@ -137,7 +147,9 @@ class SchedulingEnv(gym.Env):
             ref = reference(self.reference_policy, self.reference_params, self.source)
             return AgentPolicy(ref) if i == 0 else ref
 
-        self.cluster = build_cluster(self.source, policy_for)
+        self._timelines.end(self.cluster)  # an unfinished episode's timeline
+        observer = self._timelines.begin(self.source, self.source.scenario.n_instances, self.episode)
+        self.cluster = build_cluster(self.source, policy_for, observer=observer)
         self.inst = self.cluster.instances[0]
         self.agent_policy: AgentPolicy = self.inst.policy
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
@@ -280,6 +292,7 @@ class SchedulingEnv(gym.Env):
             comps["shaping"] = self.reward_config.shaping_gamma * phi - self._potential
             self._potential = phi
         if terminated or truncated:
+            self._timelines.end(cluster)
             self._over = True
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
             self._cands, self._shown_ids = [], _NO_IDS

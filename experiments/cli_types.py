@@ -72,3 +72,38 @@ class Window(argparse.Action):
         if start >= end:
             parser.error(f"argument {option_string}: {start:g} {end:g} is not allowed: expected START_S < END_S")
         setattr(namespace, self.dest, values)
+
+
+def timeline_file(text: str):
+    """argparse type of ``--timeline FILE``: a ``*.json`` or ``*.json.gz`` name
+    (:func:`kvsched.runner.timeline.timeline_path`)."""
+    from kvsched.envs.sim.errors import ConfigError
+    from kvsched.runner.timeline import timeline_path
+
+    try:
+        return timeline_path(text, "FILE")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("FILE=")) from None
+
+
+def timeline_window(text: str) -> tuple[float, float]:
+    """argparse type of ``--timeline-window START:END`` (simulated seconds; END may be empty)
+    (:func:`kvsched.runner.timeline.parse_window`)."""
+    from kvsched.envs.sim.errors import ConfigError
+    from kvsched.runner.timeline import parse_window
+
+    try:
+        return parse_window(text, "START:END")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("START:END=")) from None
+
+
+def timeline_dir(text: str):
+    """argparse type of compare's ``--timeline DIR``: a non-empty folder name (an empty one would
+    mean the current folder)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)} is not allowed: expected a folder for the runs' "
+                                         "timeline files")
+    return Path(text)

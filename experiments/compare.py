@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -250,7 +251,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
                 progress: Callable[[int, int], None] | None = None,
                 windows: int = 1, backend: str = "local", address: str | None = None,
                 routers: Sequence[str] | None = None,
-                router_params: Mapping[str, Mapping[str, Any]] | None = None) -> CompareResult:
+                router_params: Mapping[str, Mapping[str, Any]] | None = None,
+                timeline_dir: str | Path | None = None,
+                timeline_window_s: tuple[float, float] | None = None) -> CompareResult:
     """Serve ``scenario`` with every policy (or every router), seed and window.
 
     Args:
@@ -267,6 +270,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
         address: Ray cluster address (``backend="ray"`` only; ``None`` = a local Ray).
         routers: compare these routers (``scenario.router`` is then ignored).
         router_params: ``router -> {parameter: value}``.
+        timeline_dir: write each run's schedule (:mod:`kvsched.runner.timeline`) into this folder
+            as ``timeline-<policy or router>-seed<seed>[-window<k>].json.gz``; ``None``: none.
+        timeline_window_s: the timelines' ``(start_s, end_s)`` window (``None``: all of each run).
 
     Returns:
         A :class:`CompareResult`; ``runs`` has a row per (policy, seed, window, class).
@@ -325,8 +331,11 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
                 csc, name = sc, label
                 if axis == "router":
                     csc, name = sc.with_overrides(router=label, router_params=rgiven.get(label, {})), sc.policy
+                tl = None if timeline_dir is None else str(Path(timeline_dir) / timeline_file_name(label, seed, k,
+                                                                                                   windows))
                 cells.append(Cell(csc, name, _params_for(name, given.get(name, {}), seed), window=k,
-                                  windows=windows, fast_forward=fast_forward))
+                                  windows=windows, fast_forward=fast_forward, timeline=tl,
+                                  timeline_window_s=timeline_window_s))
                 cell_labels.append(label)
     outs = run_cells(cells, backend=backend, address=address, progress=progress)
     rows: list[dict] = []
@@ -347,6 +356,14 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     extra = list(dict.fromkeys(k for row in rows for k in row if k.startswith("bytes_") and k not in METRIC_COLUMNS))
     result.runs = pd.DataFrame(rows, columns=[axis, "seed", "window", "class", *METRIC_COLUMNS, *extra])
     return result
+
+
+def timeline_file_name(label: str, seed: int, window: int, windows: int) -> str:
+    """The timeline file of one compared run: ``timeline-<label>-seed<seed>[-window<k>].json.gz``
+    (``label`` the policy or router name, characters other than letters, digits, ``.``, ``_`` and
+    ``-`` replaced by ``_``)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", label).lstrip(".") or "_"
+    return f"timeline-{safe}-seed{seed}" + (f"-window{window}" if windows > 1 else "") + ".json.gz"
 
 
 def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.DataFrame:

@@ -49,6 +49,11 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray; default: "
                                      "start a local Ray)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--timeline", type=cli_types.timeline_dir, metavar="DIR",
+                   help="write each run's schedule as a Chrome/Perfetto trace into DIR "
+                        "(timeline-<policy or router>-seed<seed>[-window<k>].json.gz); see docs/timeline.md")
+    c.add_argument("--timeline-window", type=cli_types.timeline_window, metavar="START:END",
+                   help="only the timelines' events in [START, END] simulated seconds (END may be empty)")
 
 
 def cmd_compare(a: argparse.Namespace, console: Console) -> int:
@@ -76,6 +81,10 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         policies = parse_policies(a.policies if a.policies is not None else policy_names())
         params = parse_policy_params(a.policy_params, policies)
         names = policies
+    if a.timeline_window is not None and a.timeline is None:
+        raise KvschedError("--timeline-window needs --timeline DIR")
+    if a.timeline is not None:
+        prepare_out_dir(a.timeline, "--timeline")
     if a.out:
         prepare_out_dir(a.out)
     sc = load_scenario(a.scenario)
@@ -89,7 +98,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     t0 = time.perf_counter()
     run = lambda progress=None: run_compare(sc, policies, a.seeds, params, progress=progress,  # noqa: E731
                                             windows=a.windows, backend=a.backend, address=a.address,
-                                            routers=routers, router_params=rparams)
+                                            routers=routers, router_params=rparams, timeline_dir=a.timeline,
+                                            timeline_window_s=a.timeline_window)
     if show:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
@@ -114,6 +124,9 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     console.print(f"{count(n_runs, 'run', 'runs')} ({count(len(names), *what)} x {count(len(seeds), 'seed', 'seeds')}"
                   f" x {count(a.windows, 'window', 'windows')}, backend {a.backend})"
                   f" in {time.perf_counter() - t0:.1f} s wall", highlight=False)
+    if a.timeline is not None:
+        console.print(f"wrote {n_runs} timeline{'s' if n_runs > 1 else ''} into {a.timeline} (open them in "
+                      "https://ui.perfetto.dev)", highlight=False)
     if a.out:
         files = write_outputs(result, agg, sc, a.out)
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

@@ -8,6 +8,7 @@ Holds the command's options (:func:`add_arguments`) beside its handler (:func:`c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import resource
@@ -26,7 +27,7 @@ from kvsched.envs.sim.specs import TP_DEGREES
 
 from . import cli_types
 from .consoles import stderr_console
-from .outputs import prepare_out_dir
+from .outputs import prepare_out_dir, prepare_out_file
 from kvsched.runner.scenario import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, Scenario, load_scenario
 from kvsched.runner.simulate import scenario_cluster_kwargs
 from kvsched import atomic_files
@@ -65,6 +66,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-fast-forward", action="store_true",
                    help="advance every step one by one (same results, slower; for checking)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--timeline", type=cli_types.timeline_file, metavar="FILE",
+                   help="write the schedule as a Chrome/Perfetto trace (FILE.json or FILE.json.gz; open it in "
+                        "ui.perfetto.dev); see docs/timeline.md")
+    s.add_argument("--timeline-window", type=cli_types.timeline_window, metavar="START:END",
+                   help="only the timeline's events in [START, END] simulated seconds (END may be empty)")
     s.add_argument("--policy-file", type=Path,
                    help="policy, parameters and engine settings from a `kvsched export --target kvsched` JSON "
                         "(and the router with its parameters, from a router study)")
@@ -153,6 +159,9 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
 
     if a.format == "parquet" and not a.out:
         raise KvschedError("--format parquet needs --out DIR (records are only written with --out)")
+    if getattr(a, "timeline_window", None) is not None and getattr(a, "timeline", None) is None:
+        raise KvschedError("--timeline-window needs --timeline FILE")
+    prepare_out_file(getattr(a, "timeline", None), "--timeline")
     if a.out:
         prepare_out_dir(a.out)
     sc = _scenario_from_args(a)
@@ -182,15 +191,22 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
-    if show:
-        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as prog:
-            task = prog.add_task("sim", total=len(workload))
+    with _timeline(a, sc, workload, spec) as observer:
+        if show:
+            with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=Console(stderr=True), transient=True) as prog:
+                task = prog.add_task("sim", total=len(workload))
+                result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
+                                  progress=lambda n: prog.update(task, completed=n), observer=observer,
+                                  **scenario_cluster_kwargs(sc))
+        else:
             result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                              progress=lambda n: prog.update(task, completed=n), **scenario_cluster_kwargs(sc))
-    else:
-        result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                          **scenario_cluster_kwargs(sc))
+                              observer=observer, **scenario_cluster_kwargs(sc))
+        if observer is not None:
+            observer.add_records(result.records)
+    if observer is not None and not a.json:
+        err.print(f"wrote timeline {a.timeline} ({observer.events_written:,} events; open it in "
+                  "https://ui.perfetto.dev)", highlight=False)
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary
@@ -220,6 +236,24 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+
+
+@contextlib.contextmanager
+def _timeline(a: argparse.Namespace, sc: Scenario, workload, spec):
+    """The ``--timeline`` writer (:class:`kvsched.runner.timeline.TimelineWriter`), or None; its
+    file is put in place when the run ends without an error."""
+    if getattr(a, "timeline", None) is None:
+        yield None
+        return
+    from kvsched.runner.timeline import TimelineWriter, instance_labels
+
+    meta = {"kvsched_version": kvsched.__version__, "scenario": sc.name, "workload": workload.name,
+            "policy": sc.policy, "seed": sc.seed, "n_instances": sc.n_instances,
+            "fast_forward": not a.no_fast_forward}
+    if sc.n_instances > 1:
+        meta["router"] = sc.router
+    with TimelineWriter(a.timeline, instance_labels(sc.n_instances, spec), a.timeline_window, meta) as tl:
+        yield tl
 
 
 def _print_routing(summary: dict, console: Console) -> None:

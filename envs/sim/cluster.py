@@ -31,6 +31,7 @@ from .errors import ConfigError, bounded_repr
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
+from .observer import LinkWatch, RouteEvent, SimObserver
 from .recorder import Recorder
 from .request import RequestState, Workload
 from .policy_api import check_router
@@ -123,6 +124,9 @@ class Cluster:
         router_delay_s: staleness of the state routers see (s, >= 0; :mod:`.routing`).
         shared_kv: the cluster KV tier shared by all instances (:mod:`.shared_kv`), or ``None``.
         seed: handed to the router's ``bind`` (routers with a sampler seed it from their params).
+        observer: told of routing decisions, steps, preemptions and link copies while the run
+            goes on (:mod:`.observer`), or ``None`` (the default: no event is built). It does not
+            change the results.
 
     Raises:
         ConfigError: front-end parameters that differ between instances, a router without
@@ -133,7 +137,8 @@ class Cluster:
                  metrics: MetricsConfig = MetricsConfig(), router=None,
                  options: InstanceOptions = InstanceOptions(),
                  progress: Callable[[int], None] | None = None,
-                 router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0) -> None:
+                 router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0,
+                 observer: SimObserver | None = None) -> None:
         if not specs:
             raise ConfigError("specs is empty: a cluster needs at least one InstanceSpec")
         bad_spec = next((s for s in specs if not isinstance(s, InstanceSpec)), None)
@@ -168,6 +173,14 @@ class Cluster:
         self.shared_kv = SharedKVPool(shared_kv, self.instances) if shared_kv is not None else None
         for inst in self.instances:
             inst.shared_kv = self.shared_kv
+        self.observer = observer
+        if observer is not None:
+            for inst in self.instances:
+                inst.attach_observer(observer)
+            if self.shared_kv is not None:
+                pool = self.shared_kv
+                for q in (*pool.net_out, *pool.net_in, pool.pool_read, pool.pool_write):
+                    q.watch = LinkWatch(observer, -1)
         self.routed_requests = np.zeros(len(self.instances), dtype=np.int64)
         #: requests placed by the caller (``apply(route_to=...)``, e.g. a Routing-v0 agent), not the router
         self.caller_routes = 0
@@ -318,6 +331,8 @@ class Cluster:
                 self.caller_routes += 1
                 self.routed_requests[idx] += 1
                 self.routed_prompt_tokens[idx] += payload.prompt_tokens
+                if self.observer is not None:
+                    self.observer.on_route(RouteEvent(t, payload.rid, idx, "caller", payload.prompt_tokens))
             self._place(payload, idx, t)
         else:
             if route_to is not None:
@@ -473,6 +488,8 @@ class Cluster:
                                   f"{bounded_repr(idx)} for "
                                   f"request {st.rid}; expected an instance row 0..{len(instances) - 1}")
             idx = int(idx)
+            if self.observer is not None:
+                self.observer.on_route(RouteEvent(t, st.rid, idx, "router", st.prompt_tokens))
         self.routed_requests[idx] += 1
         self.routed_prompt_tokens[idx] += st.prompt_tokens
         return idx

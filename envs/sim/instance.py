@@ -60,6 +60,7 @@ from .features import FeatureTable
 from .instance_spec import InstanceSpec
 from .invariants import check_instance
 from .kv_manager import KVManager
+from .observer import BatchEntry, LinkWatch, SimObserver, StepEvent
 from .pnm_migration import PNMMigrator
 from .policy_api import PolicyContext
 from .preemption import Preemptor
@@ -82,6 +83,20 @@ class InstanceOptions:
     fast_forward: bool = True
     check_invariants: bool = False
     oracle_lengths: bool = False
+
+
+def batch_entries(plan: list[tuple[RequestState, int]]) -> tuple[BatchEntry, ...]:
+    """A planned batch as :class:`~.observer.BatchEntry` values (read before the step is applied:
+    a decode computes the one token at KV position ``prompt + generated - 1``)."""
+    out = []
+    for st, n in plan:
+        g = st.generated
+        if n == 1 and g > 0 and st.computed == st.prompt_tokens + g - 1:
+            phase = "decode"
+        else:
+            phase = "prefill" if g == 0 else "recompute"
+        out.append(BatchEntry(st.rid, n, phase))
+    return tuple(out)
 
 
 def effective_long_prefill_threshold(spec: InstanceSpec) -> int:
@@ -172,6 +187,17 @@ class Instance:
         self.steps = 0
         self.busy_s = 0.0
         self.sum_batch = 0
+        #: told of every planned step (:class:`~.observer.SimObserver`), or None (the default);
+        #: set with :meth:`attach_observer`
+        self.observer: SimObserver | None = None
+
+    def attach_observer(self, observer: SimObserver | None) -> None:
+        """Tell ``observer`` (None: nobody) of this instance's steps, preemptions and link copies
+        (:mod:`.observer`)."""
+        self.observer = observer
+        self.preemptor.observer = observer
+        for q in self.links.values():
+            q.watch = None if observer is None else LinkWatch(observer, self.instance_id)
 
     def _configure_from_policy(self, policy, spec: InstanceSpec) -> None:
         """Token budget, chunking and the options every policy may set (``PolicyParams``)."""
@@ -299,12 +325,26 @@ class Instance:
             self.recorder.occupancy_change(self, now)
             self._check_progress(now)
             return None
+        obs = self.observer
+        batch = None if obs is None else batch_entries(step.plan)
         end = self.stretch.time_step(step, n_decodes, blocked_static, horizon_s)
+        if obs is not None:  # the step starts at _step_ready_s (a folded stretch moves _step_start)
+            self._observe_step(obs, self._step_ready_s, batch, end)
         self.busy = True
         self.recorder.occupancy_change(self, now, self.stretch.in_use_now())
         if self.options.check_invariants:
             check_instance(self)
         return end
+
+    def _observe_step(self, obs: SimObserver, start: float, batch, end: float) -> None:
+        """Tell ``obs`` of the step (or stretch) just planned, from ``start`` to ``end``."""
+        sp = self.stretch
+        if sp.ends is None:
+            obs.on_step(StepEvent(self.instance_id, start, (end,), batch))
+        else:
+            steps = sp.steps
+            obs.on_step(StepEvent(self.instance_id, start, sp.ends, batch,
+                                  None if steps is None else tuple(steps), sp.joined > 0))
 
     def _check_progress(self, now: float) -> None:
         """Guard against a stuck instance: work queued but nothing runnable or in flight."""

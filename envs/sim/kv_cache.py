@@ -312,19 +312,27 @@ class LinkQueue:
     transfers serialised on the link, so a burst of swaps queues behind each other.
     """
 
-    __slots__ = ("name", "busy_until_s", "bytes_moved", "busy_s")
+    __slots__ = ("name", "busy_until_s", "bytes_moved", "busy_s", "watch")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.busy_until_s = 0.0
         self.bytes_moved = 0
         self.busy_s = 0.0
+        #: told of every copy, ``watch(link, kind, request_id, start_s, end_s, n_bytes)``
+        #: (:class:`~.observer.LinkWatch`), or None (the default: nothing is built)
+        self.watch: Callable[[str, str, int, float, float, int], None] | None = None
 
-    def reserve(self, ready_s: float, duration_s: float, n_bytes: int) -> tuple[float, float]:
-        """Occupy the link for ``duration_s`` from ``max(ready_s, busy_until_s)``."""
+    def reserve(self, ready_s: float, duration_s: float, n_bytes: int, kind: str = "",
+                request_id: int = -1) -> tuple[float, float]:
+        """Occupy the link for ``duration_s`` from ``max(ready_s, busy_until_s)``; returns
+        ``(start_s, end_s)``. ``kind`` (one of :data:`~.observer.TRANSFER_KINDS`) and
+        ``request_id`` (-1: none) only label the copy for an attached :attr:`watch`."""
         start = ready_s if ready_s > self.busy_until_s else self.busy_until_s
         end = start + duration_s
         self.busy_until_s = end
         self.bytes_moved += n_bytes
         self.busy_s += duration_s
+        if self.watch is not None:
+            self.watch(self.name, kind, request_id, start, end, n_bytes)
         return start, end

@@ -60,15 +60,17 @@ class KVTier:
         self.read_link = spec.read_link
         self.path: list[KVTier] = []
 
-    def write(self, ready_s: float, duration_s: float, n_bytes: int) -> float:
-        """Queue a copy into this tier on its write link; returns when it lands (s)."""
+    def write(self, ready_s: float, duration_s: float, n_bytes: int, kind: str = "", request_id: int = -1) -> float:
+        """Queue a copy into this tier on its write link; returns when it lands (s). ``kind`` and
+        ``request_id`` label it for an observer (:meth:`~.kv_cache.LinkQueue.reserve`)."""
         assert self.write_q is not None, "HBM has no link to a tier above it"
-        return self.write_q.reserve(ready_s, duration_s, n_bytes)[1]
+        return self.write_q.reserve(ready_s, duration_s, n_bytes, kind, request_id)[1]
 
-    def read(self, ready_s: float, duration_s: float, n_bytes: int) -> float:
-        """Queue a copy out of this tier on its read link; returns when it lands (s)."""
+    def read(self, ready_s: float, duration_s: float, n_bytes: int, kind: str = "", request_id: int = -1) -> float:
+        """Queue a copy out of this tier on its read link; returns when it lands (s). ``kind`` and
+        ``request_id`` label it for an observer (:meth:`~.kv_cache.LinkQueue.reserve`)."""
         assert self.read_q is not None, "HBM has no link to a tier above it"
-        return self.read_q.reserve(ready_s, duration_s, n_bytes)[1]
+        return self.read_q.reserve(ready_s, duration_s, n_bytes, kind, request_id)[1]
 
     def links(self) -> tuple[LinkSpec, LinkSpec]:
         """``(write_link, read_link)`` of a tier below HBM."""
@@ -319,7 +321,7 @@ class KVManager:
         first_end = now
         ready = now
         for k, hop in enumerate(target.path):
-            ready = hop.write(ready, transfer(n_blocks, hop.links()[0]), nbytes)
+            ready = hop.write(ready, transfer(n_blocks, hop.links()[0]), nbytes, "swap_out", st.rid)
             if k == 0:
                 first_end = ready
         st.ready_s = ready
@@ -338,7 +340,7 @@ class KVManager:
         ready = now if now > st.ready_s else st.ready_s  # the swap-out copy must have landed
         transfer = self.cost.transfer_time_s
         for hop in reversed(tier.path):
-            ready = hop.read(ready, transfer(n_blocks, hop.links()[1]), nbytes)
+            ready = hop.read(ready, transfer(n_blocks, hop.links()[1]), nbytes, "swap_in", st.rid)
         add_tier_bytes(st, tier.name + "_to_hbm", nbytes)
         return ready
 

@@ -81,7 +81,7 @@ class PNMMigrator:
             return False
         tier = kv.by_name["pnm"]
         nbytes = n_blocks * kv.block_bytes
-        end = tier.write(now, inst.cost.transfer_time_s(n_blocks, tier.links()[0]), nbytes)
+        end = tier.write(now, inst.cost.transfer_time_s(n_blocks, tier.links()[0]), nbytes, "pnm_migration", st.rid)
         add_tier_bytes(st, "hbm_to_pnm", nbytes)
         st.pnm_blocks = n_blocks
         st.ready_s = end
@@ -104,10 +104,17 @@ class PNMMigrator:
         st.tier = "pnm"
         self.inst.kv.free(st)
 
-    def preempt_resident(self, st: RequestState) -> None:
+    def preempt_resident(self, st: RequestState, now: float = 0.0) -> None:
         """The PNM pool cannot hold ``st``'s next token: recompute preemption (back to waiting, its
-        KV dropped), as vLLM V1 preempts when its own pool is full (REFERENCE §4.1)."""
+        KV dropped), as vLLM V1 preempts when its own pool is full (REFERENCE §4.1). ``now`` (s)
+        only dates it for an observer."""
         inst = self.inst
+        obs = inst.preemptor.observer
+        if obs is not None:
+            from .observer import PreemptionEvent
+
+            obs.on_preemption(PreemptionEvent(inst.instance_id, now, st.rid, "recompute", "pnm_full", -1,
+                                              st.computed, st.pnm_blocks))
         inst.running.remove(st)
         self.release(st)
         inst.preemptor._count(st)

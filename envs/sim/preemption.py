@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .observer import PreemptionEvent
 from .request import RUNNING, SWAPPED, WAITING, RequestState
 
 if TYPE_CHECKING:  # pragma: no cover
     from .instance import Instance
+    from .observer import SimObserver
     from .step_plan import StepBuild
 
 
@@ -56,6 +58,8 @@ class Preemptor:
         self.inst = inst
         self.preemptions = 0
         self.admission_preemptions = 0
+        #: told of every preemption (:class:`~.observer.SimObserver`), or None (the default)
+        self.observer: SimObserver | None = None
 
     # ------------------------------------------------------------- running out of KV
     def make_room(self, st: RequestState, need: int, now: float, step: StepBuild) -> bool:
@@ -76,7 +80,7 @@ class Preemptor:
                                                       inst.spec.preemption_mode)
             victim = candidates[row]
             step.drop(victim)
-            self.preempt(victim, now, mode)
+            self.preempt(victim, now, mode, "blocks", st.rid)
             step.victims.append(victim)
             if victim is st:
                 return False
@@ -101,19 +105,34 @@ class Preemptor:
             costs["migrate"] = inst.pnm_migrator.migration_costs(candidates, tokens)
         return costs
 
-    def preempt(self, victim: RequestState, now: float, mode: str | None = None) -> None:
+    def preempt(self, victim: RequestState, now: float, mode: str | None = None, cause: str = "blocks",
+                for_request_id: int = -1) -> None:
         """Preempt ``victim`` in ``mode`` (default: the spec's ``preemption_mode``).
 
         A victim whose swap-in copy is in flight goes back to swapped with no copy out (its
         lower-tier copy is intact and current; the landing event becomes stale). Otherwise the
         blocks allocated for a step it loses are returned first; then it swaps out
         (:meth:`~.kv_manager.KVManager.swap_out`) or, when no tier takes it, recomputes.
+        ``cause`` and ``for_request_id`` (why, and for whom) only label it for an observer
+        (:class:`~.observer.PreemptionEvent`, told after the fact with the mode the victim got).
         """
+        obs = self.observer
+        if obs is None:
+            self._preempt(victim, now, mode)
+            return
+        tokens = victim.computed
+        blocks = victim.shared_blocks + victim.private_blocks + victim.pnm_blocks
+        got = self._preempt(victim, now, mode)
+        obs.on_preemption(PreemptionEvent(self.inst.instance_id, now, victim.rid, got, cause, for_request_id,
+                                          tokens, blocks))
+
+    def _preempt(self, victim: RequestState, now: float, mode: str | None) -> str:
+        """:meth:`preempt`; returns the mode the victim got (:class:`~.observer.PreemptionEvent`)."""
         inst = self.inst
         if mode == "migrate":  # PNM
             self._count(victim)
             inst.pnm_migrator.migrate(victim, now, background=False)
-            return
+            return "migrate"
         inst.running.remove(victim)
         kv = inst.kv
         if victim.lower_blocks:
@@ -124,7 +143,7 @@ class Preemptor:
             victim.tier = victim.lower_tier
             victim.status = SWAPPED
             inst.swapped.append(victim)
-            return
+            return "cancel_load"
         excess = victim.shared_blocks + victim.private_blocks - kv.blocks_for(victim.computed)
         if excess > 0 and victim.private_blocks >= excess:  # blocks allocated for a step it loses
             kv.hbm.release_private(excess)
@@ -137,8 +156,9 @@ class Preemptor:
                 inst._step_ready_s = first_end  # the step waits for the swap-out copy
             victim.status = SWAPPED
             inst.swapped.append(victim)
-        else:
-            self.requeue_for_recompute(victim)
+            return target.spec.preemption_mode
+        self.requeue_for_recompute(victim)
+        return "recompute"
 
     def requeue_for_recompute(self, victim: RequestState) -> None:
         """Recompute preemption's end: the victim's KV is gone (it recomputes its prompt and the
@@ -230,7 +250,7 @@ class Preemptor:
             waiting_blocks, room, inst.spec.max_seqs - len(running), costs, inst.spec.preemption_mode)
         if choice is None:
             return False
-        self._preempt_chosen(choice, eligible, step, now)
+        self._preempt_chosen(choice, eligible, step, now, head.rid)
         return True
 
     def _admission_eligible(self, head: RequestState, now: float) -> np.ndarray | None:
@@ -267,15 +287,16 @@ class Preemptor:
             budget -= min(tokens, step.prefill_slot, inst.long_threshold or tokens)
         return waiting_states
 
-    def _preempt_chosen(self, choice: tuple[int, str], eligible: np.ndarray, step: StepBuild, now: float) -> None:
-        """Carry out the policy's admission-preemption choice ``(row, mode)``."""
+    def _preempt_chosen(self, choice: tuple[int, str], eligible: np.ndarray, step: StepBuild, now: float,
+                        head_id: int = -1) -> None:
+        """Carry out the policy's admission-preemption choice ``(row, mode)`` for the head ``head_id``."""
         inst = self.inst
         running = inst.running
         row, mode = choice
         if not (0 <= row < len(running)) or not eligible[row]:
             raise ValueError(f"policy {inst.policy.name!r} chose row {row} for admission preemption; "
                              f"allowed: eligible rows {np.flatnonzero(eligible).tolist()}")
-        self._displace(running[row], mode, step, now)
+        self._displace(running[row], mode, step, now, "admission", head_id)
 
     def preempt_for_head(self, head: RequestState, cause: str, step: StepBuild, now: float) -> bool:
         """Ask the policy (``choose_head_preemption``) which running request blocked ``head`` preempts;
@@ -309,10 +330,11 @@ class Preemptor:
         if not (0 <= row < len(cands)) or not (mode in costs or mode == inst.spec.preemption_mode):
             raise ValueError(f"policy {inst.policy.name!r} chose (row {row}, mode {mode!r}) for head preemption; "
                              f"allowed: rows 0..{len(cands) - 1}, modes {[*costs, inst.spec.preemption_mode]}")
-        self._displace(cands[row], mode, step, now)
+        self._displace(cands[row], mode, step, now, "head_" + cause, head.rid)
         return True
 
-    def _displace(self, victim: RequestState, mode: str, step: StepBuild, now: float) -> None:
+    def _displace(self, victim: RequestState, mode: str, step: StepBuild, now: float, cause: str = "admission",
+                  for_request_id: int = -1) -> None:
         """Preempt running ``victim`` in ``mode`` for a blocked waiting request (see
         :meth:`preempt_for_admission`)."""
         inst = self.inst
@@ -321,7 +343,7 @@ class Preemptor:
         victim.admission_preemptions += 1
         self.admission_preemptions += 1
         step.preempted = True
-        self.preempt(victim, now, mode)
+        self.preempt(victim, now, mode, cause, for_request_id)
         if victim.status == WAITING:  # recompute: not re-admitted before the requests it made room for
             inst.waiting.remove(victim)
             step.displaced.append(victim)

@@ -432,7 +432,7 @@ class PrefixStore:
         transfer = owner.kv.cost.transfer_time_s
         t = ready_s if ready_s > now_s else now_s
         for hop in hops:
-            t = hop.write(t, transfer(total, hop.links()[0]), nbytes)
+            t = hop.write(t, transfer(total, hop.links()[0]), nbytes, "prefix_write", creator_id)
         for key in new:
             e = entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
             if until > now_s:  # its conversation is kept: out of the order until its deadline
@@ -823,10 +823,12 @@ class PrefixTiers:
                 break
         return out
 
-    def _load_end_s(self, groups: dict, seg_blocks: int, now_s: float, reserve: bool) -> float:
+    def _load_end_s(self, groups: dict, seg_blocks: int, now_s: float, reserve: bool,
+                    request_id: int = -1) -> float:
         """When loads of ``groups`` (store -> segments) land in HBM: each group's copy crosses the
         read links of its tier's path bottom up, queued FIFO; the groups go in the run's order.
-        ``reserve`` False predicts without queueing anything."""
+        ``reserve`` False predicts without queueing anything; ``request_id`` (the request loading)
+        labels the copies for an observer."""
         transfer = self.kv.cost.transfer_time_s
         busy: dict[int, float] = {}
         end = now_s
@@ -837,7 +839,7 @@ class PrefixTiers:
             for hop in reversed(store.tier.path):
                 d = transfer(n_blocks, hop.links()[1])
                 if reserve:
-                    t = hop.read(t, d, nbytes)
+                    t = hop.read(t, d, nbytes, "prefix_load", request_id)
                 else:
                     q = hop.read_q
                     start = max(t, busy.get(id(q), q.busy_until_s))
@@ -896,7 +898,7 @@ class PrefixTiers:
             s.loaded_segments += n
             s.bytes_loaded += n * seg_blocks * self.block_bytes
             add_tier_bytes(st, s.tier.name + "_to_hbm", n * seg_blocks * self.block_bytes)  # the record's column
-        ready = self._load_end_s(groups, seg_blocks, now_s, True)
+        ready = self._load_end_s(groups, seg_blocks, now_s, True, st.rid)
         sess = self.conversation_of(st)
         if sess is not None:
             self.session_last_s[sess] = now_s

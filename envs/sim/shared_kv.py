@@ -275,8 +275,10 @@ class SharedKVPool:
             self.evicted_segments += 1
         nbytes = n_blocks * self.block_bytes
         spec = self.spec
-        _, out_end = self.net_out[inst.instance_id].reserve(now_s, float(spec.network.transfer_time_s(nbytes)), nbytes)
-        _, ready = self.pool_write.reserve(out_end, float(spec.pool_write.transfer_time_s(nbytes)), nbytes)
+        _, out_end = self.net_out[inst.instance_id].reserve(now_s, float(spec.network.transfer_time_s(nbytes)), nbytes,
+                                                            "shared_write", creator_id)
+        _, ready = self.pool_write.reserve(out_end, float(spec.pool_write.transfer_time_s(nbytes)), nbytes,
+                                           "shared_write", creator_id)
         self._entries[key] = _Entry(n_blocks, ready, creator_id)
         self.free_blocks -= n_blocks
         self.used_blocks += n_blocks
@@ -346,8 +348,9 @@ class SharedKVPool:
         ok = kv.allocate(need)
         assert ok, "shared_kv: fetch allocation failed after the availability check"
         pool_t = float(self.spec.pool_read.transfer_time_s(nbytes))
-        _, t1 = self.pool_read.reserve(now_s, pool_t, nbytes)
-        _, ready = self.net_in[inst.instance_id].reserve(t1, float(self.spec.network.transfer_time_s(nbytes)), nbytes)
+        _, t1 = self.pool_read.reserve(now_s, pool_t, nbytes, "shared_fetch", st.rid)
+        _, ready = self.net_in[inst.instance_id].reserve(t1, float(self.spec.network.transfer_time_s(nbytes)), nbytes,
+                                                         "shared_fetch", st.rid)
         self.fetches += 1
         self.fetched_segments += f
         self.bytes_fetched += nbytes

@@ -312,7 +312,7 @@ class StepComposer:
             if need > 0 and not kv.pnm.allocate(need):
                 # frees no HBM, so unlike an HBM preemption it does not stop this step's admissions
                 # (the request itself may be re-admitted at once)
-                inst.pnm_migrator.preempt_resident(st)
+                inst.pnm_migrator.preempt_resident(st, now)
                 return
             if need > 0:
                 st.pnm_blocks += need

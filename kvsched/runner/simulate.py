@@ -13,6 +13,7 @@ from kvsched.envs.sim.cluster import Cluster, SimulationResult
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.instance_spec import InstanceSpec
 from kvsched.envs.sim.metrics import MetricsConfig
+from kvsched.envs.sim.observer import SimObserver
 from kvsched.envs.sim.request import Workload
 from kvsched.envs.sim.shared_kv import SharedKVSpec
 
@@ -24,12 +25,14 @@ def build_cluster(specs: Sequence[InstanceSpec], policy: str = "fcfs", policy_pa
                   metrics: MetricsConfig = MetricsConfig(), options: InstanceOptions = InstanceOptions(),
                   router: str | object = "round-robin", router_params: dict | None = None,
                   router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0,
-                  progress: Callable[[int], None] | None = None) -> Cluster:
+                  progress: Callable[[int], None] | None = None, observer: SimObserver | None = None) -> Cluster:
     """A :class:`Cluster` of ``specs`` running the named policy, routed by the named router.
 
     ``policy_params`` (a dict of the policy's parameter fields, or its params dataclass) is
     validated once and each instance gets its own policy object. ``router`` is a router name
     (``router_params`` its parameters) or a router object (then ``router_params`` must be None).
+    ``observer`` is told of the run's events (:mod:`kvsched.envs.sim.observer`; e.g. a
+    :class:`~kvsched.runner.timeline.TimelineWriter`).
 
     Raises:
         UnknownPresetError: unknown policy or router name.
@@ -47,7 +50,7 @@ def build_cluster(specs: Sequence[InstanceSpec], policy: str = "fcfs", policy_pa
         raise ConfigError("router_params only apply to a router given by name; got a router object")
     return Cluster(list(specs), lambda: make_policy(policy, params), metrics=metrics, options=options,
                    progress=progress, router=router, router_delay_s=router_delay_s, shared_kv=shared_kv,
-                   seed=seed)
+                   seed=seed, observer=observer)
 
 
 def simulate(workload: Workload, spec: InstanceSpec, policy: str = "fcfs",
@@ -55,7 +58,8 @@ def simulate(workload: Workload, spec: InstanceSpec, policy: str = "fcfs",
              n_instances: int = 1, progress: Callable[[int], None] | None = None,
              policy_params: dict | None = None, router: str | object = "round-robin",
              router_params: dict | None = None, router_delay_s: float = 0.0,
-             shared_kv: SharedKVSpec | None = None, seed: int = 0) -> SimulationResult:
+             shared_kv: SharedKVSpec | None = None, seed: int = 0,
+             observer: SimObserver | None = None) -> SimulationResult:
     """Run ``workload`` on ``n_instances`` copies of ``spec`` with the named policy and router.
 
     Arguments as :func:`build_cluster`; ``n_instances`` >= 1 copies of ``spec``.
@@ -65,7 +69,7 @@ def simulate(workload: Workload, spec: InstanceSpec, policy: str = "fcfs",
         ConfigError: invalid spec, policy or router parameters, or request fields.
     """
     cluster = build_cluster([spec] * n_instances, policy, policy_params, metrics, options, router, router_params,
-                            router_delay_s, shared_kv, seed, progress)
+                            router_delay_s, shared_kv, seed, progress, observer)
     return cluster.run(workload)
 
 

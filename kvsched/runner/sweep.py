@@ -20,6 +20,7 @@ whose workers must have kvsched installed (same version).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -45,6 +46,9 @@ class Cell:
         window: index of the window, ``0 <= window < windows``.
         windows: how many equal windows the workload is cut into (>= 1).
         fast_forward: the simulator's fast-forward option (results are identical either way).
+        timeline: write the run's schedule to this file (:mod:`kvsched.runner.timeline`; on the
+            machine the cell runs on), or ``None``.
+        timeline_window_s: the timeline's ``(start_s, end_s)`` window, or ``None`` (all of it).
     """
 
     scenario: Scenario
@@ -53,6 +57,8 @@ class Cell:
     window: int = 0
     windows: int = 1
     fast_forward: bool = True
+    timeline: str | None = None
+    timeline_window_s: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("window", "windows"):
@@ -118,11 +124,25 @@ def run_cell(cell: Cell) -> CellResult:
     workload = cell_workload(cell)
     sc.check_slo_classes(workload)
     options = InstanceOptions(fast_forward=cell.fast_forward, oracle_lengths=sc.oracle_lengths)
-    cluster = build_cluster([sc.instance_spec()] * sc.n_instances, cell.policy, dict(cell.params),
-                            metrics=sc.metrics_config(), options=options, router=sc.router,
-                            router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
-                            shared_kv=sc.shared_kv_spec(), seed=sc.seed)
-    res = cluster.run(workload)
+    spec = sc.instance_spec()
+    with contextlib.ExitStack() as stack:
+        observer = None
+        if cell.timeline is not None:
+            from .timeline import TimelineWriter, instance_labels
+
+            meta = {"scenario": sc.name, "policy": cell.policy, "seed": sc.seed, "window": cell.window,
+                    "windows": cell.windows, "n_instances": sc.n_instances}
+            if sc.n_instances > 1:
+                meta["router"] = sc.router
+            observer = stack.enter_context(TimelineWriter(cell.timeline, instance_labels(sc.n_instances, spec),
+                                                          cell.timeline_window_s, meta))
+        cluster = build_cluster([spec] * sc.n_instances, cell.policy, dict(cell.params),
+                                metrics=sc.metrics_config(), options=options, router=sc.router,
+                                router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
+                                shared_kv=sc.shared_kv_spec(), seed=sc.seed, observer=observer)
+        res = cluster.run(workload)
+        if observer is not None:
+            observer.add_records(res.records)
     return CellResult(cell=cell, summary=res.summary, records=res.records, occupancy=res.occupancy)
 
 
