@@ -25,13 +25,14 @@ def default_scenario_path() -> str:
 
 
 def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_instances: int | None = None,
-                  seed: int | None = None, observer=None) -> Cluster:
+                  seed: int | None = None, observer=None, spec=None) -> Cluster:
     """A cluster for one episode of ``source``'s scenario (its router, router parameters and
     delay, shared KV tier); ``policy_for(i)`` builds instance i's policy; ``observer`` is told of
-    its events (:mod:`kvsched.envs.sim.observer`; the environments' ``timeline`` option)."""
+    its events (:mod:`kvsched.envs.sim.observer`; the environments' ``timeline`` option);
+    ``spec`` replaces the scenario's instance spec (an environment's override)."""
     sc = source.scenario
     n = sc.n_instances if n_instances is None else n_instances
-    spec = sc.instance_spec()
+    spec = sc.instance_spec() if spec is None else spec
     counter = iter(range(n))
     from kvsched.policies.routing import make_router
 

@@ -15,19 +15,19 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kvsched.envs.common import check_steppable, episode_config, integer_action, reference, step_info, unfinished
+from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppable, episode_config, integer_action,
+                                 reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import Cluster, DecisionWatch
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
-from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.prefix_offload import EVICTION_POLICIES
 from kvsched.envs.sim.retention import RetentionDecision
 
-#: keep times of the ``keep`` actions (s) [kvsched choice: from a few seconds to the 5-minute
-#: think times of the conversation traces; Mooncake's and Azure's turns come back after tens of
-#: seconds to minutes]
-KEEP_BINS_S: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+#: keep times of the ``keep`` actions (s) [kvsched choice: from a few seconds to twice the
+#: 5-minute think times of the conversation traces; Mooncake's and Azure's turns come back after
+#: tens of seconds to minutes]
+KEEP_BINS_S: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 #: actions before the keep bins
 BASE_ACTIONS: tuple[str, ...] = ("default", "drop", "demote")
 FEATURES: tuple[str, ...] = (
@@ -102,6 +102,8 @@ class ResidencyEnv(gym.Env):
         n_instances: instances (default: the scenario's).
         horizon_s: truncation time (s), default ``3 * window_s``.
         reward: :class:`RewardConfig`, or a mapping of its fields (no shaping).
+        timeline: write each episode's schedule as a Chrome/Perfetto trace: a file name with an
+            ``{episode}`` field (docs/timeline.md), or None.
 
     Raises:
         ConfigError: a scenario without ``prefix_offload``, an unknown eviction order, bad keep
@@ -113,7 +115,8 @@ class ResidencyEnv(gym.Env):
     def __init__(self, scenario: str | None = None, window_s: float = 300.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, eviction: str | None = None,
                  keep_bins_s: tuple[float, ...] | list[float] = KEEP_BINS_S, n_instances: int | None = None,
-                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig()) -> None:
+                 horizon_s: float | None = None, reward: RewardConfig = RewardConfig(),
+                 timeline: str | None = None) -> None:
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         sc = self.source.scenario
         spec = sc.instance_spec()
@@ -156,18 +159,22 @@ class ResidencyEnv(gym.Env):
                                 + [RetentionDecision("keep", b) for b in self.keep_bins_s])
         self._action_allowed = f"an action index in [0, {self.n_actions})"
         self.cluster: Cluster | None = None
+        self._timelines = EpisodeTimelines(timeline)
+
+    def close(self) -> None:
+        """Write the unfinished episode's timeline, if any (the ``timeline`` option)."""
+        self._timelines.end(self.cluster)
+        super().close()
 
     # ------------------------------------------------------------------------------ episode
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.workload, self.episode = self.source.choose(self.np_random, options)
         sc = self.source.scenario
-        from kvsched.policies.routing import make_router
-
-        self.cluster = Cluster([self.instance_spec] * self.n_instances, lambda: reference(sc.policy, None, self.source),
-                               metrics=self.metrics, router=make_router(sc.router, dict(sc.router_params)),
-                               router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed,
-                               options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
+        self._timelines.end(self.cluster)  # an unfinished episode's timeline
+        observer = self._timelines.begin(self.source, self.n_instances, self.episode)
+        self.cluster = build_cluster(self.source, lambda i: reference(sc.policy, None, self.source),
+                                     n_instances=self.n_instances, observer=observer, spec=self.instance_spec)
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
         self.cluster.start(self.workload, DecisionWatch(residency=True))
         self.decisions = 0
@@ -278,6 +285,7 @@ class ResidencyEnv(gym.Env):
         elif not terminated and self.reward_config.early_miss:
             comps["slo_missed"] += self.slo_reward.certain_misses(states, c.now_s)
         if terminated or truncated:
+            self._timelines.end(c)
             self._over = True
             if terminated:
                 extra["summary"] = c.result().summary

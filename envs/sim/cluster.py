@@ -31,7 +31,7 @@ from .errors import ConfigError, bounded_repr
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
-from .observer import LinkWatch, RouteEvent, SimObserver
+from .observer import LinkWatch, RetentionEvent, RouteEvent, SimObserver
 from .recorder import Recorder
 from .request import RequestState, Workload
 from .policy_api import check_router
@@ -473,7 +473,11 @@ class Cluster:
         pt = self.instances[inst_id].kv.prefix_tiers
         assert pt is not None
         pt.now_s = self._now_s
+        hook = None if self.observer is None else getattr(self.observer, "on_retention", None)
+        before = tuple(pt.session_blocks(st)) if hook is not None else ()
         pt.retain(st, decision.kind, decision.keep_s, self._now_s)
+        if hook is not None:
+            hook(RetentionEvent(inst_id, self._now_s, st.rid, decision.label, before, tuple(pt.session_blocks(st))))
 
     def _route(self, st: RequestState, t: float) -> int:
         """Index of the instance an arriving request goes to (the router's choice, checked)."""

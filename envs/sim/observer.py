@@ -14,7 +14,9 @@ loop's; the records' ``arrival_s`` / ``first_token_s`` / ``finish_s`` are the cl
   with its batch; a planned step always runs to its end (nothing cancels a step in flight);
 - :class:`PreemptionEvent` -- a running request preempted, with the mode it got and why;
 - :class:`TransferEvent` -- a KV copy queued on a link (:class:`~.kv_cache.LinkQueue`), with the
-  time it starts (after the copies queued before it) and ends.
+  time it starts (after the copies queued before it) and ends;
+- :class:`RetentionEvent` -- a retention decision applied (:meth:`.cluster.Cluster.retain`;
+  optional: told only to an observer with an ``on_retention`` method).
 
 An observer must not change the simulation (it reads the events it is given, nothing else), so
 a run with an observer gives the same results, byte for byte, as one without.
@@ -155,6 +157,27 @@ class RouteEvent:
     instance_id: int
     by: str
     prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionEvent:
+    """A retention decision for a finished request's conversation (:mod:`.retention`).
+
+    Attributes:
+        instance_id: the instance whose lower tiers it applies to.
+        time_s: when (s).
+        request_id: the finished request.
+        decision: ``default``, ``drop``, ``demote`` or ``keep <s>s``.
+        blocks_before, blocks_after: blocks its conversation held in each listed tier before and
+            after the decision (top down).
+    """
+
+    instance_id: int
+    time_s: float
+    request_id: int
+    decision: str
+    blocks_before: tuple[int, ...]
+    blocks_after: tuple[int, ...]
 
 
 class SimObserver(Protocol):

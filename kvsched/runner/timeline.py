@@ -45,10 +45,10 @@ from typing import Any, Sequence
 
 from kvsched import atomic_files
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
-from kvsched.envs.sim.observer import PreemptionEvent, RouteEvent, StepEvent, TransferEvent
+from kvsched.envs.sim.observer import PreemptionEvent, RetentionEvent, RouteEvent, StepEvent, TransferEvent
 
 #: thread ids of an instance's fixed tracks (links get 10, 11, ... in order of first use)
-STEPS_TID, PREEMPTIONS_TID, REQUESTS_TID = 1, 2, 3
+STEPS_TID, PREEMPTIONS_TID, REQUESTS_TID, RETENTION_TID = 1, 2, 3, 4
 ROUTING_TID = 1
 FIRST_LINK_TID = 10
 CLUSTER_PID = 0
@@ -165,6 +165,7 @@ class TimelineWriter:
         self._out: io.TextIOWrapper | None = None
         self._first = True
         self._cluster_named = False
+        self._retention_tracks: set[int] = set()  # instances whose retention track is named
 
     # ------------------------------------------------------------------ file
     def __enter__(self) -> TimelineWriter:
@@ -323,6 +324,17 @@ class TimelineWriter:
             return
         self._complete(event.kind or "copy", "transfer", start, end, pid, self._link_tid(pid, event.link),
                        {"request": event.request_id, "bytes": event.n_bytes})
+
+    def on_retention(self, event: RetentionEvent) -> None:
+        """A retention decision (Residency-v0): an instant on the instance's ``retention`` track
+        (named at its first decision: runs without retention decisions have no such track)."""
+        pid = event.instance_id + 1
+        if pid not in self._retention_tracks:
+            self._retention_tracks.add(pid)
+            self._thread(pid, RETENTION_TID, "retention")
+        self._instant(event.decision, "retention", _ns(event.time_s), event.instance_id + 1, RETENTION_TID,
+                      {"request": event.request_id, "tier_blocks_before": list(event.blocks_before),
+                       "tier_blocks_after": list(event.blocks_after)})
 
     def on_route(self, event: RouteEvent) -> None:
         """A routing decision: an instant on the cluster's ``routing`` track."""

@@ -134,3 +134,15 @@ def test_gym_make_builds_it():
     env = gym.make("kvsched/Residency-v0", **SMALL)
     obs, _ = env.reset(seed=0)
     assert np.all((obs >= 0) & (obs <= 1))
+
+
+def test_a_timeline_shows_each_retention_decision_on_its_track(tmp_path):
+    import json
+
+    env = ResidencyEnv(timeline=str(tmp_path / "ep-{episode}.json"), **SMALL)
+    _, steps = _play(env, lambda e, o: e.heuristic_action("session", 60.0))
+    events = json.loads((tmp_path / "ep-0.json").read_text())["traceEvents"]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    kept = [e for e in events if e.get("cat") == "retention"]
+    assert len(kept) == steps and all(e["name"] == "keep 60s" for e in kept)
+    assert {tracks[(e["pid"], e["tid"])] for e in kept} == {"retention"}
