@@ -241,7 +241,7 @@ class Cluster:
             arrivals = arrivals[order]
         self._arrivals = arrivals
         self._order = order
-        self._retention: list = []  # (instance id, finished request, finish s) awaiting a decision
+        self._retention = []  # (instance id, finished request, finish s) awaiting a decision
         for inst in instances:  # the clairvoyant eviction reference reads the window's future uses
             pt = inst.kv.prefix_tiers
             if pt is not None and "clairvoyant" in pt.spec.eviction:
