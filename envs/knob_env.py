@@ -151,8 +151,7 @@ class KnobEnv(gym.Env):
         d = len(self.knobs)
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, (len(OBS_FEATURES) + d,), np.float32)
-        self._mask = np.ones(d, dtype=bool)
-        self._mask.flags.writeable = False  # action_masks returns this same array: nothing to mask
+        self._mask = np.ones(d, dtype=bool)  # nothing to mask; action_masks returns a copy
         #: (field, low, high - low, multiple or None) per knob: the affine map's terms, computed once
         self._spans = tuple((name, lo, hi - lo, mult) for name, lo, hi, mult in self.knobs)
         self._reference_values: tuple[np.ndarray, dict] | None = None  # heuristic_action's (action, values)
@@ -299,9 +298,10 @@ class KnobEnv(gym.Env):
         return np.array(vals, dtype=np.float32)
 
     def action_masks(self) -> np.ndarray:
-        """Continuous action: nothing to mask. One True per dimension, for a uniform API; the same
-        read-only array every call (it never changes)."""
-        return self._mask
+        """Continuous action: nothing to mask. One True per dimension, for a uniform API; a new
+        array every call (``info["action_mask"]`` too: Gymnasium >= 1.4's ``check_env`` refuses
+        data shared between two returned infos, as a caller may keep and modify them)."""
+        return self._mask.copy()
 
     def step(self, action):
         if self.cluster is None or self._over:

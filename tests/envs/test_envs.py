@@ -276,6 +276,38 @@ def test_gymnasium_and_sb3_check_env(env_id):
         sb3_check_env(b, warn=True)
 
 
+def _shared_objects(a, b, path="") -> list[str]:
+    """Where ``a`` and ``b`` (observations or infos) share a mutable object: the same dict or
+    list, or NumPy arrays over the same memory (what Gymnasium >= 1.4's ``check_env`` refuses,
+    checked here over whole episodes and without depending on the installed Gymnasium)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return [path or "obs"] if np.shares_memory(a, b) else []
+    if isinstance(a, (dict, list)) and a is b:
+        return [path or "info"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for k in a.keys() & b.keys() for p in _shared_objects(a[k], b[k], f"{path}[{k!r}]")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in _shared_objects(x, y, f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("env_id", kvsched.envs.ENV_IDS)
+def test_every_step_returns_new_observation_and_info_data(env_id):
+    env = gym.make(env_id, **SMALL).unwrapped
+    env.action_space.seed(0)
+    returned = [env.reset(seed=0)]
+    while True:
+        obs, _, term, trunc, info = env.step(env.action_space.sample())
+        returned.append((obs, info))
+        if term or trunc:
+            break
+    returned.append(env.reset(seed=1))
+    for i in range(len(returned)):
+        for j in range(i + 1, len(returned)):
+            shared = _shared_objects(returned[i], returned[j])
+            assert not shared, f"{env_id}: calls {i} and {j} return the same object at {shared}"
+
+
 def _rollout(env, seed, n=40):
     obs, _ = env.reset(seed=seed)
     env.action_space.seed(seed)
