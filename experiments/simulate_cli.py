@@ -24,6 +24,7 @@ from kvsched.envs.sim.errors import KvschedError
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
 
+from . import progress as progress_lines
 from . import cli_types
 from .consoles import stderr_console
 from .outputs import prepare_out_dir
@@ -188,9 +189,9 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
             task = prog.add_task("sim", total=len(workload))
             result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
                               progress=lambda n: prog.update(task, completed=n), **scenario_cluster_kwargs(sc))
-    else:
+    else:  # off a terminal: a progress line at least every 30 s (kvsched.experiments.progress)
         result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                          **scenario_cluster_kwargs(sc))
+                          progress=progress_lines.counter("requests", len(workload)), **scenario_cluster_kwargs(sc))
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from . import progress as progress_lines
 from .cli_types import count, seed
 from .consoles import stderr_console
 from .outputs import prepare_out_dir, prepare_out_file
@@ -88,6 +89,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     err.print(f"tuning {cfg.tuned}{fixed} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
               f"{a.workers} worker(s)", highlight=False)
+    progress_lines.note(f"study {name}, {a.trials} trials")  # off a terminal: with the elapsed time
     res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
     rep = res.report
     console.print(report_table(rep))
