@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("stable_baselines3")
-pytest.importorskip("sb3_contrib")
+from installed import needs  # noqa: E402
+
+pytestmark = needs("stable_baselines3", "sb3_contrib")  # imported by the tests, not at collection
 
 from kvsched.agents.evaluate import confidence_table, evaluate  # noqa: E402
 from kvsched.agents.train import train  # noqa: E402

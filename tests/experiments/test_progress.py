@@ -51,7 +51,8 @@ def test_a_command_that_reports_nothing_still_gets_elapsed_time_lines_and_notes(
     lines.update(note="study s, 20 trials")
     clock.now = 130.0
     lines.poll()
-    assert out.getvalue().splitlines() == ["kvsched tune: 15 s elapsed", "kvsched tune: study s, 20 trials, 30 s elapsed"]
+    assert out.getvalue().splitlines() == ["kvsched tune: 15 s elapsed",
+                                           "kvsched tune: study s, 20 trials, 30 s elapsed"]
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "-1", "31", "nan", "inf"])
