@@ -55,6 +55,28 @@ def test_a_command_that_reports_nothing_still_gets_elapsed_time_lines_and_notes(
                                            "kvsched tune: study s, 20 trials, 30 s elapsed"]
 
 
+def test_the_heartbeat_thread_prints_while_the_command_holds_the_main_thread():
+    import threading
+
+    wrote = threading.Event()
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            wrote.set()
+            return super().write(text)
+
+    clock, out = FakeClock(), Stream()
+    lines = ProgressLines("train", out, 30.0, clock=clock)
+    lines.update(5, 100, "env steps")
+    clock.now += 30.0  # the main thread reports nothing more: the heartbeat must print
+    lines.start()
+    try:
+        assert wrote.wait(timeout=60)
+    finally:
+        lines.stop()
+    assert out.getvalue().startswith("kvsched train: 5/100 env steps, 30 s elapsed\n")
+
+
 @pytest.mark.parametrize("raw", ["", "abc", "-1", "31", "nan", "inf"])
 def test_an_interval_outside_0_to_30_seconds_is_refused_naming_the_variable(raw):
     with pytest.raises(ConfigError, match=f"{INTERVAL_ENV}=.* from 0 to 30"):
