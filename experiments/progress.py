@@ -111,7 +111,9 @@ class ProgressLines:
         def progress(done: float, new_total: float | None = None) -> None:
             self.update(done, new_total, unit)
 
-        self.update(total=total, unit=unit)
+        with self._lock:  # a new count: nothing of an earlier one carries over
+            self._done, self._total, self._unit = 0, total, unit
+        self.poll()
         return progress
 
     def line(self, now: float) -> str:
