@@ -7,6 +7,9 @@ serving metrics of each evaluation.
 - :class:`SignalStop` turns SIGINT / SIGTERM into a stop at the next environment step, so that
   training ends through SB3's normal path and ``final.zip`` is written (a second signal of the same
   kind gets the previous handler: Ctrl-C twice still kills a stuck run);
+- :func:`progress_callback` tells a ``progress(done_steps, total_steps)`` function (``kvsched
+  train``'s progress lines off a terminal, :mod:`kvsched.experiments.progress`) the environment
+  steps of this run after every step;
 - :func:`slo_eval_callback` extends SB3's ``EvalCallback`` (``MaskableEvalCallback`` for
   MaskablePPO) to log, beside the mean return, the serving metrics of the evaluation episodes'
   ``info["summary"]`` to TensorBoard: ``eval/slo_attainment`` (all requests), ``eval/goodput_rps``
@@ -63,6 +66,23 @@ def budget_callback(max_cpu_s: float | None = None, max_wall_s: float | None = N
             return self.stopped_by is None
 
     return _Budget()
+
+
+def progress_callback(progress, total_steps: int):
+    """A callback calling ``progress(done, total_steps)`` after every environment step, ``done``
+    being the environment steps of this ``learn`` call (a resumed run counts from 0). It never
+    stops training."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class _Progress(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.start_steps = self.model.num_timesteps
+
+        def _on_step(self) -> bool:
+            progress(self.model.num_timesteps - self.start_steps, total_steps)
+            return True
+
+    return _Progress()
 
 
 class SignalStop:

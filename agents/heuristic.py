@@ -1,60 +1,98 @@
 """Heuristics as agents with Stable-Baselines3's ``predict`` signature, in every kvsched environment.
 
 A :class:`HeuristicAgent` plays exactly the decisions of a heuristic through an environment, so
-that an episode it plays equals the heuristic's direct run in the simulator (tested per
-environment):
+that an episode it plays equals the heuristic's direct run in the simulator on the same requests
+(tested per environment), or it refuses at construction with a message saying how to make the
+environment in which the heuristic can be played:
 
-- ``kvsched/Scheduling-v0``: the heuristic must be the environment's reference policy; it plays
-  action ``(0, 0, 0, 0)``, the reference's own decision. Another policy cannot be expressed
-  exactly through the action (it sets the first admission and the step's chunk cap, not a
-  policy's whole order, chunk rule and victims), so the agent refuses it and says to make the
+- ``kvsched/Scheduling-v0`` and ``-v1``: the heuristic must be the environment's reference
+  policy; it plays the reference's own decision (action ``(0, 0, 0, 0)``). Another policy
+  cannot be expressed exactly through the action (it sets the first admission and the step's
+  chunk cap, not a policy's whole order, chunk rule and victims: picking only LARS's first
+  admission on top of FCFS is neither policy), so the agent refuses it and says to make the
   environment with ``reference_policy=<name>``.
 - ``kvsched/Routing-v0``: a router name (:mod:`kvsched.policies.routing`); each action is the
-  router's choice from the state view the cluster would give it.
-- ``kvsched/Knobs-v0``: the environment's heuristic; it keeps its own parameters.
+  router's choice from the state view the cluster would give it. A scheduling policy's name is
+  refused, saying the instances run the environment's ``policy``.
+- ``kvsched/Knobs-v0``: the environment's heuristic; it keeps its own parameters. Another
+  heuristic is refused, saying to make the environment with ``heuristic=<name>``.
 
-It asks every sub-environment (``VecEnv.env_method("heuristic_action", ...)`` in ``DummyVecEnv``
-and ``SubprocVecEnv`` alike).
+The environment is recognised by its class (the ``heuristic_role`` attribute each kvsched
+environment class sets), not by its registered id, so an environment made directly
+(``SchedulingEnv(...)``), through Gymnasium's ``module:id`` form or wrapped is checked the same
+way; anything else is refused. It asks every sub-environment of an SB3 ``VecEnv``
+(``env_method("heuristic_action", ...)`` in ``DummyVecEnv`` and ``SubprocVecEnv`` alike).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.errors import ConfigError, require
+
+#: ``heuristic_role`` of each kvsched environment class -> the ids registered for it
+ROLES = {"scheduling": "kvsched/Scheduling-v0, kvsched/Scheduling-v1", "routing": "kvsched/Routing-v0",
+         "knobs": "kvsched/Knobs-v0"}
+
+
+def _environment_role(env) -> str:
+    """The ``heuristic_role`` of ``env`` (a kvsched environment, a wrapper of one, or an SB3
+    ``VecEnv`` of them).
+
+    Raises:
+        ConfigError: anything else (the message names its type and the environments allowed).
+    """
+    role = None
+    if hasattr(env, "env_method"):  # SB3 VecEnv: the attribute through the sub-environment's wrappers
+        try:
+            role = env.get_attr("heuristic_role", [0])[0]
+        except AttributeError:
+            role = None
+    else:
+        role = getattr(getattr(env, "unwrapped", None), "heuristic_role", None)
+    if role not in ROLES:
+        raise ConfigError(f"env: a {type(env).__name__} is not allowed: expected a kvsched environment "
+                          f"({', '.join(ROLES.values())}), a Gymnasium wrapper of one or an SB3 VecEnv of them")
+    return role
 
 
 class HeuristicAgent:
     """A heuristic acting faithfully through a kvsched environment (see the module docstring).
 
     Args:
-        policy: the heuristic: a policy name (Scheduling-v0: the reference; ``None`` = the
-            reference), a router name (Routing-v0), the environment's heuristic (Knobs-v0;
-            ``None`` = it).
+        policy: the heuristic: a scheduling policy name (Scheduling-v0/-v1: the environment's
+            reference; ``None`` = the reference), a router name (Routing-v0), the environment's
+            heuristic (Knobs-v0; ``None`` = it). Names in any case (``"LARS"`` is ``"lars"``).
         env: a kvsched environment, a Gymnasium wrapper of one, or an SB3 ``VecEnv`` of them.
         params: the router's parameters (Routing-v0 only).
 
     Raises:
-        ConfigError: a heuristic the environment cannot play exactly (the message says how), or
-            a router name missing for Routing-v0.
+        ConfigError: an environment that is not a kvsched one, or a heuristic the environment
+            cannot play exactly (the message says how to make the environment that can), or a
+            router name missing for Routing-v0.
+        UnknownPresetError: an unknown policy or router name (the message lists the known ones).
     """
 
     def __init__(self, policy: str | None, env, params: dict | None = None) -> None:
         self.policy = policy
         self.env = env
         self.params = params
+        role = _environment_role(env)
         vec = hasattr(env, "env_method")
-        spec = env.get_attr("spec", [0])[0] if vec else env.unwrapped.spec
-        env_id = getattr(spec, "id", "")
 
         def attr(name: str):
             return env.get_attr(name, [0])[0] if vec else getattr(env.unwrapped, name)
 
-        if env_id.endswith("Routing-v0"):
+        if role == "routing":
             require(policy is not None, "policy", policy, "a router name for kvsched/Routing-v0")
-            from kvsched.policies.routing import make_router
+            from kvsched.policies.base import POLICIES
+            from kvsched.policies.routing import ROUTERS, make_router
 
+            if policy not in ROUTERS and policy in POLICIES:
+                require(False, "policy", policy,
+                        f"a router name for kvsched/Routing-v0 ({', '.join(ROUTERS.names())}): the agent places "
+                        f"requests; the instances run the environment's policy {attr('policy')!r} (make the "
+                        f"environment with policy={POLICIES.canonical(policy)!r} to serve with it)")
             make_router(policy, dict(params or {}))  # an unknown router or bad parameters: say so now
             self._args: tuple = (policy, params)
             return
@@ -66,15 +104,17 @@ class HeuristicAgent:
             policy = POLICIES.canonical(policy)
             self.policy = policy
         self._args = (policy,)
-        if env_id in SCHEDULING_IDS:
+        if role == "scheduling":
             ref = attr("reference_policy")
             require(policy is None or policy == ref, "policy", policy,
-                    f"the environment's reference policy {ref!r}: a heuristic acts exactly only as the reference; "
-                    f"make the environment with reference_policy={policy!r}")
-        elif env_id.endswith("Knobs-v0"):
+                    f"the environment's reference policy {ref!r}: a heuristic acts exactly only as the reference "
+                    f"(the action picks one admission on top of it, not a whole policy); make the environment "
+                    f"with reference_policy={policy!r}")
+        else:
             h = attr("heuristic")
             require(policy is None or policy == h, "policy", policy,
-                    f"the environment's heuristic {h!r} (make the environment with heuristic={policy!r})")
+                    f"the environment's heuristic {h!r} (Knobs-v0 sets its parameters; make the environment "
+                    f"with heuristic={policy!r})")
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
         """SB3 signature: ``(actions, state)``; actions batched like ``observation``."""

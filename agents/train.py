@@ -186,13 +186,13 @@ def _check_resumed_reward(resume: Path, reward: Any) -> None:
 
 def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool, n_envs: int, reference_env,
            bench_headroom: float | None, checkpoint_every: int, eval_every: int, eval_episodes: int, progress_bar: bool,
-           max_cpu_s: float | None, max_wall_s: float | None) -> dict[str, Any]:
+           max_cpu_s: float | None, max_wall_s: float | None, progress=None) -> dict[str, Any]:
     """Run ``model.learn`` with the checkpoint, evaluation, budget and signal callbacks, save
     ``final.zip`` (also when stopped early), and return what ``train.json`` adds at the end."""
     from stable_baselines3.common.callbacks import CallbackList
 
     from . import trust
-    from .callbacks import RecordedCheckpointCallback, SignalStop, budget_callback, slo_eval_callback
+    from .callbacks import RecordedCheckpointCallback, SignalStop, budget_callback, progress_callback, slo_eval_callback
     from .semi_mdp import ElapsedCallback
 
     budget = budget_callback(max_cpu_s, max_wall_s)
@@ -205,7 +205,8 @@ def _learn(model, algo: str, timesteps: int, out: Path, eval_env, *, reset: bool
     t0, c0 = time.time(), time.process_time()
     with SignalStop() as signals:
         callbacks = CallbackList([ElapsedCallback(), budget, signals.callback(), evaluation, RecordedCheckpointCallback(
-            save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"), name_prefix=algo)])
+            save_freq=max(1, checkpoint_every // n_envs), save_path=str(out / "checkpoints"), name_prefix=algo)]
+            + ([progress_callback(progress, timesteps)] if progress is not None else []))
         model.learn(total_timesteps=timesteps, callback=callbacks, progress_bar=progress_bar,
                     reset_num_timesteps=reset, tb_log_name=algo)
     wall, cpu = time.time() - t0, time.process_time() - c0
@@ -248,11 +249,14 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
           max_wall_s: float | None = None, policy_net: str = "mlp",
           reference_bias: float = 0.0, bc_dataset: str | None = None, bc_dataset_id: str | None = None,
           bc_epochs: int = 5, discount_time_s: float | None = None,
-          bench_headroom: float | None = None, trust_checkpoint: bool = False) -> dict[str, Any]:
+          bench_headroom: float | None = None, trust_checkpoint: bool = False, progress=None) -> dict[str, Any]:
     """Train and save; returns the ``train.json`` content (see the module docstring).
 
     ``resume`` loads a checkpoint, which unpickles it: it must be one kvsched wrote or shipped
     (:func:`kvsched.agents.trust.check`) unless ``trust_checkpoint`` (``--trust-checkpoint``).
+    ``progress`` (optional) is called as ``progress(done_steps, total_steps)`` after every
+    environment step (:func:`kvsched.agents.callbacks.progress_callback`; ``kvsched train``'s
+    progress lines off a terminal).
 
     ``checkpoint_every`` / ``eval_every`` default to :func:`default_interval` (10,000 steps, or a
     fifth of a shorter run, so a short run still checkpoints and evaluates). ``max_cpu_s`` /
@@ -426,7 +430,7 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     meta.update(_learn(model, algo, timesteps, out, eval_env, reset=reset, n_envs=n_envs,
                        reference_env=reference_env, bench_headroom=bench_headroom,
                        checkpoint_every=checkpoint_every, eval_every=eval_every, eval_episodes=eval_episodes,
-                       progress_bar=progress_bar, max_cpu_s=max_cpu_s, max_wall_s=max_wall_s))
+                       progress_bar=progress_bar, max_cpu_s=max_cpu_s, max_wall_s=max_wall_s, progress=progress))
     atomic_files.write_text(out / "train.json", json.dumps(meta, indent=2, default=str))
     venv.close()
     eval_env.close()

@@ -133,6 +133,8 @@ class KnobEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    #: what :class:`kvsched.agents.heuristic.HeuristicAgent` plays here (it checks the class, not the id)
+    heuristic_role = "knobs"
 
     def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, heuristic: str = "lars",
@@ -154,8 +156,7 @@ class KnobEnv(gym.Env):
         d = len(self.knobs)
         self.action_space = spaces.Box(-1.0, 1.0, (d,), np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, (len(OBS_FEATURES) + d,), np.float32)
-        self._mask = np.ones(d, dtype=bool)
-        self._mask.flags.writeable = False  # action_masks returns this same array: nothing to mask
+        self._mask = np.ones(d, dtype=bool)  # nothing to mask; action_masks returns a copy
         #: (field, low, high - low, multiple or None) per knob: the affine map's terms, computed once
         self._spans = tuple((name, lo, hi - lo, mult) for name, lo, hi, mult in self.knobs)
         self._reference_values: tuple[np.ndarray, dict] | None = None  # heuristic_action's (action, values)
@@ -311,9 +312,10 @@ class KnobEnv(gym.Env):
         return np.array(vals, dtype=np.float32)
 
     def action_masks(self) -> np.ndarray:
-        """Continuous action: nothing to mask. One True per dimension, for a uniform API; the same
-        read-only array every call (it never changes)."""
-        return self._mask
+        """Continuous action: nothing to mask. One True per dimension, for a uniform API; a new
+        array every call (``info["action_mask"]`` too: Gymnasium >= 1.4's ``check_env`` refuses
+        data shared between two returned infos, as a caller may keep and modify them)."""
+        return self._mask.copy()
 
     def step(self, action):
         if self.cluster is None or self._over:

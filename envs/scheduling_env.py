@@ -96,6 +96,8 @@ class SchedulingEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    #: what :class:`kvsched.agents.heuristic.HeuristicAgent` plays here (it checks the class, not the id)
+    heuristic_role = "scheduling"
 
     def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, reference_policy: str = "fcfs",

@@ -82,6 +82,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 from kvsched import atomic_files
+from kvsched.experiments import progress as progress_lines
 
 #: Wall seconds BLIS takes for 10,000 requests of the BLIS reference workload on these 2-core
 #: machines (figure quoted in issue #8; not re-measured by this module).
@@ -982,6 +983,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     entries = []
     for i, name in enumerate(names, 1):
         err.print(f"[dim]case {i}/{len(names)}: {name} ...[/]", highlight=False)
+        progress_lines.note(f"case {i}/{len(names)} {name}")  # off a terminal, in the progress lines
         entries.append(run_case_subprocess(name, a.profile))
     peer = None
     if a.peer == "vidur":
@@ -990,10 +992,12 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     envs = None
     if a.envs:
         err.print("[dim]environments (kvsched.agents.throughput) ...[/]", highlight=False)
+        progress_lines.note("environments")
         envs = run_envs_subprocess(a.env_steps)
     training = None
     if a.train:
         err.print("[dim]training throughput (kvsched.agents.throughput --train) ...[/]", highlight=False)
+        progress_lines.note("training throughput")
         training = run_training_subprocess(a.train_steps, a.train_envs)
     doc = bench_report(entries, peer, envs, training)
     if entries:

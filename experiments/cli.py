@@ -114,8 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # to a file or pipe: wide enough that tables print at their full width (rich truncates a
     # cell that does not fit, and a saved comparison table would lose digits)
     console = stdout_console()
+    from . import progress  # progress lines on stderr off a terminal (--no-progress: none)
+
     try:
-        return args.func(args, console)
+        with progress.command_progress(args.command, enabled=not getattr(args, "no_progress", False)):
+            return args.func(args, console)
     except KvschedError as e:
         stderr_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2

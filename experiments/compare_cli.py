@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvsched.envs.sim.errors import KvschedError
 
+from . import progress as progress_lines
 from . import cli_types
 from .consoles import stderr_console
 from .outputs import prepare_out_dir
@@ -105,8 +106,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
                       console=err, transient=True) as prog:
             task = prog.add_task(f"comparing ({a.backend})", total=n_runs)
             result = run(lambda done, total: prog.update(task, completed=done))
-    else:
-        result = run()
+    else:  # off a terminal: a progress line at least every 30 s (kvsched.experiments.progress)
+        result = run(progress_lines.counter("runs", n_runs))
     agg = aggregate(result.runs, result.policies)
     seeds = result.seeds
     what = (f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else "") + ", ".join(names)

@@ -14,6 +14,7 @@ from rich.table import Table
 from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
+from . import progress as progress_lines
 from .cli_types import count, integer, number, seed
 from .outputs import prepare_out_dir
 
@@ -194,13 +195,13 @@ def cmd_train(args, console) -> int:
                  n_envs=args.n_envs if args.n_envs is not None else default_n_envs(args.algo),
                  subprocess=args.subprocess, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                  eval_episodes=args.eval_episodes, resume=args.resume, threads=args.threads,
-                 progress_bar=not args.no_progress,
+                 progress_bar=not args.no_progress and sys.stderr.isatty(),  # off a terminal: progress lines
                  hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"), max_cpu_s=args.max_cpu_s,
                  eval_split=eval_split, max_wall_s=args.max_wall_s, policy_net=args.policy_net,
                  reference_bias=args.reference_bias, bc_dataset=args.bc_dataset, bc_dataset_id=_bc_dataset_id(args),
                  bc_epochs=args.bc_epochs, discount_time_s=args.discount_time_s,
                  trust_checkpoint=args.trust_checkpoint,
-                 bench_headroom=_bench_headroom(args))
+                 bench_headroom=_bench_headroom(args), progress=progress_lines.counter("env steps", args.timesteps))
     stopped = "" if meta["status"] == "finished" else f" ({meta['status']})"
     console.print(f"trained {meta['timesteps']} steps in {meta['wall_s']:.1f} s "
                   f"({meta['env_steps_per_s']:.1f} env steps/s){stopped}; model: {args.out / 'final.zip'}",
@@ -232,7 +233,11 @@ def _train_es(args, console) -> int:
         raise ConfigError(f"--algo es acts in {' or '.join(SCHEDULING_IDS)}; got {args.env}")
     config = ESConfig.from_mapping(_json_arg(args.hyperparameters, "--hyperparameters"))
     kw = env_kwargs_for(args.env, "es", args.scenario, args.window_s, _json_arg(args.env_kwargs, "--env-kwargs"))
-    say = (lambda m: None) if args.no_progress else (lambda m: console.print(m, highlight=False, markup=False))
+    def say(message: str) -> None:
+        if not args.no_progress:
+            console.print(message, highlight=False, markup=False)
+            progress_lines.note(message)  # repeated in the progress lines off a terminal
+
     meta = train_es(args.env, kw, args.out, config, seed=args.seed, max_cpu_s=args.max_cpu_s,
                     max_wall_s=args.max_wall_s, max_steps=args.timesteps, progress=say,
                     command=" ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else None)
@@ -265,8 +270,9 @@ def _train_rllib(args, console) -> int:
               num_env_runners=args.num_env_runners, address=args.address, resume=args.resume,
               trust_checkpoint=args.trust_checkpoint,
               hyperparameters=_json_arg(args.hyperparameters, "--hyperparameters"))
-    if args.no_progress:
-        meta = train_rllib(args.env, args.timesteps, args.out, args.scenario, args.window_s, **kw)
+    if args.no_progress or not sys.stderr.isatty():  # off a terminal: progress lines (kvsched.experiments.progress)
+        meta = train_rllib(args.env, args.timesteps, args.out, args.scenario, args.window_s,
+                           progress=progress_lines.counter("env steps", args.timesteps), **kw)
     else:
         with Progress(TextColumn("RLlib PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as prog:
@@ -288,8 +294,8 @@ def cmd_evaluate(args, console) -> int:
         agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
         stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress,
         env_id=args.env, trust_checkpoint=args.trust_checkpoint)
-    if args.no_progress or not sys.stderr.isatty():
-        table = run()
+    if args.no_progress or not sys.stderr.isatty():  # off a terminal: progress lines (kvsched.experiments.progress)
+        table = run(progress_lines.counter("episodes"))
     else:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

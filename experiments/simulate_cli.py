@@ -25,6 +25,7 @@ from kvsched.envs.sim.errors import KvschedError
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
 
+from . import progress as progress_lines
 from . import cli_types
 from .consoles import stderr_console
 from .outputs import prepare_out_dir, prepare_out_file
@@ -199,9 +200,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
                 result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
                                   progress=lambda n: prog.update(task, completed=n), observer=observer,
                                   **scenario_cluster_kwargs(sc))
-        else:
+        else:  # off a terminal: a progress line at least every 30 s (kvsched.experiments.progress)
             result = simulate(workload, spec, sc.policy, sc.metrics_config(), options, sc.n_instances,
-                              observer=observer, **scenario_cluster_kwargs(sc))
+                              progress=progress_lines.counter("requests", len(workload)), observer=observer,
+                              **scenario_cluster_kwargs(sc))
         if observer is not None:
             observer.add_records(result.records)
     if observer is not None and not a.json:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvsched.envs.sim.errors import bounded_repr
 
+from . import progress as progress_lines
 from .cli_types import count, seed
 from .consoles import stderr_console
 from .outputs import file_name, inside, prepare_out_dir, prepare_out_file
@@ -99,6 +100,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     err.print(f"tuning {cfg.tuned}{fixed} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
               f"{a.workers} worker(s)", highlight=False)
+    progress_lines.note(f"study {name}, {a.trials} trials")  # off a terminal: with the elapsed time
     res = tune(sc, cfg, name, a.storage, a.trials, a.workers, a.holdout_seeds, scenario_path=a.scenario, out=out)
     rep = res.report
     console.print(report_table(rep))

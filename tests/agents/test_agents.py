@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("stable_baselines3")
-pytest.importorskip("sb3_contrib")
+from installed import needs  # noqa: E402
+
+pytestmark = needs("stable_baselines3", "sb3_contrib")  # imported by the tests, not at collection
 
 from kvsched.agents.evaluate import confidence_table, evaluate  # noqa: E402
 from kvsched.agents.train import train  # noqa: E402
@@ -109,17 +110,20 @@ def test_evaluate_by_default_takes_the_held_out_windows_the_scenario_holds(tmp_p
     assert "held-out evaluation (3 windows x 1 seed; mean ± 95% CI)" in capsys.readouterr().out
 
 
-def test_cli_train_and_evaluate(tmp_path, capsys):
+def test_cli_train_and_evaluate(tmp_path, capsys, monkeypatch):
+    """... and off a terminal both print progress lines (kvsched.experiments.progress; interval 0)."""
+    monkeypatch.setenv("KVSCHED_PROGRESS_INTERVAL_S", "0")
     out = tmp_path / "run"
     rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
                "--window-s", "10", "--env-kwargs", json.dumps(SMALL), "--hyperparameters", json.dumps(PPO_TINY),
-               "--out", str(out), "--checkpoint-every", "32", "--eval-every", "32", "--eval-episodes", "1",
-               "--no-progress"])
+               "--out", str(out), "--checkpoint-every", "32", "--eval-every", "32", "--eval-episodes", "1"])
     assert rc == 0 and (out / "final.zip").is_file()
+    assert "kvsched train: 32/32 env steps" in capsys.readouterr().err
     rc = main(["evaluate", "--agents", f"{out / 'final.zip'},fcfs", "--windows", "1", "--seeds", "2",
                "--out", str(tmp_path / "ev")])
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
     assert rc == 0 and "fcfs" in text and "±" in text
+    assert "kvsched evaluate: " in err and " episodes" in err, err
     rc = main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "maskable_ppo", "--timesteps", "32",
                "--env-kwargs", "[1]", "--out", str(out)])
     assert rc == 2 and "--env-kwargs" in capsys.readouterr().err

@@ -9,20 +9,22 @@ import json
 import numpy as np
 import pytest
 
-th = pytest.importorskip("torch")
-pytest.importorskip("sb3_contrib")
+from gymnasium import spaces
 
-from gymnasium import spaces  # noqa: E402
+from installed import lazy_module, needs
 
-from kvsched.agents.encoder import (ROW, CandidateSetMaskablePolicy, CandidateSetPolicy,  # noqa: E402
-                                    rows_of)
+pytestmark = needs("torch", "sb3_contrib")
+# imported by the tests, not while pytest collects (torch and SB3 take seconds)
+th = lazy_module("torch")
+enc = lazy_module("kvsched.agents.encoder")
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402
 
 INSTANCE = 10
 
 
-def policy(k: int, cls=CandidateSetMaskablePolicy):
-    obs = spaces.Box(-1.0, 1.0, (k * ROW + INSTANCE,), np.float32)
+def policy(k: int, cls: str = "CandidateSetMaskablePolicy"):
+    cls = getattr(enc, cls)
+    obs = spaces.Box(-1.0, 1.0, (k * enc.ROW + INSTANCE,), np.float32)
     act = spaces.MultiDiscrete([k, 7, 5, 4])
     th.manual_seed(0)
     return cls(obs, act, lambda _: 3e-4)
@@ -30,7 +32,7 @@ def policy(k: int, cls=CandidateSetMaskablePolicy):
 
 def observation(k: int, valid: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    rows = rng.uniform(0, 1, (k, ROW)).astype(np.float32)
+    rows = rng.uniform(0, 1, (k, enc.ROW)).astype(np.float32)
     rows[:, 0] = 0.0
     rows[:valid, 0] = 1.0
     rows[valid:] = 0.0  # padding rows are zeros, as the environment writes them
@@ -44,13 +46,13 @@ def heads(p, obs: np.ndarray):
         return p.action_net(features)[0].numpy(), p.value_net(features)[0].numpy()
 
 
-@pytest.mark.parametrize("cls", [CandidateSetMaskablePolicy, CandidateSetPolicy])
+@pytest.mark.parametrize("cls", ["CandidateSetMaskablePolicy", "CandidateSetPolicy"])
 def test_slot_logits_permute_with_the_rows_and_the_rest_is_unchanged(cls):
     k = 16
     p = policy(k, cls)
     obs = observation(k, valid=11)
     perm = np.random.default_rng(1).permutation(k)
-    shuffled = np.concatenate([obs[:k * ROW].reshape(k, ROW)[perm].ravel(), obs[k * ROW:]])
+    shuffled = np.concatenate([obs[:k * enc.ROW].reshape(k, enc.ROW)[perm].ravel(), obs[k * enc.ROW:]])
     (logits, value), (logits2, value2) = heads(p, obs), heads(p, shuffled)
     np.testing.assert_allclose(logits2[:k], logits[:k][perm], atol=1e-5)
     np.testing.assert_allclose(logits2[k:], logits[k:], atol=1e-5)
@@ -62,8 +64,8 @@ def test_no_weight_depends_on_k_so_one_policy_serves_another_k():
     small, big = policy(8), policy(32)
     assert {n: v.shape for n, v in small.state_dict().items()} == {n: v.shape for n, v in big.state_dict().items()}
     small.load_state_dict(big.state_dict())
-    obs8, obs32 = observation(8, 5), np.zeros(32 * ROW + INSTANCE, np.float32)
-    obs32[:8 * ROW], obs32[32 * ROW:] = obs8[:8 * ROW], obs8[8 * ROW:]
+    obs8, obs32 = observation(8, 5), np.zeros(32 * enc.ROW + INSTANCE, np.float32)
+    obs32[:8 * enc.ROW], obs32[32 * enc.ROW:] = obs8[:8 * enc.ROW], obs8[8 * enc.ROW:]
     (l8, v8), (l32, v32) = heads(small, obs8), heads(big, obs32)
     np.testing.assert_allclose(l8[:5], l32[:5], atol=1e-5)  # the same candidates, the same scores
     np.testing.assert_allclose(l8[8:], l32[32:], atol=1e-5)
@@ -77,10 +79,10 @@ def test_no_valid_row_gives_finite_outputs():
 
 def test_an_observation_or_action_that_is_not_scheduling_v0s_is_refused():
     with pytest.raises(ConfigError, match="K x 9 \\+ 10 values"):
-        rows_of(spaces.Box(0, 1, (7,), np.float32))
-    obs = spaces.Box(-1.0, 1.0, (4 * ROW + INSTANCE,), np.float32)
+        enc.rows_of(spaces.Box(0, 1, (7,), np.float32))
+    obs = spaces.Box(-1.0, 1.0, (4 * enc.ROW + INSTANCE,), np.float32)
     with pytest.raises(ConfigError, match="first part picks one of the 4 candidate rows"):
-        CandidateSetPolicy(obs, spaces.Discrete(3), lambda _: 3e-4)
+        enc.CandidateSetPolicy(obs, spaces.Discrete(3), lambda _: 3e-4)
 
 
 def test_train_with_the_candidate_set_policy_saves_a_checkpoint_that_loads_and_acts(tmp_path):

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch as th
 from gymnasium import spaces
-from sb3_contrib.common.maskable.distributions import MaskableMultiCategoricalDistribution
-from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 
-from kvsched.agents.fast_sampling import FastMaskablePolicy, PaddedParts, part_sizes, sample_masked
+from installed import lazy_module, needs
+
+pytestmark = needs("torch", "sb3_contrib")
+# imported by the tests, not while pytest collects (torch and SB3 take seconds)
+th = lazy_module("torch")
+dist = lazy_module("sb3_contrib.common.maskable.distributions")
+sb3_policies = lazy_module("sb3_contrib.common.maskable.policies")
+fs = lazy_module("kvsched.agents.fast_sampling")
 
 NVEC = [5, 7, 5, 4]
 
@@ -26,8 +30,8 @@ def _random_case(seed: int, batch: int = 32):
     return logits, masks
 
 
-def _sb3_distribution(logits: th.Tensor, masks: np.ndarray) -> MaskableMultiCategoricalDistribution:
-    d = MaskableMultiCategoricalDistribution(NVEC).proba_distribution(logits)
+def _sb3_distribution(logits, masks: np.ndarray):
+    d = dist.MaskableMultiCategoricalDistribution(NVEC).proba_distribution(logits)
     d.apply_masking(masks)
     return d
 
@@ -36,21 +40,21 @@ def _sb3_distribution(logits: th.Tensor, masks: np.ndarray) -> MaskableMultiCate
 def test_log_prob_of_sampled_actions_equals_sb3_contrib(seed):
     logits, masks = _random_case(seed)
     th.manual_seed(seed)
-    actions, log_prob = sample_masked(logits, masks, PaddedParts(NVEC))
+    actions, log_prob = fs.sample_masked(logits, masks, fs.PaddedParts(NVEC))
     expected = _sb3_distribution(logits, masks).log_prob(actions)
     assert th.allclose(log_prob, expected, atol=1e-5)
 
 
 def test_masked_choices_are_never_drawn_and_deterministic_is_sb3_mode():
     logits, masks = _random_case(7, batch=64)
-    parts = PaddedParts(NVEC)
+    parts = fs.PaddedParts(NVEC)
     th.manual_seed(0)
     for _ in range(50):
-        actions, _ = sample_masked(logits, masks, parts)
+        actions, _ = fs.sample_masked(logits, masks, parts)
         offsets = np.cumsum([0] + NVEC[:-1])
         flat = actions.numpy() + offsets
         assert masks[np.arange(len(flat))[:, None], flat].all()
-    mode, _ = sample_masked(logits, masks, parts, deterministic=True)
+    mode, _ = fs.sample_masked(logits, masks, parts, deterministic=True)
     assert th.equal(mode, _sb3_distribution(logits, masks).get_actions(deterministic=True))
 
 
@@ -58,7 +62,7 @@ def test_sample_frequencies_match_the_masked_probabilities():
     logits, masks = _random_case(3, batch=1)
     rows = logits.repeat(20_000, 1)
     th.manual_seed(1)
-    actions, _ = sample_masked(rows, np.repeat(masks, 20_000, axis=0), PaddedParts(NVEC))
+    actions, _ = fs.sample_masked(rows, np.repeat(masks, 20_000, axis=0), fs.PaddedParts(NVEC))
     probs = _sb3_distribution(logits, masks).distributions
     for p, dist in enumerate(probs):
         freq = np.bincount(actions[:, p].numpy(), minlength=NVEC[p]) / 20_000
@@ -70,8 +74,8 @@ def test_policy_forward_gives_sb3_values_and_log_probs():
     obs_space = spaces.Box(-1, 1, (12,), np.float32)
     act_space = spaces.MultiDiscrete(NVEC)
     th.manual_seed(0)
-    fast = FastMaskablePolicy(obs_space, act_space, lambda _: 3e-4)
-    plain = MaskableActorCriticPolicy(obs_space, act_space, lambda _: 3e-4)
+    fast = fs.FastMaskablePolicy(obs_space, act_space, lambda _: 3e-4)
+    plain = sb3_policies.MaskableActorCriticPolicy(obs_space, act_space, lambda _: 3e-4)
     plain.load_state_dict(fast.state_dict())
     _, masks = _random_case(5, batch=16)
     obs = th.as_tensor(np.random.default_rng(0).uniform(-1, 1, (16, 12)), dtype=th.float32)
@@ -81,9 +85,9 @@ def test_policy_forward_gives_sb3_values_and_log_probs():
 
 
 def test_part_sizes_refuses_other_action_spaces():
-    assert part_sizes(spaces.Discrete(3)) == [3]
+    assert fs.part_sizes(spaces.Discrete(3)) == [3]
     with pytest.raises(ValueError, match="Discrete or 1-D MultiDiscrete"):
-        part_sizes(spaces.Box(0, 1, (2,)))
+        fs.part_sizes(spaces.Box(0, 1, (2,)))
 
 
 def test_training_throughput_rows_cover_training_and_environment():
@@ -104,6 +108,6 @@ def test_a_part_with_every_choice_masked_samples_inside_the_part_as_sb3_contrib(
     masks[:, NVEC[0]:NVEC[0] + NVEC[1]] = False  # part 1 (7 choices) fully masked; part 0 is narrower (5)
     masks[:, :NVEC[0]] = False  # part 0 (5 choices, padded to 7) fully masked
     th.manual_seed(0)
-    actions, log_prob = sample_masked(logits, masks, PaddedParts(NVEC))
+    actions, log_prob = fs.sample_masked(logits, masks, fs.PaddedParts(NVEC))
     assert (actions < th.as_tensor(NVEC)).all()
     assert th.allclose(log_prob, _sb3_distribution(logits, masks).log_prob(actions), atol=1e-4)

@@ -33,8 +33,9 @@ def _same(a: dict, b: dict) -> bool:
     return json.loads(summary_to_json(a)) == json.loads(summary_to_json(b))
 
 
-def test_scheduling_heuristic_as_the_reference_equals_its_direct_run():
-    env = gym.make("kvsched/Scheduling-v0", reference_policy="lars", **KW)
+@pytest.mark.parametrize("env_id", ["kvsched/Scheduling-v0", "kvsched/Scheduling-v1"])
+def test_scheduling_heuristic_as_the_reference_equals_its_direct_run(env_id):
+    env = gym.make(env_id, reference_policy="lars", **KW)
     got = _episode(env, HeuristicAgent("lars", env))
     src = env.unwrapped.source
     direct = build_cluster(src, lambda i: reference("lars", None, src)).run(src.workload(**OPTIONS))
@@ -73,6 +74,7 @@ def test_knobs_heuristic_keeps_its_parameters_and_equals_its_direct_run():
     src = env.unwrapped.source
     direct = build_cluster(src, lambda i: reference("lars", None, src)).run(src.workload(**OPTIONS))
     assert _same(got, direct.summary)
+    assert _same(_episode(env, HeuristicAgent("lars", env)), direct.summary)
     with pytest.raises(ConfigError, match="heuristic='ewsjf'"):
         HeuristicAgent("ewsjf", env)
 
@@ -90,3 +92,31 @@ def test_a_heuristic_named_in_another_case_is_the_registered_one():
     agent = HeuristicAgent("LARS", env)
     assert agent.policy == "lars"
     env.close()
+
+
+def test_an_environment_made_without_gymnasium_make_is_checked_the_same_way():
+    from kvsched.envs.knob_env import KnobEnv
+    from kvsched.envs.routing_env import RoutingEnv
+    from kvsched.envs.scheduling_env import SchedulingEnv
+
+    with pytest.raises(ConfigError, match="reference_policy='lars'"):
+        HeuristicAgent("lars", SchedulingEnv(**KW))  # no spec, no id: the class decides
+    with pytest.raises(ConfigError, match="heuristic='ewsjf'"):
+        HeuristicAgent("ewsjf", KnobEnv(**KW))
+    with pytest.raises(ConfigError, match="router name"):
+        HeuristicAgent(None, RoutingEnv(**KW))
+    wrapped = gym.wrappers.TimeLimit(SchedulingEnv(reference_policy="lars", **KW), max_episode_steps=10**6)
+    assert HeuristicAgent("lars", wrapped).policy == "lars"
+
+
+def test_an_environment_that_is_not_a_kvsched_one_is_refused():
+    env = gym.make("CartPole-v1")
+    with pytest.raises(ConfigError, match="kvsched environment"):
+        HeuristicAgent("lars", env)
+
+
+def test_routing_refuses_a_scheduling_policy_and_says_where_it_goes():
+    env = gym.make("kvsched/Routing-v0", **KW)
+    with pytest.raises(ConfigError, match="policy='lars'") as e:
+        HeuristicAgent("LARS", env)
+    assert "least-loaded" in str(e.value)  # the routers it could name

@@ -9,15 +9,17 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch as th
+from gymnasium import spaces
 
-pytest.importorskip("sb3_contrib")
+from installed import lazy_module, needs
 
-from gymnasium import spaces  # noqa: E402
-from stable_baselines3.common.buffers import RolloutBuffer  # noqa: E402
+pytestmark = needs("torch", "sb3_contrib")
+# imported by the tests, not while pytest collects (torch and SB3 take seconds)
+th = lazy_module("torch")
+buffers = lazy_module("stable_baselines3.common.buffers")
+semi_mdp = lazy_module("kvsched.agents.semi_mdp")
 
 import kvsched.envs  # noqa: E402,F401  (registers the environments)
-from kvsched.agents.semi_mdp import MaskableTimeDiscountRolloutBuffer, TimeDiscountRolloutBuffer  # noqa: E402
 from kvsched.agents.train import train  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402
 
@@ -43,8 +45,9 @@ def test_steps_lasting_one_time_unit_give_sb3s_per_step_gae():
     rewards, values = rng.normal(size=(steps, n_envs)), rng.normal(size=(steps, n_envs))
     starts = (rng.random((steps, n_envs)) < 0.2).astype(np.float32)
     last, dones = th.tensor(rng.normal(size=n_envs)), np.array([False, True, False])
-    plain = RolloutBuffer(steps, OBS, ACT, gamma=0.9, gae_lambda=0.8, n_envs=n_envs)
-    timed = TimeDiscountRolloutBuffer(steps, OBS, ACT, gamma=0.9, gae_lambda=0.8, n_envs=n_envs, discount_time_s=0.25)
+    plain = buffers.RolloutBuffer(steps, OBS, ACT, gamma=0.9, gae_lambda=0.8, n_envs=n_envs)
+    timed = semi_mdp.TimeDiscountRolloutBuffer(steps, OBS, ACT, gamma=0.9, gae_lambda=0.8, n_envs=n_envs,
+                                               discount_time_s=0.25)
     _fill(plain, rewards, values, starts)
     _fill(timed, rewards, values, starts, elapsed=np.full((steps, n_envs), 0.25))
     plain.compute_returns_and_advantage(last, dones)
@@ -59,7 +62,8 @@ def test_returns_discount_each_reward_by_the_simulated_time_before_it():
     gamma, T = 0.5, 2.0
     elapsed = np.array([[1.0], [4.0], [0.0]])
     rewards = np.array([[1.0], [2.0], [3.0]])
-    buf = MaskableTimeDiscountRolloutBuffer(3, OBS, ACT, gamma=gamma, gae_lambda=1.0, n_envs=1, discount_time_s=T)
+    buf = semi_mdp.MaskableTimeDiscountRolloutBuffer(3, OBS, ACT, gamma=gamma, gae_lambda=1.0, n_envs=1,
+                                                     discount_time_s=T)
     for t in range(3):
         buf.record_elapsed(elapsed[t])
         buf.add(np.zeros((1, 3), np.float32), np.zeros((1, 1)), rewards[t], np.zeros(1), th.zeros(1), th.zeros(1),
@@ -72,7 +76,7 @@ def test_returns_discount_each_reward_by_the_simulated_time_before_it():
 
 
 def test_a_step_without_its_elapsed_time_is_refused_not_discounted_by_default():
-    buf = TimeDiscountRolloutBuffer(2, OBS, ACT, n_envs=1, discount_time_s=1.0)
+    buf = semi_mdp.TimeDiscountRolloutBuffer(2, OBS, ACT, n_envs=1, discount_time_s=1.0)
     _fill(buf, np.ones((2, 1)), np.zeros((2, 1)), np.zeros((2, 1)))
     with pytest.raises(RuntimeError, match="has no elapsed_s"):
         buf.compute_returns_and_advantage(th.zeros(1), np.array([False]))
@@ -83,7 +87,7 @@ def test_a_step_without_its_elapsed_time_is_refused_not_discounted_by_default():
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "1"])
 def test_discount_time_must_be_a_positive_number_of_seconds(bad):
     with pytest.raises(ConfigError, match="discount_time_s"):
-        TimeDiscountRolloutBuffer(2, OBS, ACT, n_envs=1, discount_time_s=bad)
+        semi_mdp.TimeDiscountRolloutBuffer(2, OBS, ACT, n_envs=1, discount_time_s=bad)
 
 
 @pytest.mark.parametrize("env_id, kwargs", [("kvsched/Scheduling-v0", {}), ("kvsched/Routing-v0", {}),
@@ -112,7 +116,7 @@ def test_train_with_discount_time_fills_the_elapsed_times_and_records_the_settin
     from sb3_contrib import MaskablePPO
 
     model = MaskablePPO.load(str(tmp_path / "final.zip"), device="cpu")
-    assert model.rollout_buffer_class is MaskableTimeDiscountRolloutBuffer  # a resume keeps it
+    assert model.rollout_buffer_class is semi_mdp.MaskableTimeDiscountRolloutBuffer  # a resume keeps it
     assert model.rollout_buffer_kwargs == {"discount_time_s": 0.5}
 
 

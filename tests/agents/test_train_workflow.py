@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sb3_contrib")
+from installed import needs  # noqa: E402
+
+pytestmark = needs("sb3_contrib")  # imported by the tests, not at collection
 
 from kvsched.agents.callbacks import summary_metrics  # noqa: E402
 from kvsched.agents.train import default_interval, train  # noqa: E402

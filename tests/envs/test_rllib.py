@@ -10,8 +10,10 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("ray.rllib", reason="RLlib tests need the `ray` extra: pip install 'kvsched[ray]'")
-pytest.importorskip("gymnasium", reason="the environments need the `rl` extra")
+from installed import needs  # noqa: E402
+
+# located, not imported, at collection (Ray and RLlib take seconds to import)
+pytestmark = needs("ray", "gymnasium", reason="RLlib tests need the `ray` extra: pip install 'kvsched[ray]'")
 
 from kvsched.agents.rllib import RLLIB_ENVS, RLlibAgent, env_creator, rllib_env_kwargs, train_rllib  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402

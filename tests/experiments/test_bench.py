@@ -285,8 +285,8 @@ def test_env_throughput_measures_steps_and_splits_simulator_from_overhead():
         assert r["steps"] == 25
         assert r["sim_us_per_step"] > 0 and r["overhead_us_per_step"] > 0
         assert (r["sim_us_per_step"] + r["overhead_us_per_step"]) * 25 / 1e6 == pytest.approx(r["cpu_s"])
-    # on Routing-v0 a heuristic agent is a router: a scheduler's name is an unknown router
-    with pytest.raises(ValueError, match="unknown router 'fcfs'"):
+    # on Routing-v0 a heuristic agent is a router: a scheduler's name is refused, saying where it goes
+    with pytest.raises(ValueError, match="expected a router name .* policy='fcfs'"):
         throughput.measure("kvsched/Routing-v0", "fcfs", steps=1)
 
 

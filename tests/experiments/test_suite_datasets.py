@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("minari")
-pytest.importorskip("jax")
-pytest.importorskip("sb3_contrib")
+from installed import needs  # noqa: E402
+
+pytestmark = needs("minari", "jax", "sb3_contrib")  # imported by the tests, not at collection
 
 from kvsched.experiments.suite.datasets import dataset_id, record  # noqa: E402
 from kvsched.experiments.suite.runs import make_env  # noqa: E402

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sb3_contrib")
+from installed import needs  # noqa: E402
+
+pytestmark = needs("sb3_contrib")  # imported by the tests, not at collection
 
 from bench_fixtures import planted_results  # noqa: E402
 
