@@ -16,6 +16,10 @@ environment in which the heuristic can be played:
   refused, saying the instances run the environment's ``policy``.
 - ``kvsched/Knobs-v0``: the environment's heuristic; it keeps its own parameters. Another
   heuristic is refused, saying to make the environment with ``heuristic=<name>``.
+- ``kvsched/Residency-v0``: the environment's tier eviction order (``lru``, ``lfu``,
+  ``clairvoyant``: action 0; another order is refused, saying to make the environment with
+  ``eviction=<name>``) or ``session`` (keep every conversation ``params={"keep_s": s}``, one of
+  the keep bins; default 30 s).
 
 The environment is recognised by its class (the ``heuristic_role`` attribute each kvsched
 environment class sets), not by its registered id, so an environment made directly
@@ -32,7 +36,7 @@ from kvsched.envs.sim.errors import ConfigError, require
 
 #: ``heuristic_role`` of each kvsched environment class -> the ids registered for it
 ROLES = {"scheduling": "kvsched/Scheduling-v0, kvsched/Scheduling-v1", "routing": "kvsched/Routing-v0",
-         "knobs": "kvsched/Knobs-v0"}
+         "knobs": "kvsched/Knobs-v0", "residency": "kvsched/Residency-v0"}
 
 
 def _environment_role(env) -> str:
@@ -64,7 +68,8 @@ class HeuristicAgent:
             reference; ``None`` = the reference), a router name (Routing-v0), the environment's
             heuristic (Knobs-v0; ``None`` = it). Names in any case (``"LARS"`` is ``"lars"``).
         env: a kvsched environment, a Gymnasium wrapper of one, or an SB3 ``VecEnv`` of them.
-        params: the router's parameters (Routing-v0 only).
+        params: the router's parameters (Routing-v0), or ``{"keep_s": s}`` for ``session``
+            (Residency-v0).
 
     Raises:
         ConfigError: an environment that is not a kvsched one, or a heuristic the environment
@@ -96,8 +101,20 @@ class HeuristicAgent:
             make_router(policy, dict(params or {}))  # an unknown router or bad parameters: say so now
             self._args: tuple = (policy, params)
             return
-        require(params is None, "params", params, "None outside Routing-v0 (the environment's reference or "
-                "heuristic brings its own parameters)")
+        if role == "residency":
+            keep = None
+            if params is not None:
+                require(policy == "session" and isinstance(params, dict) and set(params) == {"keep_s"}, "params",
+                        params, "None, or {'keep_s': seconds} with policy 'session' (Residency-v0)")
+                keep = params["keep_s"]
+            self._args = (policy, keep)
+            if vec:
+                env.env_method("heuristic_action", policy, keep, indices=[0])  # refuses what it cannot play
+            else:
+                env.unwrapped.heuristic_action(policy, keep)
+            return
+        require(params is None, "params", params, "None outside Routing-v0 and Residency-v0 (the environment's "
+                "reference or heuristic brings its own parameters)")
         if policy is not None:  # the registered name: 'LARS' is 'lars', as for simulate
             from kvsched.policies.base import POLICIES
 

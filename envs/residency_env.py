@@ -111,6 +111,7 @@ class ResidencyEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    heuristic_role = "residency"  # kvsched.agents.heuristic.HeuristicAgent recognises the class by it
 
     def __init__(self, scenario: str | None = None, window_s: float = 300.0, split: str = "train",
                  heldout_fraction: float = 0.25, max_requests: int | None = None, eviction: str | None = None,

@@ -146,3 +146,20 @@ def test_a_timeline_shows_each_retention_decision_on_its_track(tmp_path):
     kept = [e for e in events if e.get("cat") == "retention"]
     assert len(kept) == steps and all(e["name"] == "keep 60s" for e in kept)
     assert {tracks[(e["pid"], e["tid"])] for e in kept} == {"retention"}
+
+
+def test_the_heuristic_agent_plays_the_tier_order_and_the_session_keep():
+    from kvsched.agents.heuristic import HeuristicAgent
+
+    env = ResidencyEnv(eviction="lfu", **SMALL)
+    agent = HeuristicAgent("lfu", env)
+    obs, _ = env.reset(options={"window_index": 1})
+    assert int(agent.predict(obs)[0]) == 0
+    sess = HeuristicAgent("session", env, params={"keep_s": 120.0})
+    assert env.decision_of(int(sess.predict(obs)[0])).keep_s == 120.0
+    with pytest.raises(ConfigError, match="eviction='lru'"):
+        HeuristicAgent("lru", env)
+    with pytest.raises(ConfigError, match="params"):
+        HeuristicAgent("lfu", env, params={"keep_s": 30.0})
+    with pytest.raises(ConfigError, match="keep_s"):
+        HeuristicAgent("session", env, params={"keep_s": 7.0})
