@@ -201,6 +201,8 @@ def run_heuristic(policy: str, source, episodes, env_id: str = "kvsched/Scheduli
     from kvsched.policies.routing import make_router
 
     kw = env_kwargs or {}
+    if env_id == "kvsched/Residency-v0":
+        return _run_residency_heuristic(policy, source, episodes, kw)
     rows, ttfts = [], []
     for wseed, widx, seed in episodes:
         w = source.workload(wseed, widx)
@@ -216,6 +218,62 @@ def run_heuristic(policy: str, source, episodes, env_id: str = "kvsched/Scheduli
         res = cluster.run(w)
         rows += _summary_rows(policy, widx, seed, res.summary)
         ttfts.append((res.records["first_token_s"] - res.records["arrival_s"]).to_numpy())
+    return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
+
+
+#: Residency-v0's heuristics: the tier eviction orders (action 0 under ``eviction=<name>``) and the
+#: session keep (``session`` = 30 s, ``session:<s>`` = <s> s, one of the environment's keep bins)
+RESIDENCY_HEURISTICS = ("lru", "lfu", "session", "clairvoyant")
+
+
+def residency_heuristic(name: str) -> tuple[str, float | None] | None:
+    """``(heuristic, keep_s)`` of a Residency-v0 agent name (``lru``, ``lfu``, ``clairvoyant``,
+    ``session``, ``session:<s>``), or None when ``name`` is none of them."""
+    if name in RESIDENCY_HEURISTICS:
+        return name, None
+    if name.startswith("session:"):
+        try:
+            keep = float(name[len("session:"):])
+        except ValueError:
+            return None
+        return ("session", keep) if math.isfinite(keep) and keep > 0 else None
+    return None
+
+
+def _run_residency_heuristic(name: str, source, episodes, env_kwargs: dict) -> tuple[list[dict], np.ndarray]:
+    """Episodes of a Residency-v0 heuristic played through the environment (:class:`HeuristicAgent`;
+    action 0 under a tier order equals the direct run, tested)."""
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+
+    from .heuristic import HeuristicAgent
+
+    parsed = residency_heuristic(name)
+    if parsed is None:
+        raise ConfigError(f"agent {bounded_repr(name)} is not a Residency-v0 heuristic; allowed: "
+                          f"{', '.join(RESIDENCY_HEURISTICS)} or session:<seconds>")
+    heuristic, keep = parsed
+    cfg = source.config
+    kw = {k: v for k, v in env_kwargs.items() if k != "eviction"}
+    kw.update(scenario=cfg.scenario, window_s=cfg.window_s, split="heldout", heldout_fraction=cfg.heldout_fraction,
+              max_requests=cfg.max_requests, horizon_s=math.inf)
+    if heuristic != "session":
+        kw["eviction"] = heuristic
+    elif "eviction" in env_kwargs:
+        kw["eviction"] = env_kwargs["eviction"]
+    env = gym.make("kvsched/Residency-v0", **kw).unwrapped
+    agent = HeuristicAgent(heuristic, env, params=None if keep is None else {"keep_s": keep})
+    rows, ttfts = [], []
+    for wseed, widx, seed in episodes:
+        obs, _ = env.reset(seed=seed, options={"workload_seed": wseed, "window_index": widx})
+        done = False
+        while not done:
+            obs, _, term, trunc, info = env.step(int(agent.predict(obs)[0]))
+            done = term or trunc
+        rows += _summary_rows(name, widx, seed, info["summary"])
+        rec = env.cluster.recorder.records_frame()
+        ttfts.append((rec["first_token_s"] - rec["arrival_s"]).to_numpy())
     return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
 
 
@@ -311,8 +369,9 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     the scenario holds fewer (an explicit count above what it holds is an error).
 
     Environments: the checkpoints' (their training metadata; all must share one), else ``env_id``
-    (default ``kvsched/Scheduling-v0``). Heuristics are policy names (Scheduling-v0, Knobs-v0) or
-    router names (Routing-v0). ``random`` acts in the checkpoints' environment with their training
+    (default ``kvsched/Scheduling-v0``). Heuristics are policy names (Scheduling-v0, Knobs-v0),
+    router names (Routing-v0) or residency heuristics (Residency-v0: ``lru``, ``lfu``,
+    ``clairvoyant``, ``session``, ``session:<s>``). ``random`` acts in the checkpoints' environment with their training
     arguments (reference policy and its parameters included). Windows without requests are left out.
 
     Checkpoints are loaded (unpickled) only when kvsched wrote or shipped them
@@ -353,10 +412,13 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         from kvsched.policies.routing import router_names
 
         known, what = set(router_names()), "router"
+    elif env_id == "kvsched/Residency-v0":
+        known, what = {*RESIDENCY_HEURISTICS, "session:<seconds>"}, "residency heuristic"
     else:
         known, what = set(policy_names()), "policy"
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
-        if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known):
+        if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known
+                or (env_id == "kvsched/Residency-v0" and residency_heuristic(a) is not None)):
             raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
                               f"{what} of {env_id}; known: {sorted(known)}")
     trained = metas[0]["env_kwargs"] if metas else {}

@@ -87,9 +87,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
-                   help="comma-separated: checkpoint .zip files, policy (or, for Routing-v0, router) names and/or "
-                        "'random', e.g. ckpt.zip,lars,fcfs")
-    e.add_argument("--env", choices=("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0"),
+                   help="comma-separated: checkpoint .zip files, policy (or, for Routing-v0, router; for "
+                        "Residency-v0, lru, lfu, clairvoyant, session or session:<s>) names and/or 'random', e.g. "
+                        "ckpt.zip,lars,fcfs")
+    e.add_argument("--env", choices=("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0",
+                                     "kvsched/Residency-v0"),
                    help="environment when no checkpoint is given (default kvsched/Scheduling-v0; with checkpoints: "
                         "theirs)")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")

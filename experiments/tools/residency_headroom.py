@@ -29,11 +29,13 @@ from kvsched import atomic_files
 SCENARIO = "residency-mooncake"
 
 
-def play(env, rule: str, window: int, keep_s: float | None = None) -> dict:
-    """Play one window with ``rule``: ``"order"`` (action 0: the environment's eviction order),
-    ``"session"`` (keep every conversation ``keep_s``), ``"returning"`` (keep a conversation
-    ``keep_s`` from its second turn on, leave first turns to the order)."""
-    obs, _ = env.reset(options={"workload_seed": 0, "window_index": window})
+def play(env, rule: str, episode: tuple[int, int], keep_s: float | None = None) -> dict:
+    """Play one episode ``(workload seed, window)`` with ``rule``: ``"order"`` (action 0: the
+    environment's eviction order), ``"session"`` (keep every conversation ``keep_s``),
+    ``"returning"`` (keep a conversation ``keep_s`` from its second turn on, leave first turns to
+    the order)."""
+    seed, window = episode
+    obs, _ = env.reset(options={"workload_seed": seed, "window_index": window})
     total = 0.0
     keep = 0 if keep_s is None else env.heuristic_action("session", keep_s)
     while True:
@@ -49,7 +51,7 @@ def play(env, rule: str, window: int, keep_s: float | None = None) -> dict:
             break
     s = info.get("summary")
     if s is None:  # truncated: no summary (Residency-v0's horizon is 3 windows; not expected)
-        raise RuntimeError(f"window {window} was truncated")
+        raise RuntimeError(f"episode {episode} was truncated")
     a = s["classes"]["all"]
     dram = s["prefix_tiers"]["tiers"]
     first = next(iter(dram.values()))
@@ -57,7 +59,22 @@ def play(env, rule: str, window: int, keep_s: float | None = None) -> dict:
             "ttft_mean_s": a["ttft_s"]["mean"], "reward": total}
 
 
-def measure(scenario: str, window_s: float, train_windows: int | None) -> tuple[str, dict]:
+def episodes(source, split: str, seeds: int, limit: int | None = None) -> list[tuple[int, int]]:
+    """The split's episodes: every window of the trace, or of ``seeds`` workload seeds of a
+    synthetic scenario (train seeds 0.., held-out seeds from ``HELDOUT_SEED_BASE``: as the
+    environments draw them); the first ``limit`` only when given."""
+    from kvsched.envs.episodes import HELDOUT_SEED_BASE
+
+    windows = source.train_windows if split == "train" else source.heldout_windows
+    if not source.synthetic:
+        out = [(source.scenario.seed, w) for w in windows]
+    else:
+        base = 0 if split == "train" else HELDOUT_SEED_BASE
+        out = [(base + s, w) for s in range(seeds) for w in windows]
+    return out if limit is None else out[:limit]
+
+
+def measure(scenario: str, window_s: float, train_windows: int | None, seeds: int = 8) -> tuple[str, dict]:
     import gymnasium as gym
 
     import kvsched.envs  # noqa: F401  (registers the ids)
@@ -65,7 +82,7 @@ def measure(scenario: str, window_s: float, train_windows: int | None) -> tuple[
 
     from kvsched.experiments.suite.stats import bootstrap_ci
 
-    path = str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml")
+    path = scenario if scenario.endswith(".yaml") else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml")
 
     def make(split: str, eviction: str):
         return gym.make("kvsched/Residency-v0", scenario=path, window_s=window_s, split=split,
@@ -74,9 +91,7 @@ def measure(scenario: str, window_s: float, train_windows: int | None) -> tuple[
     c0, w0 = time.process_time(), time.perf_counter()
     train = make("train", "lru")
     bins = train.keep_bins_s
-    tw = list(train.source.train_windows)
-    if train_windows is not None:
-        tw = tw[:train_windows]
+    tw = episodes(train.source, "train", seeds, train_windows)
     tuning = {}
     for k in bins:
         tuning[k] = float(np.mean([play(train, "session", w, k)["slo"] for w in tw]))
@@ -84,7 +99,7 @@ def measure(scenario: str, window_s: float, train_windows: int | None) -> tuple[
     ret_tuning = {k: float(np.mean([play(train, "returning", w, k)["slo"] for w in tw])) for k in bins}
     best_ret = max(bins, key=lambda k: (ret_tuning[k], -k))
     held = {ev: make("heldout", ev) for ev in ("lru", "lfu", "clairvoyant")}
-    hw = list(held["lru"].source.heldout_windows)
+    hw = episodes(held["lru"].source, "heldout", seeds)
     rows = {
         "lru": [play(held["lru"], "order", w) for w in hw],
         "lfu": [play(held["lfu"], "order", w) for w in hw],
@@ -100,13 +115,13 @@ def measure(scenario: str, window_s: float, train_windows: int | None) -> tuple[
                    "lfu": float(np.mean([play(train_lfu, "order", w)["slo"] for w in tw])),
                    heur[2]: tuning[best_keep]}
     best = max(heur, key=lambda k: train_score[k])
-    lines = [f"Residency-v0 on `{scenario}` ({window_s:g} s windows): {len(tw)} train windows tune the keep time; "
-             f"{len(hw)} held-out windows, every candidate the same ones. Best heuristic on train: **{best}**.", "",
+    lines = [f"Residency-v0 on `{scenario}` ({window_s:g} s windows): {len(tw)} train episodes tune the keep time; "
+             f"{len(hw)} held-out episodes, every candidate the same ones. Best heuristic on train: **{best}**.", "",
              "| candidate | SLO attainment % | DRAM hit % | mean TTFT (s) | reward |", "|---|---|---|---|---|"]
     for name, rs in rows.items():
         lines.append(f"| {name} | {np.mean([r['slo'] for r in rs]):.2f} | {np.mean([r['dram_hit'] for r in rs]):.2f} "
                      f"| {np.mean([r['ttft_mean_s'] for r in rs]):.3f} | {np.mean([r['reward'] for r in rs]):.1f} |")
-    lines += ["", "| paired on held-out windows (vs the best heuristic) | SLO pts (95 % CI) | DRAM hit pts (95 % CI) "
+    lines += ["", "| paired on held-out episodes (vs the best heuristic) | SLO pts (95 % CI) | DRAM hit pts (95 % CI) "
               "| mean TTFT s (95 % CI) |", "|---|---|---|---|"]
     out: dict = {"best_heuristic": best, "train_slo": train_score, "session_keep_tuning": tuning,
                  "returning_keep_tuning": ret_tuning, "heldout_windows": len(hw), "rows": rows}
@@ -128,10 +143,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default=SCENARIO, help=f"a bundled scenario name (default {SCENARIO})")
     p.add_argument("--window-s", type=float, default=300.0)
-    p.add_argument("--train-windows", type=int, default=None, help="tune on the first N train windows only")
+    p.add_argument("--train-windows", type=int, default=None, help="tune on the first N train episodes only")
+    p.add_argument("--seeds", type=int, default=8, help="workload seeds per split of a synthetic scenario (default 8)")
     p.add_argument("--out", help="write the markdown table here (default: stdout)")
     a = p.parse_args(argv)
-    text, _ = measure(a.scenario, a.window_s, a.train_windows)
+    text, _ = measure(a.scenario, a.window_s, a.train_windows, a.seeds)
     if a.out:
         atomic_files.write_text(a.out, text)
     else:

@@ -163,3 +163,16 @@ def test_the_heuristic_agent_plays_the_tier_order_and_the_session_keep():
         HeuristicAgent("lfu", env, params={"keep_s": 30.0})
     with pytest.raises(ConfigError, match="keep_s"):
         HeuristicAgent("session", env, params={"keep_s": 7.0})
+
+
+def test_evaluate_plays_residency_heuristics_on_the_same_episodes(tmp_path):
+    from kvsched.agents.evaluate import evaluate
+
+    table = evaluate(["lru", "session:300", "clairvoyant"], SCENARIO, 1, 1, tmp_path, window_s=60.0,
+                     env_id="kvsched/Residency-v0")
+    assert set(table["agent"]) == {"lru", "session:300", "clairvoyant"}
+    assert table.groupby("agent")["episodes"].max().tolist() == [1, 1, 1]
+    with pytest.raises(ConfigError, match="keep bins"):
+        evaluate(["session:7"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
+    with pytest.raises(ConfigError, match="residency heuristic"):
+        evaluate(["fcfs"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
