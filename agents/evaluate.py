@@ -24,7 +24,6 @@ when found).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,45 @@ METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 MASKED_ALGOS = ("maskable_ppo", "es")
 
 
+def _read_metadata(p: Path) -> dict:
+    """The training metadata in ``p`` (a JSON object, duplicate keys refused), checked for the keys
+    evaluation reads: ``env_id`` (text), ``env_kwargs`` (a mapping) and ``algo`` (text; not for
+    an RLlib checkpoint, ``backend: "rllib"``).
+
+    Raises:
+        ConfigError: unreadable, not JSON, not an object, or a key missing or of the wrong type
+            (one line naming the file and the key).
+    """
+    from kvsched.envs.sim.errors import bounded_repr
+    from kvsched.envs.sim.strict_json import DuplicateKeyError, loads
+
+    try:
+        meta = loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else ("nested too deeply" if isinstance(e, RecursionError)
+                                                          else str(e) if isinstance(e, DuplicateKeyError)
+                                                          else f"not JSON ({bounded_repr(str(e))})")
+        raise ConfigError(f"training metadata {p}: cannot be read: {why}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"training metadata {p}: expected a JSON object (written by `kvsched train`), "
+                          f"got {type(meta).__name__}")
+    required = {"env_id": str, "env_kwargs": dict}
+    if meta.get("backend") != "rllib":
+        required["algo"] = str
+    for key, typ in required.items():
+        if key not in meta:
+            raise ConfigError(f"training metadata {p}: missing key {key!r} (written by `kvsched train`; "
+                              "is this file from another program, or edited?)")
+        if not isinstance(meta[key], typ):
+            raise ConfigError(f"training metadata {p}: {key}={bounded_repr(meta[key])} is not allowed: expected "
+                              f"{'text' if typ is str else 'a mapping'}")
+    return meta
+
+
 def _sidecar(ckpt: Path) -> dict:
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
         if p.is_file():
-            return json.loads(p.read_text())
+            return _read_metadata(p)
     raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
                       "beside it (written by `kvsched train`)")
 
@@ -55,7 +89,7 @@ def _is_rllib_checkpoint(agent: str) -> bool:
     """An RLlib ``checkpoint/`` folder written by ``kvsched train --backend rllib``."""
     p = Path(agent)
     meta = p.parent / "train.json"
-    return p.is_dir() and meta.is_file() and json.loads(meta.read_text()).get("backend") == "rllib"
+    return p.is_dir() and meta.is_file() and _read_metadata(meta).get("backend") == "rllib"
 
 
 def _load_model(ckpt: Path, meta: dict):

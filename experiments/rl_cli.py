@@ -104,13 +104,9 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
 
 
 def _json_arg(text: str, flag: str) -> dict:
-    try:
-        v = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{flag}={text!r} is not valid JSON: {err}") from None
-    if not isinstance(v, dict):
-        raise ConfigError(f"{flag}={text!r} must be a JSON object")
-    return v
+    from kvsched.envs.sim.strict_json import parse_object
+
+    return parse_object(text, flag, "keyword arguments")
 
 
 def _bc_dataset_id(args) -> str | None:
