@@ -77,9 +77,33 @@ class _CommandParser(_BoundedErrors):
         self.set_defaults(func=run)
 
     def parse_known_args(self, args=None, namespace=None):
-        """Fill in the command (:meth:`_fill`), then parse as :class:`argparse.ArgumentParser`."""
+        """Fill in the command (:meth:`_fill`), refuse empty values (:func:`_refuse_empty_values`),
+        then parse as :class:`argparse.ArgumentParser`."""
         self._fill()
+        if args is not None:
+            _refuse_empty_values(self, list(args))
         return super().parse_known_args(args, namespace)
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """Exit with a usage error when an argument is empty (``--trace ''``, ``--out=``).
+
+    No flag of kvsched takes an empty value: a path would be the current folder
+    (``Path("")`` is ``.``) or, tested for truth, the default (``--trace ''`` ran the bundled
+    trace), a name or JSON would be invalid. So an empty (or all-blank) value is refused here,
+    for every command at once, naming the flag.
+    """
+    for i, tok in enumerate(args):
+        if tok.startswith("--") and "=" in tok:
+            flag, _, value = tok.partition("=")
+        else:
+            flag, value = None, tok
+        if value.strip():
+            continue
+        if flag is None:
+            flag = next((t.split("=")[0] for t in reversed(args[:i]) if t.startswith("-") and len(t) > 1),
+                        "a positional argument")
+        parser.error(f"argument {flag}: an empty value {value!r} is not allowed: give a path, name or value")
 
     def format_usage(self) -> str:
         """The usage line, with the command's options."""

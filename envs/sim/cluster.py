@@ -32,7 +32,7 @@ from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
 from .recorder import Recorder
-from .request import RequestState, Workload
+from .request import RequestState, Workload, hash_block_mismatch
 from .policy_api import check_router
 from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
@@ -202,6 +202,11 @@ class Cluster:
         """
         if self._workload is not None:
             raise RuntimeError("this Cluster already served a workload; build a new one per run")
+        if workload.hash_block_tokens and len(workload.hashes):  # before any event: name the key the user set
+            for inst in self.instances:
+                bs = inst.spec.block_size_tokens
+                if workload.hash_block_tokens % bs:
+                    raise ConfigError(hash_block_mismatch(workload.hash_block_tokens, bs))
         self._workload = workload
         self.watch = watch
         n = len(workload)
