@@ -337,8 +337,9 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file, given by path or by bundled name (:func:`scenario_path`).
 
     Raises:
-        ConfigError: no such file or bundled name, unreadable YAML, an empty file, unknown keys,
-            or invalid values (naming the file).
+        ConfigError: no such file or bundled name, an empty path, unreadable YAML (or beyond the
+            limits of :mod:`kvsched.envs.sim.yaml_loading`), an empty file, unknown keys, no
+            workload (neither ``trace`` nor ``synthetic``), or invalid values (naming the file).
     """
     p = scenario_path(path)
     if not p.is_file():
@@ -358,9 +359,10 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - allowed
     if unknown:
         raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
+    if "synthetic" in data and "trace" not in data:
+        data["trace"] = None
+    scenario = Scenario(**data, source=str(p))  # the other fields' errors first
     if "trace" not in data and "synthetic" not in data:  # never the bundled default in its place
         raise ConfigError(f"scenario file {p}: no workload; add `trace:` (a bundled trace name or a file) or "
                           "`synthetic:` (SyntheticConfig fields)")
-    if "synthetic" in data and "trace" not in data:
-        data["trace"] = None
-    return Scenario(**data, source=str(p))
+    return scenario
