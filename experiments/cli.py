@@ -32,6 +32,7 @@ Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress ba
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from typing import Sequence
 
@@ -84,6 +85,16 @@ class _CommandParser(_BoundedErrors):
             _refuse_empty_values(self, list(args))
         return super().parse_known_args(args, namespace)
 
+    def format_usage(self) -> str:
+        """The usage line, with the command's options."""
+        self._fill()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        """The help text, with the command's options."""
+        self._fill()
+        return super().format_help()
+
 
 def _refuse_empty_values(parser: argparse.ArgumentParser, args: list[str]) -> None:
     """Exit with a usage error when an argument is empty (``--trace ''``, ``--out=``).
@@ -104,16 +115,6 @@ def _refuse_empty_values(parser: argparse.ArgumentParser, args: list[str]) -> No
             flag = next((t.split("=")[0] for t in reversed(args[:i]) if t.startswith("-") and len(t) > 1),
                         "a positional argument")
         parser.error(f"argument {flag}: an empty value {value!r} is not allowed: give a path, name or value")
-
-    def format_usage(self) -> str:
-        """The usage line, with the command's options."""
-        self._fill()
-        return super().format_usage()
-
-    def format_help(self) -> str:
-        """The help text, with the command's options."""
-        self._fill()
-        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,12 +147,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         # a path given on the command line that the system refuses (a name too long, no
         # permission, a full disk) and no check above named: the path and the system's reason,
-        # not a traceback
+        # not a traceback. A write that fails without naming its file (a full disk seen by a
+        # library's write or flush) is said as such: every output is written to a temporary
+        # file and renamed (kvsched.atomic_files), so no file was left half-written.
         if e.filename is None:
-            raise
-        stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(e.strerror or str(e))}",
+            if e.errno not in _WRITE_ERRNOS:
+                raise
+            stderr_console().print(f"[bold red]error:[/] cannot write the output: {escape(_os_reason(e))}; no file "
+                                   "was left half-written (outputs finished before it are complete)", highlight=False)
+            return 2
+        stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(_os_reason(e))}",
                                highlight=False)
         return 2
+
+
+#: ``errno`` values of a write the system refused for lack of room or a read-only or failing
+#: device: reported in one line by :func:`main` even when the error names no file
+_WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")
+                          if hasattr(errno, n))
+
+
+def _os_reason(e: OSError) -> str:
+    """The system's reason for ``e``, with the errno's name (``No space left on device (ENOSPC)``)."""
+    reason = e.strerror or str(e)
+    name = errno.errorcode.get(e.errno) if isinstance(e.errno, int) else None
+    return f"{reason} ({name})" if name else reason
 
 
 if __name__ == "__main__":
