@@ -69,7 +69,7 @@ def _read_metadata(p: Path) -> dict:
         required["algo"] = str
     for key, typ in required.items():
         if key not in meta:
-            raise ConfigError(f"training metadata {p}: missing key {key!r} (written by `kvsched train`; "
+            raise ConfigError(f"training metadata {p}: missing key {bounded_repr(key)} (written by `kvsched train`; "
                               "is this file from another program, or edited?)")
         if not isinstance(meta[key], typ):
             raise ConfigError(f"training metadata {p}: {key}={bounded_repr(meta[key])} is not allowed: expected "
@@ -335,11 +335,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         if v is None and name == "windows":
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"--{name}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     ckpts = [Path(a) for a in agents if a.endswith(".zip") or _is_rllib_checkpoint(a)]
     for c in ckpts:
         if not c.exists():
-            raise ConfigError(f"checkpoint {str(c)!r} does not exist")
+            raise ConfigError(f"checkpoint {bounded_repr(str(c))} does not exist")
     metas = [_sidecar(c) for c in ckpts]
     env_ids = sorted({m.get("env_id", "?") for m in metas})
     if len(env_ids) > 1:
@@ -355,7 +355,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         known, what = set(policy_names()), "policy"
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known):
-            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
+            raise ConfigError(f"agent {bounded_repr(a)} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
                               f"{what} of {env_id}; known: {sorted(known)}")
     trained = metas[0]["env_kwargs"] if metas else {}
     if window_s is None:

@@ -31,6 +31,7 @@ Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress ba
 
 from __future__ import annotations
 
+
 import argparse
 import errno
 import sys
@@ -114,7 +115,8 @@ def _refuse_empty_values(parser: argparse.ArgumentParser, args: list[str]) -> No
         if flag is None:
             flag = next((t.split("=")[0] for t in reversed(args[:i]) if t.startswith("-") and len(t) > 1),
                         "a positional argument")
-        parser.error(f"argument {flag}: an empty value {value!r} is not allowed: give a path, name or value")
+        parser.error(f"argument {flag}: an empty{' (blank)' if value else ''} value is not allowed: give a path, name "
+                     "or value")
 
 
 def build_parser() -> argparse.ArgumentParser:

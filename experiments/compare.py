@@ -281,9 +281,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     from kvsched.runner.sweep import Cell, run_cells
 
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
+        raise ConfigError(f"seeds={bounded_repr(seeds)} must be an integer >= 1")
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ConfigError(f"windows={windows!r} must be an integer >= 1")
+        raise ConfigError(f"windows={bounded_repr(windows)} must be an integer >= 1")
     axis = "policy"
     rgiven: dict[str, dict] = {}
     names: list[str] = []

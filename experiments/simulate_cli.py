@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import kvsched
-from kvsched.envs.sim.errors import KvschedError
+from kvsched.envs.sim.errors import KvschedError, bounded_repr
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
 from kvsched.envs.sim.strict_json import parse_object
@@ -116,7 +116,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         pf = load_policy_file(a.policy_file)
         if a.policy is not None and a.policy != pf["policy"]:
             raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
-                               f"(policy {pf['policy']!r}); give one of them")
+                               f"(policy {bounded_repr(pf['policy'])}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
         if pf["router"] is not None:  # a router study's file: its tuned router and every parameter
@@ -124,7 +124,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
 
             if a.router is not None and ROUTERS.canonical(a.router) != pf["router"]:
                 raise KvschedError(f"--router {a.router} contradicts --policy-file {a.policy_file} "
-                                   f"(router {pf['router']!r}); give one of them")
+                                   f"(router {bounded_repr(pf['router'])}); give one of them")
             over["router"] = pf["router"]
             over["router_params"] = {**pf["router_params"], **over.get("router_params", {})} \
                 if a.router_params is not None else pf["router_params"]

@@ -302,7 +302,7 @@ class Cluster:
             n_inst = len(self.instances)
             if route_to is not None and (isinstance(route_to, bool) or not isinstance(route_to, (int, np.integer))
                                          or not 0 <= route_to < n_inst):
-                raise ValueError(f"route_to={route_to!r} must be an instance index in [0, {n_inst})")
+                raise ValueError(f"route_to={bounded_repr(route_to)} must be an instance index in [0, {n_inst})")
             self._pending = None
             if route_to is None:
                 idx = self._route(payload, t)
@@ -314,7 +314,7 @@ class Cluster:
             self._place(payload, idx, t)
         else:
             if route_to is not None:
-                raise ValueError(f"route_to={route_to!r} is only allowed at a 'route' decision point")
+                raise ValueError(f"route_to={bounded_repr(route_to)} is only allowed at a 'route' decision point")
             self._pending = None
             self._schedule(payload, t)
 

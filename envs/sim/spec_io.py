@@ -230,7 +230,7 @@ def _check_instance_keys(d: Any, source: str) -> None:
         raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(_INSTANCE_FIELDS)}")
     for key in ("model", "gpu"):
         if key not in d:
-            raise ConfigError(f"{source}: missing key {key!r} (a preset name or an inline dict)")
+            raise ConfigError(f"{source}: missing key {bounded_repr(key)} (a preset name or an inline dict)")
 
 
 def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:

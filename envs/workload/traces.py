@@ -512,10 +512,10 @@ def _jsonl_object(line: bytes, lineno: int, file: str) -> dict:
         why = "nested too deeply" if isinstance(e, RecursionError) else bounded_repr(str(e))[1:-1]
         snippet = line[:80].decode("utf-8", "replace")
         raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({why}); the line starts "
-                               f"{snippet!r}; expected one JSON object per line") from None
+                               f"{bounded_repr(snippet)}; expected one JSON object per line") from None
     if type(obj) is not dict:
         raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
-                               f"{type(obj).__name__}: {line[:80].decode('utf-8', 'replace')!r}")
+                               f"{type(obj).__name__}: {bounded_repr(line[:80].decode('utf-8', 'replace'))}")
     return obj
 
 
@@ -547,7 +547,7 @@ def _append_row_values(obj: dict, appenders: Sequence[tuple[str, Callable[[Any],
         v = obj.get(key)
         if v is None and req:
             raise TraceFormatError(
-                f"{file}: line {lineno}: required key {key!r} is "
+                f"{file}: line {lineno}: required key {bounded_repr(key)} is "
                 + (f"null; expected {_JSON_NUMBER_KEYS_ALLOWED}" if key in obj else
                    f"missing; keys present: {_keys_text(obj)}"))
         app(v)
@@ -566,9 +566,9 @@ def _row_hash_ids(obj: dict, key: str, required: bool, file: str, lineno: int) -
     if h is None:
         if required:
             if key in obj:
-                raise TraceFormatError(f"{file}: line {lineno}: required key {key!r} is null; expected a JSON "
+                raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is null; expected a JSON "
                                        "list of integer hash ids (one per prompt block)")
-            raise TraceFormatError(f"{file}: line {lineno}: required key {key!r} is missing;"
+            raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is missing;"
                                    f" keys present: {_keys_text(obj)}")
         h = []
     if type(h) is not list:
@@ -630,7 +630,7 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
         # utc=True honours offsets (also mixed ones); naive timestamps are taken as UTC
         ts = pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
     except (ValueError, TypeError) as e:
-        raise TraceFormatError(f"{file}: column {column!r} ({field}): timestamps cannot be parsed "
+        raise TraceFormatError(f"{file}: column {bounded_repr(column)} ({field}): timestamps cannot be parsed "
                                f"together ({e}); use one ISO 8601 form throughout") from None
     bad = ts.isna().to_numpy()
     if bad.any():
@@ -793,7 +793,7 @@ def _check_column_map(columns: dict[str, str]) -> None:
             allowed ones) or misses a required one.
     """
     if not isinstance(columns, dict):
-        raise ConfigError(f"columns={columns!r} must be a dict mapping field -> file column")
+        raise ConfigError(f"columns={bounded_repr(columns)} must be a dict mapping field -> file column")
     unknown = [f for f in columns if f not in GENERIC_FIELDS]
     if unknown:
         raise ConfigError(f"columns has unknown field(s) {unknown}; allowed: {list(GENERIC_FIELDS)}")
@@ -817,7 +817,7 @@ def _generic_format(path: str | os.PathLike, fmt: str | None) -> str:
             raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
                                    "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
     if fmt not in ("csv", "jsonl"):
-        raise ConfigError(f"fmt={fmt!r} is not allowed: expected 'csv', 'jsonl' or None")
+        raise ConfigError(f"fmt={bounded_repr(fmt)} is not allowed: expected 'csv', 'jsonl' or None")
     return fmt
 
 
@@ -837,12 +837,12 @@ def _check_generic_args(path: str | os.PathLike, columns: dict[str, str], time_u
     """
     _check_column_map(columns)
     if time_unit not in (*_TIME_UNITS, "datetime"):
-        raise ConfigError(f"time_unit={time_unit!r} is not allowed: expected one of "
+        raise ConfigError(f"time_unit={bounded_repr(time_unit)} is not allowed: expected one of "
                           f"{[*_TIME_UNITS, 'datetime']}")
     fmt = _generic_format(path, fmt)
     if "prefix_hashes" in columns and (isinstance(hash_block_tokens, bool)
                                        or not isinstance(hash_block_tokens, int) or hash_block_tokens <= 0):
-        raise ConfigError(f"hash_block_tokens={hash_block_tokens!r} is not allowed: expected an "
+        raise ConfigError(f"hash_block_tokens={bounded_repr(hash_block_tokens)} is not allowed: expected an "
                           "integer > 0 (tokens per prefix hash) when 'prefix_hashes' is mapped")
     return fmt
 
@@ -1156,7 +1156,7 @@ def _slo_column(vals: Sequence[Any], file: str, column: str) -> tuple[np.ndarray
         key = "default" if v is None or v == "" else str(v)
         codes[i] = names.setdefault(key, len(names))
     if len(names) > np.iinfo(np.int16).max:
-        raise TraceFormatError(f"{file}: column {column!r} has {len(names)} "
+        raise TraceFormatError(f"{file}: column {bounded_repr(column)} has {len(names)} "
                                "distinct SLO classes; at most 32767 are allowed")
     return codes, tuple(names) or ("default",)
 
@@ -1201,7 +1201,7 @@ def bundled_trace_path(name: str):
         ConfigError: ``name`` is not a bundled trace (the message lists them).
     """
     if name not in BUNDLED_TRACES:
-        raise ConfigError(f"unknown bundled trace {name!r}; bundled traces: {list(BUNDLED_TRACES)}")
+        raise ConfigError(f"unknown bundled trace {bounded_repr(name)}; bundled traces: {list(BUNDLED_TRACES)}")
     return importlib.resources.files("kvsched.envs.workload") / "data" / BUNDLED_TRACES[name].filename
 
 
@@ -1262,7 +1262,7 @@ def load_trace(name_or_path: str | os.PathLike, name: str | None = None) -> Work
         with importlib.resources.as_file(bundled_trace_path(key)) as p:
             w = entry.loader(p, name=name or key)
         if w.source_sha256 != BUNDLED_SHA256[key]:
-            raise TraceFormatError(f"{p}: bundled trace {key!r} has sha256 {w.source_sha256}, "
+            raise TraceFormatError(f"{p}: bundled trace {bounded_repr(key)} has sha256 {w.source_sha256}, "
                                    f"expected {BUNDLED_SHA256[key]}; the package data is damaged")
         return w
     p = Path(key)
@@ -1311,16 +1311,16 @@ def window(w: Workload, start_s: float, end_s: float, rebase: bool = True, allow
     for f, v in (("start_s", start_s), ("end_s", end_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                 or not math.isfinite(v):
-            raise ConfigError(f"window {f}={v!r} is not allowed: expected a finite number of seconds")
+            raise ConfigError(f"window {f}={bounded_repr(v)} is not allowed: expected a finite number of seconds")
     if start_s >= end_s:
-        raise ConfigError(f"window start_s={start_s!r} must be < end_s={end_s!r}")
+        raise ConfigError(f"window start_s={bounded_repr(start_s)} must be < end_s={bounded_repr(end_s)}")
     if rebase and start_s < 0:
-        raise ConfigError(f"window start_s={start_s!r} must be >= 0 when rebase=True "
+        raise ConfigError(f"window start_s={bounded_repr(start_s)} must be >= 0 when rebase=True "
                           "(rebased arrivals would be negative)")
     lo = int(np.searchsorted(w.arrival_s, start_s, side="left"))
     hi = int(np.searchsorted(w.arrival_s, end_s, side="left"))
     if hi <= lo and not allow_empty:
-        raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {w.name!r} holds no requests; "
+        raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {bounded_repr(w.name)} holds no requests; "
                           f"{_span(w)}")
     if hi <= lo:
         return _slice(w, lo, lo, np.zeros(0), f"window [{start_s:g}, {end_s:g}) s: no requests")
@@ -1341,7 +1341,7 @@ def scale_rate(w: Workload, factor: float) -> Workload:
     """
     if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)) \
             or not math.isfinite(factor) or factor <= 0:
-        raise ConfigError(f"scale_rate factor={factor!r} is not allowed: expected a finite number "
+        raise ConfigError(f"scale_rate factor={bounded_repr(factor)} is not allowed: expected a finite number "
                           "> 0 (2 = twice the request rate)")
     span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w) else 0.0
     note = (f"scale_rate x{factor:g}: arrivals divided by {factor:g} (request rate x{factor:g}; "
@@ -1356,7 +1356,7 @@ def head(w: Workload, n: int) -> Workload:
         ConfigError: ``n`` is not an integer >= 1.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ConfigError(f"head n={n!r} is not allowed: expected an integer >= 1")
+        raise ConfigError(f"head n={bounded_repr(n)} is not allowed: expected an integer >= 1")
     n = int(n)
     if n >= len(w):
         note = f"head({n}): kept all {len(w)} requests (the workload has no more)"

@@ -51,7 +51,7 @@ def task_training(suite: str, task_id: str, results_folder: Path | None = None) 
     task = get_task(suite, task_id)
     results = load_results(suite, results_folder)
     if task_id not in results["tasks"]:
-        raise ConfigError(f"the {suite} results hold no task {task_id!r} (they hold: "
+        raise ConfigError(f"the {suite} results hold no task {bounded_repr(task_id)} (they hold: "
                           f"{', '.join(results['tasks']) or 'none'}); compute it with kvsched leaderboard "
                           f"--suite {suite} --tasks {task_id} --compute --out DIR")
     ref, params = _reference(results["tasks"][task_id])

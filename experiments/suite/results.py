@@ -84,7 +84,7 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
     except OSError as e:  # a name too long, no permission
         raise ConfigError(f"results {where}: cannot be read ({e.strerror})") from None
     if not exists:
-        raise ConfigError(f"no results for suite {suite!r} at {where}; compute them with "
+        raise ConfigError(f"no results for suite {bounded_repr(suite)} at {where}; compute them with "
                           f"`kvsched leaderboard --suite {suite} --compute --out DIR` (hours), then read them "
                           f"with --results DIR")
     try:
