@@ -50,6 +50,7 @@ from typing import Any, Mapping
 import yaml
 
 import kvsched
+from kvsched.envs.sim import strict_json
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.policies.base import make_policy
 from kvsched.policies.lpm import LPMParams
@@ -538,9 +539,10 @@ def load_policy_file(path: str | Path) -> dict:
     """
     p = Path(path)
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--policy-file {p}: cannot read JSON ({e})") from None
+        d = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
+        raise ConfigError(f"--policy-file {p}: cannot read JSON ({bounded_repr(str(e) or 'nested too deeply')[1:-1]})") \
+            from None
     if not isinstance(d, dict) or d.get("format") != POLICY_FILE_FORMAT:
         raise ConfigError(f"--policy-file {p}: not a kvsched policy file (format must be {bounded_repr(POLICY_FILE_FORMAT)}; "
                           "write one with kvsched export --target kvsched)")

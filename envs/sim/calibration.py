@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from . import strict_json
 from .errors import ConfigError, bounded_repr
 from .cost_params import CostParams
 from kvsched import atomic_files
@@ -193,9 +194,9 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: invalid JSON: {e}") from None
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
+        raise ConfigError(f"{p}: invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
     return CalibrationFile.from_dict(data, source=str(p))
 
 

@@ -18,6 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvsched.envs.sim import strict_json
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 from .stats import Paired, headroom, paired
@@ -88,8 +89,8 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
                           f"`kvsched leaderboard --suite {suite} --compute --out DIR` (hours), then read them "
                           f"with --results DIR")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise ConfigError(f"{where}: not a readable results file ({bounded_repr(str(e))[1:-1]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{where}: not a {FORMAT} results file")

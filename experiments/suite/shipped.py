@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvsched.envs.sim import strict_json
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from .results import SHIPPED_SUFFIX, provenance, results_dir, write_json
@@ -73,8 +74,8 @@ def _read_agents(p: Path) -> dict[str, Any]:
             reached the leaderboard's statistics as a ValueError or TypeError traceback).
     """
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise ConfigError(f"{bounded_repr(str(p))}: not a readable shipped-agents file ({bounded_repr(str(e))})") \
             from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("agents"), dict):
