@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stderr_console().print(f"[bold red]error:[/] cannot write the output: {escape(_os_reason(e))}; no file "
                                    "was left half-written (outputs finished before it are complete)", highlight=False)
             return 2
-        stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(_os_reason(e))}",
+        shown = _destination(str(e.filename))
+        tail = "; no file was left half-written" if e.errno in _WRITE_ERRNOS else ""
+        stderr_console().print(f"[bold red]error:[/] {escape(shown)}: {escape(_os_reason(e))}{tail}",
                                highlight=False)
         return 2
 
@@ -167,6 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 #: device: reported in one line by :func:`main` even when the error names no file
 _WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")
                           if hasattr(errno, n))
+
+
+def _destination(filename: str) -> str:
+    """The file a user asked for, when ``filename`` is the temporary file
+    :mod:`kvsched.atomic_files` writes first (``.NAME.PID-HEX.tmpSUFFIX`` beside ``NAME``)."""
+    import os
+    import re
+
+    folder, base = os.path.split(filename)
+    m = re.fullmatch(r"\.(.+)\.\d+-[0-9a-f]{8}\.tmp.*", base)
+    return os.path.join(folder, m.group(1)) if m else filename
 
 
 def _os_reason(e: OSError) -> str:

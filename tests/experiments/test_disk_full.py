@@ -121,3 +121,19 @@ def test_tune_and_export_on_a_full_disk_say_so_and_leave_no_partial_file(tmp_pat
     target = out / "vllm.yaml"
     rc = main(["export", "--study", "s", "--storage", f"journal:{journal}", "--target", "vllm", "--out", str(target)])
     _assert_clean_failure(rc, capsys, out)
+
+
+def test_a_full_disk_when_the_temporary_file_is_made_names_the_output_not_the_temporary(tmp_path, scenario,
+                                                                                       monkeypatch, capsys):
+    from kvsched import atomic_files
+
+    def full(dest: Path) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device", str(dest.with_name(f".{dest.name}.42-0a1b2c3d.tmp")))
+
+    monkeypatch.setattr(atomic_files, "_create_temporary", full)
+    out = tmp_path / "out"
+    rc = main(["simulate", "--scenario", str(scenario), "--out", str(out), "--json", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert f"{out / 'records.csv'}: No space left on device (ENOSPC); no file was left half-written" in err
+    assert _files(out) == []
