@@ -56,11 +56,11 @@ class StrictLoader(yaml.SafeLoader):
         self._aliases = 0
         self._sizes: dict[int, int] = {}  # id(node) -> expanded node count, once the node is complete
 
-    def compose_document(self):  # type: ignore[no-untyped-def]
+    def compose_document(self):
         self._depth, self._aliases, self._sizes = 0, 0, {}
         return super().compose_document()
 
-    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+    def compose_node(self, parent, index):
         event = self.peek_event()
         if self.check_event(AliasEvent):
             node = super().compose_node(parent, index)  # the anchor's node (or "undefined alias")
@@ -83,8 +83,10 @@ class StrictLoader(yaml.SafeLoader):
             self._depth -= 1
             if isinstance(node, yaml.SequenceNode):
                 children = node.value
-            else:
+            elif isinstance(node, yaml.MappingNode):
                 children = [n for pair in node.value for n in pair]
+            else:  # pragma: no cover - a collection start always composes a collection
+                children = []
             size = 1 + sum(self._sizes[id(c)] for c in children)
             if size > MAX_YAML_NODES:
                 raise _LimitError(None, None, f"expands to more than {MAX_YAML_NODES:,} values once its aliases "

@@ -340,9 +340,9 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
     n = len(arrival)
     if n == 0:
         raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
-    late = arrival > MAX_ARRIVAL_S
-    if lines is not None and late.any():  # in file order, before sorting: name the line
-        idx = np.flatnonzero(late)
+    beyond = arrival > MAX_ARRIVAL_S
+    if lines is not None and beyond.any():  # in file order, before sorting: name the line
+        idx = np.flatnonzero(beyond)
         i = int(idx[0])
         raise _bad(file, int(lines[i]), "arrival_s", arrival_column, f"{float(arrival[i]):g} s",
                    f"at most {MAX_ARRIVAL_S:g} s after the trace's start (MAX_ARRIVAL_S, about 31.7 years: "
