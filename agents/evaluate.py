@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, MAX_PATH_CHARS
 from kvsched import atomic_files
 
 METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
@@ -42,10 +42,10 @@ METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 MASKED_ALGOS = ("maskable_ppo", "es")
 
 
-def _read_metadata(p: Path) -> dict:
+def _read_metadata(p: Path, check: bool = True) -> Any:
     """The training metadata in ``p`` (a JSON object, duplicate keys refused), checked for the keys
     evaluation reads: ``env_id`` (text), ``env_kwargs`` (a mapping) and ``algo`` (text; not for
-    an RLlib checkpoint, ``backend: "rllib"``).
+    an RLlib checkpoint, ``backend: "rllib"``); with ``check`` False, the JSON value unchecked.
 
     Raises:
         ConfigError: unreadable, not JSON, not an object, or a key missing or of the wrong type
@@ -61,6 +61,8 @@ def _read_metadata(p: Path) -> dict:
                                                           else str(e) if isinstance(e, DuplicateKeyError)
                                                           else f"not JSON ({bounded_repr(str(e))})")
         raise ConfigError(f"training metadata {p}: cannot be read: {why}") from None
+    if not check:  # the caller checks the content itself
+        return meta
     if not isinstance(meta, dict):
         raise ConfigError(f"training metadata {p}: expected a JSON object (written by `kvsched train`), "
                           f"got {type(meta).__name__}")
@@ -77,10 +79,15 @@ def _read_metadata(p: Path) -> dict:
     return meta
 
 
-def _sidecar(ckpt: Path) -> dict:
+def _sidecar(ckpt: Path, check: bool = True) -> Any:
+    """The training metadata beside checkpoint ``ckpt`` (:func:`_read_metadata`).
+
+    Raises:
+        ConfigError: none found, or unreadable (or, with ``check``, without its keys).
+    """
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
         if p.is_file():
-            return _read_metadata(p)
+            return _read_metadata(p, check)
     raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
                       "beside it (written by `kvsched train`)")
 
@@ -339,7 +346,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     ckpts = [Path(a) for a in agents if a.endswith(".zip") or _is_rllib_checkpoint(a)]
     for c in ckpts:
         if not c.exists():
-            raise ConfigError(f"checkpoint {bounded_repr(str(c))} does not exist")
+            raise ConfigError(f"checkpoint {bounded_repr(str(c), MAX_PATH_CHARS)} does not exist")
     metas = [_sidecar(c) for c in ckpts]
     env_ids = sorted({m.get("env_id", "?") for m in metas})
     if len(env_ids) > 1:

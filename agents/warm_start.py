@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 
 def _parts(action_space) -> list[int]:

@@ -64,7 +64,7 @@ JSON's ``envs`` list. Without ``--envs`` the output says they were not measured.
 
 from __future__ import annotations
 
-from kvsched.envs.sim.errors import bounded_repr
+from kvsched.envs.sim.errors import bounded_repr, MAX_PATH_CHARS
 
 import argparse
 import hashlib
@@ -977,7 +977,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
     if a.out is not None and (a.plot or a.out.with_suffix(".png")).resolve() == a.out.resolve():
         # the plot would be written over the JSON results
-        raise KvschedError(f"--out {bounded_repr(str(a.out))} is not allowed: the plot goes to the same file "
+        raise KvschedError(f"--out {bounded_repr(str(a.out), MAX_PATH_CHARS)} is not allowed: the plot goes to the same file "
                            f"({'--plot' if a.plot else '--out with .png'}); give another --plot or an --out "
                            "ending in .json")
     err = stderr_console()

@@ -51,7 +51,7 @@ import yaml
 
 import kvsched
 from kvsched.envs.sim import strict_json
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, MAX_PATH_CHARS
 from kvsched.policies.base import make_policy
 from kvsched.policies.lpm import LPMParams
 from kvsched import atomic_files
@@ -206,7 +206,7 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
 
     store = journal_path(storage_url) or _sqlite_file(storage_url)
     if store is not None and _same_file(out, store):
-        raise ConfigError(f"--out {bounded_repr(str(out))} is not allowed: it is the study's storage ({_redact(storage_url)}); "
+        raise ConfigError(f"--out {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: it is the study's storage ({_redact(storage_url)}); "
                           "writing the export there would destroy the study; give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:

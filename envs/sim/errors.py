@@ -28,6 +28,10 @@ class UnknownPresetError(ConfigError, KeyError):
 
 #: Longest rendering of a user-given value inside an error message (characters).
 MAX_VALUE_CHARS = 120
+#: Longest rendering of a file path inside an error message: a file name at the system's limit
+#: (255 bytes) with its folders is shown whole (a user must see which file); a longer path is cut
+#: in the middle, keeping both ends.
+MAX_PATH_CHARS = 320
 
 
 def bounded_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:

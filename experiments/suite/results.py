@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvsched.envs.sim import strict_json
-from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require, MAX_PATH_CHARS
 
 from .stats import Paired, headroom, paired
 from kvsched import atomic_files
@@ -79,7 +79,7 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
         ConfigError: no results file, or one of another format.
     """
     p = results_path(suite, folder)
-    where = bounded_repr(str(p))[1:-1]
+    where = bounded_repr(str(p), MAX_PATH_CHARS)[1:-1]
     try:
         exists = p.is_file()
     except OSError as e:  # a name too long, no permission

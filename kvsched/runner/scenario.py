@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint, MAX_PATH_CHARS
 from kvsched.envs.sim.yaml_loading import load_yaml
 from kvsched.envs.sim.metrics import SLO, MetricsConfig
 from kvsched.envs.sim.request import Workload
@@ -322,14 +322,14 @@ def scenario_path(path: str | Path) -> Path:
             return p
         exists = p.exists()
     except OSError as e:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"scenario file {bounded_repr(str(p))}: cannot be looked up ({e.strerror or e})") from None
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}: cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
         q = bundled_scenario_dir() / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():
             return q
     if exists:  # a folder or a device: load_scenario says it is not a file
         return p
-    raise ConfigError(f"scenario file {bounded_repr(str(p))} does not exist, nor is it a bundled scenario; bundled (give the "
+    raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist, nor is it a bundled scenario; bundled (give the "
                       f"name): {', '.join(bundled_scenarios())}")
 
 
@@ -343,7 +343,7 @@ def load_scenario(path: str | Path) -> Scenario:
     """
     p = scenario_path(path)
     if not p.is_file():
-        raise ConfigError(f"scenario file {bounded_repr(str(p))} is not a file (give a .yaml file)")
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} is not a file (give a .yaml file)")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -26,7 +26,7 @@ from kvsched.envs.workload import synthetic as synth
 from kvsched.envs.workload.traces import AZURE_COLUMNS, MOONCAKE_KEYS, load_generic, load_trace
 from kvsched.runner.scenario import _build, load_scenario
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 BASE_SCENARIO = {
     "name": "fuzz",
