@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched import atomic_files
 
 
@@ -55,10 +55,10 @@ def behaviour_clone(dataset, env, algo: str = "maskable_ppo", epochs: int = 5, b
     import torch
 
     if algo not in ("maskable_ppo", "ppo"):
-        raise ConfigError(f"algo={algo!r} is not allowed: expected 'maskable_ppo' or 'ppo'")
+        raise ConfigError(f"algo={bounded_repr(algo)} is not allowed: expected 'maskable_ppo' or 'ppo'")
     for name, v in (("epochs", epochs), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"{name}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     if isinstance(dataset, str):
         import minari
 

@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 
 def _positive_seconds(value: Any, flag: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{flag}={value!r} is not allowed: expected a finite number of seconds > 0")
+        raise ConfigError(f"{flag}={bounded_repr(value)} is not allowed: expected a finite number of seconds > 0")
     return float(value)
 
 

@@ -47,7 +47,7 @@ import numpy as np
 from kvsched import atomic_files
 from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.observation_layout import layout
-from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require, MAX_PATH_CHARS
 from kvsched.provenance import git_commit
 
 N_ROW, N_INST = layout(0)  # observation version 0's widths (the default)
@@ -168,7 +168,7 @@ class LinearScheduler:
                 return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64),
                            version)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-            raise ConfigError(f"{bounded_repr(str(path))} is not an es checkpoint ({bounded_repr(str(e))})") from None
+            raise ConfigError(f"{bounded_repr(str(path), MAX_PATH_CHARS)} is not an es checkpoint ({bounded_repr(str(e))})") from None
 
 
 def _masked_argmax(x: np.ndarray, allowed: np.ndarray) -> int:

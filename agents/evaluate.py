@@ -24,7 +24,6 @@ when found).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, MAX_PATH_CHARS
 from kvsched import atomic_files
 
 METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
@@ -43,46 +42,61 @@ METRICS = ("slo_attainment", "goodput_rps", "ttft_p99_s")
 MASKED_ALGOS = ("maskable_ppo", "es")
 
 
-#: Keys every checkpoint's training metadata must hold, and their JSON types.
-META_KEYS: dict[str, type] = {"env_id": str, "algo": str, "env_kwargs": dict}
-
-
-def _sidecar(ckpt: Path) -> dict:
-    """The training metadata of checkpoint ``ckpt``: ``<stem>.json`` beside it, else ``train.json``
-    in its folder or the one above (as ``kvsched train`` lays them out).
+def _read_metadata(p: Path, check: bool = True) -> Any:
+    """The training metadata in ``p`` (a JSON object, duplicate keys refused), checked for the keys
+    evaluation reads: ``env_id`` (text), ``env_kwargs`` (a mapping) and ``algo`` (text; not for
+    an RLlib checkpoint, ``backend: "rllib"``); with ``check`` False, the JSON value unchecked.
 
     Raises:
-        ConfigError: none found, or the first found is unreadable, not a JSON object, or misses
-            a key of :data:`META_KEYS` (or has it with another type); naming the file and the key.
+        ConfigError: unreadable, not JSON, not an object, or a key missing or of the wrong type
+            (one line naming the file and the key).
+    """
+    from kvsched.envs.sim.errors import bounded_repr
+    from kvsched.envs.sim.strict_json import DuplicateKeyError, loads
+
+    try:
+        meta = loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else ("nested too deeply" if isinstance(e, RecursionError)
+                                                          else str(e) if isinstance(e, DuplicateKeyError)
+                                                          else f"not JSON ({bounded_repr(str(e))})")
+        raise ConfigError(f"training metadata {p}: cannot be read: {why}") from None
+    if not check:  # the caller checks the content itself
+        return meta
+    if not isinstance(meta, dict):
+        raise ConfigError(f"training metadata {p}: expected a JSON object (written by `kvsched train`), "
+                          f"got {type(meta).__name__}")
+    required = {"env_id": str, "env_kwargs": dict}
+    if meta.get("backend") != "rllib":
+        required["algo"] = str
+    for key, typ in required.items():
+        if key not in meta:
+            raise ConfigError(f"training metadata {p}: missing key {bounded_repr(key)} (written by `kvsched train`; "
+                              "is this file from another program, or edited?)")
+        if not isinstance(meta[key], typ):
+            raise ConfigError(f"training metadata {p}: {key}={bounded_repr(meta[key])} is not allowed: expected "
+                              f"{'text' if typ is str else 'a mapping'}")
+    return meta
+
+
+def _sidecar(ckpt: Path, check: bool = True) -> Any:
+    """The training metadata beside checkpoint ``ckpt`` (:func:`_read_metadata`).
+
+    Raises:
+        ConfigError: none found, or unreadable (or, with ``check``, without its keys).
     """
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
         if p.is_file():
-            try:
-                meta = json.loads(p.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
-                raise ConfigError(f"training metadata {bounded_repr(str(p))} of checkpoint {bounded_repr(str(ckpt))} "
-                                  f"is not readable JSON ({bounded_repr(str(e))})") from None
-            if not isinstance(meta, dict):
-                raise ConfigError(f"training metadata {bounded_repr(str(p))}: expected a JSON object, got "
-                                  f"{type(meta).__name__}")
-            for key, kind in META_KEYS.items():
-                if key not in meta:
-                    raise ConfigError(f"training metadata {bounded_repr(str(p))} has no key {key!r} (expected "
-                                      f"{', '.join(META_KEYS)}, as `kvsched train` writes them)")
-                if not isinstance(meta[key], kind):
-                    raise ConfigError(f"training metadata {bounded_repr(str(p))}: {key}={bounded_repr(meta[key])} is "
-                                      f"not allowed: expected a JSON {'string' if kind is str else 'object'}")
-            return meta
-    raise ConfigError(f"no training metadata for {bounded_repr(str(ckpt))}: expected "
-                      f"{bounded_repr(str(ckpt.with_suffix('.json')))} or train.json beside it (written by "
-                      "`kvsched train`)")
+            return _read_metadata(p, check)
+    raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
+                      "beside it (written by `kvsched train`)")
 
 
 def _is_rllib_checkpoint(agent: str) -> bool:
     """An RLlib ``checkpoint/`` folder written by ``kvsched train --backend rllib``."""
     p = Path(agent)
     meta = p.parent / "train.json"
-    return p.is_dir() and meta.is_file() and json.loads(meta.read_text()).get("backend") == "rllib"
+    return p.is_dir() and meta.is_file() and _read_metadata(meta).get("backend") == "rllib"
 
 
 def _load_model(ckpt: Path, meta: dict):
@@ -392,11 +406,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         if v is None and name == "windows":
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"--{name}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     ckpts = [Path(a) for a in agents if a.endswith(".zip") or _is_rllib_checkpoint(a)]
     for c in ckpts:
         if not c.exists():
-            raise ConfigError(f"checkpoint {str(c)!r} does not exist")
+            raise ConfigError(f"checkpoint {bounded_repr(str(c), MAX_PATH_CHARS)} does not exist")
     metas = [_sidecar(c) for c in ckpts]
     from . import trust
 
@@ -419,7 +433,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known
                 or (env_id == "kvsched/Residency-v0" and residency_heuristic(a) is not None)):
-            raise ConfigError(f"agent {a!r} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
+            raise ConfigError(f"agent {bounded_repr(a)} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
                               f"{what} of {env_id}; known: {sorted(known)}")
     trained = metas[0]["env_kwargs"] if metas else {}
     if window_s is None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched import atomic_files
 
 #: environments RLlib trains on, and the keyword arguments the RLlib path forces
@@ -94,12 +94,12 @@ def rllib_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         ConfigError: an unknown env id, or a Scheduling-v0 ``action_mode`` other than slot.
     """
     if env_id not in RLLIB_ENVS:
-        raise ConfigError(f"--env {env_id!r}: RLlib trains on {list(RLLIB_ENVS)}")
+        raise ConfigError(f"--env {bounded_repr(env_id)}: RLlib trains on {list(RLLIB_ENVS)}")
     kw = dict(kwargs)
     if env_id in SCHEDULING_IDS:
         if kw.get("action_mode", "slot") != "slot":
             raise ConfigError("RLlib's action-masking module needs Discrete actions: Scheduling-v0 runs with "
-                              f"action_mode='slot' on the RLlib path, not {kw['action_mode']!r}")
+                              f"action_mode='slot' on the RLlib path, not {bounded_repr(kw['action_mode'])}")
         kw["action_mode"] = "slot"
     return kw
 
@@ -196,9 +196,9 @@ def train_rllib(env_id: str, timesteps: int, out: str | Path, scenario: str | No
     ray = _ray()
     for name, v in (("timesteps", timesteps),):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"--{name}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"--{name}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     if isinstance(num_env_runners, bool) or not isinstance(num_env_runners, int) or num_env_runners < 0:
-        raise ConfigError(f"--num-env-runners={num_env_runners!r} is not allowed: expected an integer >= 0")
+        raise ConfigError(f"--num-env-runners={bounded_repr(num_env_runners)} is not allowed: expected an integer >= 0")
     kw = dict(env_kwargs or {})
     if scenario is not None:
         kw["scenario"] = str(scenario)

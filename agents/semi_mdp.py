@@ -36,7 +36,7 @@ from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
-from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.errors import require, bounded_repr
 
 
 def check_discount_time_s(value: Any) -> float:
@@ -88,7 +88,7 @@ class _TimeDiscountMixin:
         e = np.asarray(elapsed_s, dtype=np.float64)
         if e.shape != (self.n_envs,) or not np.all(np.isfinite(e)) or np.any(e < 0):
             raise ValueError(f"elapsed_s: expected {self.n_envs} finite seconds >= 0, got shape {e.shape} "
-                             f"min {np.min(e) if e.size else None!r}")
+                             f"min {bounded_repr(np.min(e) if e.size else None)}")
         self.elapsed_s[self.pos] = e
 
     def step_discounts(self) -> np.ndarray:

@@ -23,6 +23,8 @@ long/short scenario, training windows), as training does.
 
 from __future__ import annotations
 
+from kvsched.envs.sim.errors import bounded_repr
+
 import argparse
 import json
 import time
@@ -94,12 +96,12 @@ def measure(env_id: str = "kvsched/Scheduling-v0", agent: str = "random", steps:
     from kvsched.agents.heuristic import HeuristicAgent
 
     if steps < 1:
-        raise ValueError(f"steps={steps!r} is not allowed: expected an integer >= 1")
+        raise ValueError(f"steps={bounded_repr(steps)} is not allowed: expected an integer >= 1")
     if agent != "random" and env_id.endswith("Scheduling-v0"):
         env_kwargs = {**env_kwargs, "reference_policy": agent}
     env = gym.make(env_id, **env_kwargs).unwrapped
     if agent != "random" and not hasattr(env, "heuristic_action"):
-        raise ValueError(f"agent={agent!r} is not allowed for {env_id}: expected 'random' "
+        raise ValueError(f"agent={bounded_repr(agent)} is not allowed for {env_id}: expected 'random' "
                          "(policy agents act only in kvsched/Scheduling-v0)")
     env.action_space.seed(seed)
     rng = np.random.default_rng(seed)
@@ -201,7 +203,7 @@ def measure_training(env_id: str = "kvsched/Scheduling-v0", steps: int = 8192, n
 
     for name, v in (("steps", steps), ("n_envs", n_envs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} is not allowed: expected an integer >= 1")
+            raise ValueError(f"{name}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     torch.set_num_threads(1)
     kw = {**env_kwargs, "split": "train"} if env_id.startswith("kvsched/") else dict(env_kwargs)
     venv = make_vec_env(env_id, kw, n_envs=n_envs, seed=seed)

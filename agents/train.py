@@ -66,7 +66,7 @@ def _algo_class(name: str):
     if name == "sac":
         from stable_baselines3 import SAC
         return SAC
-    raise ConfigError(f"--algo {name!r} is not allowed: expected one of {ALGOS}")
+    raise ConfigError(f"--algo {bounded_repr(name)} is not allowed: expected one of {ALGOS}")
 
 
 def env_kwargs_for(env_id: str, algo: str, scenario: str | None, window_s: float | None,
@@ -298,14 +298,14 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     from kvsched.agents.factory import make_vec_env
 
     if algo not in ALGOS:
-        raise ConfigError(f"--algo {algo!r} is not allowed: expected one of {ALGOS}")
+        raise ConfigError(f"--algo {bounded_repr(algo)} is not allowed: expected one of {ALGOS}")
     given = [(n, v) for n, v in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)) if v is not None]
     for name, v in (("timesteps", timesteps), ("n_envs", n_envs), *given, ("eval_episodes", eval_episodes),
                     ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"--{name.replace('_', '-')}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     if policy_net not in POLICY_NETS:
-        raise ConfigError(f"--policy-net {policy_net!r} is not allowed: expected one of {POLICY_NETS}")
+        raise ConfigError(f"--policy-net {bounded_repr(policy_net)} is not allowed: expected one of {POLICY_NETS}")
     if policy_net == "candidate-set" and (algo not in ("ppo", "maskable_ppo") or env_id not in SCHEDULING_IDS):
         raise ConfigError(f"--policy-net candidate-set is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0; "
                           f"got --algo {algo} on {env_id}")
@@ -320,14 +320,14 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             raise ConfigError(f"--discount-time-s is for --algo ppo or maskable_ppo (GAE over a rollout); got --algo "
                               f"{algo}")
     if eval_split not in ("train", "heldout"):
-        raise ConfigError(f"eval_split={eval_split!r} is not allowed: expected 'train' or 'heldout'")
+        raise ConfigError(f"eval_split={bounded_repr(eval_split)} is not allowed: expected 'train' or 'heldout'")
     cpus = os.cpu_count() or 1
     if threads > cpus:  # torch.set_num_threads(100_000) crashed the process (segmentation fault)
-        raise ConfigError(f"--threads={threads!r} is not allowed: expected an integer in [1, {cpus}] "
+        raise ConfigError(f"--threads={bounded_repr(threads)} is not allowed: expected an integer in [1, {cpus}] "
                           "(this machine's CPUs)")
     if resume is not None and not (Path(resume).is_file() or Path(f"{resume}.zip").is_file()):
         what = "is a folder" if Path(resume).is_dir() else "does not exist"
-        raise ConfigError(f"--resume {str(resume)!r} {what} (expected a checkpoint .zip)")
+        raise ConfigError(f"--resume {bounded_repr(str(resume))} {what} (expected a checkpoint .zip)")
     cls = _algo_class(algo)
     bc_info = None
     if bc_dataset is not None and (resume is not None or algo not in ("ppo", "maskable_ppo")):

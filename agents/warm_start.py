@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 
 def _parts(action_space) -> list[int]:
@@ -42,7 +42,7 @@ def reference_bias(policy, bias: float) -> None:
     from torch import nn
 
     if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not (math.isfinite(bias) and bias >= 0):
-        raise ConfigError(f"--reference-bias={bias!r} is not allowed: expected a finite number >= 0")
+        raise ConfigError(f"--reference-bias={bounded_repr(bias)} is not allowed: expected a finite number >= 0")
     parts = _parts(policy.action_space)
     offsets = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(int)
     net = policy.action_net
@@ -119,7 +119,7 @@ def warm_start_from_demonstrations(policy, dataset, epochs: int, seed: int, mask
     from .bc import dataset_arrays, fit_policy
 
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"--bc-epochs={epochs!r} is not allowed: expected an integer >= 1")
+        raise ConfigError(f"--bc-epochs={bounded_repr(epochs)} is not allowed: expected an integer >= 1")
     obs, acts, masks = dataset_arrays(dataset)
     torch.manual_seed(seed)
     return fit_policy(policy, (obs, acts, masks if masked else None), epochs=epochs, seed=seed)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError, require
+from kvsched.envs.sim.errors import ConfigError, require, bounded_repr
 from kvsched.envs.sim.request import Workload
 from kvsched.envs.workload import traces
 
@@ -161,7 +161,7 @@ class EpisodeSource:
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0
         n = int(span_s // config.window_s)
         if n < 1:
-            raise ConfigError(f"EpisodeConfig.window_s={config.window_s!r} is longer than the scenario's span "
+            raise ConfigError(f"EpisodeConfig.window_s={bounded_repr(config.window_s)} is longer than the scenario's span "
                               f"({span_s:.1f} s of arrivals in {config.scenario}); choose a shorter window")
         n_heldout = int(math.ceil(n * config.heldout_fraction)) if config.heldout_fraction > 0 else 0
         if n_heldout >= n:
@@ -174,7 +174,7 @@ class EpisodeSource:
         self.windows = {"train": self.train_windows, "heldout": self.heldout_windows,
                         "all": range(n)}[config.split]
         if not self.windows:
-            raise ConfigError(f"EpisodeConfig.split={config.split!r} has no windows: the span of "
+            raise ConfigError(f"EpisodeConfig.split={bounded_repr(config.split)} has no windows: the span of "
                               f"{config.scenario} holds {n} windows of {config.window_s:g} s, {n_heldout} held out; "
                               "lower heldout_fraction or window_s")
 

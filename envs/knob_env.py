@@ -21,7 +21,7 @@ from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppabl
 from kvsched.envs.episodes import EpisodeSource
 from kvsched.envs.reward import RewardConfig, SLOReward, reward_config
 from kvsched.envs.sim.cluster import DecisionWatch
-from kvsched.envs.sim.errors import ConfigError, require
+from kvsched.envs.sim.errors import ConfigError, require, bounded_repr
 
 #: tunable parameters per heuristic: (field, low, high, integer multiple or None). The action
 #: ``a`` in [-1, 1] maps affinely to [low, high]; integer fields are rounded to the multiple.
@@ -183,7 +183,7 @@ class KnobEnv(gym.Env):
             try:
                 build(values)
             except ConfigError as e:
-                raise ConfigError(f"Knobs-v0 on scenario {self.source.scenario.name!r}: its {self.heuristic} "
+                raise ConfigError(f"Knobs-v0 on scenario {bounded_repr(self.source.scenario.name)}: its {self.heuristic} "
                                   f"parameters conflict with the knob ranges at {values}: {e}") from None
 
     def heuristic_action(self, heuristic: str | None = None) -> np.ndarray:

@@ -64,6 +64,8 @@ JSON's ``envs`` list. Without ``--envs`` the output says they were not measured.
 
 from __future__ import annotations
 
+from kvsched.envs.sim.errors import bounded_repr, MAX_PATH_CHARS
+
 import argparse
 import hashlib
 import importlib.util
@@ -146,9 +148,9 @@ def fixed_length_poisson(n: int, rate_per_s: float, prompt_tokens: int, output_t
 
     for field, v in (("n", n), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ConfigError(f"fixed_length_poisson {field}={v!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"fixed_length_poisson {field}={bounded_repr(v)} is not allowed: expected an integer >= 1")
     if not (isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0):
-        raise ConfigError(f"fixed_length_poisson rate_per_s={rate_per_s!r} is not allowed: expected a "
+        raise ConfigError(f"fixed_length_poisson rate_per_s={bounded_repr(rate_per_s)} is not allowed: expected a "
                           "finite number > 0 (requests per second)")
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
@@ -181,12 +183,12 @@ def tile_workload(w, copies: int):
     from kvsched.envs.sim.request import Workload
 
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-        raise ConfigError(f"tile_workload copies={copies!r} is not allowed: expected an integer >= 1")
+        raise ConfigError(f"tile_workload copies={bounded_repr(copies)} is not allowed: expected an integer >= 1")
     n = len(w)
     if n < 2:
-        raise ConfigError(f"tile_workload: workload {w.name!r} has {n} requests; expected >= 2")
+        raise ConfigError(f"tile_workload: workload {bounded_repr(w.name)} has {n} requests; expected >= 2")
     if len(w.hashes):
-        raise ConfigError(f"tile_workload: workload {w.name!r} has prefix hashes; tiling would make copies "
+        raise ConfigError(f"tile_workload: workload {bounded_repr(w.name)} has prefix hashes; tiling would make copies "
                           "share prefixes (allowed: traces without hashes, e.g. azure-conv-2023)")
     base = w.arrival_s - w.arrival_s[0]
     span = float(base[-1])
@@ -393,14 +395,14 @@ def get_case(name: str) -> BenchCase:
     if m:
         n, qps = int(m.group(1)), float(m.group(2))
         if n < 1 or qps <= 0:
-            raise ConfigError(f"bench case {name!r}: N={n} must be >= 1 and QPS={qps:g} > 0")
+            raise ConfigError(f"bench case {bounded_repr(name)}: N={n} must be >= 1 and QPS={qps:g} > 0")
 
         def build() -> Prepared:
             w = fixed_length_poisson(n, qps, 1024, 128, seed=42, name=f"vidur-synthetic-{n}-qps{qps:g}")
             return Prepared(w, vidur_instance_spec())
         return BenchCase(name, f"Vidur config: Llama-2-70B 2x A100 TP2, 1024+128 tokens, Poisson {qps:g}/s, "
                                f"{n:,} req", "peer", build, default=False)
-    raise ConfigError(f"unknown bench case {name!r}; allowed: {', '.join(CASES)}, or vidur-n<N>-qps<Q> "
+    raise ConfigError(f"unknown bench case {bounded_repr(name)}; allowed: {', '.join(CASES)}, or vidur-n<N>-qps<Q> "
                       "(e.g. vidur-n10000-qps1)")
 
 
@@ -531,7 +533,7 @@ def run_case_subprocess(name: str, profile_dir: Path | None = None) -> dict:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise KvschedError(f"bench case {name!r} failed (exit {proc.returncode}); its error output is above")
+        raise KvschedError(f"bench case {bounded_repr(name)} failed (exit {proc.returncode}); its error output is above")
     entry = json.loads(proc.stdout.strip().splitlines()[-1])
     entry["process_wall_s"] = wall
     return entry
@@ -965,7 +967,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         raise KvschedError(f"--env-steps {a.env_steps} is not allowed: expected an integer >= 1")
     given = case_names(a.cases)
     if a.cases is not None and not given:  # `--cases ,` or `--cases ""`: not the default set
-        raise KvschedError(f"--cases {' '.join(a.cases)!r} names no case; see --list")
+        raise KvschedError(f"--cases {bounded_repr(' '.join(a.cases))} names no case; see --list")
     names = given or (quick_cases() if a.quick else ([] if a.peer or a.train else default_cases()))
     for n in names:
         get_case(n)  # unknown names fail before anything runs
@@ -976,7 +978,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
     if a.out is not None and (a.plot or a.out.with_suffix(".png")).resolve() == a.out.resolve():
         # the plot would be written over the JSON results
-        raise KvschedError(f"--out {str(a.out)!r} is not allowed: the plot goes to the same file "
+        raise KvschedError(f"--out {bounded_repr(str(a.out), MAX_PATH_CHARS)} is not allowed: the plot goes to the same file "
                            f"({'--plot' if a.plot else '--out with .png'}); give another --plot or an --out "
                            "ending in .json")
     err = stderr_console()

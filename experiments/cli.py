@@ -31,7 +31,9 @@ Built on :mod:`argparse` (standard library) and :mod:`rich` (tables, progress ba
 
 from __future__ import annotations
 
+
 import argparse
+import errno
 import sys
 from typing import Sequence
 
@@ -77,8 +79,11 @@ class _CommandParser(_BoundedErrors):
         self.set_defaults(func=run)
 
     def parse_known_args(self, args=None, namespace=None):
-        """Fill in the command (:meth:`_fill`), then parse as :class:`argparse.ArgumentParser`."""
+        """Fill in the command (:meth:`_fill`), refuse empty values (:func:`_refuse_empty_values`),
+        then parse as :class:`argparse.ArgumentParser`."""
         self._fill()
+        if args is not None:
+            _refuse_empty_values(self, list(args))
         return super().parse_known_args(args, namespace)
 
     def format_usage(self) -> str:
@@ -90,6 +95,28 @@ class _CommandParser(_BoundedErrors):
         """The help text, with the command's options."""
         self._fill()
         return super().format_help()
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """Exit with a usage error when an argument is empty (``--trace ''``, ``--out=``).
+
+    No flag of kvsched takes an empty value: a path would be the current folder
+    (``Path("")`` is ``.``) or, tested for truth, the default (``--trace ''`` ran the bundled
+    trace), a name or JSON would be invalid. So an empty (or all-blank) value is refused here,
+    for every command at once, naming the flag.
+    """
+    for i, tok in enumerate(args):
+        if tok.startswith("--") and "=" in tok:
+            flag, _, value = tok.partition("=")
+        else:
+            flag, value = None, tok
+        if value.strip():
+            continue
+        if flag is None:
+            flag = next((t.split("=")[0] for t in reversed(args[:i]) if t.startswith("-") and len(t) > 1),
+                        "a positional argument")
+        parser.error(f"argument {flag}: an empty{' (blank)' if value else ''} value is not allowed: give a path, name "
+                     "or value")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,12 +152,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         # a path given on the command line that the system refuses (a name too long, no
         # permission, a full disk) and no check above named: the path and the system's reason,
-        # not a traceback
+        # not a traceback. A write that fails without naming its file (a full disk seen by a
+        # library's write or flush) is said as such: every output is written to a temporary
+        # file and renamed (kvsched.atomic_files), so no file was left half-written.
         if e.filename is None:
-            raise
-        stderr_console().print(f"[bold red]error:[/] {escape(str(e.filename))}: {escape(e.strerror or str(e))}",
+            if e.errno not in _WRITE_ERRNOS:
+                raise
+            stderr_console().print(f"[bold red]error:[/] cannot write the output: {escape(_os_reason(e))}; no file "
+                                   "was left half-written (outputs finished before it are complete)", highlight=False)
+            return 2
+        shown = _destination(str(e.filename))
+        tail = "; no file was left half-written" if e.errno in _WRITE_ERRNOS else ""
+        stderr_console().print(f"[bold red]error:[/] {escape(shown)}: {escape(_os_reason(e))}{tail}",
                                highlight=False)
         return 2
+
+
+#: ``errno`` values of a write the system refused for lack of room or a read-only or failing
+#: device: reported in one line by :func:`main` even when the error names no file
+_WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")
+                          if hasattr(errno, n))
+
+
+def _destination(filename: str) -> str:
+    """The file a user asked for, when ``filename`` is the temporary file
+    :mod:`kvsched.atomic_files` writes first (``.NAME.PID-HEX.tmpSUFFIX`` beside ``NAME``)."""
+    import os
+    import re
+
+    folder, base = os.path.split(filename)
+    m = re.fullmatch(r"\.(.+)\.\d+-[0-9a-f]{8}\.tmp.*", base)
+    return os.path.join(folder, m.group(1)) if m else filename
+
+
+def _os_reason(e: OSError) -> str:
+    """The system's reason for ``e``, with the errno's name (``No space left on device (ENOSPC)``)."""
+    reason = e.strerror or str(e)
+    name = errno.errorcode.get(e.errno) if isinstance(e.errno, int) else None
+    return f"{reason} ({name})" if name else reason
 
 
 if __name__ == "__main__":

@@ -121,12 +121,11 @@ def _parse_named_params(text: str | None, flag: str, kind: str, kinds: str, comp
     """``{name: {param: value}}`` from the JSON ``text`` of ``flag``, each validated by ``make``."""
     if text is None:
         return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{flag}: invalid JSON ({e.msg} at char {e.pos}); expected e.g. {example}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ConfigError(f"{flag}={text!r}: must map {kind} name -> {{parameter: value}}")
+    from kvsched.envs.sim.strict_json import parse_object
+
+    data = parse_object(text, flag, f"{kind} name -> {{parameter: value}}, e.g. {example}")
+    if not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"{flag}={bounded_repr(text)}: must map {kind} name -> {{parameter: value}}")
     # a key in another case or an alias ("LARS", "rr") is the compared name it refers to
     label = {_registered(make, c): c for c in compared}
     data = {label.get(_registered(make, k), k): v for k, v in data.items()}
@@ -288,9 +287,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     from kvsched.runner.sweep import Cell, run_cells
 
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
+        raise ConfigError(f"seeds={bounded_repr(seeds)} must be an integer >= 1")
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ConfigError(f"windows={windows!r} must be an integer >= 1")
+        raise ConfigError(f"windows={bounded_repr(windows)} must be an integer >= 1")
     axis = "policy"
     rgiven: dict[str, dict] = {}
     names: list[str] = []

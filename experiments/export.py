@@ -50,7 +50,8 @@ from typing import Any, Mapping
 import yaml
 
 import kvsched
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim import strict_json
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, MAX_PATH_CHARS
 from kvsched.policies.base import make_policy
 from kvsched.policies.lpm import LPMParams
 from kvsched import atomic_files
@@ -94,11 +95,11 @@ def check_keys(engine: str, config: Mapping[str, Any]) -> None:
     flags = set(info["flags"])
     for k, v in config.items():
         if k not in flags:
-            raise ConfigError(f"export {engine}: {k!r} is not a flag of {engine} {info['version']} "
+            raise ConfigError(f"export {engine}: {bounded_repr(k)} is not a flag of {engine} {info['version']} "
                               f"({info['source']}); the exporter's mapping is stale")
         choices = info.get("choices", {}).get(k)
         if choices is not None and v not in choices:
-            raise ConfigError(f"export {engine}: {k}={v!r} is not one of {engine} {info['version']}'s choices {choices}")
+            raise ConfigError(f"export {engine}: {k}={bounded_repr(v)} is not one of {engine} {info['version']}'s choices {choices}")
 
 
 # ----------------------------------------------------------------------------- loading a trial
@@ -133,22 +134,22 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
 
     jp = journal_path(storage_url)
     if jp is not None and not Path(jp).is_file():  # opening it would create an empty journal
-        raise ConfigError(f"--storage {storage_url}: no such journal file {jp!r}")
+        raise ConfigError(f"--storage {storage_url}: no such journal file {bounded_repr(jp)}")
     db = _sqlite_file(storage_url)
     if db is not None and not Path(db).is_file():  # opening it would create an empty database
-        raise ConfigError(f"--storage {_redact(storage_url)}: no such SQLite database file {db!r}")
+        raise ConfigError(f"--storage {_redact(storage_url)}: no such SQLite database file {bounded_repr(db)}")
     study = open_study(study_name, storage_url)
     if "tune_config" not in study.user_attrs:
-        raise ConfigError(f"study {study_name!r} was not created by kvsched tune (no tune_config)")
+        raise ConfigError(f"study {bounded_repr(study_name)} was not created by kvsched tune (no tune_config)")
     cfg = TuneConfig.from_dict(study.user_attrs["tune_config"])
     if trial is None:
         t = best_trial(study, cfg)
         if t is None:
-            raise ConfigError(f"study {study_name!r} has no complete feasible trial; give --trial N")
+            raise ConfigError(f"study {bounded_repr(study_name)} has no complete feasible trial; give --trial N")
     else:
         matches = [x for x in study.get_trials(deepcopy=False) if x.number == trial]
         if not matches or matches[0].state != TrialState.COMPLETE:
-            raise ConfigError(f"study {study_name!r}: trial {trial} does not exist or did not complete")
+            raise ConfigError(f"study {bounded_repr(study_name)}: trial {trial} does not exist or did not complete")
         t = matches[0]
     given, engine = split_params(t.params)
     seed = cfg.seeds[0]
@@ -200,12 +201,12 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
             (writing it would destroy the study), or a study :func:`trial_config` refuses.
     """
     if target not in TARGETS:
-        raise ConfigError(f"--target={target!r}: allowed {', '.join(TARGETS)}")
+        raise ConfigError(f"--target={bounded_repr(target)}: allowed {', '.join(TARGETS)}")
     from .tune import _redact, journal_path
 
     store = journal_path(storage_url) or _sqlite_file(storage_url)
     if store is not None and _same_file(out, store):
-        raise ConfigError(f"--out {str(out)!r} is not allowed: it is the study's storage ({_redact(storage_url)}); "
+        raise ConfigError(f"--out {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: it is the study's storage ({_redact(storage_url)}); "
                           "writing the export there would destroy the study; give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
@@ -538,15 +539,16 @@ def load_policy_file(path: str | Path) -> dict:
     """
     p = Path(path)
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--policy-file {p}: cannot read JSON ({e})") from None
+        d = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
+        raise ConfigError(f"--policy-file {p}: cannot read JSON ({bounded_repr(str(e) or 'nested too deeply')[1:-1]})") \
+            from None
     if not isinstance(d, dict) or d.get("format") != POLICY_FILE_FORMAT:
-        raise ConfigError(f"--policy-file {p}: not a kvsched policy file (format must be {POLICY_FILE_FORMAT!r}; "
+        raise ConfigError(f"--policy-file {p}: not a kvsched policy file (format must be {bounded_repr(POLICY_FILE_FORMAT)}; "
                           "write one with kvsched export --target kvsched)")
     for k in ("policy", "policy_params", "engine"):
         if k not in d:
-            raise ConfigError(f"--policy-file {p}: missing key {k!r}")
+            raise ConfigError(f"--policy-file {p}: missing key {bounded_repr(k)}")
     if not isinstance(d["policy_params"], dict) or not isinstance(d["engine"], dict):
         raise ConfigError(f"--policy-file {p}: policy_params and engine must be mappings")
     make_policy(d["policy"], dict(d["policy_params"]))  # validates name, fields and values

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError
+from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
@@ -329,7 +329,7 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
                              f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
                              f"with {resolved_sp.get('num_groups')} x {resolved_sp.get('num_prompts_per_group')} prompts")
         if prof["load"].get("type") != "constant":
-            raise ConfigError(f"{d / 'profile.yaml'}: load.type={prof['load'].get('type')!r}; only 'constant' is "
+            raise ConfigError(f"{d / 'profile.yaml'}: load.type={bounded_repr(prof['load'].get('type'))}; only 'constant' is "
                               "modelled")
         stages = []
         for k in range(len(stages_cfg)):

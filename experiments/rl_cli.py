@@ -113,13 +113,9 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
 
 
 def _json_arg(text: str, flag: str) -> dict:
-    try:
-        v = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{flag}={text!r} is not valid JSON: {err}") from None
-    if not isinstance(v, dict):
-        raise ConfigError(f"{flag}={text!r} must be a JSON object")
-    return v
+    from kvsched.envs.sim.strict_json import parse_object
+
+    return parse_object(text, flag, "keyword arguments")
 
 
 def _bc_dataset_id(args) -> str | None:
@@ -255,7 +251,7 @@ def _train_rllib(args, console) -> int:
     from kvsched.agents.rllib import train_rllib
 
     if args.algo != "ppo":
-        raise ConfigError(f"--backend rllib trains PPO; --algo {args.algo!r} is not allowed there (use --algo ppo)")
+        raise ConfigError(f"--backend rllib trains PPO; --algo {bounded_repr(args.algo)} is not allowed there (use --algo ppo)")
     unused = [f for f, v in (("--n-envs", args.n_envs is not None), ("--subprocess", args.subprocess),
                              ("--max-cpu-s", args.max_cpu_s is not None),
                              ("--max-wall-s", args.max_wall_s is not None),

@@ -21,9 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import kvsched
-from kvsched.envs.sim.errors import KvschedError
+from kvsched.envs.sim.errors import KvschedError, bounded_repr
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
+from kvsched.envs.sim.strict_json import parse_object
 
 from . import progress as progress_lines
 from . import cli_types
@@ -107,13 +108,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     if a.router is not None and _registered(ROUTERS, a.router) != sc.router:
         over["router"], over["router_params"] = a.router, {}  # the scenario's parameters belong to its router
     if a.router_params is not None:
-        try:
-            rp = json.loads(a.router_params)
-        except json.JSONDecodeError as e:
-            raise KvschedError(f"--router-params: invalid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(rp, dict):
-            raise KvschedError(f"--router-params={a.router_params!r}: must be a JSON object of the router's parameters")
-        over["router_params"] = rp
+        over["router_params"] = parse_object(a.router_params, "--router-params", "the router's parameters")
     if a.router_delay is not None:
         over["router_delay_s"] = a.router_delay
     for key, val in (("policy", a.policy), ("n_instances", a.instances), ("rate_scale", a.rate_scale),
@@ -128,7 +123,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         pf = load_policy_file(a.policy_file)
         if a.policy is not None and a.policy != pf["policy"]:
             raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
-                               f"(policy {pf['policy']!r}); give one of them")
+                               f"(policy {bounded_repr(pf['policy'])}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
         if pf["router"] is not None:  # a router study's file: its tuned router and every parameter
@@ -136,18 +131,12 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
 
             if a.router is not None and ROUTERS.canonical(a.router) != pf["router"]:
                 raise KvschedError(f"--router {a.router} contradicts --policy-file {a.policy_file} "
-                                   f"(router {pf['router']!r}); give one of them")
+                                   f"(router {bounded_repr(pf['router'])}); give one of them")
             over["router"] = pf["router"]
             over["router_params"] = {**pf["router_params"], **over.get("router_params", {})} \
                 if a.router_params is not None else pf["router_params"]
     if getattr(a, "policy_params", None) is not None:
-        try:
-            pp = json.loads(a.policy_params)
-        except json.JSONDecodeError as e:
-            raise KvschedError(f"--policy-params: invalid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(pp, dict):
-            raise KvschedError(f"--policy-params={a.policy_params!r}: must be a JSON object of the policy's "
-                               "parameters")
+        pp = parse_object(a.policy_params, "--policy-params", "the policy's parameters")
         over["policy_params"] = {**over.get("policy_params", sc.policy_params), **pp}
     return sc.with_overrides(**over)
 

@@ -134,11 +134,11 @@ class MetricRef:
         """``"goodput_rps"`` or ``"ttft_p99_s:short"``. Raises ConfigError naming the allowed metrics."""
         name, _, c = str(text).strip().partition(":")
         if name not in METRIC_COLUMNS:
-            raise ConfigError(f"{what}={text!r}: unknown metric {name!r}; allowed: {', '.join(METRIC_COLUMNS)} "
+            raise ConfigError(f"{what}={bounded_repr(text)}: unknown metric {bounded_repr(name)}; allowed: {', '.join(METRIC_COLUMNS)} "
                               f"(optionally ':CLASS', e.g. ttft_p99_s:short)")
         c = c or "all"
         if c not in METRIC_CLASSES:
-            raise ConfigError(f"{what}={text!r}: unknown class {c!r}; allowed: {', '.join(METRIC_CLASSES)}")
+            raise ConfigError(f"{what}={bounded_repr(text)}: unknown class {bounded_repr(c)}; allowed: {', '.join(METRIC_CLASSES)}")
         return cls(name, c)
 
     @property
@@ -162,12 +162,12 @@ class Constraint:
         """``"ttft_p99_s:short<=1.0"``. Raises ConfigError on another form."""
         m = _CONSTRAINT_RE.match(str(text))
         if not m:
-            raise ConfigError(f"--constraint={text!r}: expected METRIC[:CLASS]<=BOUND or >=BOUND, "
+            raise ConfigError(f"--constraint={bounded_repr(text)}: expected METRIC[:CLASS]<=BOUND or >=BOUND, "
                               "e.g. 'ttft_p99_s:short<=1.0'")
         try:
             bound = float(m.group(4))
         except ValueError:
-            raise ConfigError(f"--constraint={text!r}: bound {m.group(4)!r} is not a number") from None
+            raise ConfigError(f"--constraint={bounded_repr(text)}: bound {bounded_repr(m.group(4))} is not a number") from None
         ref = MetricRef.parse(m.group(1) + (f":{m.group(2)}" if m.group(2) else ""), "--constraint")
         return cls(ref, m.group(3), bound)
 
@@ -218,19 +218,19 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
-            raise ConfigError(f"--sampler={self.sampler!r}: allowed {', '.join(SAMPLERS)}")
+            raise ConfigError(f"--sampler={bounded_repr(self.sampler)}: allowed {', '.join(SAMPLERS)}")
         if self.pruner not in ("median", "none"):
-            raise ConfigError(f"--pruner={self.pruner!r}: allowed median, none")
+            raise ConfigError(f"--pruner={bounded_repr(self.pruner)}: allowed median, none")
         if not self.windows_s or not self.seeds:
             raise ConfigError("tuning needs at least one window and one seed")
         if not (self.penalty >= 0 and math.isfinite(self.penalty)):
-            raise ConfigError(f"--penalty={self.penalty!r} must be a finite number >= 0")
+            raise ConfigError(f"--penalty={bounded_repr(self.penalty)} must be a finite number >= 0")
         make_policy(self.policy)  # unknown name -> error listing the known ones
         if self.router is not None:
             self._check_router()
             return
         if not self.space():
-            raise ConfigError(f"policy {self.policy!r} declares no search space (PolicyParams.SEARCH_SPACE); "
+            raise ConfigError(f"policy {bounded_repr(self.policy)} declares no search space (PolicyParams.SEARCH_SPACE); "
                               "add --tune-residency (the KV-residency knobs every policy has) or --tune-engine "
                               "(the engine knobs)")
 
@@ -243,10 +243,10 @@ class TuneConfig:
                               f"{', '.join(router_names())} (with a search space: {', '.join(tunable_router_names())})")
         object.__setattr__(self, "router", ROUTERS.canonical(self.router))
         if not ROUTERS.get(self.router).params_cls.SEARCH_SPACE:
-            raise ConfigError(f"--router={self.router!r} declares no search space (RouterParams.SEARCH_SPACE: it has "
+            raise ConfigError(f"--router={bounded_repr(self.router)} declares no search space (RouterParams.SEARCH_SPACE: it has "
                               f"no tunable parameters); routers with one: {', '.join(tunable_router_names())}")
         if self.tune_residency:
-            raise ConfigError(f"--tune-residency with --router={self.router!r} is not allowed: a router study keeps "
+            raise ConfigError(f"--tune-residency with --router={bounded_repr(self.router)} is not allowed: a router study keeps "
                               "the scenario's policy and policy_params fixed; tune the residency knobs in a policy "
                               "study (--policy)")
 
@@ -308,9 +308,9 @@ def even_windows(scenario: Scenario, n_windows: int, window_s: float) -> tuple[t
         ConfigError: ``n_windows < 1``, ``window_s <= 0`` or a window longer than the span.
     """
     if isinstance(n_windows, bool) or not isinstance(n_windows, int) or n_windows < 1:
-        raise ConfigError(f"--windows={n_windows!r} must be an integer >= 1")
+        raise ConfigError(f"--windows={bounded_repr(n_windows)} must be an integer >= 1")
     if not (isinstance(window_s, (int, float)) and window_s > 0 and math.isfinite(window_s)):
-        raise ConfigError(f"--window-s={window_s!r} must be a finite number > 0 (seconds)")
+        raise ConfigError(f"--window-s={bounded_repr(window_s)} must be a finite number > 0 (seconds)")
     # the span in the time windows are cut in (run_scenario: the scenario's window_s, applied
     # before rate scaling and the request cap)
     w = scenario.with_overrides(rate_scale=1.0, max_requests=None).workload()
@@ -344,8 +344,8 @@ def check_scenario(cfg: TuneConfig, scenario: Scenario) -> None:
     check_router_cluster(cfg.router, scenario)
     mine, theirs = type(make_policy(cfg.policy)).name, type(make_policy(scenario.policy)).name
     if mine != theirs:
-        raise ConfigError(f"policy={cfg.policy!r} is not allowed with --router={cfg.router!r}: expected the "
-                          f"scenario's policy {theirs!r} (a router study runs it with the scenario's policy_params)")
+        raise ConfigError(f"policy={bounded_repr(cfg.policy)} is not allowed with --router={bounded_repr(cfg.router)}: expected the "
+                          f"scenario's policy {bounded_repr(theirs)} (a router study runs it with the scenario's policy_params)")
 
 
 def check_router_cluster(router: str, scenario: Scenario) -> None:
@@ -355,9 +355,9 @@ def check_router_cluster(router: str, scenario: Scenario) -> None:
         ConfigError: naming ``n_instances``, its value and the scenario.
     """
     if scenario.n_instances < 2:
-        raise ConfigError(f"n_instances={scenario.n_instances!r} is not allowed with --router={bounded_repr(router)}: "
+        raise ConfigError(f"n_instances={bounded_repr(scenario.n_instances)} is not allowed with --router={bounded_repr(router)}: "
                           f"expected n_instances >= 2 (a router picks among instances; set n_instances in "
-                          f"scenario {scenario.name!r})")
+                          f"scenario {bounded_repr(scenario.name)})")
 
 
 def run_args(cfg: TuneConfig, scenario: Scenario, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -604,7 +604,7 @@ def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
                               "or a new file name") from None
     if "://" in url:
         return _rdb_storage(rdb_url(url))
-    raise ConfigError(f"--storage={url!r}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
+    raise ConfigError(f"--storage={bounded_repr(url)}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
                       "(sqlite:///FILE, postgresql://USER@HOST:PORT/DB)")
 
 
@@ -626,7 +626,7 @@ def rdb_url(url: str) -> str:
     scheme, _, rest = url.partition("://")
     dialect = scheme.split("+", 1)[0]
     if dialect not in RDB_SCHEMES:
-        raise ConfigError(f"--storage={_redact(url)!r}: unknown database {dialect!r}; give journal:PATH, a PATH "
+        raise ConfigError(f"--storage={bounded_repr(_redact(url))}: unknown database {bounded_repr(dialect)}; give journal:PATH, a PATH "
                           f"ending in .journal or .log, or an RDB URL ({', '.join(s + '://...' for s in RDB_SCHEMES)})")
     if scheme == "postgresql" and importlib.util.find_spec("psycopg") is None \
             and importlib.util.find_spec("psycopg2") is not None:
@@ -735,7 +735,7 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
             return optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-            raise ConfigError(f"--study {name!r}: no such study in the storage; studies there: {names}") from None
+            raise ConfigError(f"--study {bounded_repr(name)}: no such study in the storage; studies there: {names}") from None
     study = optuna.create_study(study_name=name, storage=storage, direction=cfg.direction,
                                 sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True,
                                 pruner=_make_pruner(cfg))
@@ -751,7 +751,7 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
         theirs.setdefault("router", None)  # ... and before --router
         if json.loads(json.dumps(mine)) != theirs:
             diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
-            raise ConfigError(f"study {name!r} exists with another objective ({', '.join(diff)} differ: stored "
+            raise ConfigError(f"study {bounded_repr(name)} exists with another objective ({', '.join(diff)} differ: stored "
                               f"{ {k: theirs.get(k) for k in diff} }); use another --study name")
     return study
 
@@ -838,11 +838,11 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise ConfigError(f"--trials={n_trials!r} must be an integer >= 1")
+        raise ConfigError(f"--trials={bounded_repr(n_trials)} must be an integer >= 1")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"--workers={workers!r} must be an integer >= 1")
+        raise ConfigError(f"--workers={bounded_repr(workers)} must be an integer >= 1")
     if isinstance(holdout_seeds, bool) or not isinstance(holdout_seeds, int) or holdout_seeds < 0:
-        raise ConfigError(f"--holdout-seeds={holdout_seeds!r} must be an integer >= 0")
+        raise ConfigError(f"--holdout-seeds={bounded_repr(holdout_seeds)} must be an integer >= 0")
     if workers > 1 and storage_url is None:
         if out is None:
             raise ConfigError("--workers > 1 needs --storage (a journal file or an RDB URL) or --out")

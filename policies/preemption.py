@@ -41,6 +41,8 @@ pushed out forever and preemptions cannot cascade.
 
 from __future__ import annotations
 
+from kvsched.envs.sim.errors import bounded_repr
+
 from collections import deque
 
 import numpy as np
@@ -62,7 +64,7 @@ class OutputLengthHistory:
 
     def __init__(self, window: int = 4096) -> None:
         if not (isinstance(window, int) and window >= 1):
-            raise ValueError(f"window={window!r} must be an int >= 1")
+            raise ValueError(f"window={bounded_repr(window)} must be an int >= 1")
         self._recent: deque[int] = deque(maxlen=window)
         self._sorted: np.ndarray | None = None
         self._suffix: np.ndarray | None = None

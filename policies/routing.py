@@ -179,13 +179,13 @@ def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
         allowed = {f.name for f in fields(cls.params_cls)}
         unknown = sorted(set(given) - allowed, key=str)  # YAML keys may be numbers
         if unknown:
-            raise ConfigError(f"router {name!r}: unknown parameters {bounded_repr(unknown)}; allowed: {sorted(allowed)}")
+            raise ConfigError(f"router {bounded_repr(name)}: unknown parameters {bounded_repr(unknown)}; allowed: {sorted(allowed)}")
         try:
             params = cls.params_cls(**given)
         except TypeError as e:
-            raise ConfigError(f"router {name!r}: {e}") from None
+            raise ConfigError(f"router {bounded_repr(name)}: {e}") from None
     elif not isinstance(params, cls.params_cls):
-        raise ConfigError(f"router {name!r}: params must be a {cls.params_cls.__name__} or a dict, "
+        raise ConfigError(f"router {bounded_repr(name)}: params must be a {cls.params_cls.__name__} or a dict, "
                           f"got {type(params).__name__}")
     return cls(params)
 

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from . import strict_json
+from .errors import ConfigError, bounded_repr
 from .cost_params import CostParams
 from kvsched import atomic_files
 
@@ -60,10 +61,10 @@ class FitParam:
 
     def __post_init__(self) -> None:
         if self.name not in _COST_FIELDS:
-            raise ConfigError(f"FitParam.name={self.name!r} is not allowed: expected one of {', '.join(_COST_FIELDS)}")
+            raise ConfigError(f"FitParam.name={bounded_repr(self.name)} is not allowed: expected one of {', '.join(_COST_FIELDS)}")
         if not (isinstance(self.lo, (int, float)) and isinstance(self.hi, (int, float))
                 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
-            raise ConfigError(f"FitParam({self.name}) bounds lo={self.lo!r}, hi={self.hi!r} are not allowed: "
+            raise ConfigError(f"FitParam({self.name}) bounds lo={bounded_repr(self.lo)}, hi={bounded_repr(self.hi)} are not allowed: "
                               "expected finite 0 < lo < hi")
 
 
@@ -123,14 +124,14 @@ class CalibrationFile:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpu, str) and self.gpu):
-            raise ConfigError(f"CalibrationFile.gpu={self.gpu!r} is not allowed: expected a GPU preset name")
+            raise ConfigError(f"CalibrationFile.gpu={bounded_repr(self.gpu)} is not allowed: expected a GPU preset name")
         if not (isinstance(self.version, int) and not isinstance(self.version, bool) and self.version >= 1):
-            raise ConfigError(f"CalibrationFile.version={self.version!r} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"CalibrationFile.version={bounded_repr(self.version)} is not allowed: expected an integer >= 1")
         if not isinstance(self.cost, CostParams):
-            raise ConfigError(f"CalibrationFile.cost={self.cost!r} is not allowed: expected a CostParams")
+            raise ConfigError(f"CalibrationFile.cost={bounded_repr(self.cost)} is not allowed: expected a CostParams")
         for name in self.fitted:
             if name not in _COST_FIELDS:
-                raise ConfigError(f"CalibrationFile.fitted has {name!r}: expected CostParams fields "
+                raise ConfigError(f"CalibrationFile.fitted has {bounded_repr(name)}: expected CostParams fields "
                                   f"({', '.join(_COST_FIELDS)})")
         object.__setattr__(self, "fitted", tuple(self.fitted))
         object.__setattr__(self, "train", tuple(self.train))
@@ -156,21 +157,21 @@ class CalibrationFile:
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: a calibration file must hold a JSON object")
         if d.get("format") != CALIBRATION_FORMAT:
-            raise ConfigError(f"{source}: format={d.get('format')!r} is not allowed: expected {CALIBRATION_FORMAT!r}")
+            raise ConfigError(f"{source}: format={bounded_repr(d.get('format'))} is not allowed: expected {bounded_repr(CALIBRATION_FORMAT)}")
         allowed = {"format", "gpu", "version", "cost_params", "fitted", "train_experiments", "objective", "loss",
                    "n_residuals", "n_evaluations", "wall_s", "kvsched_version", "notes"}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(sorted(allowed))}")
         for key in ("gpu", "version", "cost_params"):
             if key not in d:
-                raise ConfigError(f"{source}: missing key {key!r}")
+                raise ConfigError(f"{source}: missing key {bounded_repr(key)}")
         cp = d["cost_params"]
         if not isinstance(cp, Mapping):
             raise ConfigError(f"{source}: cost_params must be an object of CostParams fields")
         bad = sorted(set(cp) - set(_COST_FIELDS))
         if bad:
-            raise ConfigError(f"{source}: cost_params has unknown field {bad[0]!r}; allowed: {', '.join(_COST_FIELDS)}")
+            raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; allowed: {', '.join(_COST_FIELDS)}")
         try:
             cost = CostParams(**{k: float(v) for k, v in cp.items()})
             return CalibrationFile(
@@ -193,9 +194,9 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: invalid JSON: {e}") from None
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
+        raise ConfigError(f"{p}: invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
     return CalibrationFile.from_dict(data, source=str(p))
 
 
@@ -221,7 +222,7 @@ def calibrated_cost_params(gpu: str) -> CostParams | None:
         return None
     cal = load_calibration(p)
     if cal.gpu != gpu:
-        raise ConfigError(f"{p}: calibrates gpu={cal.gpu!r}, expected {gpu!r}")
+        raise ConfigError(f"{p}: calibrates gpu={bounded_repr(cal.gpu)}, expected {bounded_repr(gpu)}")
     return cal.cost
 
 

@@ -33,7 +33,7 @@ from .instance import TRANSFER_EVENT, Instance, InstanceOptions
 from .metrics import MetricsConfig, summarize
 from .observer import LinkWatch, RetentionEvent, RouteEvent, SimObserver
 from .recorder import Recorder
-from .request import RequestState, Workload
+from .request import RequestState, Workload, hash_block_mismatch
 from .policy_api import check_router
 from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
@@ -224,6 +224,11 @@ class Cluster:
         """
         if self._workload is not None:
             raise RuntimeError("this Cluster already served a workload; build a new one per run")
+        if workload.hash_block_tokens and len(workload.hashes):  # before any event: name the key the user set
+            for inst in self.instances:
+                bs = inst.spec.block_size_tokens
+                if workload.hash_block_tokens % bs:
+                    raise ConfigError(hash_block_mismatch(workload.hash_block_tokens, bs))
         self._workload = workload
         self.watch = watch
         n = len(workload)
@@ -322,7 +327,7 @@ class Cluster:
             n_inst = len(self.instances)
             if route_to is not None and (isinstance(route_to, bool) or not isinstance(route_to, (int, np.integer))
                                          or not 0 <= route_to < n_inst):
-                raise ValueError(f"route_to={route_to!r} must be an instance index in [0, {n_inst})")
+                raise ValueError(f"route_to={bounded_repr(route_to)} must be an instance index in [0, {n_inst})")
             self._pending = None
             if route_to is None:
                 idx = self._route(payload, t)
@@ -336,7 +341,7 @@ class Cluster:
             self._place(payload, idx, t)
         else:
             if route_to is not None:
-                raise ValueError(f"route_to={route_to!r} is only allowed at a 'route' decision point")
+                raise ValueError(f"route_to={bounded_repr(route_to)} is only allowed at a 'route' decision point")
             self._pending = None
             self._schedule(payload, t)
 

@@ -44,6 +44,8 @@ the same element of an array call. Scalar inputs return NumPy float64 scalars.
 
 from __future__ import annotations
 
+from .errors import bounded_repr
+
 import math
 from typing import Any
 
@@ -64,7 +66,7 @@ def _all_nonneg(a: np.ndarray) -> bool:
 def _nonneg(name: str, value: Any) -> np.ndarray:
     a = np.asarray(value, dtype=np.float64)
     if not _all_nonneg(a):
-        raise ValueError(f"{name} must be >= 0 (and not NaN), got {value!r}")
+        raise ValueError(f"{name} must be >= 0 (and not NaN), got {bounded_repr(value)}")
     return a
 
 
@@ -346,7 +348,7 @@ class CostModel:
             if self.spec.long_prefill_token_threshold > 0:
                 chunk_tokens = min(chunk_tokens, self.spec.long_prefill_token_threshold)
         if not chunk_tokens >= 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens!r}")
+            raise ValueError(f"chunk_tokens must be >= 1, got {bounded_repr(chunk_tokens)}")
         prompt, cached = np.broadcast_arrays(_nonneg("prompt_tokens", prompt_tokens),
                                              _nonneg("cached_tokens", cached_tokens))
         if np.any(cached > prompt):

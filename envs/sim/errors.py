@@ -28,6 +28,10 @@ class UnknownPresetError(ConfigError, KeyError):
 
 #: Longest rendering of a user-given value inside an error message (characters).
 MAX_VALUE_CHARS = 120
+#: Longest rendering of a file path inside an error message: a file name at the system's limit
+#: (255 bytes) with its folders is shown whole (a user must see which file); a longer path is cut
+#: in the middle, keeping both ends.
+MAX_PATH_CHARS = 320
 
 
 def bounded_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
@@ -54,7 +58,35 @@ def bounded_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     return text
 
 
+def text_number_hint(value: object) -> str:
+    """When ``value`` is text that reads as a number, a note saying why and how to write it.
+
+    YAML 1.1 (PyYAML) reads a number in exponent form without a dot (``1e12``, ``5E-3``) as a
+    string; a field expecting a number then sees text. Returns ``""`` for anything else (and
+    for long texts, which are no number anyone typed).
+    """
+    if not isinstance(value, str) or len(value) > 64:
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    import math
+
+    if not math.isfinite(number):
+        return ""
+    plain = f"{int(number)}" if number.is_integer() and abs(number) < 1e18 else repr(number)
+    if "e" in value.lower():
+        mantissa, _, exponent = value.lower().partition("e")
+        suggestion = f"{mantissa}{'' if '.' in mantissa else '.0'}e{exponent}"
+        return (f" (YAML 1.1 reads {value}, an exponent without a dot, as text, not a number: "
+                f"write {suggestion} or {plain})")
+    return f" (this is text, not a number: write {plain} without quotes)"
+
+
 def require(ok: bool, field: str, value: object, allowed: str) -> None:
-    """Raise :class:`ConfigError` naming ``field``, ``value`` (bounded) and ``allowed`` unless ``ok``."""
+    """Raise :class:`ConfigError` naming ``field``, ``value`` (bounded) and ``allowed`` unless ``ok``
+    (with :func:`text_number_hint` when the value is a number written as text)."""
     if not ok:
-        raise ConfigError(f"{field}={bounded_repr(value)} is not allowed: expected {allowed}")
+        raise ConfigError(f"{field}={bounded_repr(value)} is not allowed: expected {allowed}"
+                          f"{text_number_hint(value)}")

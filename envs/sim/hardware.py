@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import require
+from .errors import require, bounded_repr
 from .registry import Registry
 from .spec_validation import int_at_least, non_negative, positive, real_in, string
 
@@ -142,7 +142,7 @@ class LinkSpec:
         """
         b = np.asarray(n_bytes, dtype=np.float64)
         if not np.all(b >= 0):
-            raise ValueError(f"n_bytes must be >= 0, got {n_bytes!r}")
+            raise ValueError(f"n_bytes must be >= 0, got {bounded_repr(n_bytes)}")
         t = np.where(b > 0, self.latency_s + b / self.bytes_per_s, 0.0)
         return t[()]
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import ConfigError, require
+from .errors import ConfigError, require, bounded_repr
 
 __all__ = ["LogHistogram"]
 
@@ -42,7 +42,7 @@ def _value_range(v: np.ndarray) -> tuple[float, float]:
     if not (vmin >= 0.0 and vmax < math.inf):
         bad = v[~(np.isfinite(v) & (v >= 0))][0]
         raise ConfigError(
-            f"LogHistogram.add: value={float(bad)!r} is not allowed: expected finite"
+            f"LogHistogram.add: value={bounded_repr(float(bad))} is not allowed: expected finite"
             " durations >= 0 s"
         )
     return vmin, vmax
@@ -165,7 +165,7 @@ class LogHistogram:
         if isinstance(values, _SCALAR_TYPES) and isinstance(weights, _INT_TYPES):
             x, w = float(values), int(weights)
             if not 0.0 <= x < math.inf:
-                raise ConfigError(f"LogHistogram.add: value={x!r} is not allowed: expected finite"
+                raise ConfigError(f"LogHistogram.add: value={bounded_repr(x)} is not allowed: expected finite"
                                   " durations >= 0 s")
             if w < 0:
                 raise ConfigError(f"LogHistogram.add: weight={w} is not allowed: expected >= 0")
@@ -321,7 +321,7 @@ class LogHistogram:
         """
         q = float(q)
         if not (math.isfinite(q) and 0.0 <= q <= 100.0):
-            raise ConfigError(f"percentile q={q!r} is not allowed: expected 0 <= q <= 100")
+            raise ConfigError(f"percentile q={bounded_repr(q)} is not allowed: expected 0 <= q <= 100")
         if self._count == 0:
             return math.nan
         if q == 0.0:

@@ -54,7 +54,7 @@ import numpy as np
 
 from .admission import Admitter
 from .cost_model import CostModel
-from .errors import ConfigError
+from .errors import ConfigError, bounded_repr
 from .fast_forward import StretchPlanner
 from .features import FeatureTable
 from .instance_spec import InstanceSpec
@@ -203,7 +203,7 @@ class Instance:
         """Token budget, chunking and the options every policy may set (``PolicyParams``)."""
         self.budget = int(policy.token_budget(spec.token_budget))
         if self.budget < 1:
-            raise ConfigError(f"policy {policy.name!r} gave token_budget={self.budget}; must be >= 1")
+            raise ConfigError(f"policy {bounded_repr(policy.name)} gave token_budget={self.budget}; must be >= 1")
         params = getattr(policy, "params", None)
         self.prefetch = bool(getattr(params, "prefetch", False))
         self.admit_while_swapped = bool(getattr(params, "admit_while_swapped", False))

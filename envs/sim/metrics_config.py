@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .errors import ConfigError, require
+from .errors import ConfigError, require, bounded_repr
 
 __all__ = ["SLO", "SLOTable", "MetricsConfig", "LENGTH_CLASSES", "is_positive_finite"]
 
@@ -89,7 +89,7 @@ class SLOTable(Mapping[str, SLO]):
                     slo = SLO(**slo)
                 except TypeError:
                     raise ConfigError(
-                        f"MetricsConfig.slos[{name!r}]={dict(slo)!r} is not allowed: expected"
+                        f"MetricsConfig.slos[{bounded_repr(name)}]={bounded_repr(dict(slo))} is not allowed: expected"
                         " keys ttft_s, tpot_s and optionally e2e_s") from None
             require(isinstance(slo, SLO), f"MetricsConfig.slos[{name!r}]", slo,
                     "an SLO or a mapping with ttft_s/tpot_s[/e2e_s]")

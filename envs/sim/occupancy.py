@@ -15,6 +15,8 @@ first, then extra tiers in the order first seen; 0 for an instance without that 
 
 from __future__ import annotations
 
+from .errors import bounded_repr
+
 from typing import Any, Sequence
 
 import numpy as np
@@ -55,7 +57,7 @@ class OccupancyTracker:
 
     def __init__(self, interval_s: float = 1.0) -> None:
         if not interval_s > 0:
-            raise ValueError(f"occupancy interval_s={interval_s!r} must be > 0")
+            raise ValueError(f"occupancy interval_s={bounded_repr(interval_s)} must be > 0")
         self.interval_s = float(interval_s)
         self._inst: dict[int, _InstanceOccupancy] = {}
         self._names: list[str] = list(TIERS)

@@ -33,6 +33,8 @@ preemptions.
 
 from __future__ import annotations
 
+from .errors import bounded_repr
+
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -294,7 +296,7 @@ class Preemptor:
         running = inst.running
         row, mode = choice
         if not (0 <= row < len(running)) or not eligible[row]:
-            raise ValueError(f"policy {inst.policy.name!r} chose row {row} for admission preemption; "
+            raise ValueError(f"policy {bounded_repr(inst.policy.name)} chose row {row} for admission preemption; "
                              f"allowed: eligible rows {np.flatnonzero(eligible).tolist()}")
         self._displace(running[row], mode, step, now, "admission", head_id)
 
@@ -328,7 +330,7 @@ class Preemptor:
             return False
         row, mode = choice
         if not (0 <= row < len(cands)) or not (mode in costs or mode == inst.spec.preemption_mode):
-            raise ValueError(f"policy {inst.policy.name!r} chose (row {row}, mode {mode!r}) for head preemption; "
+            raise ValueError(f"policy {bounded_repr(inst.policy.name)} chose (row {row}, mode {bounded_repr(mode)}) for head preemption; "
                              f"allowed: rows 0..{len(cands) - 1}, modes {[*costs, inst.spec.preemption_mode]}")
         self._displace(cands[row], mode, step, now, "head_" + cause, head.rid)
         return True

@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError, require
+from .errors import ConfigError, require, bounded_repr
 from .metrics_config import MetricsConfig
 
 __all__ = [
@@ -128,7 +128,7 @@ def check_records(records: pd.DataFrame) -> None:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ConfigError(
-            f"records.status={status[i]!r} (request_id={records['request_id'].iloc[i]}) is not"
+            f"records.status={bounded_repr(status[i])} (request_id={records['request_id'].iloc[i]}) is not"
             f" allowed: expected one of {list(STATUSES)}")
     _check_timestamps(records, status == "finished", status)
 
@@ -152,8 +152,8 @@ def _check_timestamps(records: pd.DataFrame, fin: np.ndarray, status: np.ndarray
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
         raise ConfigError(
-            f"record request_id={records['request_id'].iloc[i]} has arrival_s={a[i]!r},"
-            f" first_scheduled_s={s[i]!r}, first_token_s={f[i]!r}, finish_s={e[i]!r},"
-            f" generated_tokens={g[i]!r}, status={status[i]!r}: not allowed: expected a finite"
+            f"record request_id={records['request_id'].iloc[i]} has arrival_s={bounded_repr(a[i])},"
+            f" first_scheduled_s={bounded_repr(s[i])}, first_token_s={bounded_repr(f[i])}, finish_s={bounded_repr(e[i])},"
+            f" generated_tokens={bounded_repr(g[i])}, status={bounded_repr(status[i])}: not allowed: expected a finite"
             " arrival_s and, for finished requests, finite arrival <= first_scheduled <="
             " first_token <= finish with generated_tokens >= 1")

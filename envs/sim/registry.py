@@ -59,7 +59,7 @@ class Registry(Generic[T]):
             ValueError: ``name`` is not registered.
         """
         if name not in self._entries:
-            raise ValueError(f"alias {alias!r} names no {self.kind} {name!r}")
+            raise ValueError(f"alias {bounded_repr(alias)} names no {self.kind} {bounded_repr(name)}")
         self._aliases[alias.strip().casefold()] = name
 
     def register(self, name: str) -> Callable[[type], type]:

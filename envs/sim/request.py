@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, require
+from .errors import ConfigError, bounded_repr, require
 
 #: Inclusive bounds of a request's ``priority``. vLLM takes any Python int (``priority: int = 0``
 #: in ``vllm/v1/request.py`` ``Request.__init__``); kvsched bounds it to the int32 range (its
@@ -47,6 +47,14 @@ DEFAULT_N = 1
 N_MAX = 16384
 #: What :func:`~.errors.require` says is allowed for ``n``.
 N_ALLOWED = f"an integer in [1, {N_MAX}] (parallel samples per request, vLLM's SamplingParams.n)"
+#: Latest arrival time allowed (seconds from the start of the workload): 1e9 s, about 31.7
+#: years. Simulated time is a float64 number of seconds; its resolution at magnitude ``t`` is
+#: ``t * 2**-52`` (about 2.2e-16 ``t``), so up to 1e9 s a time is exact to 2.2e-7 s (0.22 us),
+#: well below the shortest step (tens of microseconds) and the token times the metrics
+#: difference. At 1e16 s the resolution is 2 s and a step's duration vanishes (TTFT and E2E
+#: come out 0); no real trace spans more than a few weeks. Arrivals beyond this bound are
+#: refused (a timestamp in the wrong unit, e.g. nanoseconds read as seconds, is the usual cause).
+MAX_ARRIVAL_S = 1e9
 #: ``parent_id`` of a request that is not a child of a parallel-sampling request.
 NO_PARENT = -1
 #: The default of :attr:`Workload.n` (a marker, replaced by a column of :data:`DEFAULT_N`).
@@ -54,6 +62,25 @@ _NO_N = np.zeros(0, dtype=np.int64)
 #: The default of :attr:`Workload.priority` (a marker: ``__post_init__`` replaces it by a column of
 #: :data:`DEFAULT_PRIORITY`, one per request).
 _NO_PRIORITY = np.zeros(0, dtype=np.int64)
+
+
+def hash_block_mismatch(hash_block_tokens: int, block_size_tokens: int) -> str:
+    """The message when an instance's KV block size does not divide the workload's prefix-hash block.
+
+    Names the key the user sets (the instance's ``block_size_tokens``) and the constraint; the
+    hash block comes from the trace (Mooncake's ``hash_ids`` cover 512 tokens each), which the
+    user did not choose.
+    """
+    divisors = [d for d in (16, 32, 64, 8, 128, 4, 2, 1) if hash_block_tokens % d == 0]
+    return (f"instance block_size_tokens={block_size_tokens} is not allowed with this workload: its prefix "
+            f"hashes cover {hash_block_tokens}-token blocks (set by the trace), and a KV block must divide "
+            f"such a block; set block_size_tokens to a divisor of {hash_block_tokens}"
+            + f" (e.g. {', '.join(map(str, divisors[:3]))})")
+
+
+#: The array columns of a :class:`Workload` (read-only once it is built).
+_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "session_id", "slo_class",
+            "hash_offsets", "hashes", "priority", "n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +136,16 @@ class Request:
                      "parent_id"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ConfigError(f"request {self.request_id!r}: {name}={v!r} must be an integer")
+                raise ConfigError(f"request {bounded_repr(self.request_id)}: {name}={bounded_repr(v)} must be an integer")
         if self.request_id < 0:
             raise ConfigError(f"request_id={self.request_id} must be >= 0")
-        if not np.isfinite(self.arrival_s) or self.arrival_s < 0:
+        a = self.arrival_s
+        if isinstance(a, bool) or not isinstance(a, (int, float, np.integer, np.floating)) or not (
+                0 <= a <= MAX_ARRIVAL_S):
             raise ConfigError(
-                f"request {self.request_id}: arrival_s={self.arrival_s} must be finite and >= 0"
-            )
+                f"request {self.request_id}: arrival_s={bounded_repr(a)} is not allowed: expected a number of "
+                f"seconds in [0, {MAX_ARRIVAL_S:g}] (MAX_ARRIVAL_S: float64 times keep sub-microsecond resolution "
+                "up to it)")
         if self.prompt_tokens < 1:
             raise ConfigError(
                 f"request {self.request_id}: prompt_tokens={self.prompt_tokens} must be >= 1"
@@ -207,8 +237,11 @@ class Workload:
 
     Every column is validated here, once, with what :class:`Request` checks per request
     (integer columns, ``request_id >= 0``, lengths >= 1, finite non-negative arrivals, hashes
-    with a positive ``hash_block_tokens``), so :meth:`request` hands out rows without
-    re-checking them.
+    with a positive ``hash_block_tokens``, arrivals at most :data:`MAX_ARRIVAL_S`), so
+    :meth:`request` hands out rows without re-checking them. The columns are then read-only
+    (``flags.writeable`` is False; a writable array given is copied first), so what was
+    validated stays what is simulated: derive a new workload (:meth:`subset`,
+    :meth:`with_arrivals`) instead of editing one.
 
     Raises:
         ConfigError: a column of the wrong length or dtype, or a value out of range (the
@@ -239,6 +272,14 @@ class Workload:
         if self.n is _NO_N or self.n is None:
             # not given: vLLM's default n for every request (see the class doc)
             object.__setattr__(self, "n", np.full(n, DEFAULT_N, dtype=np.int64))
+        # read-only columns, validated below as stored: a writable array given here is copied
+        # (the caller keeps its own), a read-only one (another workload's) is shared
+        for name in _COLUMNS:
+            arr = np.asarray(getattr(self, name))
+            if arr.flags.writeable:
+                arr = arr.copy()
+                arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
         for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class", "priority", "n"):
             if len(getattr(self, name)) != n:
                 raise ConfigError(f"Workload column {name} has {len(getattr(self, name))} rows, expected {n}")
@@ -250,6 +291,13 @@ class Workload:
             raise ConfigError("Workload prompt_tokens and output_tokens must all be >= 1")
         if n and (self.arrival_s[0] < 0 or not np.all(np.isfinite(self.arrival_s))):
             raise ConfigError("Workload arrival_s must be finite and >= 0")
+        if n and self.arrival_s[-1] > MAX_ARRIVAL_S:
+            i = int(np.flatnonzero(self.arrival_s > MAX_ARRIVAL_S)[0])
+            raise ConfigError(
+                f"Workload arrival_s={float(self.arrival_s[i]):g} s (row {i}, request_id {int(self.request_id[i])}) "
+                f"is not allowed: expected at most {MAX_ARRIVAL_S:g} s (about 31.7 years; float64 seconds keep "
+                "sub-microsecond resolution up to it, and lose the step times beyond; a timestamp in another "
+                "unit, e.g. ns read as s?)")
         if len(self.hashes) and self.hash_block_tokens <= 0:
             raise ConfigError(f"hash_block_tokens={self.hash_block_tokens} must be > 0 when hashes are given")
         for name in ("request_id", "prompt_tokens", "output_tokens", "session_id", "slo_class",
@@ -481,9 +529,7 @@ class RequestState:
         self.hashes = _chain(req.prefix_hashes) if req.prefix_hashes else ()
         self.seg_tokens = req.hash_block_tokens
         if self.hashes and self.seg_tokens % block_size_tokens:
-            raise ConfigError(
-                f"request {req.request_id}: hash_block_tokens={self.seg_tokens} must be a multiple"
-                f" of block_size_tokens={block_size_tokens}")
+            raise ConfigError(f"request {req.request_id}: {hash_block_mismatch(self.seg_tokens, block_size_tokens)}")
         # only segments fully inside the prompt are hashed (vLLM hashes full blocks only)
         self.n_cacheable_segments = (
             min(len(self.hashes), self.prompt_tokens // self.seg_tokens) if self.hashes else 0)

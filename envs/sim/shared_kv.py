@@ -66,7 +66,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .errors import ConfigError, UnknownPresetError, require
+from .errors import ConfigError, UnknownPresetError, require, bounded_repr
 from .kv_cache import LinkQueue
 from .request import RequestState
 from .hardware import LINK_PRESETS, LinkSpec, get_link
@@ -89,7 +89,7 @@ def _get_shared_link(name: str) -> LinkSpec:
     try:
         return get_link(name)
     except UnknownPresetError:
-        raise UnknownPresetError(f"unknown link {name!r}; known: {CMX_400G.name}, {', '.join(LINK_PRESETS)}") from None
+        raise UnknownPresetError(f"unknown link {bounded_repr(name)}; known: {CMX_400G.name}, {', '.join(LINK_PRESETS)}") from None
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class SharedKVSpec:
         allowed = ("capacity_bytes", "network", "pool_read", "pool_write", "fetch_policy", "max_write_backlog_s")
         unknown = [k for k in d if k not in allowed]
         if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
+            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(allowed)}")
         if "capacity_bytes" not in d:
             raise ConfigError(f"{source}: missing key 'capacity_bytes'")
         kw: dict[str, Any] = {"capacity_bytes": _as_float(d["capacity_bytes"], f"{source}.capacity_bytes")}
@@ -199,7 +199,7 @@ class SharedKVPool:
         self.block_bytes = int(round(first.kv_bytes_per_block))
         self.capacity_blocks = int(spec.capacity_bytes // self.block_bytes)
         if self.capacity_blocks < 1:
-            raise ConfigError(f"shared_kv.capacity_bytes={spec.capacity_bytes!r} holds no KV block "
+            raise ConfigError(f"shared_kv.capacity_bytes={bounded_repr(spec.capacity_bytes)} holds no KV block "
                               f"({self.block_bytes} bytes each); expected >= {self.block_bytes}")
         self.free_blocks = self.capacity_blocks
         self.used_blocks = 0

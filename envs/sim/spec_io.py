@@ -230,7 +230,7 @@ def _check_instance_keys(d: Any, source: str) -> None:
         raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(_INSTANCE_FIELDS)}")
     for key in ("model", "gpu"):
         if key not in d:
-            raise ConfigError(f"{source}: missing key {key!r} (a preset name or an inline dict)")
+            raise ConfigError(f"{source}: missing key {bounded_repr(key)} (a preset name or an inline dict)")
 
 
 def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -321,11 +321,14 @@ def load_instance_spec(path: str | Path) -> InstanceSpec:
         ConfigError: invalid YAML or spec (the message names the file).
         OSError: the file cannot be read.
     """
+    from .yaml_loading import load_yaml
+
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    data = load_yaml(text, str(p))
     return instance_spec_from_dict(data, source=str(p))
 
 

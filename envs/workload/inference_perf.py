@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.request import Workload
 
 __all__ = ["GENERATOR_VERSION", "HISTORY_MODES", "LoadStage", "SharedPrefixConfig", "generate",
@@ -109,7 +109,7 @@ class LoadStage:
         for name in ("rate_per_s", "duration_s"):
             v = getattr(self, name)
             if not (_is_num(v) and v > 0):
-                raise ConfigError(f"LoadStage.{name}={v!r} is not allowed: expected a finite number > 0")
+                raise ConfigError(f"LoadStage.{name}={bounded_repr(v)} is not allowed: expected a finite number > 0")
             object.__setattr__(self, name, float(v))
         if self.n_requests < 1:
             raise ConfigError(f"LoadStage(rate_per_s={self.rate_per_s}, duration_s={self.duration_s}) "
@@ -162,7 +162,7 @@ class SharedPrefixConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
             if not ok:
-                raise ConfigError(f"SharedPrefixConfig.{name}={getattr(self, name)!r} is not allowed: "
+                raise ConfigError(f"SharedPrefixConfig.{name}={bounded_repr(getattr(self, name))} is not allowed: "
                                   f"expected {allowed}")
 
         need(_is_int(self.num_groups) and self.num_groups >= 1, "num_groups", "an integer >= 1")
@@ -185,7 +185,7 @@ class SharedPrefixConfig:
              f"an integer >= system_prompt_len + question_len + output_len = {first}")
         stages = self.stages
         if isinstance(stages, (LoadStage, dict)) or not isinstance(stages, (list, tuple)) or not stages:
-            raise ConfigError(f"SharedPrefixConfig.stages={stages!r} is not allowed: expected a non-empty "
+            raise ConfigError(f"SharedPrefixConfig.stages={bounded_repr(stages)} is not allowed: expected a non-empty "
                               "list of LoadStage, (rate, duration) pairs or {rate, duration} mappings")
         built = []
         for k, s in enumerate(stages):
@@ -196,7 +196,7 @@ class SharedPrefixConfig:
             elif isinstance(s, (list, tuple)) and len(s) == 2:
                 built.append(LoadStage(s[0], s[1]))
             else:
-                raise ConfigError(f"SharedPrefixConfig.stages[{k}]={s!r} is not allowed: expected a "
+                raise ConfigError(f"SharedPrefixConfig.stages[{k}]={bounded_repr(s)} is not allowed: expected a "
                                   "LoadStage, a (rate, duration) pair or a {rate, duration} mapping")
         object.__setattr__(self, "stages", tuple(built))
         for name in ("num_groups", "users_per_group", "system_prompt_len", "question_len", "output_len",
@@ -399,9 +399,9 @@ def generate(config: SharedPrefixConfig, seed: int = 0) -> Workload:
         ConfigError: ``config`` is not a SharedPrefixConfig or ``seed`` is not an integer >= 0.
     """
     if not isinstance(config, SharedPrefixConfig):
-        raise ConfigError(f"config={config!r} is not allowed: expected a SharedPrefixConfig")
+        raise ConfigError(f"config={bounded_repr(config)} is not allowed: expected a SharedPrefixConfig")
     if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"seed={seed!r} is not allowed: expected an integer >= 0")
+        raise ConfigError(f"seed={bounded_repr(seed)} is not allowed: expected an integer >= 0")
     c, seed = config, int(seed)
     group_of_user, sys_len, q_len = _prompt_parts(c, np.random.default_rng(seed))
     arrival = _arrivals(c)

@@ -58,6 +58,7 @@ import logging
 import math
 import os
 import re
+import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
@@ -65,8 +66,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from kvsched.envs.sim.errors import ConfigError, TraceFormatError
-from kvsched.envs.sim.request import N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
+from kvsched.envs.sim import strict_json
+from kvsched.envs.sim.errors import ConfigError, TraceFormatError, bounded_repr
+from kvsched.envs.sim.request import MAX_ARRIVAL_S, N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = [
     "AZURE_COLUMNS",
@@ -106,27 +108,72 @@ PRIORITY_COLUMN = "priority"
 #: number of parallel samples (vLLM's ``SamplingParams.n``).
 N_COLUMN = "n"
 _REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+#: Largest trace file read, in bytes after decompression (default 2 GiB; the bundled traces are
+#: a few MB, the full Azure 2023 and Mooncake traces tens of MB). A gzip stream expands up to
+#: about 1000-fold, so a small file could otherwise exhaust the memory. Raise it with the
+#: environment variable ``KVSCHED_MAX_TRACE_BYTES``.
+MAX_TRACE_BYTES = 2 * 1024**3
+#: Most lines of one trace file (default 50 million). Raise it with ``KVSCHED_MAX_TRACE_ROWS``.
+MAX_TRACE_ROWS = 50_000_000
+_TRACE_BYTES_ENV = "KVSCHED_MAX_TRACE_BYTES"
+_TRACE_ROWS_ENV = "KVSCHED_MAX_TRACE_ROWS"
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 # =============================================================================================
 # Reading bytes
 # =============================================================================================
+def _limit(default: int, env: str) -> int:
+    """A size limit: ``default``, or the positive integer in environment variable ``env``.
+
+    Raises:
+        ConfigError: ``env`` is set to something other than a positive integer.
+    """
+    text = os.environ.get(env)
+    if text is None:
+        return default
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"environment variable {env}={bounded_repr(text)} is not allowed: expected a positive "
+                          f"integer (default {default})")
+    return value
+
+
 def _read(path: str | os.PathLike) -> tuple[bytes, str]:
     """Uncompressed content of ``path`` (gzip detected by magic bytes) and its SHA-256.
 
+    The content is capped at :data:`MAX_TRACE_BYTES` bytes and :data:`MAX_TRACE_ROWS` lines
+    (environment variables ``KVSCHED_MAX_TRACE_BYTES`` / ``KVSCHED_MAX_TRACE_ROWS`` raise them);
+    a gzip stream is decompressed only up to the cap.
+
     Raises:
-        TraceFormatError: the file cannot be read or is a corrupt gzip stream.
+        TraceFormatError: the file cannot be read, is a corrupt gzip stream, or exceeds a cap
+            (the message names the cap and its variable).
     """
+    max_bytes = _limit(MAX_TRACE_BYTES, _TRACE_BYTES_ENV)
+    max_rows = _limit(MAX_TRACE_ROWS, _TRACE_ROWS_ENV)
+    too_big = (f"{path}: the trace holds more than {max_bytes:,} bytes (uncompressed), the limit; set the "
+               f"environment variable {_TRACE_BYTES_ENV} to a larger number of bytes to read it")
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise TraceFormatError(f"{path}: cannot read trace file: {e.strerror or e}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:  # every member, only up to the cap
+                raw = g.read(max_bytes + 1)
+        except (OSError, EOFError, zlib.error) as e:
             raise TraceFormatError(f"{path}: corrupt gzip data: {e}") from None
+    if len(raw) > max_bytes:
+        raise TraceFormatError(too_big)
+    rows = raw.count(b"\n") + (0 if raw.endswith(b"\n") or not raw else 1)
+    if rows > max_rows:
+        raise TraceFormatError(f"{path}: the trace holds {rows:,} lines, more than the limit of {max_rows:,}; set "
+                               f"the environment variable {_TRACE_ROWS_ENV} to a larger number to read it")
     return raw, hashlib.sha256(raw).hexdigest()
 
 
@@ -154,10 +201,10 @@ def _format_of(path: str | os.PathLike) -> str | None:
 # =============================================================================================
 def _bad(file: str, line: int, field: str, column: str, value: Any, allowed: str,
          others: int = 0) -> TraceFormatError:
-    col = f" (column {column!r})" if column and column != field else ""
+    col = f" (column {bounded_repr(column)})" if column and column != field else ""
     more = f" [{others} more row(s) in this column are invalid too]" if others else ""
     return TraceFormatError(
-        f"{file}: line {line}: field {field!r}{col} has value {value!r}; expected {allowed}{more}")
+        f"{file}: line {line}: field {field!r}{col} has value {bounded_repr(value)}; expected {allowed}{more}")
 
 
 def _check_numbers(num: np.ndarray, raw: Sequence[Any] | np.ndarray, lines: np.ndarray, file: str, field: str,
@@ -288,10 +335,19 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
               hashes: np.ndarray | None = None, hash_block_tokens: int = 0,
               session: np.ndarray | None = None, slo_codes: np.ndarray | None = None,
               slo_names: tuple[str, ...] = ("default",), notes: Sequence[str] = (),
-              priority: np.ndarray | None = None, n_samples: np.ndarray | None = None) -> Workload:
+              priority: np.ndarray | None = None, n_samples: np.ndarray | None = None,
+              lines: np.ndarray | None = None, arrival_column: str = "") -> Workload:
     n = len(arrival)
     if n == 0:
         raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
+    beyond = arrival > MAX_ARRIVAL_S
+    if lines is not None and beyond.any():  # in file order, before sorting: name the line
+        idx = np.flatnonzero(beyond)
+        i = int(idx[0])
+        raise _bad(file, int(lines[i]), "arrival_s", arrival_column, f"{float(arrival[i]):g} s",
+                   f"at most {MAX_ARRIVAL_S:g} s after the trace's start (MAX_ARRIVAL_S, about 31.7 years: "
+                   "float64 seconds keep sub-microsecond resolution only up to it; a timestamp in another "
+                   "unit?)", len(idx) - 1)
     notes = list(notes)
     request_id = np.arange(n, dtype=np.int64)
     if session is None:
@@ -386,6 +442,7 @@ def _read_csv_rows(data: bytes, file: str, columns: Sequence[str], optional: Seq
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
         raise TraceFormatError(f"{file}: malformed CSV: {e}".strip()) from None
     found = [str(c) for c in df.columns]
+    _refuse_duplicate_columns(data, file, len(found))
     missing = [c for c in columns if c not in found]
     if missing:
         raise TraceFormatError(f"{file}: line 1 (header): missing column(s) {missing}; expected "
@@ -402,6 +459,27 @@ def _read_csv_rows(data: bytes, file: str, columns: Sequence[str], optional: Seq
             lines = lines[keep]
             cols = {c: v[keep] for c, v in cols.items()}
     return cols, lines, notes
+
+
+def _refuse_duplicate_columns(data: bytes, file: str, n_columns: int) -> None:
+    """Refuse a CSV header naming one column twice (pandas would rename the second ``name.1``
+    and the loader read only the first, silently).
+
+    Raises:
+        TraceFormatError: naming the column (line 1).
+    """
+    try:
+        header = pd.read_csv(io.BytesIO(data), header=None, nrows=1, dtype=str, keep_default_na=False,
+                             na_filter=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
+        return  # the full read succeeded; nothing more to learn here
+    names = [str(c) for c in header.iloc[0].tolist()] if len(header) else []
+    seen: set[str] = set()
+    for c in names:
+        if c in seen:
+            raise TraceFormatError(f"{file}: line 1 (header): column {bounded_repr(c)} appears twice; each column "
+                                   "must be named once (which one holds the data?)")
+        seen.add(c)
 
 
 def _blank_lines_notes(blank: Sequence[int], file: str) -> list[str]:
@@ -427,15 +505,29 @@ def _jsonl_object(line: bytes, lineno: int, file: str) -> dict:
             (the message names the file and the 1-based line and quotes its first 80 bytes).
     """
     try:
-        obj = json.loads(line)
-    except ValueError as e:
+        obj = strict_json.loads(line)
+    except strict_json.DuplicateKeyError as e:
+        raise TraceFormatError(f"{file}: line {lineno}: {e}; give each key once") from None
+    except (ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else bounded_repr(str(e))[1:-1]
         snippet = line[:80].decode("utf-8", "replace")
-        raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e}); the line starts "
-                               f"{snippet!r}; expected one JSON object per line") from None
+        raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({why}); the line starts "
+                               f"{bounded_repr(snippet)}; expected one JSON object per line") from None
     if type(obj) is not dict:
         raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
-                               f"{type(obj).__name__}: {line[:80].decode('utf-8', 'replace')!r}")
+                               f"{type(obj).__name__}: {bounded_repr(line[:80].decode('utf-8', 'replace'))}")
     return obj
+
+
+#: What a required scalar key of a JSONL trace holds (for the "is null" message).
+_JSON_NUMBER_KEYS_ALLOWED = "a JSON number (null is not a value)"
+
+
+def _keys_text(obj: dict, limit: int = 12) -> str:
+    """The first ``limit`` keys of ``obj``, sorted, for a message (the count of the others)."""
+    keys = sorted(map(str, obj))
+    shown = ", ".join(bounded_repr(k, 40) for k in keys[:limit])
+    return f"[{shown}{f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''}]"
 
 
 def _append_row_values(obj: dict, appenders: Sequence[tuple[str, Callable[[Any], None], bool]],
@@ -455,8 +547,9 @@ def _append_row_values(obj: dict, appenders: Sequence[tuple[str, Callable[[Any],
         v = obj.get(key)
         if v is None and req:
             raise TraceFormatError(
-                f"{file}: line {lineno}: required key {key!r} is "
-                f"{'null' if key in obj else 'missing'}; keys present: {sorted(obj)}")
+                f"{file}: line {lineno}: required key {bounded_repr(key)} is "
+                + (f"null; expected {_JSON_NUMBER_KEYS_ALLOWED}" if key in obj else
+                   f"missing; keys present: {_keys_text(obj)}"))
         app(v)
 
 
@@ -466,14 +559,17 @@ def _row_hash_ids(obj: dict, key: str, required: bool, file: str, lineno: int) -
     The ids themselves are not checked here (see :func:`_hash_array`).
 
     Raises:
-        TraceFormatError: the key is required and missing or null (the message says "missing"
-            for both), or its value is not a JSON list.
+        TraceFormatError: the key is required and missing or null (the message says which),
+            or its value is not a JSON list.
     """
     h = obj.get(key)
     if h is None:
         if required:
-            raise TraceFormatError(f"{file}: line {lineno}: required key {key!r} is missing;"
-                                   f" keys present: {sorted(obj)}")
+            if key in obj:
+                raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is null; expected a JSON "
+                                       "list of integer hash ids (one per prompt block)")
+            raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is missing;"
+                                   f" keys present: {_keys_text(obj)}")
         h = []
     if type(h) is not list:
         raise _bad(file, lineno, "prefix_hashes", key, h, "a JSON list of integer hash ids")
@@ -534,7 +630,7 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
         # utc=True honours offsets (also mixed ones); naive timestamps are taken as UTC
         ts = pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
     except (ValueError, TypeError) as e:
-        raise TraceFormatError(f"{file}: column {column!r} ({field}): timestamps cannot be parsed "
+        raise TraceFormatError(f"{file}: column {bounded_repr(column)} ({field}): timestamps cannot be parsed "
                                f"together ({e}); use one ISO 8601 form throughout") from None
     bad = ts.isna().to_numpy()
     if bad.any():
@@ -569,7 +665,8 @@ def _azure_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workload:
                     f"arrival_s = seconds since the earliest TIMESTAMP {t0}"
                     + (f"; per-request priority from column {PRIORITY_COLUMN!r}" if priority is not None else "")
                     + (f"; parallel samples from column {N_COLUMN!r}" if n_samples is not None else ""))
-    return _assemble(file, name, sha, arrival, prompt, output, notes=notes, priority=priority, n_samples=n_samples)
+    return _assemble(file, name, sha, arrival, prompt, output, notes=notes, priority=priority, n_samples=n_samples,
+                     lines=lines, arrival_column=t_col)
 
 
 def load_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -632,7 +729,7 @@ def _mooncake_from_bytes(data: bytes, file: str, sha: str, name: str) -> Workloa
                     + (f"; parallel samples from key {N_COLUMN!r}" if n_samples is not None else ""))
     return _assemble(file, name, sha, ms / 1000.0, prompt, output, hash_lens=hash_lens,
                      hashes=hashes, hash_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS, notes=notes, priority=priority,
-                     n_samples=n_samples)
+                     n_samples=n_samples, lines=lines, arrival_column=k_t)
 
 
 def load_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Workload:
@@ -673,7 +770,10 @@ def _parse_hash_cell(cell: str, line: int, file: str, column: str) -> list[int]:
         return []
     try:
         if s.startswith("["):
-            v = json.loads(s)
+            try:
+                v = json.loads(s)
+            except RecursionError:
+                raise ValueError("nested too deeply") from None
             if type(v) is not list or not all(type(x) is int for x in v):
                 raise ValueError
             return v
@@ -693,7 +793,7 @@ def _check_column_map(columns: dict[str, str]) -> None:
             allowed ones) or misses a required one.
     """
     if not isinstance(columns, dict):
-        raise ConfigError(f"columns={columns!r} must be a dict mapping field -> file column")
+        raise ConfigError(f"columns={bounded_repr(columns)} must be a dict mapping field -> file column")
     unknown = [f for f in columns if f not in GENERIC_FIELDS]
     if unknown:
         raise ConfigError(f"columns has unknown field(s) {unknown}; allowed: {list(GENERIC_FIELDS)}")
@@ -717,7 +817,7 @@ def _generic_format(path: str | os.PathLike, fmt: str | None) -> str:
             raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
                                    "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
     if fmt not in ("csv", "jsonl"):
-        raise ConfigError(f"fmt={fmt!r} is not allowed: expected 'csv', 'jsonl' or None")
+        raise ConfigError(f"fmt={bounded_repr(fmt)} is not allowed: expected 'csv', 'jsonl' or None")
     return fmt
 
 
@@ -737,12 +837,12 @@ def _check_generic_args(path: str | os.PathLike, columns: dict[str, str], time_u
     """
     _check_column_map(columns)
     if time_unit not in (*_TIME_UNITS, "datetime"):
-        raise ConfigError(f"time_unit={time_unit!r} is not allowed: expected one of "
+        raise ConfigError(f"time_unit={bounded_repr(time_unit)} is not allowed: expected one of "
                           f"{[*_TIME_UNITS, 'datetime']}")
     fmt = _generic_format(path, fmt)
     if "prefix_hashes" in columns and (isinstance(hash_block_tokens, bool)
                                        or not isinstance(hash_block_tokens, int) or hash_block_tokens <= 0):
-        raise ConfigError(f"hash_block_tokens={hash_block_tokens!r} is not allowed: expected an "
+        raise ConfigError(f"hash_block_tokens={bounded_repr(hash_block_tokens)} is not allowed: expected an "
                           "integer > 0 (tokens per prefix hash) when 'prefix_hashes' is mapped")
     return fmt
 
@@ -1011,7 +1111,7 @@ def load_generic(path: str | os.PathLike, columns: dict[str, str], time_unit: st
                      hash_lens=rows.hash_lens if has_hashes else None, hashes=hashes,
                      hash_block_tokens=hash_block_tokens if has_hashes else 0, session=session,
                      slo_codes=slo_codes, slo_names=slo_names, notes=notes, priority=priority,
-                     n_samples=n_samples)
+                     n_samples=n_samples, lines=rows.lines, arrival_column=columns["arrival_s"])
 
 
 def _session_column(vals: Sequence[Any], empty: Any, lines: np.ndarray, file: str, column: str
@@ -1056,7 +1156,7 @@ def _slo_column(vals: Sequence[Any], file: str, column: str) -> tuple[np.ndarray
         key = "default" if v is None or v == "" else str(v)
         codes[i] = names.setdefault(key, len(names))
     if len(names) > np.iinfo(np.int16).max:
-        raise TraceFormatError(f"{file}: column {column!r} has {len(names)} "
+        raise TraceFormatError(f"{file}: column {bounded_repr(column)} has {len(names)} "
                                "distinct SLO classes; at most 32767 are allowed")
     return codes, tuple(names) or ("default",)
 
@@ -1101,7 +1201,7 @@ def bundled_trace_path(name: str):
         ConfigError: ``name`` is not a bundled trace (the message lists them).
     """
     if name not in BUNDLED_TRACES:
-        raise ConfigError(f"unknown bundled trace {name!r}; bundled traces: {list(BUNDLED_TRACES)}")
+        raise ConfigError(f"unknown bundled trace {bounded_repr(name)}; bundled traces: {list(BUNDLED_TRACES)}")
     return importlib.resources.files("kvsched.envs.workload") / "data" / BUNDLED_TRACES[name].filename
 
 
@@ -1121,19 +1221,15 @@ def _sniff(data: bytes, file: str, fmt: str | None) -> str:
         found = [c.strip().strip('"') for c in header.split(",")]
         if set(AZURE_COLUMNS) <= set(found):
             return "azure"
-        raise TraceFormatError(f"{file}: CSV header {found} is not the Azure trace format (needs "
+        raise TraceFormatError(f"{file}: CSV header {bounded_repr(found, 300)} is not the Azure trace format (needs "
                                f"columns {list(AZURE_COLUMNS)}); {hint}")
     if fmt == "jsonl":
         for lineno, line in enumerate(data.split(b"\n"), 1):
             if line.strip():
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({e})") from None
-                keys = sorted(obj) if isinstance(obj, dict) else []
-                if set(MOONCAKE_KEYS) <= set(keys):
+                obj = _jsonl_object(line, lineno, file)
+                if set(MOONCAKE_KEYS) <= set(obj):
                     return "mooncake"
-                raise TraceFormatError(f"{file}: line {lineno}: JSON keys {keys} are not the "
+                raise TraceFormatError(f"{file}: line {lineno}: JSON keys {_keys_text(obj)} are not the "
                                        f"Mooncake format (needs {list(MOONCAKE_KEYS)}); {hint}")
         raise TraceFormatError(f"{file}: the file holds no JSON lines")
     raise TraceFormatError(f"{file}: unknown trace format; expected .csv (Azure) or .jsonl "
@@ -1158,17 +1254,20 @@ def load_trace(name_or_path: str | os.PathLike, name: str | None = None) -> Work
             :func:`load_generic`), a bundled file's SHA-256 does not match, or any loader error.
     """
     key = os.fspath(name_or_path)
+    if not isinstance(key, str) or not key.strip():  # Path("") is ".": never the current folder
+        raise ConfigError(f"trace {bounded_repr(key)}: an empty name or path; give a bundled trace name "
+                          f"({', '.join(BUNDLED_TRACES)}) or a trace file")
     if key in BUNDLED_TRACES:
         entry = BUNDLED_TRACES[key]
         with importlib.resources.as_file(bundled_trace_path(key)) as p:
             w = entry.loader(p, name=name or key)
         if w.source_sha256 != BUNDLED_SHA256[key]:
-            raise TraceFormatError(f"{p}: bundled trace {key!r} has sha256 {w.source_sha256}, "
+            raise TraceFormatError(f"{p}: bundled trace {bounded_repr(key)} has sha256 {w.source_sha256}, "
                                    f"expected {BUNDLED_SHA256[key]}; the package data is damaged")
         return w
     p = Path(key)
     if not p.is_file():
-        raise ConfigError(f"trace {key!r} is neither a bundled trace nor an existing file; bundled "
+        raise ConfigError(f"trace {bounded_repr(key)} is neither a bundled trace nor an existing file; bundled "
                           f"traces: {list(BUNDLED_TRACES)} (see `kvsched traces`)")
     data, sha = _read(p)
     kind = _sniff(data, key, _format_of(p))
@@ -1212,16 +1311,16 @@ def window(w: Workload, start_s: float, end_s: float, rebase: bool = True, allow
     for f, v in (("start_s", start_s), ("end_s", end_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                 or not math.isfinite(v):
-            raise ConfigError(f"window {f}={v!r} is not allowed: expected a finite number of seconds")
+            raise ConfigError(f"window {f}={bounded_repr(v)} is not allowed: expected a finite number of seconds")
     if start_s >= end_s:
-        raise ConfigError(f"window start_s={start_s!r} must be < end_s={end_s!r}")
+        raise ConfigError(f"window start_s={bounded_repr(start_s)} must be < end_s={bounded_repr(end_s)}")
     if rebase and start_s < 0:
-        raise ConfigError(f"window start_s={start_s!r} must be >= 0 when rebase=True "
+        raise ConfigError(f"window start_s={bounded_repr(start_s)} must be >= 0 when rebase=True "
                           "(rebased arrivals would be negative)")
     lo = int(np.searchsorted(w.arrival_s, start_s, side="left"))
     hi = int(np.searchsorted(w.arrival_s, end_s, side="left"))
     if hi <= lo and not allow_empty:
-        raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {w.name!r} holds no requests; "
+        raise ConfigError(f"window [{start_s:g}, {end_s:g}) s of {bounded_repr(w.name)} holds no requests; "
                           f"{_span(w)}")
     if hi <= lo:
         return _slice(w, lo, lo, np.zeros(0), f"window [{start_s:g}, {end_s:g}) s: no requests")
@@ -1242,7 +1341,7 @@ def scale_rate(w: Workload, factor: float) -> Workload:
     """
     if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)) \
             or not math.isfinite(factor) or factor <= 0:
-        raise ConfigError(f"scale_rate factor={factor!r} is not allowed: expected a finite number "
+        raise ConfigError(f"scale_rate factor={bounded_repr(factor)} is not allowed: expected a finite number "
                           "> 0 (2 = twice the request rate)")
     span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w) else 0.0
     note = (f"scale_rate x{factor:g}: arrivals divided by {factor:g} (request rate x{factor:g}; "
@@ -1257,7 +1356,7 @@ def head(w: Workload, n: int) -> Workload:
         ConfigError: ``n`` is not an integer >= 1.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ConfigError(f"head n={n!r} is not allowed: expected an integer >= 1")
+        raise ConfigError(f"head n={bounded_repr(n)} is not allowed: expected an integer >= 1")
     n = int(n)
     if n >= len(w):
         note = f"head({n}): kept all {len(w)} requests (the workload has no more)"

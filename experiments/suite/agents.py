@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require, MAX_PATH_CHARS
 
 from .episodes import Episode, episode_indices
 from .runs import episode_seed, make_env, model_actor, random_actor, run_env, run_heuristic, score
@@ -51,7 +51,7 @@ def task_training(suite: str, task_id: str, results_folder: Path | None = None) 
     task = get_task(suite, task_id)
     results = load_results(suite, results_folder)
     if task_id not in results["tasks"]:
-        raise ConfigError(f"the {suite} results hold no task {task_id!r} (they hold: "
+        raise ConfigError(f"the {suite} results hold no task {bounded_repr(task_id)} (they hold: "
                           f"{', '.join(results['tasks']) or 'none'}); compute it with kvsched leaderboard "
                           f"--suite {suite} --tasks {task_id} --compute --out DIR")
     ref, params = _reference(results["tasks"][task_id])
@@ -87,14 +87,14 @@ def checkpoint_meta(path: Path) -> dict:
     from kvsched.agents.evaluate import _sidecar
 
     if not path.is_file():
-        raise ConfigError(f"checkpoint {bounded_repr(str(path))} does not exist")
+        raise ConfigError(f"checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)} does not exist")
     try:
-        meta = _sidecar(path)
+        meta = _sidecar(path, check=False)  # checked below, for the keys a task needs
     except (OSError, ValueError) as e:
-        raise ConfigError(f"checkpoint {bounded_repr(str(path))}: its metadata is not readable JSON "
+        raise ConfigError(f"checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)}: its metadata is not readable JSON "
                           f"({bounded_repr(str(e))})") from None
     require(isinstance(meta, dict) and isinstance(meta.get("env_id"), str) and isinstance(meta.get("algo"), str),
-            f"metadata of checkpoint {bounded_repr(str(path))}", meta if not isinstance(meta, dict) else
+            f"metadata of checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)}", meta if not isinstance(meta, dict) else
             {k: meta.get(k) for k in ("env_id", "algo")}, "an object naming its env_id and algo (written by "
             "`kvsched train`)")
     return meta
@@ -121,7 +121,7 @@ def load_checkpoint(path: Path, meta: dict | None = None, trust: bool = False) -
     except ConfigError:
         raise
     except (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile) as e:
-        raise ConfigError(f"checkpoint {bounded_repr(str(path))}: not a loadable {bounded_repr(meta['algo'])} "
+        raise ConfigError(f"checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)}: not a loadable {bounded_repr(meta['algo'])} "
                           f"checkpoint ({bounded_repr(str(e))})") from None
 
 

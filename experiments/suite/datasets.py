@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from .tasks import BenchTask
 
@@ -51,7 +51,7 @@ def record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, path:
         raise ConfigError("recording datasets needs Minari's DataCollector: pip install "
                           "'minari[create,arrow]>=0.5' (or kvsched[rl])") from None
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ConfigError(f"episodes={episodes!r} is not allowed: expected an integer >= 1")
+        raise ConfigError(f"episodes={bounded_repr(episodes)} is not allowed: expected an integer >= 1")
     with _minari_root(path):
         return _record(task, task_result, episodes, seed)
 

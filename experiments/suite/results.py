@@ -18,7 +18,8 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
+from kvsched.envs.sim import strict_json
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require, MAX_PATH_CHARS
 
 from .stats import Paired, headroom, paired
 from kvsched import atomic_files
@@ -78,18 +79,18 @@ def load_results(suite: str, folder: Path | None = None) -> dict[str, Any]:
         ConfigError: no results file, or one of another format.
     """
     p = results_path(suite, folder)
-    where = bounded_repr(str(p))[1:-1]
+    where = bounded_repr(str(p), MAX_PATH_CHARS)[1:-1]
     try:
         exists = p.is_file()
     except OSError as e:  # a name too long, no permission
         raise ConfigError(f"results {where}: cannot be read ({e.strerror})") from None
     if not exists:
-        raise ConfigError(f"no results for suite {suite!r} at {where}; compute them with "
+        raise ConfigError(f"no results for suite {bounded_repr(suite)} at {where}; compute them with "
                           f"`kvsched leaderboard --suite {suite} --compute --out DIR` (hours), then read them "
                           f"with --results DIR")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise ConfigError(f"{where}: not a readable results file ({bounded_repr(str(e))[1:-1]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{where}: not a {FORMAT} results file")

@@ -20,7 +20,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim import strict_json
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, MAX_PATH_CHARS
 
 from .results import SHIPPED_SUFFIX, provenance, results_dir, write_json
 
@@ -73,20 +74,20 @@ def _read_agents(p: Path) -> dict[str, Any]:
             reached the leaderboard's statistics as a ValueError or TypeError traceback).
     """
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{bounded_repr(str(p))}: not a readable shipped-agents file ({bounded_repr(str(e))})") \
+        data = strict_json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: not a readable shipped-agents file ({bounded_repr(str(e))})") \
             from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("agents"), dict):
-        raise ConfigError(f"{bounded_repr(str(p))}: not a {FORMAT} file")
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: not a {FORMAT} file")
     for label, entry in data["agents"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("scores"), dict):
-            raise ConfigError(f"{bounded_repr(str(p))}: agent {bounded_repr(label)} has no scores")
+            raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: agent {bounded_repr(label)} has no scores")
         for task, per_stratum in entry["scores"].items():
             ok = isinstance(per_stratum, dict) and all(isinstance(v, list) and all(_is_score(x) for x in v)
                                                        for v in per_stratum.values())
             if not ok:
-                raise ConfigError(f"{bounded_repr(str(p))}: agent {bounded_repr(label)}'s scores on "
+                raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: agent {bounded_repr(label)}'s scores on "
                                   f"{bounded_repr(task)} are {bounded_repr(per_stratum)}; expected an object of "
                                   "stratum -> list of finite numbers or null")
     return data["agents"]

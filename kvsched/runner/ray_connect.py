@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 #: seconds to wait for a TCP connection to a given Ray address before refusing it
 CONNECT_TIMEOUT_S = 5.0
@@ -33,7 +33,7 @@ def host_port(address: str, flag: str = "--address") -> tuple[str, int] | None:
     rest = address[len("ray://"):] if address.startswith("ray://") else address
     host, sep, port = rest.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{flag}={address!r} is not allowed: expected HOST:PORT (port 1-65535), "
+        raise ConfigError(f"{flag}={bounded_repr(address)} is not allowed: expected HOST:PORT (port 1-65535), "
                           "ray://HOST:PORT, auto or local")
     return host.strip("[]"), int(port)
 
@@ -75,11 +75,11 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S, flag: st
         with socket.create_connection(hp, timeout=timeout_s):
             pass
     except OSError as e:
-        raise ConfigError(f"{flag}={address!r}: no Ray cluster answers there ({e.strerror or e}; waited up to "
+        raise ConfigError(f"{flag}={bounded_repr(address)}: no Ray cluster answers there ({e.strerror or e}; waited up to "
                           f"{timeout_s:g} s for a TCP connection); start one with `ray start --head`, or "
                           f"{instead}") from None
     if not _speaks_grpc(*hp, timeout_s):
-        raise ConfigError(f"{flag}={address!r}: something accepts TCP connections there but it is not a Ray cluster "
+        raise ConfigError(f"{flag}={bounded_repr(address)}: something accepts TCP connections there but it is not a Ray cluster "
                           f"(no gRPC handshake within {timeout_s:g} s; Ray would wait for it forever); Ray's GCS "
                           "listens on port 6379 unless `ray start --head --port` says otherwise, Ray Client on 10001 "
                           f"(ray://HOST:10001), the dashboard's 8265 is neither; or {instead}")
@@ -105,5 +105,5 @@ def init_ray(ray, address: str | None) -> bool:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  ignore_reinit_error=True)
     except ConnectionError as e:  # `auto` with no cluster on this machine (Ray: "Could not find any ...")
-        raise ConfigError(f"--address={address!r}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"--address={bounded_repr(address)}: {str(e).splitlines()[0]}") from None
     return True

@@ -38,9 +38,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint, MAX_PATH_CHARS
+from kvsched.envs.sim.yaml_loading import load_yaml
 from kvsched.envs.sim.metrics import SLO, MetricsConfig
 from kvsched.envs.sim.request import Workload
 from kvsched.envs.sim.specs import InstanceSpec, instance_spec_from_dict, instance_spec_to_dict
@@ -125,21 +124,26 @@ class Scenario:
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
-        if self.trace is not None and not isinstance(self.trace, str):
-            raise ConfigError(f"{where}: trace={bounded_repr(self.trace)} must be a bundled trace name or a file path")
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace.strip()):
+            raise ConfigError(f"{where}: trace={bounded_repr(self.trace)} must be a bundled trace name or a file path"
+                              + (" (not empty)" if isinstance(self.trace, str) else ""))
         if self.synthetic is not None and not isinstance(self.synthetic, dict):
             raise ConfigError(f"{where}: synthetic={bounded_repr(self.synthetic)} must be a mapping of SyntheticConfig fields")
         if not isinstance(self.name, str):
             raise ConfigError(f"{where}: name={bounded_repr(self.name)} must be text")
         if isinstance(self.rate_scale, bool) or not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0
                                                      and self.rate_scale != float("inf")):
-            raise ConfigError(f"{where}: rate_scale={bounded_repr(self.rate_scale)} must be a finite number > 0")
+            raise ConfigError(f"{where}: rate_scale={bounded_repr(self.rate_scale)} must be a finite number > 0"
+                              f"{text_number_hint(self.rate_scale)}")
         if self.max_requests is not None and (not is_int(self.max_requests) or self.max_requests < 1):
-            raise ConfigError(f"{where}: max_requests={bounded_repr(self.max_requests)} must be an integer >= 1")
+            raise ConfigError(f"{where}: max_requests={bounded_repr(self.max_requests)} must be an integer >= 1"
+                              f"{text_number_hint(self.max_requests)}")
         if not is_int(self.n_instances) or self.n_instances < 1:
-            raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer >= 1")
+            raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer >= 1"
+                              f"{text_number_hint(self.n_instances)}")
         if not is_int(self.seed) or self.seed < 0:
-            raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer >= 0")
+            raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer >= 0"
+                              f"{text_number_hint(self.seed)}")
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
         if not isinstance(self.metrics, dict):
@@ -286,24 +290,6 @@ def _build(cls, d: dict | None, where: str):
         raise type(e)(f"{where}: {e}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (the first would be lost)."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
 def bundled_scenario_dir() -> Path:
     """The folder of the scenarios shipped with the package: ``experiments/scenarios/*.yaml`` in a
     checkout, package data of ``kvsched.experiments.scenarios`` when installed."""
@@ -327,20 +313,23 @@ def scenario_path(path: str | Path) -> Path:
     Raises:
         ConfigError: neither an existing path nor a bundled name (the message lists the names).
     """
+    if isinstance(path, str) and not path.strip():  # Path("") is ".", the current folder
+        raise ConfigError(f"scenario file {bounded_repr(path)}: an empty path; give a .yaml file or a bundled "
+                          f"scenario name: {', '.join(bundled_scenarios())}")
     p = Path(path)
     try:
         if p.is_file():
             return p
         exists = p.exists()
     except OSError as e:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"scenario file {str(p)!r}: cannot be looked up ({e.strerror or e})") from None
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}: cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
         q = bundled_scenario_dir() / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():
             return q
     if exists:  # a folder or a device: load_scenario says it is not a file
         return p
-    raise ConfigError(f"scenario file {str(p)!r} does not exist, nor is it a bundled scenario; bundled (give the "
+    raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist, nor is it a bundled scenario; bundled (give the "
                       f"name): {', '.join(bundled_scenarios())}")
 
 
@@ -348,18 +337,18 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file, given by path or by bundled name (:func:`scenario_path`).
 
     Raises:
-        ConfigError: no such file or bundled name, unreadable YAML, an empty file, unknown keys,
-            or invalid values (naming the file).
+        ConfigError: no such file or bundled name, an empty path, unreadable YAML (or beyond the
+            limits of :mod:`kvsched.envs.sim.yaml_loading`), an empty file, unknown keys, no
+            workload (neither ``trace`` nor ``synthetic``), or invalid values (naming the file).
     """
     p = scenario_path(path)
     if not p.is_file():
-        raise ConfigError(f"scenario file {str(p)!r} is not a file (give a .yaml file)")
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} is not a file (give a .yaml file)")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"scenario file {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"scenario file {p}: invalid YAML: {e}") from None
+    data = load_yaml(text, f"scenario file {p}")
     if data is not None and not isinstance(data, dict):  # `[]` or `false` is not an empty file
         raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
     if not data:  # almost surely the wrong file: do not run every default in its name
@@ -372,4 +361,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     if "synthetic" in data and "trace" not in data:
         data["trace"] = None
-    return Scenario(**data, source=str(p))
+    scenario = Scenario(**data, source=str(p))  # the other fields' errors first
+    if "trace" not in data and "synthetic" not in data:  # never the bundled default in its place
+        raise ConfigError(f"scenario file {p}: no workload; add `trace:` (a bundled trace name or a file) or "
+                          "`synthetic:` (SyntheticConfig fields)")
+    return scenario

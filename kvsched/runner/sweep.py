@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from .scenario import Scenario
 
@@ -64,11 +64,11 @@ class Cell:
         for name in ("window", "windows"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ConfigError(f"Cell.{name}={v!r} must be an integer")
+                raise ConfigError(f"Cell.{name}={bounded_repr(v)} must be an integer")
         if self.windows < 1:
-            raise ConfigError(f"Cell.windows={self.windows!r} must be >= 1")
+            raise ConfigError(f"Cell.windows={bounded_repr(self.windows)} must be >= 1")
         if not 0 <= self.window < self.windows:
-            raise ConfigError(f"Cell.window={self.window!r} must be in [0, {self.windows})")
+            raise ConfigError(f"Cell.window={bounded_repr(self.window)} must be in [0, {self.windows})")
 
     @property
     def seed(self) -> int:
@@ -97,7 +97,7 @@ def cell_workload(cell: Cell):
     if cell.windows == 1:
         return w
     if len(w) == 0:
-        raise ConfigError(f"scenario {cell.scenario.name!r} has no request to cut into windows")
+        raise ConfigError(f"scenario {bounded_repr(cell.scenario.name)} has no request to cut into windows")
     first, last = float(w.arrival_s[0]), float(w.arrival_s[-1])
     width = (last - first) / cell.windows
     lo = first + cell.window * width
@@ -106,7 +106,7 @@ def cell_workload(cell: Cell):
     try:
         return window(w, lo, hi)
     except ConfigError as e:
-        raise ConfigError(f"scenario {cell.scenario.name!r}: window {cell.window} of {cell.windows}: {e}; "
+        raise ConfigError(f"scenario {bounded_repr(cell.scenario.name)}: window {cell.window} of {cell.windows}: {e}; "
                           "use fewer windows") from None
 
 
@@ -182,9 +182,9 @@ def map_tasks(fn: Callable[..., Any], args: Sequence[tuple], backend: str = "loc
     the backend. Raises :class:`ConfigError` as :func:`run_cells`.
     """
     if backend not in BACKENDS:
-        raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
+        raise ConfigError(f"backend={bounded_repr(backend)}: allowed {list(BACKENDS)}")
     if address is not None and backend != "ray":
-        raise ConfigError(f"address={address!r} is only used with backend 'ray' (backend={backend!r})")
+        raise ConfigError(f"address={bounded_repr(address)} is only used with backend 'ray' (backend={bounded_repr(backend)})")
     total = len(args)
     if backend == "local":
         out = []

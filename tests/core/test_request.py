@@ -114,5 +114,5 @@ def test_request_state_counts_only_whole_segments_inside_the_prompt():
     assert st.status == WAITING and st.to_compute == 100 and st.hbm_blocks == 0
     st.computed, st.generated, st.status, st.private_blocks, st.shared_blocks = 102, 3, RUNNING, 5, 2
     assert st.to_compute == 1 and st.hbm_blocks == 7
-    with pytest.raises(ConfigError, match="multiple of block_size_tokens=16"):
+    with pytest.raises(ConfigError, match="block_size_tokens=16 is not allowed.*divisor of 40"):
         RequestState(Request(0, 0.0, 100, 5, prefix_hashes=(1,), hash_block_tokens=40), 16, 0)
