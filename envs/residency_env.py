@@ -311,8 +311,8 @@ class ResidencyEnv(gym.Env):
             require(k in self.keep_bins_s, "keep_s", keep_s, f"one of the keep bins {list(self.keep_bins_s)}")
             return len(BASE_ACTIONS) + self.keep_bins_s.index(k)
         if policy in EVICTION_POLICIES:
-            raise ConfigError(f"heuristic {bounded_repr(policy)} is a tier eviction order: make the environment with "
-                              f"eviction={policy!r} and play action 0 (this one evicts by {self.eviction!r})")
-        raise ConfigError(f"heuristic {bounded_repr(policy)} is not a residency heuristic; allowed: None, 'session', or the "
-                          f"environment's eviction order {self.eviction!r} (others: make the environment with "
-                          "eviction=<name>)")
+            raise ConfigError(f"heuristic {bounded_repr(policy)} is a tier eviction order: make the environment "
+                              f"with eviction='{policy}' and play action 0 (this one evicts by '{self.eviction}')")
+        raise ConfigError(f"heuristic {bounded_repr(policy)} is not a residency heuristic; allowed: None, 'session', "
+                          f"or the environment's eviction order '{self.eviction}' (others: make the environment "
+                          "with eviction=<name>)")

@@ -134,10 +134,10 @@ def test_evaluate_names_the_metadata_file_and_the_missing_key(tmp_path, meta, ke
     ckpt = tmp_path / "a.zip"
     shutil.copyfile(ROOT / "agents" / "checkpoints" / "bench-v1" / "es-overload-burst-s0.zip", ckpt)
     (tmp_path / "a.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=rf"training metadata '.*a\.json' has no key '{key}'"):
+    with pytest.raises(ConfigError, match=rf"training metadata .*a\.json: missing key '{key}'"):
         evaluate([str(ckpt)], None, 1, 1, tmp_path / "o")
     (tmp_path / "a.json").write_text('{"env_id": ')
-    with pytest.raises(ConfigError, match=r"a\.json' of checkpoint .* is not readable JSON"):
+    with pytest.raises(ConfigError, match=r"a\.json: cannot be read: not JSON"):
         evaluate([str(ckpt)], None, 1, 1, tmp_path / "o")
 
 
