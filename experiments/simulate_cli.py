@@ -248,7 +248,20 @@ def _timeline(a: argparse.Namespace, sc: Scenario, workload, spec):
 
 
 def _print_routing(summary: dict, console: Console) -> None:
-    """One line on routing (load share, prefix hits) and one on the shared KV tier, when present."""
+    """A line on prefix caching (HBM's hit rate; one per lower tier caching prefixes), one on
+    routing (load share, prefix hits) and one on the shared KV tier, when present."""
+    pt = summary.get("prefix_tiers")
+    prefix = summary["classes"]["all"].get("prefix") or {}
+    if (pt or (prefix.get("hit_tokens") or 0) > 0) and not summary.get("routing"):
+        console.print(f"prefix cache: HBM hit rate {100 * (prefix.get('hit_rate') or 0):.1f} % of prompt tokens",
+                      highlight=False)
+    if pt:
+        for name, t in pt["tiers"].items():
+            console.print(f"  {name} ({t['eviction']}): hit rate {100 * (t['hit_rate'] or 0):.2f} %, "
+                          f"{t['loads']:,} loads ({t['bytes_loaded'] / 1e9:,.1f} GB), "
+                          f"{t['bytes_written'] / 1e9:,.1f} GB written in {t['writes']:,} writes "
+                          f"({t['skipped_writes']:,} skipped), {t['evicted_segments']:,} segments evicted",
+                          highlight=False)
     r = summary.get("routing")
     if r:
         hit = summary["classes"]["all"]["prefix"]["hit_rate"]

@@ -626,3 +626,11 @@ def test_a_huge_bad_argument_is_named_in_a_bounded_message(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "error:" in err and len(err.splitlines()[-1]) < 600, argv[:2]
+
+
+def test_simulate_prints_the_prefix_hit_rate_of_hbm_and_of_each_lower_tier(capsys):
+    scenario = Path(__file__).resolve().parents[2] / "experiments" / "scenarios" / "residency-sessions.yaml"
+    rc = main(["simulate", "--scenario", str(scenario), "--max-requests", "400", "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "prefix cache: HBM hit rate" in printed and "dram (lru): hit rate" in printed
