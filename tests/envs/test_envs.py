@@ -302,7 +302,7 @@ def _shared_objects(a, b, path="") -> list[str]:
 
 @pytest.mark.parametrize("env_id", kvsched.envs.ENV_IDS)
 def test_every_step_returns_new_observation_and_info_data(env_id):
-    env = gym.make(env_id, **SMALL).unwrapped
+    env = gym.make(env_id, **small(env_id)).unwrapped
     env.action_space.seed(0)
     returned = [env.reset(seed=0)]
     while True:
