@@ -83,7 +83,8 @@ def fit_policy(policy, arrays: tuple[np.ndarray, np.ndarray, np.ndarray | None],
                batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0) -> float:
     """Fit an SB3 policy (in place) to ``(observations, actions, masks)`` (:func:`dataset_arrays`;
     masks None: unmasked) by the negative log-likelihood of the recorded actions, with Adam (batch
-    order seeded by ``seed``; torch's own seed is the caller's); returns the last epoch's mean loss. Used by :func:`behaviour_clone` and by ``kvsched train
+    order seeded by ``seed``; torch's own seed is the caller's); returns the last epoch's mean loss.
+    Used by :func:`behaviour_clone` and by ``kvsched train
     --bc-dataset`` (a warm start before RL).
 
     Raises:
@@ -134,5 +135,6 @@ def save_clone(model, path: Path, env_id: str, env_kwargs: dict[str, Any], datas
 
     trust.record(path)
     algo = "maskable_ppo" if type(model).__name__ == "MaskablePPO" else "ppo"
-    meta = {"env_id": env_id, "algo": algo, "env_kwargs": env_kwargs, "behaviour_clone": {"dataset": dataset_id, **extra}}
+    meta = {"env_id": env_id, "algo": algo, "env_kwargs": env_kwargs,
+            "behaviour_clone": {"dataset": dataset_id, **extra}}
     atomic_files.write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")

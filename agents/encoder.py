@@ -149,7 +149,8 @@ class _CandidateSetMixin:
     def _build(self, lr_schedule) -> None:
         self._build_mlp_extractor()  # type: ignore[attr-defined]
         ext: CandidateSetExtractor = self.features_extractor  # type: ignore[attr-defined]
-        self.action_net = _Heads(ext.k, ext.row_dim, ext.ctx_dim, _choices(self.action_space, ext.k))  # type: ignore[attr-defined]
+        self.action_net = _Heads(ext.k, ext.row_dim, ext.ctx_dim,
+                                 _choices(self.action_space, ext.k))  # type: ignore[attr-defined]
         self.value_net = _Value(ext.ctx_dim)
         if self.ortho_init:  # type: ignore[attr-defined]
             for module, gain in ((ext, np.sqrt(2)), (self.action_net, 0.01), (self.value_net, 1.0)):

@@ -168,7 +168,8 @@ class LinearScheduler:
                 return cls(int(z["k"]), [int(n) for n in z["nvec"]], np.asarray(z["theta"], dtype=np.float64),
                            version)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-            raise ConfigError(f"{bounded_repr(str(path), MAX_PATH_CHARS)} is not an es checkpoint ({bounded_repr(str(e))})") from None
+            raise ConfigError(f"{bounded_repr(str(path), MAX_PATH_CHARS)} is not an es checkpoint "
+                              f"({bounded_repr(str(e))})") from None
 
 
 def _masked_argmax(x: np.ndarray, allowed: np.ndarray) -> int:

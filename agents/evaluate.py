@@ -433,8 +433,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known
                 or (env_id == "kvsched/Residency-v0" and residency_heuristic(a) is not None)):
-            raise ConfigError(f"agent {bounded_repr(a)} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) nor a "
-                              f"{what} of {env_id}; known: {sorted(known)}")
+            raise ConfigError(f"agent {bounded_repr(a)} is neither a checkpoint (.zip, or an RLlib checkpoint/ folder) "
+                              f"nor a {what} of {env_id}; known: {sorted(known)}")
     trained = metas[0]["env_kwargs"] if metas else {}
     if window_s is None:
         window_s = float(trained.get("window_s", 60.0))

@@ -310,8 +310,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         raise ConfigError(f"--policy-net candidate-set is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0; "
                           f"got --algo {algo} on {env_id}")
     if reference_bias and (env_id not in SCHEDULING_IDS or algo not in ("ppo", "maskable_ppo")):
-        raise ConfigError(f"--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0, whose action 0 "
-                          f"is the reference policy; got --algo {algo} on {env_id}")
+        raise ConfigError(f"--reference-bias is for --algo ppo or maskable_ppo on kvsched/Scheduling-v0, "
+                          f"whose action 0 is the reference policy; got --algo {algo} on {env_id}")
     if discount_time_s is not None:
         from .semi_mdp import check_discount_time_s
 

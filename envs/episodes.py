@@ -161,8 +161,8 @@ class EpisodeSource:
         span_s = float(base.arrival_s[-1]) if len(base) else 0.0
         n = int(span_s // config.window_s)
         if n < 1:
-            raise ConfigError(f"EpisodeConfig.window_s={bounded_repr(config.window_s)} is longer than the scenario's span "
-                              f"({span_s:.1f} s of arrivals in {config.scenario}); choose a shorter window")
+            raise ConfigError(f"EpisodeConfig.window_s={bounded_repr(config.window_s)} is longer than the scenario's "
+                              f"span ({span_s:.1f} s of arrivals in {config.scenario}); choose a shorter window")
         n_heldout = int(math.ceil(n * config.heldout_fraction)) if config.heldout_fraction > 0 else 0
         if n_heldout >= n:
             n_heldout = n - 1

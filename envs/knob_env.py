@@ -183,7 +183,8 @@ class KnobEnv(gym.Env):
             try:
                 build(values)
             except ConfigError as e:
-                raise ConfigError(f"Knobs-v0 on scenario {bounded_repr(self.source.scenario.name)}: its {self.heuristic} "
+                raise ConfigError(f"Knobs-v0 on scenario {bounded_repr(self.source.scenario.name)}: "
+                                  f"its {self.heuristic} "
                                   f"parameters conflict with the knob ranges at {values}: {e}") from None
 
     def heuristic_action(self, heuristic: str | None = None) -> np.ndarray:

@@ -148,7 +148,8 @@ def fixed_length_poisson(n: int, rate_per_s: float, prompt_tokens: int, output_t
 
     for field, v in (("n", n), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ConfigError(f"fixed_length_poisson {field}={bounded_repr(v)} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"fixed_length_poisson {field}={bounded_repr(v)} is not allowed: "
+                              "expected an integer >= 1")
     if not (isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0):
         raise ConfigError(f"fixed_length_poisson rate_per_s={bounded_repr(rate_per_s)} is not allowed: expected a "
                           "finite number > 0 (requests per second)")
@@ -533,7 +534,8 @@ def run_case_subprocess(name: str, profile_dir: Path | None = None) -> dict:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise KvschedError(f"bench case {bounded_repr(name)} failed (exit {proc.returncode}); its error output is above")
+        raise KvschedError(f"bench case {bounded_repr(name)} failed (exit {proc.returncode}); "
+                           "its error output is above")
     entry = json.loads(proc.stdout.strip().splitlines()[-1])
     entry["process_wall_s"] = wall
     return entry
@@ -907,7 +909,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--env-steps", type=int, help="steps per environment and agent with --envs (2000)")
     b.add_argument("--train", action="store_true",
                    help="also measure training: MaskablePPO steps per CPU second end to end and the environment "
-                        "alone, on kvsched/Scheduling-v0 and on CartPole-v1 under the same settings (subprocess); alone "
+                        "alone, on kvsched/Scheduling-v0 and on CartPole-v1 under the same settings "
+                        "(subprocess); alone "
                         "(without --cases or --quick) it runs no simulator case; columns explained in "
                         "docs/performance.md")
     b.add_argument("--train-steps", type=int, help="environment steps per measurement with --train (8192)")
@@ -943,8 +946,10 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         return 0
     # options of a part that does not run are refused, not silently ignored
     unused = [f for f, v in (("--peer-requests", a.peer_requests), ("--qps", a.qps), ("--peer-dir", a.peer_dir))
-              if v is not None and a.peer is None] + (["--env-steps"] if a.env_steps is not None and not a.envs else []) \
-        + [f for f, v in (("--train-steps", a.train_steps), ("--train-envs", a.train_envs)) if v is not None and not a.train]
+              if v is not None and a.peer is None] \
+        + (["--env-steps"] if a.env_steps is not None and not a.envs else []) \
+        + [f for f, v in (("--train-steps", a.train_steps), ("--train-envs", a.train_envs))
+           if v is not None and not a.train]
     if unused:
         raise KvschedError(f"{', '.join(unused)}: not allowed here: --peer-requests, --qps and --peer-dir are "
                            "options of --peer vidur, --env-steps of --envs, --train-steps and --train-envs of --train")
@@ -978,7 +983,8 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
     if a.out is not None and (a.plot or a.out.with_suffix(".png")).resolve() == a.out.resolve():
         # the plot would be written over the JSON results
-        raise KvschedError(f"--out {bounded_repr(str(a.out), MAX_PATH_CHARS)} is not allowed: the plot goes to the same file "
+        raise KvschedError(f"--out {bounded_repr(str(a.out), MAX_PATH_CHARS)} is not allowed: "
+                           "the plot goes to the same file "
                            f"({'--plot' if a.plot else '--out with .png'}); give another --plot or an --out "
                            "ending in .json")
     err = stderr_console()

@@ -268,7 +268,8 @@ def cmd_calibrate(a, console) -> int:
     t0 = time.perf_counter()
 
     def progress(i: int, loss: float) -> None:
-        console.print(f"  evaluation {i:3d}: 0.5·Σ r² = {loss:.4f}  ({time.perf_counter() - t0:.0f} s)", highlight=False)
+        console.print(f"  evaluation {i:3d}: 0.5·Σ r² = {loss:.4f}  ({time.perf_counter() - t0:.0f} s)",
+                      highlight=False)
 
     console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}", highlight=False)
     cal, fit = calibrate(exps, train, a.gpu, CostParams(), DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
@@ -293,7 +294,8 @@ def cmd_calibrate(a, console) -> int:
     table.add_column("value", justify="right")
     table.add_column("how")
     for f in dataclasses.fields(CostParams):
-        table.add_row(f.name, f"{getattr(cal.cost, f.name):.6g}", "fitted" if f.name in cal.fitted else "literature default")
+        table.add_row(f.name, f"{getattr(cal.cost, f.name):.6g}",
+                      "fitted" if f.name in cal.fitted else "literature default")
     console.print(table)
     console.print(f"{n_eval} objective evaluations, loss {cal.loss:.4f}, {wall:.0f} s wall; wrote {out}",
                   highlight=False)

@@ -99,7 +99,8 @@ def check_keys(engine: str, config: Mapping[str, Any]) -> None:
                               f"({info['source']}); the exporter's mapping is stale")
         choices = info.get("choices", {}).get(k)
         if choices is not None and v not in choices:
-            raise ConfigError(f"export {engine}: {k}={bounded_repr(v)} is not one of {engine} {info['version']}'s choices {choices}")
+            raise ConfigError(f"export {engine}: {k}={bounded_repr(v)} is not one of "
+                              f"{engine} {info['version']}'s choices {choices}")
 
 
 # ----------------------------------------------------------------------------- loading a trial
@@ -206,7 +207,8 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
 
     store = journal_path(storage_url) or _sqlite_file(storage_url)
     if store is not None and _same_file(out, store):
-        raise ConfigError(f"--out {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: it is the study's storage ({_redact(storage_url)}); "
+        raise ConfigError(f"--out {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: "
+                          f"it is the study's storage ({_redact(storage_url)}); "
                           "writing the export there would destroy the study; give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
@@ -310,7 +312,8 @@ ROUTER_GATEWAY_FLAGS: Mapping[tuple[str, str], str] = {
     ("dynamo", "overlap_score_weight"): "Dynamo --kv-overlap-score-weight",
     ("dynamo", "router_temperature"): "Dynamo --router-temperature",
     ("llm-d", "queue_weight"): "llm-d EndpointPickerConfig queue-scorer weight (export --target llm-d)",
-    ("llm-d", "kv_cache_weight"): "llm-d EndpointPickerConfig kv-cache-utilization-scorer weight (export --target llm-d)",
+    ("llm-d", "kv_cache_weight"):
+        "llm-d EndpointPickerConfig kv-cache-utilization-scorer weight (export --target llm-d)",
     ("llm-d", "prefix_weight"): "llm-d EndpointPickerConfig prefix-cache-scorer weight (export --target llm-d)",
 }
 
@@ -541,10 +544,12 @@ def load_policy_file(path: str | Path) -> dict:
     try:
         d = strict_json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
-        raise ConfigError(f"--policy-file {p}: cannot read JSON ({bounded_repr(str(e) or 'nested too deeply')[1:-1]})") \
+        raise ConfigError(f"--policy-file {p}: cannot read JSON "
+                          f"({bounded_repr(str(e) or 'nested too deeply')[1:-1]})") \
             from None
     if not isinstance(d, dict) or d.get("format") != POLICY_FILE_FORMAT:
-        raise ConfigError(f"--policy-file {p}: not a kvsched policy file (format must be {bounded_repr(POLICY_FILE_FORMAT)}; "
+        raise ConfigError(f"--policy-file {p}: not a kvsched policy file "
+                          f"(format must be {bounded_repr(POLICY_FILE_FORMAT)}; "
                           "write one with kvsched export --target kvsched)")
     for k in ("policy", "policy_params", "engine"):
         if k not in d:

@@ -327,10 +327,11 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
             if resolved_sp and "enable_multi_turn_chat" not in resolved_sp and sp.get("enable_multi_turn_chat"):
                 notes.append(f"profile asks for multi-turn chat with {sp.get('num_unique_system_prompts')} x "
                              f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
-                             f"with {resolved_sp.get('num_groups')} x {resolved_sp.get('num_prompts_per_group')} prompts")
+                             f"with {resolved_sp.get('num_groups')} x "
+                             f"{resolved_sp.get('num_prompts_per_group')} prompts")
         if prof["load"].get("type") != "constant":
-            raise ConfigError(f"{d / 'profile.yaml'}: load.type={bounded_repr(prof['load'].get('type'))}; only 'constant' is "
-                              "modelled")
+            raise ConfigError(f"{d / 'profile.yaml'}: load.type={bounded_repr(prof['load'].get('type'))}; "
+                              "only 'constant' is modelled")
         stages = []
         for k in range(len(stages_cfg)):
             stages.append(_stage_from_json(k, _read_json(d / "results" / f"stage_{k}_lifecycle_metrics.json")))
@@ -341,7 +342,8 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
             seen_folders.add(d.name)
             peers = _peer_table(rows)
             for i, st in enumerate(stages):
-                actual = rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name").set_index("metric_name")["actual"]
+                actual = (rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name")
+                          .set_index("metric_name")["actual"])
                 for m, v in actual.items():
                     if not math.isclose(float(v), st.values_ms[m], rel_tol=1e-6):
                         raise ConfigError(f"{d.name} stage {st.stage} {m}: csv actual {v} != stage JSON "
@@ -379,7 +381,8 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
         rows, notes_l = csv_for(folder, family)
         notes = list(notes_l)
         if be is None:
-            raise ConfigError(f"{folder}: in the sim-to-real csv but not in blis/trained_physics_iter29_experiments.json"
+            raise ConfigError(f"{folder}: in the sim-to-real csv but not in "
+                              "blis/trained_physics_iter29_experiments.json"
                               " (no workload spec)")
         peers = _peer_table(rows)
         wl = be["workload"]["inference_perf"]

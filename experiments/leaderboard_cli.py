@@ -233,7 +233,8 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
     twice = sorted({x for x in names if names.count(x) > 1})
     if twice or not names:
-        raise KvschedError(f"--agents {bounded_repr(a.agents)}: {'given twice: ' + ', '.join(twice) if twice else 'no agent'}"
+        raise KvschedError(f"--agents {bounded_repr(a.agents)}: "
+                           f"{'given twice: ' + ', '.join(twice) if twice else 'no agent'}"
                            "; expected distinct checkpoints (.zip), heuristic names or random")
     sizes = {len(keys) for t in tasks for keys in results["tasks"][t.task_id]["strata"].values()}
     if a.episodes is not None and a.episodes > min(sizes):
@@ -314,7 +315,9 @@ def _plot(rows: list[dict], path: Path) -> None:
     panels = sorted({(r["task"], r["stratum"]) for r in rows})
     if not panels:
         return
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 1.2 + 0.28 * max(len([r for r in rows if (r["task"], r["stratum"]) == p]) for p in panels) * len(panels)),
+    fig, axes = plt.subplots(len(panels), 1,
+                             figsize=(8, 1.2 + 0.28 * max(len([r for r in rows if (r["task"], r["stratum"]) == p])
+                                                          for p in panels) * len(panels)),
                              squeeze=False)
     for ax, (task, stratum) in zip(axes[:, 0], panels):
         rs = [r for r in rows if (r["task"], r["stratum"]) == (task, stratum) and r["normalised"] is not None]

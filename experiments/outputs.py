@@ -54,15 +54,19 @@ def prepare_out_file(path: Path | None, flag: str = "--out") -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: {bounded_repr(str(path.parent), MAX_PATH_CHARS)} is not a folder") from None
+        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: "
+                           f"{bounded_repr(str(path.parent), MAX_PATH_CHARS)} is not a folder") from None
     except OSError as e:
-        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: its folder cannot be made ({e.strerror})") from None
+        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: "
+                           f"its folder cannot be made ({e.strerror})") from None
     if path.is_dir():
-        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: it is a folder; give a file name")
+        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: "
+                           "it is a folder; give a file name")
     try:
         _probe(path.parent)
     except OSError as e:
-        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: its folder cannot be written ({e.strerror})") \
+        raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: "
+                           f"its folder cannot be written ({e.strerror})") \
             from None
 
 

@@ -251,7 +251,8 @@ def _train_rllib(args, console) -> int:
     from kvsched.agents.rllib import train_rllib
 
     if args.algo != "ppo":
-        raise ConfigError(f"--backend rllib trains PPO; --algo {bounded_repr(args.algo)} is not allowed there (use --algo ppo)")
+        raise ConfigError(f"--backend rllib trains PPO; --algo {bounded_repr(args.algo)} is not allowed there "
+                          "(use --algo ppo)")
     unused = [f for f, v in (("--n-envs", args.n_envs is not None), ("--subprocess", args.subprocess),
                              ("--max-cpu-s", args.max_cpu_s is not None),
                              ("--max-wall-s", args.max_wall_s is not None),

@@ -73,7 +73,8 @@ full disk) is recovered up to its last complete record when it is opened
 
 Results: the best parameters and their objective vs the baseline (printed and
 ``tune.json``), ``trials.csv``, and plots ``history.png`` (optimisation history) and
-``importances.png`` (PED-ANOVA parameter importances, Optuna's default evaluator) from ``optuna.visualization.matplotlib``
+``importances.png`` (PED-ANOVA parameter importances, Optuna's default evaluator) from
+``optuna.visualization.matplotlib``
 (Agg backend). The study opens in optuna-dashboard (``pip install optuna-dashboard``;
 ``optuna-dashboard <storage URL>``; for a journal file ``optuna-dashboard PATH``).
 """
@@ -134,11 +135,13 @@ class MetricRef:
         """``"goodput_rps"`` or ``"ttft_p99_s:short"``. Raises ConfigError naming the allowed metrics."""
         name, _, c = str(text).strip().partition(":")
         if name not in METRIC_COLUMNS:
-            raise ConfigError(f"{what}={bounded_repr(text)}: unknown metric {bounded_repr(name)}; allowed: {', '.join(METRIC_COLUMNS)} "
+            raise ConfigError(f"{what}={bounded_repr(text)}: unknown metric {bounded_repr(name)}; "
+                              f"allowed: {', '.join(METRIC_COLUMNS)} "
                               f"(optionally ':CLASS', e.g. ttft_p99_s:short)")
         c = c or "all"
         if c not in METRIC_CLASSES:
-            raise ConfigError(f"{what}={bounded_repr(text)}: unknown class {bounded_repr(c)}; allowed: {', '.join(METRIC_CLASSES)}")
+            raise ConfigError(f"{what}={bounded_repr(text)}: unknown class {bounded_repr(c)}; "
+                              f"allowed: {', '.join(METRIC_CLASSES)}")
         return cls(name, c)
 
     @property
@@ -167,7 +170,8 @@ class Constraint:
         try:
             bound = float(m.group(4))
         except ValueError:
-            raise ConfigError(f"--constraint={bounded_repr(text)}: bound {bounded_repr(m.group(4))} is not a number") from None
+            raise ConfigError(f"--constraint={bounded_repr(text)}: bound {bounded_repr(m.group(4))} "
+                              "is not a number") from None
         ref = MetricRef.parse(m.group(1) + (f":{m.group(2)}" if m.group(2) else ""), "--constraint")
         return cls(ref, m.group(3), bound)
 
@@ -230,7 +234,8 @@ class TuneConfig:
             self._check_router()
             return
         if not self.space():
-            raise ConfigError(f"policy {bounded_repr(self.policy)} declares no search space (PolicyParams.SEARCH_SPACE); "
+            raise ConfigError(f"policy {bounded_repr(self.policy)} declares no search space "
+                              "(PolicyParams.SEARCH_SPACE); "
                               "add --tune-residency (the KV-residency knobs every policy has) or --tune-engine "
                               "(the engine knobs)")
 
@@ -243,10 +248,12 @@ class TuneConfig:
                               f"{', '.join(router_names())} (with a search space: {', '.join(tunable_router_names())})")
         object.__setattr__(self, "router", ROUTERS.canonical(self.router))
         if not ROUTERS.get(self.router).params_cls.SEARCH_SPACE:
-            raise ConfigError(f"--router={bounded_repr(self.router)} declares no search space (RouterParams.SEARCH_SPACE: it has "
+            raise ConfigError(f"--router={bounded_repr(self.router)} declares no search space "
+                              "(RouterParams.SEARCH_SPACE: it has "
                               f"no tunable parameters); routers with one: {', '.join(tunable_router_names())}")
         if self.tune_residency:
-            raise ConfigError(f"--tune-residency with --router={bounded_repr(self.router)} is not allowed: a router study keeps "
+            raise ConfigError(f"--tune-residency with --router={bounded_repr(self.router)} is not allowed: "
+                              "a router study keeps "
                               "the scenario's policy and policy_params fixed; tune the residency knobs in a policy "
                               "study (--policy)")
 
@@ -344,8 +351,9 @@ def check_scenario(cfg: TuneConfig, scenario: Scenario) -> None:
     check_router_cluster(cfg.router, scenario)
     mine, theirs = type(make_policy(cfg.policy)).name, type(make_policy(scenario.policy)).name
     if mine != theirs:
-        raise ConfigError(f"policy={bounded_repr(cfg.policy)} is not allowed with --router={bounded_repr(cfg.router)}: expected the "
-                          f"scenario's policy {bounded_repr(theirs)} (a router study runs it with the scenario's policy_params)")
+        raise ConfigError(f"policy={bounded_repr(cfg.policy)} is not allowed with --router={bounded_repr(cfg.router)}: "
+                          f"expected the scenario's policy {bounded_repr(theirs)} (a router study runs it with the "
+                          "scenario's policy_params)")
 
 
 def check_router_cluster(router: str, scenario: Scenario) -> None:
@@ -355,7 +363,8 @@ def check_router_cluster(router: str, scenario: Scenario) -> None:
         ConfigError: naming ``n_instances``, its value and the scenario.
     """
     if scenario.n_instances < 2:
-        raise ConfigError(f"n_instances={bounded_repr(scenario.n_instances)} is not allowed with --router={bounded_repr(router)}: "
+        raise ConfigError(f"n_instances={bounded_repr(scenario.n_instances)} is not allowed with "
+                          f"--router={bounded_repr(router)}: "
                           f"expected n_instances >= 2 (a router picks among instances; set n_instances in "
                           f"scenario {bounded_repr(scenario.name)})")
 
@@ -604,8 +613,8 @@ def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
                               "or a new file name") from None
     if "://" in url:
         return _rdb_storage(rdb_url(url))
-    raise ConfigError(f"--storage={bounded_repr(url)}: give journal:PATH, a PATH ending in .journal or .log, or an RDB URL "
-                      "(sqlite:///FILE, postgresql://USER@HOST:PORT/DB)")
+    raise ConfigError(f"--storage={bounded_repr(url)}: give journal:PATH, a PATH ending in .journal or .log, "
+                      "or an RDB URL (sqlite:///FILE, postgresql://USER@HOST:PORT/DB)")
 
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
@@ -626,7 +635,8 @@ def rdb_url(url: str) -> str:
     scheme, _, rest = url.partition("://")
     dialect = scheme.split("+", 1)[0]
     if dialect not in RDB_SCHEMES:
-        raise ConfigError(f"--storage={bounded_repr(_redact(url))}: unknown database {bounded_repr(dialect)}; give journal:PATH, a PATH "
+        raise ConfigError(f"--storage={bounded_repr(_redact(url))}: unknown database {bounded_repr(dialect)}; "
+                          f"give journal:PATH, a PATH "
                           f"ending in .journal or .log, or an RDB URL ({', '.join(s + '://...' for s in RDB_SCHEMES)})")
     if scheme == "postgresql" and importlib.util.find_spec("psycopg") is None \
             and importlib.util.find_spec("psycopg2") is not None:
@@ -735,7 +745,8 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
             return optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-            raise ConfigError(f"--study {bounded_repr(name)}: no such study in the storage; studies there: {names}") from None
+            raise ConfigError(f"--study {bounded_repr(name)}: no such study in the storage; "
+                              f"studies there: {names}") from None
     study = optuna.create_study(study_name=name, storage=storage, direction=cfg.direction,
                                 sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True,
                                 pruner=_make_pruner(cfg))
@@ -751,7 +762,8 @@ def open_study(name: str, storage_url: str | None, cfg: TuneConfig | None = None
         theirs.setdefault("router", None)  # ... and before --router
         if json.loads(json.dumps(mine)) != theirs:
             diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
-            raise ConfigError(f"study {bounded_repr(name)} exists with another objective ({', '.join(diff)} differ: stored "
+            raise ConfigError(f"study {bounded_repr(name)} exists with another objective "
+                              f"({', '.join(diff)} differ: stored "
                               f"{ {k: theirs.get(k) for k in diff} }); use another --study name")
     return study
 

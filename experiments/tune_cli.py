@@ -97,7 +97,8 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     prepare_out_dir(out)  # before the trials (minutes), not when their results are written
     err = stderr_console()
     fixed = f" (policy {cfg.policy} fixed)" if cfg.router is not None else ""
-    err.print(f"tuning {cfg.tuned}{fixed} on {sc.name}: {len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
+    err.print(f"tuning {cfg.tuned}{fixed} on {sc.name}: "
+              f"{len(cfg.windows_s)} windows x {len(cfg.seeds)} seeds per trial, "
               f"objective {cfg.objective} ({cfg.direction}), {a.trials} trials, sampler {a.sampler}, "
               f"{a.workers} worker(s)", highlight=False)
     progress_lines.note(f"study {name}, {a.trials} trials")  # off a terminal: with the elapsed time
@@ -175,7 +176,8 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
     if "target_objective_mean" in pv:
         behind = (f", behind the scenario's router {pv['target_router_simulated']}"
                   if "target_router_simulated" in pv else "")
-        console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} (baseline {_f(pv['baseline_objective_mean'])}); "
+        console.print(f"{pv['objective']}: tuned {_f(pv['objective_mean'])} "
+                      f"(baseline {_f(pv['baseline_objective_mean'])}); "
                       f"this file alone ({pv['target_policy_simulated']} + its engine settings{behind}), simulated on "
                       f"the study's windows and seeds: {_f(pv['target_objective_mean'])}", highlight=False)
     if res.unexpressible:

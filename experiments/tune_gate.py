@@ -11,7 +11,8 @@ storage) run one trial at a time, and before each one a worker asks the :class:`
 - otherwise: start a trial.
 
 *In flight* means ``RUNNING`` and owned by a worker that is alive. Each worker tags the trials it
-runs with a random token (user attribute :data:`OWNER_ATTR`; left out of ``trials.csv``) and, for a journal, holds an exclusive
+runs with a random token (user attribute :data:`OWNER_ATTR`; left out of ``trials.csv``) and,
+for a journal, holds an exclusive
 ``flock`` on the file ``<journal>.workers/<token>`` for its life; the kernel drops that lock
 when the process dies, so a ``RUNNING`` trial left by a killed worker is not waited for. The
 check and the tagging of the new trial happen under one lock (``flock`` on

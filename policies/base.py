@@ -433,7 +433,8 @@ def make_policy(name: str, params: PolicyParams | dict | None = None) -> Schedul
         allowed = {f.name for f in fields(pcls)}
         unknown = set(params) - allowed
         if unknown:
-            raise ConfigError(f"policy {bounded_repr(name)}: unknown parameters {bounded_repr(sorted(unknown, key=str))}; "
+            raise ConfigError(f"policy {bounded_repr(name)}: unknown parameters "
+                              f"{bounded_repr(sorted(unknown, key=str))}; "
                               f"allowed: {sorted(allowed)}")
         params = pcls(**params)
     return cls(params)

@@ -179,7 +179,8 @@ def make_router(name: str, params: RouterParams | dict | None = None) -> Router:
         allowed = {f.name for f in fields(cls.params_cls)}
         unknown = sorted(set(given) - allowed, key=str)  # YAML keys may be numbers
         if unknown:
-            raise ConfigError(f"router {bounded_repr(name)}: unknown parameters {bounded_repr(unknown)}; allowed: {sorted(allowed)}")
+            raise ConfigError(f"router {bounded_repr(name)}: unknown parameters {bounded_repr(unknown)}; "
+                              f"allowed: {sorted(allowed)}")
         try:
             params = cls.params_cls(**given)
         except TypeError as e:

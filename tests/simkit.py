@@ -228,7 +228,8 @@ def routing_spec(**kw) -> InstanceSpec:
 def cluster(n, router="round-robin", spec=None, check=True, fast_forward=True, **kw) -> Cluster:
     """``n`` FCFS instances of ``spec`` (8,192 HBM blocks, 2,048-token budget) behind ``router``."""
     spec = spec or routing_spec(hbm_kv_blocks=8192, max_num_batched_tokens=2048)
-    return Cluster([spec] * n, lambda: make_policy("fcfs"), router=make_router(router) if isinstance(router, str) else router,
+    return Cluster([spec] * n, lambda: make_policy("fcfs"),
+                   router=make_router(router) if isinstance(router, str) else router,
                    options=InstanceOptions(check_invariants=check, fast_forward=fast_forward), **kw)
 
 

@@ -95,7 +95,8 @@ def test_environments_do_not_import_agents_or_the_cli():
 def test_gymnasium_ids_register_in_either_import_order_and_by_module_id():
     pytest.importorskip("gymnasium")
     code = ("import {a}; import {b}; import gymnasium as gym\n"
-            "print(all(i in gym.registry for i in ('kvsched/Scheduling-v0', 'kvsched/Routing-v0', 'kvsched/Knobs-v0')))")
+            "print(all(i in gym.registry for i in "
+            "('kvsched/Scheduling-v0', 'kvsched/Routing-v0', 'kvsched/Knobs-v0')))")
     for a, b in (("kvsched.envs", "gymnasium"), ("gymnasium", "kvsched.envs")):
         out = subprocess.run([sys.executable, "-c", code.format(a=a, b=b)], capture_output=True, text=True, cwd=ROOT)
         assert out.stdout.strip() == "True", out.stderr[-1000:]

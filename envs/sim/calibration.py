@@ -61,11 +61,12 @@ class FitParam:
 
     def __post_init__(self) -> None:
         if self.name not in _COST_FIELDS:
-            raise ConfigError(f"FitParam.name={bounded_repr(self.name)} is not allowed: expected one of {', '.join(_COST_FIELDS)}")
+            raise ConfigError(f"FitParam.name={bounded_repr(self.name)} is not allowed: expected one of "
+                              f"{', '.join(_COST_FIELDS)}")
         if not (isinstance(self.lo, (int, float)) and isinstance(self.hi, (int, float))
                 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
-            raise ConfigError(f"FitParam({self.name}) bounds lo={bounded_repr(self.lo)}, hi={bounded_repr(self.hi)} are not allowed: "
-                              "expected finite 0 < lo < hi")
+            raise ConfigError(f"FitParam({self.name}) bounds lo={bounded_repr(self.lo)}, hi={bounded_repr(self.hi)} "
+                              "are not allowed: expected finite 0 < lo < hi")
 
 
 DEFAULT_FIT_PARAMS: tuple[FitParam, ...] = (
@@ -124,9 +125,11 @@ class CalibrationFile:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpu, str) and self.gpu):
-            raise ConfigError(f"CalibrationFile.gpu={bounded_repr(self.gpu)} is not allowed: expected a GPU preset name")
+            raise ConfigError(f"CalibrationFile.gpu={bounded_repr(self.gpu)} is not allowed: "
+                              "expected a GPU preset name")
         if not (isinstance(self.version, int) and not isinstance(self.version, bool) and self.version >= 1):
-            raise ConfigError(f"CalibrationFile.version={bounded_repr(self.version)} is not allowed: expected an integer >= 1")
+            raise ConfigError(f"CalibrationFile.version={bounded_repr(self.version)} is not allowed: "
+                              "expected an integer >= 1")
         if not isinstance(self.cost, CostParams):
             raise ConfigError(f"CalibrationFile.cost={bounded_repr(self.cost)} is not allowed: expected a CostParams")
         for name in self.fitted:
@@ -157,12 +160,14 @@ class CalibrationFile:
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: a calibration file must hold a JSON object")
         if d.get("format") != CALIBRATION_FORMAT:
-            raise ConfigError(f"{source}: format={bounded_repr(d.get('format'))} is not allowed: expected {bounded_repr(CALIBRATION_FORMAT)}")
+            raise ConfigError(f"{source}: format={bounded_repr(d.get('format'))} is not allowed: "
+                              f"expected {bounded_repr(CALIBRATION_FORMAT)}")
         allowed = {"format", "gpu", "version", "cost_params", "fitted", "train_experiments", "objective", "loss",
                    "n_residuals", "n_evaluations", "wall_s", "kvsched_version", "notes"}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(sorted(allowed))}")
+            raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; "
+                              f"allowed keys: {', '.join(sorted(allowed))}")
         for key in ("gpu", "version", "cost_params"):
             if key not in d:
                 raise ConfigError(f"{source}: missing key {bounded_repr(key)}")
@@ -171,7 +176,8 @@ class CalibrationFile:
             raise ConfigError(f"{source}: cost_params must be an object of CostParams fields")
         bad = sorted(set(cp) - set(_COST_FIELDS))
         if bad:
-            raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; allowed: {', '.join(_COST_FIELDS)}")
+            raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; "
+                              f"allowed: {', '.join(_COST_FIELDS)}")
         try:
             cost = CostParams(**{k: float(v) for k, v in cp.items()})
             return CalibrationFile(

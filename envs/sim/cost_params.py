@@ -20,7 +20,8 @@ class CostParams:
     """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3) and the
     front-end overheads a client measures on top of the engine's steps.
 
-    The defaults below are the literature values; :func:`~kvsched.envs.sim.calibration.default_cost_params` replaces them by a
+    The defaults below are the literature values;
+    :func:`~kvsched.envs.sim.calibration.default_cost_params` replaces them by a
     calibration file where one exists for the GPU (``envs/sim/calibration/``, written by
     ``kvsched calibrate``).
 

@@ -2,7 +2,8 @@
 
 A real scheduler knows a request's arrival time, prompt length, its scheduling priority (vLLM's
 ``Request.priority``, ``vllm/v1/request.py``), how many tokens it has computed and generated so
-far, where its KV blocks are and how many, and how often it was preempted. It does **not** know the output length until the request finishes; the table
+far, where its KV blocks are and how many, and how often it was preempted. It does **not** know
+the output length until the request finishes; the table
 exposes ``output_tokens`` only when the scenario enables oracle lengths (otherwise the column
 is ``-1``).
 

@@ -330,7 +330,8 @@ class Preemptor:
             return False
         row, mode = choice
         if not (0 <= row < len(cands)) or not (mode in costs or mode == inst.spec.preemption_mode):
-            raise ValueError(f"policy {bounded_repr(inst.policy.name)} chose (row {row}, mode {bounded_repr(mode)}) for head preemption; "
+            raise ValueError(f"policy {bounded_repr(inst.policy.name)} chose (row {row}, mode {bounded_repr(mode)}) "
+                             "for head preemption; "
                              f"allowed: rows 0..{len(cands) - 1}, modes {[*costs, inst.spec.preemption_mode]}")
         self._displace(cands[row], mode, step, now, "head_" + cause, head.rid)
         return True

@@ -153,7 +153,8 @@ def _check_timestamps(records: pd.DataFrame, fin: np.ndarray, status: np.ndarray
         i = int(np.flatnonzero(~ok)[0])
         raise ConfigError(
             f"record request_id={records['request_id'].iloc[i]} has arrival_s={bounded_repr(a[i])},"
-            f" first_scheduled_s={bounded_repr(s[i])}, first_token_s={bounded_repr(f[i])}, finish_s={bounded_repr(e[i])},"
+            f" first_scheduled_s={bounded_repr(s[i])}, first_token_s={bounded_repr(f[i])},"
+            f" finish_s={bounded_repr(e[i])},"
             f" generated_tokens={bounded_repr(g[i])}, status={bounded_repr(status[i])}: not allowed: expected a finite"
             " arrival_s and, for finished requests, finite arrival <= first_scheduled <="
             " first_token <= finish with generated_tokens >= 1")

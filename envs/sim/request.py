@@ -136,7 +136,8 @@ class Request:
                      "parent_id"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ConfigError(f"request {bounded_repr(self.request_id)}: {name}={bounded_repr(v)} must be an integer")
+                raise ConfigError(f"request {bounded_repr(self.request_id)}: {name}={bounded_repr(v)} "
+                                  "must be an integer")
         if self.request_id < 0:
             raise ConfigError(f"request_id={self.request_id} must be >= 0")
         a = self.arrival_s
@@ -398,12 +399,14 @@ class Workload:
     def subset(self, mask_or_index: np.ndarray, name: str | None = None,
                note: str | None = None) -> "Workload":
         """A new workload holding the selected rows (boolean mask or sorted index array)."""
-        idx = np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool else np.asarray(mask_or_index, dtype=np.int64)
+        idx = (np.flatnonzero(mask_or_index) if np.asarray(mask_or_index).dtype == bool
+               else np.asarray(mask_or_index, dtype=np.int64))
         lens = self.hash_offsets[idx + 1] - self.hash_offsets[idx]
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum(lens)
         if len(idx):
-            hashes = np.concatenate([self.hashes[self.hash_offsets[i]:self.hash_offsets[i + 1]] for i in idx]) if offsets[-1] else np.zeros(0, np.int64)
+            hashes = (np.concatenate([self.hashes[self.hash_offsets[i]:self.hash_offsets[i + 1]] for i in idx])
+                      if offsets[-1] else np.zeros(0, np.int64))
         else:
             hashes = np.zeros(0, np.int64)
         return Workload(

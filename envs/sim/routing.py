@@ -231,7 +231,8 @@ class RouterTable:
     def __getattr__(self, name: str):
         if name in self._view.columns:
             return getattr(self._view, name)
-        raise AttributeError(f"RouterTable has no column {bounded_repr(name)}; instance columns: {', '.join(self._view.columns)}")
+        raise AttributeError(f"RouterTable has no column {bounded_repr(name)}; "
+                             f"instance columns: {', '.join(self._view.columns)}")
 
     @cached_property
     def prefix_overlap_segments(self) -> np.ndarray:

@@ -89,7 +89,8 @@ def _get_shared_link(name: str) -> LinkSpec:
     try:
         return get_link(name)
     except UnknownPresetError:
-        raise UnknownPresetError(f"unknown link {bounded_repr(name)}; known: {CMX_400G.name}, {', '.join(LINK_PRESETS)}") from None
+        raise UnknownPresetError(f"unknown link {bounded_repr(name)}; "
+                                 f"known: {CMX_400G.name}, {', '.join(LINK_PRESETS)}") from None
 
 
 @dataclass(frozen=True)

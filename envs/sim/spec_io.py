@@ -227,7 +227,8 @@ def _check_instance_keys(d: Any, source: str) -> None:
         raise ConfigError(f"{source}: an instance spec must be a mapping, got {type(d).__name__}")
     unknown = [k for k in d if k not in _INSTANCE_FIELDS]
     if unknown:
-        raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; allowed keys: {', '.join(_INSTANCE_FIELDS)}")
+        raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; "
+                          f"allowed keys: {', '.join(_INSTANCE_FIELDS)}")
     for key in ("model", "gpu"):
         if key not in d:
             raise ConfigError(f"{source}: missing key {bounded_repr(key)} (a preset name or an inline dict)")

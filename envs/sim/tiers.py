@@ -141,13 +141,14 @@ def check_tier_list(tiers: tuple[TierSpec, ...], where: str) -> None:
         if t.name in seen:
             raise ConfigError(f"{where}: tier name {bounded_repr(t.name)} appears twice; tier names are unique")
         if t.name != "hbm" and t.parent not in seen:
-            raise ConfigError(f"{where}: tier {bounded_repr(t.name)} has parent {bounded_repr(t.parent)}, which is not a "
-                              f"tier listed before it ({', '.join(sorted(seen))})")
+            raise ConfigError(f"{where}: tier {bounded_repr(t.name)} has parent {bounded_repr(t.parent)}, "
+                              f"which is not a tier listed before it ({', '.join(sorted(seen))})")
         if t.preemption_mode:
             if t.preemption_mode in modes or t.preemption_mode in RESERVED_MODES:
                 means = (f"tier {modes[t.preemption_mode]!r}" if t.preemption_mode in modes
                          else RESERVED_MODES[t.preemption_mode])
-                raise ConfigError(f"{where}: tier {bounded_repr(t.name)} has preemption_mode {bounded_repr(t.preemption_mode)}, which "
+                raise ConfigError(f"{where}: tier {bounded_repr(t.name)} has preemption_mode "
+                                  f"{bounded_repr(t.preemption_mode)}, which "
                                   f"{means} already means; give the tier another preemption_mode (or name)")
             modes[t.preemption_mode] = t.name
         seen.add(t.name)

@@ -199,7 +199,8 @@ class SyntheticConfig:
              "a finite number > 0 (requests per second)")
         if (self.duration_s is None) == (self.num_requests is None):
             raise ConfigError(f"SyntheticConfig: give exactly one of duration_s and num_requests "
-                              f"(duration_s={bounded_repr(self.duration_s)}, num_requests={bounded_repr(self.num_requests)})")
+                              f"(duration_s={bounded_repr(self.duration_s)}, "
+                              f"num_requests={bounded_repr(self.num_requests)})")
         if self.duration_s is not None:
             need(_is_num(self.duration_s) and self.duration_s > 0, "duration_s",
                  "a finite number of seconds > 0")

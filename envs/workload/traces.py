@@ -566,8 +566,8 @@ def _row_hash_ids(obj: dict, key: str, required: bool, file: str, lineno: int) -
     if h is None:
         if required:
             if key in obj:
-                raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is null; expected a JSON "
-                                       "list of integer hash ids (one per prompt block)")
+                raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is null; "
+                                       "expected a JSON list of integer hash ids (one per prompt block)")
             raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is missing;"
                                    f" keys present: {_keys_text(obj)}")
         h = []

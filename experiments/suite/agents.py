@@ -121,7 +121,8 @@ def load_checkpoint(path: Path, meta: dict | None = None, trust: bool = False) -
     except ConfigError:
         raise
     except (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile) as e:
-        raise ConfigError(f"checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)}: not a loadable {bounded_repr(meta['algo'])} "
+        raise ConfigError(f"checkpoint {bounded_repr(str(path), MAX_PATH_CHARS)}: "
+                          f"not a loadable {bounded_repr(meta['algo'])} "
                           f"checkpoint ({bounded_repr(str(e))})") from None
 
 

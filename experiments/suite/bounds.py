@@ -2,7 +2,8 @@
 
 **Isolation bound.** Each request served alone on one instance of the task's system, with FCFS
 (vLLM's default: one request alone is prefilled in token-budget chunks, the fastest it can be)
-and nothing else in flight: its TTFT, TPOT and E2E then are the best it can get, and SLO attainment over those alone-runs (judged by :func:`kvsched.envs.sim.metrics.summarize`,
+and nothing else in flight: its TTFT, TPOT and E2E then are the best it can get, and SLO
+attainment over those alone-runs (judged by :func:`kvsched.envs.sim.metrics.summarize`,
 exactly as an episode is) bounds every schedule from above. It is loose: requests that arrive
 together cannot all run alone.
 

@@ -256,8 +256,8 @@ def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
 
     agents = sorted({k for r in table for k in r if k.startswith("agent ")})
     shipped = any("shipped" in r for r in table)
-    head = ["task", "stratum", "episodes", "isolation bound", "hindsight bound", "tuned best", "headroom (pts, 95 % CI)",
-            "best default", "best constant", "random", "behaviour clone",
+    head = ["task", "stratum", "episodes", "isolation bound", "hindsight bound", "tuned best",
+            "headroom (pts, 95 % CI)", "best default", "best constant", "random", "behaviour clone",
             *(["shipped agents: mean (normalised [95 % CI])"] if shipped else []),
             *[a[6:] + " (normalised)" for a in agents]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

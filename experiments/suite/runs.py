@@ -53,7 +53,8 @@ def heuristic_cluster(task: BenchTask, heuristic: str, params: Mapping[str, Any]
     rt = router if router is not None else make_router(heuristic, dict(params or {}))
     return Cluster([sc.instance_spec()] * task.instances, lambda: wrap(reference(sc.policy, None, src)),
                    metrics=sc.metrics_config(), router=rt, router_delay_s=sc.router_delay_s,
-                   shared_kv=sc.shared_kv_spec(), seed=sc.seed, options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
+                   shared_kv=sc.shared_kv_spec(), seed=sc.seed,
+                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths))
 
 
 def run_heuristic(task: BenchTask, episode: Episode, heuristic: str, params: Mapping[str, Any] | None = None):

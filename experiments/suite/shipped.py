@@ -76,7 +76,8 @@ def _read_agents(p: Path) -> dict[str, Any]:
     try:
         data = strict_json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:
-        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: not a readable shipped-agents file ({bounded_repr(str(e))})") \
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: not a readable shipped-agents file "
+                          f"({bounded_repr(str(e))})") \
             from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("agents"), dict):
         raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: not a {FORMAT} file")

@@ -49,7 +49,8 @@ def rows(instances: int, window_s: float, rate_scale: float, util: float, dram_g
             out.append({
                 "instances": instances, "tiers": label, "eviction": "-" if tiers is None else ev,
                 "requests": len(w), "hbm_hit_rate": a["prefix"]["hit_rate"],
-                "dram_hit_rate": pt.get("dram", {}).get("hit_rate"), "nvme_hit_rate": pt.get("nvme", {}).get("hit_rate"),
+                "dram_hit_rate": pt.get("dram", {}).get("hit_rate"),
+                "nvme_hit_rate": pt.get("nvme", {}).get("hit_rate"),
                 "ttft_p50_s": a["ttft_s"]["p50"], "ttft_p99_s": a["ttft_s"]["p99"],
                 "bytes_written_gb": sum(t["bytes_written"] for t in pt.values()) / 1e9,
                 "bytes_loaded_gb": sum(t["bytes_loaded"] for t in pt.values()) / 1e9,

@@ -82,7 +82,8 @@ def measure(scenario: str, window_s: float, train_windows: int | None, seeds: in
 
     from kvsched.experiments.suite.stats import bootstrap_ci
 
-    path = scenario if scenario.endswith(".yaml") else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml")
+    path = (scenario if scenario.endswith(".yaml")
+            else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml"))
 
     def make(split: str, eviction: str):
         return gym.make("kvsched/Residency-v0", scenario=path, window_s=window_s, split=split,

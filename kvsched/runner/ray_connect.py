@@ -75,11 +75,13 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S, flag: st
         with socket.create_connection(hp, timeout=timeout_s):
             pass
     except OSError as e:
-        raise ConfigError(f"{flag}={bounded_repr(address)}: no Ray cluster answers there ({e.strerror or e}; waited up to "
+        raise ConfigError(f"{flag}={bounded_repr(address)}: no Ray cluster answers there "
+                          f"({e.strerror or e}; waited up to "
                           f"{timeout_s:g} s for a TCP connection); start one with `ray start --head`, or "
                           f"{instead}") from None
     if not _speaks_grpc(*hp, timeout_s):
-        raise ConfigError(f"{flag}={bounded_repr(address)}: something accepts TCP connections there but it is not a Ray cluster "
+        raise ConfigError(f"{flag}={bounded_repr(address)}: something accepts TCP connections there "
+                          "but it is not a Ray cluster "
                           f"(no gRPC handshake within {timeout_s:g} s; Ray would wait for it forever); Ray's GCS "
                           "listens on port 6379 unless `ray start --head --port` says otherwise, Ray Client on 10001 "
                           f"(ray://HOST:10001), the dashboard's 8265 is neither; or {instead}")

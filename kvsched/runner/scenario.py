@@ -128,7 +128,8 @@ class Scenario:
             raise ConfigError(f"{where}: trace={bounded_repr(self.trace)} must be a bundled trace name or a file path"
                               + (" (not empty)" if isinstance(self.trace, str) else ""))
         if self.synthetic is not None and not isinstance(self.synthetic, dict):
-            raise ConfigError(f"{where}: synthetic={bounded_repr(self.synthetic)} must be a mapping of SyntheticConfig fields")
+            raise ConfigError(f"{where}: synthetic={bounded_repr(self.synthetic)} "
+                              "must be a mapping of SyntheticConfig fields")
         if not isinstance(self.name, str):
             raise ConfigError(f"{where}: name={bounded_repr(self.name)} must be text")
         if isinstance(self.rate_scale, bool) or not (isinstance(self.rate_scale, (int, float)) and self.rate_scale > 0
@@ -147,7 +148,8 @@ class Scenario:
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
         if not isinstance(self.metrics, dict):
-            raise ConfigError(f"{where}: metrics={bounded_repr(self.metrics)} must be a mapping of MetricsConfig fields")
+            raise ConfigError(f"{where}: metrics={bounded_repr(self.metrics)} "
+                              "must be a mapping of MetricsConfig fields")
         # build once to validate early (errors name the scenario file)
         self.instance_spec()
         self.metrics_config()
@@ -187,7 +189,8 @@ class Scenario:
                     if unknown_slo or missing_slo:
                         what = "; ".join(([f"unknown keys {unknown_slo}"] if unknown_slo else [])
                                          + ([f"missing {missing_slo}"] if missing_slo else []))
-                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={bounded_repr(v)}: {what}; allowed: "
+                        raise ConfigError(f"scenario {self.source}: metrics.slos.{k}={bounded_repr(v)}: "
+                                          f"{what}; allowed: "
                                           "ttft_s, tpot_s (required), e2e_s (optional), all in seconds")
                     try:
                         built[k] = SLO(**v)
@@ -198,8 +201,8 @@ class Scenario:
             m["slos"] = built
         if "percentiles" in m:
             if not isinstance(m["percentiles"], (list, tuple)):
-                raise ConfigError(f"scenario {self.source}: metrics.percentiles={bounded_repr(m['percentiles'])} must be a "
-                                  "list of numbers in (0, 100]")
+                raise ConfigError(f"scenario {self.source}: metrics.percentiles={bounded_repr(m['percentiles'])} "
+                                  "must be a list of numbers in (0, 100]")
             m["percentiles"] = tuple(m["percentiles"])
         try:
             return MetricsConfig(**m)
@@ -322,14 +325,16 @@ def scenario_path(path: str | Path) -> Path:
             return p
         exists = p.exists()
     except OSError as e:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}: cannot be looked up ({e.strerror or e})") from None
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}: "
+                          f"cannot be looked up ({e.strerror or e})") from None
     if len(p.parts) == 1:
         q = bundled_scenario_dir() / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
         if q.is_file():
             return q
     if exists:  # a folder or a device: load_scenario says it is not a file
         return p
-    raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist, nor is it a bundled scenario; bundled (give the "
+    raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist, "
+                      "nor is it a bundled scenario; bundled (give the "
                       f"name): {', '.join(bundled_scenarios())}")
 
 

@@ -184,7 +184,8 @@ def map_tasks(fn: Callable[..., Any], args: Sequence[tuple], backend: str = "loc
     if backend not in BACKENDS:
         raise ConfigError(f"backend={bounded_repr(backend)}: allowed {list(BACKENDS)}")
     if address is not None and backend != "ray":
-        raise ConfigError(f"address={bounded_repr(address)} is only used with backend 'ray' (backend={bounded_repr(backend)})")
+        raise ConfigError(f"address={bounded_repr(address)} is only used with backend 'ray' "
+                          f"(backend={bounded_repr(backend)})")
     total = len(args)
     if backend == "local":
         out = []

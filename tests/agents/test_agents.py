@@ -147,7 +147,8 @@ def test_resume_from_a_file_that_is_no_checkpoint_or_of_another_environment(trai
 @pytest.mark.parametrize("extra, fragment", [
     # each was a traceback: TypeError from gymnasium.make / the SB3 constructor, SB3's
     # AssertionError, FileNotFoundError from SB3's load
-    (["--env-kwargs", '{"windw_s": 5}'], "--env-kwargs: ['windw_s'] not allowed: expected arguments of kvsched/Scheduling-v0"),
+    (["--env-kwargs", '{"windw_s": 5}'],
+     "--env-kwargs: ['windw_s'] not allowed: expected arguments of kvsched/Scheduling-v0"),
     (["--env-kwargs", '{"split": "all"}'], "--env-kwargs: ['split'] not allowed"),  # train sets it (was overridden)
     (["--hyperparameters", '{"n_step": 64}'], "--hyperparameters: ['n_step'] not allowed: expected arguments of PPO"),
     (["--hyperparameters", '{"seed": 3}'], "--hyperparameters: ['seed'] not allowed"),  # --seed's job

@@ -102,4 +102,5 @@ def test_fold_through_finishing_decodes_allocates_only_never_cached_free_blocks(
     r = res.records.set_index("request_id")
     assert r.loc[1, "finish_s"] == r.loc[2, "finish_s"] == r.loc[3, "first_token_s"]  # A, B end at C's admission step
     assert r.loc[4, "prefix_hit_tokens"] == 32  # S's segment was never evicted
-    assert three_way(build(rows), [spec]) == folded  # + that step with 12 blocks (A and B's own admission step folds too)
+    # + that step with 12 blocks (A and B's own admission step folds too)
+    assert three_way(build(rows), [spec]) == folded

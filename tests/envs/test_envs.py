@@ -149,8 +149,8 @@ def test_heuristic_through_env_equals_direct_run(policy):
 @pytest.mark.parametrize("policy,mode", [("fcfs", "swap"), ("priority", "swap"), ("lars", "recompute"),
                                          ("sarathi", "recompute"), ("lars", "swap"), ("sarathi", "swap")])
 def test_heuristic_identity_under_preemption(preempt_scenarios, policy, mode):
-    env = SchedulingEnv(scenario=preempt_scenarios[mode], window_s=10.0, max_requests=40, split="all", reference_policy=policy,
-                        horizon_s=math.inf)
+    env = SchedulingEnv(scenario=preempt_scenarios[mode], window_s=10.0, max_requests=40, split="all",
+                        reference_policy=policy, horizon_s=math.inf)
     _, _, info = _play(env, seed=0, options={"workload_seed": 3, "window_index": 0})
     direct = simulate(env.workload, env.source.scenario.instance_spec(), policy, env.metrics)
     assert direct.stats["preemptions"] > 0  # the case exercises preemption decisions
@@ -200,7 +200,8 @@ def test_reward_counts_match_summary(early):
 # ------------------------------------------------------------------------------- masks/actions
 def test_preemption_actions_take_effect(preempt_scenarios):
     """Victim 'most_blocks' with recompute instead of the reference's newest victim + swap."""
-    env = SchedulingEnv(scenario=preempt_scenarios["swap"], window_s=10.0, max_requests=40, split="all", horizon_s=math.inf)
+    env = SchedulingEnv(scenario=preempt_scenarios["swap"], window_s=10.0, max_requests=40, split="all",
+                        horizon_s=math.inf)
     opts = {"workload_seed": 3, "window_index": 0}
     _, _, ref = _play(env, options=opts)
     _, _, other = _play(env, options=opts, actions=[np.array([0, 0, 3, 1])])
@@ -660,7 +661,8 @@ def test_a_tiny_episode_window_is_a_clean_error_not_a_memory_error():
     src = EpisodeSource(EpisodeConfig(default_scenario_path(), window_s=1e-9, split="all"))
     assert src.n_windows > 10**11 and len(src.windows) == src.n_windows
     assert len(src.train_windows) + len(src.heldout_windows) == src.n_windows
-    assert src.heldout_windows[0] == len(src.train_windows) and 0 <= src.draw(np.random.default_rng(0))[1] < src.n_windows
+    assert (src.heldout_windows[0] == len(src.train_windows)
+            and 0 <= src.draw(np.random.default_rng(0))[1] < src.n_windows)
     assert len(src.workload(0, 0)) == 0
 
 
@@ -716,7 +718,8 @@ def test_reward_judges_records_as_summarize_does():
     for i, (cls, prompt, status, ttft, rest, gen) in enumerate(cases):
         r = dict(base, request_id=i, arrival_s=10.0 + i, prompt_tokens=prompt, output_tokens=max(gen, 1),
                  slo_class=cls, length_class="long" if prompt >= 1000 else "short", status=status,
-                 first_scheduled_s=10.0 + i + ttft / 2, first_token_s=10.0 + i + ttft, finish_s=10.0 + i + ttft + rest, generated_tokens=gen)
+                 first_scheduled_s=10.0 + i + ttft / 2, first_token_s=10.0 + i + ttft, finish_s=10.0 + i + ttft + rest,
+                 generated_tokens=gen)
         rows.append(tuple(r[c] for c in RECORD_COLUMNS))
     expected = summarize(pd.DataFrame(rows, columns=list(RECORD_COLUMNS)), None, None, m)["classes"]["all"]
     rw = SLOReward(RewardConfig(met=2.0, missed=3.0), m)

@@ -179,7 +179,8 @@ def test_profile_without_pyinstrument_fails_before_any_case_runs(capsys, monkeyp
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyinstrument" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pyinstrument" else real(name, *a))
 
     def no_case(*a, **k):
         raise AssertionError("a case ran")
@@ -295,7 +296,8 @@ def test_env_throughput_measures_steps_and_splits_simulator_from_overhead():
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--steps", "-5"], "--steps -5 is not allowed: expected an integer >= 1"),
-    (["--envs", "kvsched/Nope-v0"], "--envs: unknown environment(s) ['kvsched/Nope-v0']; allowed: kvsched/Scheduling-v0"),
+    (["--envs", "kvsched/Nope-v0"],
+     "--envs: unknown environment(s) ['kvsched/Nope-v0']; allowed: kvsched/Scheduling-v0"),
     (["--agents", "random,bogus"], "--agents: unknown agent(s) ['bogus']; allowed: random, "),  # then the policies
 ])
 def test_env_throughput_command_line_refuses_bad_flags(argv, fragment, capsys):

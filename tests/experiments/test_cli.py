@@ -448,7 +448,8 @@ def test_help_and_parsing_simulate_import_no_heavy_library():
         "after_help = sorted(c.module for c in COMMANDS if c.module in sys.modules)\n"
         "args = build_parser().parse_args(['simulate', '--max-requests', '5', '--no-progress'])\n"
         "assert args.func.__name__ == 'cmd_simulate' and args.max_requests == 5\n"
-        "heavy = sorted(m for m in ('torch', 'stable_baselines3', 'sb3_contrib', 'optuna', 'ray') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'stable_baselines3', 'sb3_contrib', 'optuna', 'ray') "
+        "if m in sys.modules)\n"
         "print(json.dumps({'after_help': after_help, 'heavy': heavy}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

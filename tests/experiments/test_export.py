@@ -79,7 +79,8 @@ def test_vllm_values_follow_the_tuned_trial(study, tmp_path):
     from kvsched.experiments.tune import metric_value, run_scenario
     from test_tune import small_scenario
     pol, eng = {}, {k[len("engine."):]: v for k, v in t.params.items() if k.startswith("engine.")}
-    want = metric_value(run_scenario(small_scenario(), (0.0, 12.0), 0, "fcfs", pol, eng), MetricRef.parse("goodput_rps"))
+    want = metric_value(run_scenario(small_scenario(), (0.0, 12.0), 0, "fcfs", pol, eng),
+                        MetricRef.parse("goodput_rps"))
     assert res.provenance["target_policy_simulated"] == "fcfs"
     assert res.provenance["target_objective_mean"] == want
     assert "target_objective_mean" in (tmp_path / "v.yaml").read_text()
@@ -338,7 +339,8 @@ def test_router_study_kvsched_file_carries_the_router_and_round_trips(router_stu
 
 @pytest.mark.parametrize("target", ["vllm", "sglang", "llm-d"])
 def test_router_study_engine_targets_list_the_router_as_not_expressible(router_studies, tmp_path, target):
-    res = ex.export_study("r-dynamo", router_studies, target, tmp_path / f"r.{target}", simulate_target=target == "vllm")
+    res = ex.export_study("r-dynamo", router_studies, target, tmp_path / f"r.{target}",
+                          simulate_target=target == "vllm")
     if target == "vllm":  # the engine file alone runs behind the scenario's router
         assert res.provenance["target_router_simulated"] == "round-robin"
     why = {n: w for n, _, w in res.unexpressible}

@@ -55,8 +55,8 @@ def test_save_agents_records_scores_path_and_command(tmp_path, capsys):
     (ckpt.parent / "train.json").write_text(json.dumps({"env_id": "kvsched/Scheduling-v0", "algo": "es",
                                                         "command": "kvsched train --algo es ...", "env_kwargs": {}}))
     out = tmp_path / "agents.json"
-    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt), "--save-agents", str(out),
-                 "--json"]) == 0
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt),
+                 "--save-agents", str(out), "--json"]) == 0
     json.loads(capsys.readouterr().out)  # --json stays parseable: the "saved" line goes to stderr
     saved = json.loads(out.read_text())
     entry = saved["agents"]["final.zip"]
@@ -64,8 +64,8 @@ def test_save_agents_records_scores_path_and_command(tmp_path, capsys):
     assert set(entry["scores"]["overload-burst"]) == {"all", "hard"}
     assert all(len(v) == 2 and all(isinstance(x, float) for x in v) for v in entry["scores"]["overload-burst"].values())
     # --episodes with --save-agents is refused: a shipped agent is scored on every episode
-    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt), "--episodes", "1",
-                 "--save-agents", str(out)]) == 2
+    assert main(["leaderboard", "--results", str(folder), "--tasks", "overload-burst", "--agents", str(ckpt),
+                 "--episodes", "1", "--save-agents", str(out)]) == 2
     assert "--save-agents" in capsys.readouterr().err
 
 
@@ -117,7 +117,8 @@ def _es_checkpoint(folder: Path, env_kwargs: dict) -> Path:
     LinearScheduler(16, [16, 7, 5, 4]).save(ckpt)
     # json.dumps writes inf as Infinity, as kvsched train --task writes horizon_s
     (folder / "train.json").write_text(json.dumps({"env_id": "kvsched/Scheduling-v0", "algo": "es",
-                                                   "command": f"kvsched train --out {folder}", "env_kwargs": env_kwargs}))
+                                                   "command": f"kvsched train --out {folder}",
+                                                   "env_kwargs": env_kwargs}))
     return ckpt
 
 

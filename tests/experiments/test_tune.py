@@ -372,7 +372,8 @@ def test_tune_router_help_lists_the_tunable_routers():
     p = argparse.ArgumentParser()
     add_tune_arguments(p)
     helptext = next(a.help for a in p._actions if a.dest == "router")
-    assert helptext.startswith(f"cluster router whose SEARCH_SPACE is tuned instead ({', '.join(tunable_router_names())})")
+    assert helptext.startswith(f"cluster router whose SEARCH_SPACE is tuned instead "
+                               f"({', '.join(tunable_router_names())})")
 
 
 def test_router_study_trial_zero_is_the_routers_published_defaults():

@@ -59,7 +59,8 @@ def test_every_documented_parameter_value_is_a_rule_and_others_are_refused():
     for name in policy_names():
         assert make_policy(name).params.victim_rule == "policy"  # nothing changes by default
         for bad in ("fewest_computed", "largest", None):
-            with pytest.raises(ConfigError, match=r"PolicyParams.victim_rule=.* is not allowed: expected one of policy"):
+            with pytest.raises(ConfigError,
+                               match=r"PolicyParams.victim_rule=.* is not allowed: expected one of policy"):
                 make_policy(name, {"victim_rule": bad})
 
 

@@ -44,7 +44,8 @@ def test_the_kv_victim_is_the_largest_priority_then_latest_arrival():
     assert p.choose_victim(table([(0, 0.0, 3), (1, 1.0, 7), (2, 2.0, 7), (3, 3.0, 0)])) == 2
     # not the newest admitted (fcfs's victim): the admission order does not matter
     assert p.choose_victim(table([(0, 5.0, 9), (1, 1.0, 0), (2, 2.0, 1)])) == 0
-    assert p.choose_preemption(table([(0, 5.0, 9), (1, 1.0, 0)]), {"recompute": np.ones(2)}, "recompute") == (0, "recompute")
+    assert p.choose_preemption(table([(0, 5.0, 9), (1, 1.0, 0)]), {"recompute": np.ones(2)},
+                               "recompute") == (0, "recompute")
 
 
 def test_the_shortest_prompt_first_policy_keeps_its_name():

@@ -52,7 +52,8 @@ values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(NESTED_KEYS), inner, max_size=4)), max_leaves=12)
 
 # text-level mutations: YAML syntax that structured dumps never produce
-YAML_SNIPPETS = ["&a ", "*a", "<<: *a\n", "<<: {tp: 2}\n", "[", "]", "{", "}", ": ", "\n  ", "\t", "- ", "!!python/object:os.system ",
+YAML_SNIPPETS = ["&a ", "*a", "<<: *a\n", "<<: {tp: 2}\n", "[", "]", "{", "}", ": ", "\n  ", "\t", "- ",
+                 "!!python/object:os.system ",
                  "!!binary ", "? ", "---\n", "...\n", "'", '"', "#", "%YAML 1.1\n", "\x00", "\ufeff", "1e12",
                  "[" * 400 + "]" * 400, "{a: " * 400 + "1" + "}" * 400, "&b [*a, *a, *a]"]
 

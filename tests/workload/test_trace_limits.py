@@ -92,7 +92,8 @@ def test_an_arrival_at_the_bound_loads_and_scaling_past_it_is_refused(tmp_path):
     assert w.arrival_s[-1] == MAX_ARRIVAL_S
     with pytest.raises(ConfigError, match="at most 1e\\+09 s"):
         scale_rate(w, 0.5)
-    with pytest.raises(ConfigError, match=r"arrival_s=2000000000.0 is not allowed: expected a number of seconds in \[0, 1e\+09\]"):
+    with pytest.raises(ConfigError,
+                       match=r"arrival_s=2000000000.0 is not allowed: expected a number of seconds in \[0, 1e\+09\]"):
         Request(0, 2e9, 10, 5)
 
 
