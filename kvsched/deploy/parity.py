@@ -148,6 +148,18 @@ def prompt_token_ids(req: CaseRequest, block_size: int) -> list[int]:
     return out
 
 
+def prompt_block_labels(req: CaseRequest, block_size: int) -> tuple[int, ...]:
+    """kvsched's prefix hashes of ``req``: one per full prompt block, as vLLM hashes every full
+    block of the prompt (``Request.block_hashes``). A shared block's value stands for its label
+    and position (equal where :func:`prompt_token_ids` gives equal tokens); a block of the
+    request's own tokens gets a value no other request has. kvsched chains them as vLLM chains
+    block hashes."""
+    n_full = req.prompt_tokens // block_size
+    n_shared = min(len(req.prefix), n_full)
+    own = PROMPT_BASE + req.rid * 1_000_000
+    return tuple([req.prefix[k] * 4096 + k for k in range(n_shared)] + [own + k for k in range(n_shared, n_full)])
+
+
 def output_token_id(rid: int, k: int) -> int:
     """Token id of request ``rid``'s ``k``-th output token (unique to the request)."""
     return OUTPUT_BASE + rid * 100_000 + k
@@ -222,10 +234,7 @@ class KvschedSide:
 
     def add(self, req: CaseRequest, now: float) -> None:
         """Queue ``req``, arriving at ``now`` (s)."""
-        hashes: tuple[int, ...] = ()
-        n_shared = min(len(req.prefix), req.prompt_tokens // self.case.block_size)
-        if n_shared:
-            hashes = tuple(lab * 4096 + k for k, lab in enumerate(req.prefix[:n_shared]))
+        hashes = prompt_block_labels(req, self.case.block_size)
         r = Request(req.rid, now, req.prompt_tokens, req.output_tokens, prefix_hashes=hashes,
                     hash_block_tokens=self.case.block_size if hashes else 0, priority=req.priority)
         st = RequestState(r, self.case.block_size, self.inst.recorder.length_class(req.prompt_tokens))
