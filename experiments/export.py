@@ -6,7 +6,9 @@ Targets (REFERENCE §7 "Mapping tuned heuristic parameters to production configs
   (kebab-case), each checked against the ``EngineArgs`` fields of a released vLLM
   (``experiments/engine_args/vllm.json``, written by ``experiments/tools/extract_engine_args.py``)
   and values against its ``Literal`` choices where extracted (``kv-cache-dtype``,
-  ``scheduling-policy``).
+  ``scheduling-policy``). Where vLLM is installed (the ``vllm`` extra), the file is also parsed
+  by vLLM's own argument parser and ``EngineArgs`` before it is written (:func:`check_with_vllm`);
+  the extracted list stays the check for the GPU wheel's version.
 * ``sglang``: YAML of SGLang server arguments (``python -m sglang.launch_server --config
   FILE``; SGLang 0.5.23 registers ``--config``), checked against
   ``experiments/engine_args/sglang.json``. The mapping is approximate where the engines
@@ -99,6 +101,64 @@ def check_keys(engine: str, config: Mapping[str, Any]) -> None:
         choices = info.get("choices", {}).get(k)
         if choices is not None and v not in choices:
             raise ConfigError(f"export {engine}: {k}={v!r} is not one of {engine} {info['version']}'s choices {choices}")
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (the ``vllm`` extra), without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_with_vllm(text: str) -> Any:
+    """Parse a ``vllm serve --config`` file's ``text`` with the installed vLLM's own parser.
+
+    ``EngineArgs.add_cli_args(FlexibleArgumentParser())`` reads the file through ``--config``
+    as ``vllm serve`` does (every key must be a flag of this vLLM, every value of its type and
+    among its choices), ``EngineArgs.from_cli_args`` builds the engine arguments, and vLLM's
+    pydantic ``SchedulerConfig`` and ``CacheConfig`` are built from them (ranges, e.g. a
+    negative budget or a utilisation above 1). Needs the ``vllm`` extra; imports vLLM (seconds).
+
+    Returns:
+        vLLM's ``EngineArgs``.
+
+    Raises:
+        ConfigError: naming vLLM's version and its own message (one line, bounded).
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    import vllm
+    from vllm.config import CacheConfig, SchedulerConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-check-") as d:
+        path = Path(d) / "engine.yaml"
+        path.write_text(text)
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = parser.parse_args(["--config", str(path)])
+        except SystemExit:  # argparse reports and exits; its last line is the reason
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            why = lines[-1] if lines else "refused"
+            raise ConfigError(f"export vllm: vLLM {vllm.__version__}'s own parser refuses the file: "
+                              f"{bounded_repr(why, 300)}") from None
+    try:
+        ea = EngineArgs.from_cli_args(args)
+        SchedulerConfig(max_num_batched_tokens=ea.max_num_batched_tokens, max_num_seqs=ea.max_num_seqs,
+                        max_model_len=ea.max_model_len or 8192, enable_chunked_prefill=ea.enable_chunked_prefill,
+                        long_prefill_token_threshold=ea.long_prefill_token_threshold, policy=ea.scheduling_policy,
+                        is_encoder_decoder=False)
+        CacheConfig(block_size=ea.block_size, gpu_memory_utilization=ea.gpu_memory_utilization,
+                    cache_dtype=ea.kv_cache_dtype, enable_prefix_caching=ea.enable_prefix_caching)
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        why = " ".join(str(e).split())
+        raise ConfigError(f"export vllm: vLLM {vllm.__version__} refuses a value: {bounded_repr(why, 300)}") from None
+    return ea
 
 
 # ----------------------------------------------------------------------------- loading a trial
@@ -213,6 +273,8 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"],
              router=tc["router"], router_params=tc["router_params"])
+    if target == "vllm" and vllm_installed():  # vLLM's own parser, where it is installed
+        check_with_vllm(res.text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_files.write_text(out, res.text)
