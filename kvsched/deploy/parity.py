@@ -272,11 +272,14 @@ class VllmSide:
         clock: for a scheduler that reads one (the plugins), a function setting its time (s).
     """
 
-    def __init__(self, case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str, Any] | None = None,
+                 additional_config: Mapping[str, Any] | None = None) -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         self.case = case
         self.vllm_config, kv_cache_config = vllm_configs(case)
+        if additional_config:
+            self.vllm_config.additional_config = dict(additional_config)
         cls = scheduler_cls or Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -312,11 +315,16 @@ class VllmSide:
     def unfinished(self) -> int:
         return self.scheduler.get_num_unfinished_requests()
 
-    def step(self) -> StepView:
-        """One ``schedule()`` call and its synthetic model-runner output."""
+    def step(self, clock: Callable[[Any, float], None] | None = None, start_s: float = 0.0,
+             end_s: float = 0.0) -> StepView:
+        """One ``schedule()`` call and its synthetic model-runner output; ``clock(scheduler, t)``
+        (when given) sets a plugin's clock to ``start_s`` before the call and to ``end_s`` before
+        the output is applied (when the kvsched side's step starts and ends)."""
         from vllm.v1.request import RequestStatus
 
         sched = self.scheduler
+        if clock is not None:
+            clock(sched, start_s)
         before = {rid: r.status for rid, r in self.requests.items()}
         out = sched.schedule()
         n_sched = out.num_scheduled_tokens
@@ -330,6 +338,8 @@ class VllmSide:
         self._victims.clear()
         view = StepView(scheduled, preempted, tuple(sorted(hits)))
         if n_sched:
+            if clock is not None:
+                clock(sched, end_s)
             sched.update_from_output(out, self._runner_output(out))
         return view
 
@@ -458,7 +468,7 @@ class CaseResult:
 
 def run_case(case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str, Any] | None = None,
              kvsched_policy=None, clock: Callable[[Any, float], None] | None = None,
-             max_steps: int = MAX_STEPS) -> CaseResult:
+             max_steps: int = MAX_STEPS, additional_config: Mapping[str, Any] | None = None) -> CaseResult:
     """Drive both sides through ``case`` step by step (module docstring).
 
     Args:
@@ -466,15 +476,16 @@ def run_case(case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str
         scheduler_cls, scheduler_kwargs: the vLLM scheduler class (default vLLM's ``Scheduler``)
             and extra constructor arguments.
         kvsched_policy: a policy object for the kvsched side (default ``case.policy_name``).
-        clock: called as ``clock(vllm_scheduler, now_s)`` before each vLLM step with the kvsched
-            step's start time, for schedulers that read a clock (the plugins).
+        clock: called as ``clock(vllm_scheduler, t)`` with the kvsched step's start time before
+            each ``schedule()`` and its end time before each ``update_from_output()``, for
+            schedulers that read a clock (the plugins: :func:`plugin_clock`).
         max_steps: stop after this many steps (the result is then not ``finished``).
 
     Raises:
         ConfigError: a request kvsched rejects (the case is wrong).
     """
     ks = KvschedSide(case, kvsched_policy)
-    vs = VllmSide(case, scheduler_cls, scheduler_kwargs)
+    vs = VllmSide(case, scheduler_cls, scheduler_kwargs, additional_config)
     releases: dict[int, list[CaseRequest]] = {}
     for r in case.requests:
         releases.setdefault(r.release_step, []).append(r)
@@ -486,10 +497,8 @@ def run_case(case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str
         for r in releases.get(k, ()):
             ks.add(r, now)
             vs.add(r, now)
-        if clock is not None:
-            clock(vs.scheduler, now)
         a, end = ks.step(now)
-        b = vs.step()
+        b = vs.step(clock, now, now if end is None else end)
         if a.empty and b.empty and k >= last_release and (ks.unfinished == 0 or vs.unfinished == 0):
             break
         a_steps.append(a)
@@ -651,3 +660,27 @@ def summary_rows(results: Sequence[CaseResult]) -> list[dict]:
 def case_names() -> list[str]:
     """Names of the suite's cases, in order."""
     return [c.name for c in cases()]
+
+
+# ------------------------------------------------------------------------------ the plugins
+def plugin_clock(scheduler: Any, t: float) -> None:
+    """Set a :mod:`kvsched.deploy.vllm` plugin's clock to ``t`` (the simulator's time, s)."""
+    scheduler.now = lambda: t
+
+
+def run_plugin_case(case: ParityCase, policy: str, params: Mapping[str, Any] | None = None,
+                    max_steps: int = MAX_STEPS) -> CaseResult:
+    """``case`` with kvsched's ``policy`` on the kvsched side and its vLLM plugin
+    (:mod:`kvsched.deploy.vllm`) on vLLM's, configured from the same parameters and served
+    system, both on the simulator's clock."""
+    import dataclasses
+
+    from kvsched.envs.sim.spec_io import instance_spec_to_dict
+
+    from . import vllm as plugins
+
+    cls = {"lars": plugins.LARSScheduler, "ewsjf": plugins.EWSJFScheduler}[policy]
+    pc = dataclasses.replace(case, kvsched_policy=policy, policy_params=dict(params or {}))
+    extra = {plugins.CONFIG_KEY: {"policy": policy, "policy_params": dict(params or {}),
+                                  "spec": instance_spec_to_dict(pc.instance_spec())}}
+    return run_case(pc, scheduler_cls=cls, clock=plugin_clock, max_steps=max_steps, additional_config=extra)
