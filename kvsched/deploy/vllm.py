@@ -18,17 +18,20 @@ prefix caching, KV allocation, recompute preemption -- stays vLLM's):
   (:meth:`~kvsched.policies.ewsjf.EWSJF.order_waiting`: length-partitioned queues, density-
   weighted scores) before each ``schedule()``; finished requests feed its meta-tuning
   (``on_request_finished``).
-- ``LARSScheduler``: before each ``schedule()`` the running list is reordered -- decodes first
-  (their order kept), then the running partial prefills by relative slack -- and the waiting
-  queue is put in slack order; each prefill chunk is capped by LARS's adaptive ``chunk_limit``
-  given the batch planned so far (hooked at ``_reserve_prefill_lookahead``, which vLLM calls for
-  every request's chunk, the batch read from successful ``allocate_slots`` calls).
+- ``LARSScheduler``: before each ``schedule()`` it plans the step's token split as kvsched's
+  stall-free LARS does -- decodes one token each, then every prefill candidate (running partial
+  prefills and waiting requests together) in relative-slack order its chunk: the long-prefill
+  threshold, LARS's adaptive ``chunk_limit`` given the batch so far, the budget left -- puts the
+  running list in that order (decodes first) and the waiting queue in slack order, and caps each
+  chunk vLLM computes at its planned share (hooked at ``_reserve_prefill_lookahead``, which vLLM
+  calls for every request's chunk; a share of 0 skips a running partial prefill, so a waiting
+  request that outranks it gets the budget first).
 
-Limits (differences from kvsched's ``lars``, which ``kvsched parity --plugin`` measures):
+Limits (differences from kvsched's ``lars``; ``tests/deploy/test_vllm_plugins.py`` measures them):
 
-- vLLM serves its running list before its waiting queue, so a waiting request never gets a chunk
-  ahead of a running partial prefill; kvsched's stall-free LARS orders both together. A waiting
-  request that outranks a running partial prefill gets the budget the partial prefill leaves.
+- The split is planned before vLLM allocates KV blocks: when a waiting request cannot get its
+  blocks or a seat (``max_num_seqs``), its share goes unused in that step, where kvsched gives
+  it to the next candidate.
 - The victim of a KV shortage is vLLM's, ``running[-1]`` of the reordered list (the least
   urgent partial prefill, else the last decode); kvsched's lars preempts the most recently
   admitted.
@@ -187,44 +190,66 @@ class LARSScheduler(KvschedPolicyScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._batch = [0, 0.0, 0]  # tokens, attention pairs, KV tokens of the step planned so far
-        allocate = self.kv_cache_manager.allocate_slots
-
-        def counting_allocate(request, num_new_tokens, *a, **kw):
-            blocks = allocate(request, num_new_tokens, *a, **kw)
-            if blocks is not None and num_new_tokens > 0:
-                p = int(request.num_computed_tokens) + int(kw.get("num_new_computed_tokens", 0) or 0)
-                n = int(num_new_tokens)
-                b = self._batch
-                b[0] += n
-                if n == 1 and request.num_output_tokens > 0 and p == request.num_tokens - 1:
-                    b[1] += p
-                    b[2] += p
-                else:
-                    b[1] += n * (p + n / 2.0)
-                    b[2] += p + n
-            return blocks
-
-        self.kv_cache_manager.allocate_slots = counting_allocate
+        self._shares: dict[str, int] = {}
 
     def schedule(self, *args: Any, **kwargs: Any):
-        self._batch = [0, 0.0, 0]
         decodes = [r for r in self.running if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_tokens - 1]
         ids = {id(r) for r in decodes}
         partial = [r for r in self.running if id(r) not in ids]
-        if len(partial) > 1:
-            order = self.kvsched_policy.order_prefills(self.table(partial, True))
-            partial = [partial[int(i)] for i in order]
-        self.running[:] = decodes + partial
-        self._reorder_waiting(self.kvsched_policy.order_waiting)
+        waiting = list(self.waiting)
+        cands = partial + waiting
+        flags = np.zeros(len(cands), dtype=bool)
+        flags[:len(partial)] = True
+        order = self.kvsched_policy.order_prefills(self.table(cands, flags)) if cands else []
+        ordered = [cands[int(i)] for i in order]
+        self._shares = self._plan_shares(decodes, ordered, set(map(id, partial)))
+        rank = {id(r): k for k, r in enumerate(ordered)}
+        self.running[:] = decodes + sorted(partial, key=lambda r: rank[id(r)])
+        self.waiting.clear()
+        for r in sorted(waiting, key=lambda r: rank[id(r)]):
+            self.waiting.append(r)
         return super().schedule(*args, **kwargs)
+
+    def _plan_shares(self, decodes: list, ordered: list, running_ids: set) -> dict[str, int]:
+        """Tokens each prefill candidate gets this step in LARS's one order (kvsched's stall-free
+        composition): decodes one token each first, then every candidate in slack order its chunk
+        -- the long-prefill threshold, the adaptive chunk limit given the batch so far, the budget
+        left. A waiting request's cached prefix is looked up (``get_computed_blocks``, a read)."""
+        budget = self.max_num_scheduled_tokens
+        tokens, pairs, kv = 0, 0.0, 0
+        for r in decodes:
+            p = int(r.num_computed_tokens)
+            budget -= 1
+            tokens += 1
+            pairs += p
+            kv += p
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if len(self.running) + len(self.waiting) <= 1:
+            threshold = 0  # vLLM: nobody to starve
+        shares: dict[str, int] = {}
+        for r in ordered:
+            if budget <= 0:
+                shares[r.request_id] = 0
+                continue
+            done = int(r.num_computed_tokens)
+            if id(r) not in running_ids and done == 0 and self.cache_config.enable_prefix_caching:
+                done = int(self.kv_cache_manager.get_computed_blocks(r)[1])
+            n = int(r.num_tokens) - done
+            if 0 < threshold < n:
+                n = threshold
+            if n > 1:
+                lim = self.kvsched_policy.chunk_limit(int(r.num_prompt_tokens), done, tokens, pairs, kv)
+                if lim is not None and n > lim:
+                    n = max(1, int(lim))
+            n = min(n, budget)
+            shares[r.request_id] = n
+            budget -= n
+            tokens += n
+            pairs += n * (done + n / 2.0)
+            kv += done + n
+        return shares
 
     def _reserve_prefill_lookahead(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
         n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
-        if request.num_tokens - num_computed_tokens > 1 and n > 1:  # a prefill chunk
-            b = self._batch
-            lim = self.kvsched_policy.chunk_limit(int(request.num_prompt_tokens), int(num_computed_tokens), b[0],
-                                                  b[1], b[2])
-            if lim is not None and n > lim:
-                n = max(1, int(lim))
-        return n
+        share = self._shares.get(request.request_id)
+        return n if share is None else min(n, share)
