@@ -58,7 +58,9 @@ from kvsched.policies.lpm import LPMParams
 from kvsched import atomic_files
 
 ENGINE_ARGS_DIR = Path(__file__).resolve().parent / "engine_args"
-TARGETS = ("vllm", "sglang", "llm-d", "kvsched")
+TARGETS = ("vllm", "vllm-plugin", "sglang", "llm-d", "kvsched")
+#: kvsched policies with a vLLM scheduler plugin (:mod:`kvsched.deploy.vllm`): policy -> class
+VLLM_PLUGINS = {"lars": "kvsched.deploy.vllm.LARSScheduler", "ewsjf": "kvsched.deploy.vllm.EWSJFScheduler"}
 POLICY_FILE_FORMAT = "kvsched-policy/1"
 GB = 1e9
 GiB = 1024 ** 3
@@ -270,10 +272,11 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
         tc["provenance"].update(target_objective(study_name, storage_url, tc, target))
-    fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
+    fn = {"vllm": export_vllm, "vllm-plugin": export_vllm_plugin, "sglang": export_sglang, "llm-d": export_llmd,
+          "kvsched": export_kvsched}[target]
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"],
              router=tc["router"], router_params=tc["router_params"])
-    if target == "vllm" and vllm_installed():  # vLLM's own parser, where it is installed
+    if target in ("vllm", "vllm-plugin") and vllm_installed():  # vLLM's own parser, where it is installed
         check_with_vllm(res.text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -468,6 +471,41 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     elif policy == "vllm-priority":
         notes.append("clients send each request's priority (lower is served first), as the workload's priority column")
     text = _header(f"vLLM engine arguments exported by kvsched from study {prov['study']}", prov, unexp, notes)
+    return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
+
+
+def export_vllm_plugin(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
+                       prov: Mapping[str, Any], router: str | None = None,
+                       router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """The ``vllm`` target's engine flags plus kvsched's scheduler plugin: ``scheduler-cls``
+    (:data:`VLLM_PLUGINS`) and ``additional-config.kvsched`` with the policy, every tuned
+    parameter and the served system (model, GPU, TP) its cost model prices prefills with
+    (:mod:`kvsched.deploy.vllm`). The policy's parameters are applied, not listed as not
+    expressible.
+
+    Raises:
+        ConfigError: a policy without a plugin (allowed: lars, ewsjf).
+    """
+    if policy not in VLLM_PLUGINS:
+        raise ConfigError(f"--target vllm-plugin: policy {policy!r} has no vLLM scheduler plugin; allowed: "
+                          f"{', '.join(VLLM_PLUGINS)} (export --target vllm for the engine flags alone)")
+    from kvsched.envs.sim.spec_io import instance_spec_to_dict
+
+    base = export_vllm(policy, params, engine, spec, prov, router=router, router_params=router_params)
+    unexp = [u for u in base.unexpressible if not (u[0] == "policy" or u[0].startswith("policy_params."))]
+    cfg = dict(base.config)
+    cfg["scheduling-policy"] = "fcfs"  # the plugin orders the queue itself
+    cfg["scheduler-cls"] = VLLM_PLUGINS[policy]
+    cfg["async-scheduling"] = False  # the plugin plans on the scheduler's own state, one step at a time
+    cfg["additional-config"] = {"kvsched": {"policy": policy, "policy_params": json.loads(json.dumps(dict(params), default=str)),
+                                            "spec": instance_spec_to_dict(spec)}}
+    check_keys("vllm", {k: v for k, v in cfg.items() if k != "additional-config"})
+    notes = [f"serve with: pip install 'kvsched[vllm]' (or kvsched beside your vLLM), then vllm serve <HF id of "
+             f"{spec.model.name}> --config THIS_FILE",
+             f"scheduler-cls {VLLM_PLUGINS[policy]} runs kvsched's {policy} with the tuned parameters below "
+             "(additional-config.kvsched); tested with vLLM 0.32.0; see docs/vllm-plugin.md for its limits"]
+    text = _header(f"vLLM engine arguments and kvsched {policy} scheduler plugin exported by kvsched from study "
+                   f"{prov['study']}", prov, unexp, notes)
     return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
 
 

@@ -684,3 +684,16 @@ def run_plugin_case(case: ParityCase, policy: str, params: Mapping[str, Any] | N
     extra = {plugins.CONFIG_KEY: {"policy": policy, "policy_params": dict(params or {}),
                                   "spec": instance_spec_to_dict(pc.instance_spec())}}
     return run_case(pc, scheduler_cls=cls, clock=plugin_clock, max_steps=max_steps, additional_config=extra)
+
+
+#: Cases where a plugin's decisions differ from kvsched's own policy beyond
+#: :data:`KNOWN_DIFFERENCES` (which apply to the plugins too: they run on vLLM's engine), with why.
+PLUGIN_DIFFERENCES: Mapping[tuple[str, str], KnownDifference] = {
+    ("lars", "kv-prefill-chunks"): KnownDifference(
+        "KV pressure: the plugin plans the token split before vLLM allocates blocks, and vLLM's victim is "
+        "running[-1] of the slack-ordered list (kvsched's lars preempts the most recently admitted); once "
+        "the victims differ the runs diverge", 0.4),
+    ("lars", "budget-unchunked"): KnownDifference(
+        "without chunked prefill the plugin's plan still chunks, and vLLM stops admitting at a prompt "
+        "longer than the budget left (as in budget-unchunked)", 0.3),
+}
