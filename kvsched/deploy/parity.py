@@ -37,7 +37,6 @@ vLLM is imported only inside the functions that drive it (the ``vllm`` extra).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -269,7 +268,8 @@ class VllmSide:
     Args:
         case: the case.
         scheduler_cls: a subclass of vLLM's ``Scheduler`` (default vLLM's own).
-        clock: for a scheduler that reads one (the plugins), a function setting its time (s).
+        scheduler_kwargs: extra constructor arguments of the scheduler.
+        additional_config: vLLM's ``additional_config`` (the plugins read theirs there).
     """
 
     def __init__(self, case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str, Any] | None = None,
