@@ -52,6 +52,8 @@ COMMANDS: tuple[Command, ...] = (
             module="kvsched.experiments.tune_cli", add_arguments="add_tune_arguments", run="cmd_tune"),
     Command("export", help="export a tuned trial as vLLM / SGLang / llm-d / kvsched configuration",
             module="kvsched.experiments.tune_cli", add_arguments="add_export_arguments", run="cmd_export"),
+    Command("parity", help="step-by-step decision parity with vLLM's real V1 scheduler (needs the vllm extra)",
+            module="kvsched.experiments.parity_cli", add_arguments="add_arguments", run="cmd_parity"),
     Command("bench", help="measure simulator speed and memory on reference cases (see --list)",
             module="kvsched.experiments.bench", add_arguments="add_arguments", run="cmd_bench"),
     Command("compare", help="run several policies on the same workload and seeds; table, CSV and plots",

@@ -6,7 +6,9 @@ Targets (REFERENCE §7 "Mapping tuned heuristic parameters to production configs
   (kebab-case), each checked against the ``EngineArgs`` fields of a released vLLM
   (``experiments/engine_args/vllm.json``, written by ``experiments/tools/extract_engine_args.py``)
   and values against its ``Literal`` choices where extracted (``kv-cache-dtype``,
-  ``scheduling-policy``).
+  ``scheduling-policy``). Where vLLM is installed (the ``vllm`` extra), the file is also parsed
+  by vLLM's own argument parser and ``EngineArgs`` before it is written (:func:`check_with_vllm`);
+  the extracted list stays the check for the GPU wheel's version.
 * ``sglang``: YAML of SGLang server arguments (``python -m sglang.launch_server --config
   FILE``; SGLang 0.5.23 registers ``--config``), checked against
   ``experiments/engine_args/sglang.json``. The mapping is approximate where the engines
@@ -57,7 +59,9 @@ from kvsched.policies.lpm import LPMParams
 from kvsched import atomic_files
 
 ENGINE_ARGS_DIR = Path(__file__).resolve().parent / "engine_args"
-TARGETS = ("vllm", "sglang", "llm-d", "kvsched")
+TARGETS = ("vllm", "vllm-plugin", "sglang", "llm-d", "kvsched")
+#: kvsched policies with a vLLM scheduler plugin (:mod:`kvsched.deploy.vllm`): policy -> class
+VLLM_PLUGINS = {"lars": "kvsched.deploy.vllm.LARSScheduler", "ewsjf": "kvsched.deploy.vllm.EWSJFScheduler"}
 POLICY_FILE_FORMAT = "kvsched-policy/1"
 GB = 1e9
 GiB = 1024 ** 3
@@ -101,6 +105,64 @@ def check_keys(engine: str, config: Mapping[str, Any]) -> None:
         if choices is not None and v not in choices:
             raise ConfigError(f"export {engine}: {k}={bounded_repr(v)} is not one of "
                               f"{engine} {info['version']}'s choices {choices}")
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (the ``vllm`` extra), without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_with_vllm(text: str) -> Any:
+    """Parse a ``vllm serve --config`` file's ``text`` with the installed vLLM's own parser.
+
+    ``EngineArgs.add_cli_args(FlexibleArgumentParser())`` reads the file through ``--config``
+    as ``vllm serve`` does (every key must be a flag of this vLLM, every value of its type and
+    among its choices), ``EngineArgs.from_cli_args`` builds the engine arguments, and vLLM's
+    pydantic ``SchedulerConfig`` and ``CacheConfig`` are built from them (ranges, e.g. a
+    negative budget or a utilisation above 1). Needs the ``vllm`` extra; imports vLLM (seconds).
+
+    Returns:
+        vLLM's ``EngineArgs``.
+
+    Raises:
+        ConfigError: naming vLLM's version and its own message (one line, bounded).
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    import vllm
+    from vllm.config import CacheConfig, SchedulerConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-check-") as d:
+        path = Path(d) / "engine.yaml"
+        path.write_text(text)
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = parser.parse_args(["--config", str(path)])
+        except SystemExit:  # argparse reports and exits; its last line is the reason
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            why = lines[-1] if lines else "refused"
+            raise ConfigError(f"export vllm: vLLM {vllm.__version__}'s own parser refuses the file: "
+                              f"{bounded_repr(why, 300)}") from None
+    try:
+        ea = EngineArgs.from_cli_args(args)
+        SchedulerConfig(max_num_batched_tokens=ea.max_num_batched_tokens, max_num_seqs=ea.max_num_seqs,
+                        max_model_len=ea.max_model_len or 8192, enable_chunked_prefill=ea.enable_chunked_prefill,
+                        long_prefill_token_threshold=ea.long_prefill_token_threshold, policy=ea.scheduling_policy,
+                        is_encoder_decoder=False)
+        CacheConfig(block_size=ea.block_size, gpu_memory_utilization=ea.gpu_memory_utilization,
+                    cache_dtype=ea.kv_cache_dtype, enable_prefix_caching=ea.enable_prefix_caching)
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        why = " ".join(str(e).split())
+        raise ConfigError(f"export vllm: vLLM {vllm.__version__} refuses a value: {bounded_repr(why, 300)}") from None
+    return ea
 
 
 # ----------------------------------------------------------------------------- loading a trial
@@ -213,9 +275,12 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
         tc["provenance"].update(target_objective(study_name, storage_url, tc, target))
-    fn = {"vllm": export_vllm, "sglang": export_sglang, "llm-d": export_llmd, "kvsched": export_kvsched}[target]
+    fn = {"vllm": export_vllm, "vllm-plugin": export_vllm_plugin, "sglang": export_sglang, "llm-d": export_llmd,
+          "kvsched": export_kvsched}[target]
     res = fn(tc["policy"], tc["params"], tc["engine"], tc["spec"], tc["provenance"],
              router=tc["router"], router_params=tc["router_params"])
+    if target in ("vllm", "vllm-plugin") and vllm_installed():  # vLLM's own parser, where it is installed
+        check_with_vllm(res.text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_files.write_text(out, res.text)
@@ -410,6 +475,41 @@ def export_vllm(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any
     elif policy == "vllm-priority":
         notes.append("clients send each request's priority (lower is served first), as the workload's priority column")
     text = _header(f"vLLM engine arguments exported by kvsched from study {prov['study']}", prov, unexp, notes)
+    return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
+
+
+def export_vllm_plugin(policy: str, params: Mapping[str, Any], engine: Mapping[str, Any], spec,
+                       prov: Mapping[str, Any], router: str | None = None,
+                       router_params: Mapping[str, Any] | None = None) -> ExportResult:
+    """The ``vllm`` target's engine flags plus kvsched's scheduler plugin: ``scheduler-cls``
+    (:data:`VLLM_PLUGINS`) and ``additional-config.kvsched`` with the policy, every tuned
+    parameter and the served system (model, GPU, TP) its cost model prices prefills with
+    (:mod:`kvsched.deploy.vllm`). The policy's parameters are applied, not listed as not
+    expressible.
+
+    Raises:
+        ConfigError: a policy without a plugin (allowed: lars, ewsjf).
+    """
+    if policy not in VLLM_PLUGINS:
+        raise ConfigError(f"--target vllm-plugin: policy {policy!r} has no vLLM scheduler plugin; allowed: "
+                          f"{', '.join(VLLM_PLUGINS)} (export --target vllm for the engine flags alone)")
+    from kvsched.envs.sim.spec_io import instance_spec_to_dict
+
+    base = export_vllm(policy, params, engine, spec, prov, router=router, router_params=router_params)
+    unexp = [u for u in base.unexpressible if not (u[0] == "policy" or u[0].startswith("policy_params."))]
+    cfg = dict(base.config)
+    cfg["scheduling-policy"] = "fcfs"  # the plugin orders the queue itself
+    cfg["scheduler-cls"] = VLLM_PLUGINS[policy]
+    cfg["async-scheduling"] = False  # the plugin plans on the scheduler's own state, one step at a time
+    cfg["additional-config"] = {"kvsched": {"policy": policy, "policy_params": json.loads(json.dumps(dict(params), default=str)),
+                                            "spec": instance_spec_to_dict(spec)}}
+    check_keys("vllm", {k: v for k, v in cfg.items() if k != "additional-config"})
+    notes = [f"serve with: pip install 'kvsched[vllm]' (or kvsched beside your vLLM), then vllm serve <HF id of "
+             f"{spec.model.name}> --config THIS_FILE",
+             f"scheduler-cls {VLLM_PLUGINS[policy]} runs kvsched's {policy} with the tuned parameters below "
+             "(additional-config.kvsched); tested with vLLM 0.32.0; see docs/vllm-plugin.md for its limits"]
+    text = _header(f"vLLM engine arguments and kvsched {policy} scheduler plugin exported by kvsched from study "
+                   f"{prov['study']}", prov, unexp, notes)
     return ExportResult(text + _dump(cfg), cfg, unexp, dict(prov))
 
 

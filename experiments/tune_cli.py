@@ -66,7 +66,7 @@ def add_tune_arguments(t: argparse.ArgumentParser) -> None:
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--study", required=True, help="study name")
     e.add_argument("--storage", required=True, help="the study's storage (as for kvsched tune)")
-    e.add_argument("--target", required=True, choices=("vllm", "sglang", "llm-d", "kvsched"))
+    e.add_argument("--target", required=True, choices=("vllm", "vllm-plugin", "sglang", "llm-d", "kvsched"))
     e.add_argument("--out", type=Path, required=True, help="file to write")
     e.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
 

@@ -322,6 +322,8 @@ class Instance:
         if step.displaced:  # back at the head of the queue, behind the requests they made room for
             self.waiting.extendleft(reversed(step.displaced))
         if not step.plan:
+            if step.victims and self.running:
+                return self._empty_step(now)
             self.recorder.occupancy_change(self, now)
             self._check_progress(now)
             return None
@@ -332,6 +334,22 @@ class Instance:
             self._observe_step(obs, self._step_ready_s, batch, end)
         self.busy = True
         self.recorder.occupancy_change(self, now, self.stretch.in_use_now())
+        if self.options.check_invariants:
+            check_instance(self)
+        return end
+
+    def _empty_step(self, now: float) -> float:
+        """A step that schedules nothing because the first running request it tried preempted
+        itself (the running pass ends there, :mod:`.step_plan`): vLLM V1 returns an empty
+        ``SchedulerOutput``, its engine runs no forward pass for it, and the next ``schedule()``
+        call follows at once. Here: a step of zero duration (the end of this step's swap-out
+        copies, if any), so the instance plans the next one right after."""
+        self._plan = []
+        end = self.stretch.single_step_end(self._step_ready_s, 0.0)
+        if self.observer is not None:
+            self._observe_step(self.observer, self._step_ready_s, (), end)
+        self.busy = True
+        self.recorder.occupancy_change(self, now)
         if self.options.check_invariants:
             check_instance(self)
         return end

@@ -14,7 +14,11 @@ prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it
   (``max_long_partial_prefills`` long ones) may be left with an unfinished prefill by one step
   (vLLM V0 ``PartialPrefillMetadata``); ``None`` limits nothing (vLLM V1);
 - KV blocks for the new tokens are allocated all-or-nothing; when HBM runs out the
-  :mod:`.preemption` mechanism makes room;
+  :mod:`.preemption` mechanism makes room; a running request that ends up the victim itself
+  ends the running pass: the running requests after it get nothing this step (vLLM V1
+  ``Scheduler.schedule``: ``if new_blocks is None: break`` after ``preempted_req == request``;
+  under fcfs the victim is the last running request, so only a victim rule that picks from the
+  middle -- priority scheduling -- leaves requests behind it);
 - waiting requests are admitted only when the step preempted nobody and nobody is swapped out
   (vLLM V1 admits nobody after a preemption, ``Scheduler.schedule``; vLLM V0's
   ``Scheduler._schedule_default`` schedules no prefill while ``self.swapped`` is not empty). With
@@ -126,6 +130,8 @@ class StepComposer:
                     break
                 if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
                     self.schedule_running(st, step, now)
+                    if step.victims and step.victims[-1] is st:
+                        break  # it preempted itself: the running pass ends (below)
         if not step.preempted:
             inst.preemptor.resume_swapped(now)
         if self.open_admission(step) and inst.waiting and step.budget > 0 \
@@ -181,6 +187,8 @@ class StepComposer:
                 if (st.status == RUNNING and st.ready_s <= now
                         and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
                     self.schedule_running(st, step, now)
+                    if step.victims and step.victims[-1] is st:
+                        break  # it preempted itself: the running pass ends (compose)
         if not step.preempted:
             inst.preemptor.resume_swapped(now)
         partial_runs = [st for st in running if st.status == RUNNING and st.ready_s <= now

@@ -112,6 +112,25 @@ def test_the_kv_victim_in_a_simulation_is_the_largest_priority_not_the_newest():
     assert by_id(fcfs, "preemptions")[0] == 0  # vLLM fcfs preempts the newest instead
 
 
+def test_a_request_that_preempts_itself_ends_the_running_pass_as_in_vllm_v1():
+    """vLLM V1 ``Scheduler.schedule``: when the request being scheduled is its own victim
+    (``preempted_req == request``) the running loop breaks, so the running requests after it get
+    no tokens in that step although its freed blocks would fit them (seen by ``kvsched parity``
+    case priority-kv-victims)."""
+    from simkit import make_instance, place_running, state
+
+    inst = make_instance(make_spec(hbm_kv_blocks=6, enable_prefix_caching=False), "vllm-priority")
+    a, b, c = (state(rid, 16, 50) for rid in range(3))
+    a.priority, b.priority, c.priority = 0, 9, 1  # b, in the middle, has the lowest priority
+    place_running(inst, a, 20, generated=5)     # 2 blocks, room for its next token
+    place_running(inst, b, 32, generated=17)    # 2 blocks, full: its next token needs a third
+    place_running(inst, c, 32, generated=17)    # likewise
+    assert inst.kv.hbm.available_blocks == 0
+    inst.schedule(0.0)
+    assert [(st.rid, n) for st, n in inst._plan] == [(0, 1)]  # c waits for the next step
+    assert b.status != 1 and c.status == 1 and b.preemptions == 1 and c.preemptions == 0
+
+
 @pytest.mark.parametrize("params", [{}, {"priority_preemption": True}])
 def test_runs_are_deterministic_and_fast_forward_exact(params):
     from simkit import short_only
