@@ -501,7 +501,8 @@ def export_vllm_plugin(policy: str, params: Mapping[str, Any], engine: Mapping[s
     cfg["scheduling-policy"] = "fcfs"  # the plugin orders the queue itself
     cfg["scheduler-cls"] = VLLM_PLUGINS[policy]
     cfg["async-scheduling"] = False  # the plugin plans on the scheduler's own state, one step at a time
-    cfg["additional-config"] = {"kvsched": {"policy": policy, "policy_params": json.loads(json.dumps(dict(params), default=str)),
+    cfg["additional-config"] = {"kvsched": {"policy": policy,
+                                            "policy_params": json.loads(json.dumps(dict(params), default=str)),
                                             "spec": instance_spec_to_dict(spec)}}
     check_keys("vllm", {k: v for k, v in cfg.items() if k != "additional-config"})
     notes = [f"serve with: pip install 'kvsched[vllm]' (or kvsched beside your vLLM), then vllm serve <HF id of "

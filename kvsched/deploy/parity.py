@@ -582,7 +582,8 @@ def cases() -> list[ParityCase]:
                    _reqs([(6000, 4)] + [(p, o, 1 + s) for p, o, s in _mixed(6, 12, (40, 200), (4, 20), every=1)]),
                    kv_blocks=640, budget=1024, max_num_seqs=16, max_model_len=8192),
         ParityCase("long-threshold", "long prompts",
-                   _reqs([(3000, 4), (2500, 4)] + [(p, o, s) for p, o, s in _mixed(4, 13, (40, 200), (4, 20), every=2)]),
+                   _reqs([(3000, 4), (2500, 4)]
+                         + [(p, o, s) for p, o, s in _mixed(4, 13, (40, 200), (4, 20), every=2)]),
                    kv_blocks=512, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),
         ParityCase("long-alone-threshold", "long prompts", _reqs([(2000, 6)]),
                    kv_blocks=256, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),

@@ -19,9 +19,9 @@ def small_scenario():
     """A small mixed synthetic scenario (tests/experiments/test_tune.py's, shortened)."""
     from kvsched.runner.scenario import Scenario
 
-    return Scenario(name="tiny-mixed", trace=None, synthetic={"rate_per_s": 4.0, "duration_s": 10, "long_fraction":
-                                                               0.03, "long_min_tokens": 16384, "long_max_tokens": 40000},
-                    seed=0)
+    synthetic = {"rate_per_s": 4.0, "duration_s": 10, "long_fraction": 0.03, "long_min_tokens": 16384,
+                 "long_max_tokens": 40000}
+    return Scenario(name="tiny-mixed", trace=None, synthetic=synthetic, seed=0)
 
 
 # --------------------------------------------------------------- item 1: files vLLM accepts
