@@ -187,9 +187,9 @@ def _destination(filename: str) -> str:
 
 def _os_reason(e: OSError) -> str:
     """The system's reason for ``e``, with the errno's name (``No space left on device (ENOSPC)``)."""
-    reason = e.strerror or str(e)
-    name = errno.errorcode.get(e.errno) if isinstance(e.errno, int) else None
-    return f"{reason} ({name})" if name else reason
+    from .outputs import os_reason
+
+    return os_reason(e)
 
 
 if __name__ == "__main__":

@@ -109,3 +109,12 @@ def inside(folder: Path, name: str, what: str, suffix: str = "") -> Path:
     if path.parent != folder:  # pragma: no cover - file_name refuses every name that could do this
         raise KvschedError(f"{what}={bounded_repr(name)} is not allowed: it would write outside {folder}")
     return path
+
+
+def os_reason(e: OSError) -> str:
+    """The system's reason for ``e``, with the errno's name (``No space left on device (ENOSPC)``)."""
+    import errno
+
+    reason = e.strerror or str(e)
+    name = errno.errorcode.get(e.errno) if isinstance(e.errno, int) else None
+    return f"{reason} ({name})" if name else reason

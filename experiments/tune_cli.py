@@ -110,7 +110,9 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
     except OSError as e:  # e.g. no space left on device: the study itself is safe in its storage
         from kvsched.envs.sim.errors import KvschedError
 
-        raise KvschedError(f"--out {bounded_repr(str(out))}: cannot write the results ({e.strerror or e}); the "
+        from .outputs import os_reason
+
+        raise KvschedError(f"--out {bounded_repr(str(out))}: cannot write the results ({os_reason(e)}); the "
                            "trials are kept in the study's storage (with --storage, run the same command again "
                            "to write them)") from None
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

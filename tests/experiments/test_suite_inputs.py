@@ -103,8 +103,8 @@ def test_a_broken_or_foreign_checkpoint_is_a_config_error_not_a_traceback(sideca
     ckpt = tmp_path / "final.zip"
     ckpt.write_bytes(b"not a zip")
     (tmp_path / "final.json").write_text(sidecar if isinstance(sidecar, str) else json.dumps(sidecar))
-    with pytest.raises(ConfigError, match=says):
-        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(ckpt))
+    with pytest.raises(ConfigError, match=says):  # trusted: the file's content is what is checked here
+        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(ckpt), trust=True)
 
 
 def test_a_checkpoint_of_other_spaces_is_refused_not_run_in_an_environment_of_its_own_choosing(tmp_path):
@@ -123,7 +123,7 @@ def test_a_checkpoint_of_other_spaces_is_refused_not_run_in_an_environment_of_it
     env.close()
     (tmp_path / "k8.json").write_text(json.dumps({"algo": "ppo", "env_id": t.env_id, "env_kwargs": {"k": 8}}))
     with pytest.raises(ConfigError, match="observes shape"):
-        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(tmp_path / "k8.zip"))
+        evaluate_agent(t, fake_results(1)["tasks"]["overload-burst"], str(tmp_path / "k8.zip"), trust=True)
 
 
 def _edit(path: str, value):
