@@ -362,11 +362,13 @@ class PrefixStore:
             self.order = _Clairvoyant(owner.next_use_s)
         self.next: PrefixStore | None = None  # where evicted entries are demoted
         # retention (:meth:`PrefixTiers.retain`): entries out of the eviction order until a deadline
-        self.protected: dict[Any, float] = {}  # key -> deadline (s)
+        self.protected: dict[Any, float] = {}  # key -> deadline (s): the latest of its keepers'
+        self.keepers: dict[Any, dict[Any, float]] = {}  # protected key -> {conversation: deadline (s)}
+        self.kept_by: dict[Any, set] = {}  # conversation -> the keys it keeps here
         self._deadlines: list[tuple[float, int, Any]] = []  # (deadline, seq, key), lazy min-heap
         self._seq = 0
         self.protected_blocks = 0
-        self.by_session: dict[Any, set] | None = None  # conversation -> its keys (with retention only)
+        self.by_session: dict[Any, set] | None = None  # conversation -> the keys it wrote (retention only)
         self.hit_tokens = 0
         self.self_hit_tokens = 0
         self.loads = 0
@@ -402,8 +404,8 @@ class PrefixStore:
         write). Returns whether every key is stored."""
         entries, order, protected = self.entries, self.order, self.protected
         new = []
-        for key in keys:
-            e = entries.get(key)
+        for key in reversed(keys):  # a prefix's tail first: its head is the most recent (vLLM's
+            e = entries.get(key)  # LRUOffloadingManager.touch walks reversed(block_hashes))
             if e is None:
                 new.append(key)
             else:
@@ -433,10 +435,11 @@ class PrefixStore:
         t = ready_s if ready_s > now_s else now_s
         for hop in hops:
             t = hop.write(t, transfer(total, hop.links()[0]), nbytes, "prefix_write", creator_id)
-        for key in new:
+        for key in new:  # tail first (reversed above)
             e = entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
             if until > now_s:  # its conversation is kept: out of the order until its deadline
-                self._protect(key, e, until)
+                order.add(key, e, now_s)
+                self.keep_keys(session_id, (key,), until, now_s)
             else:
                 order.add(key, e, now_s)
         if by_session is not None:
@@ -466,6 +469,12 @@ class PrefixStore:
             self.order.remove(key)
         else:
             self.protected_blocks -= e.n_blocks
+            for conv in self.keepers.pop(key, ()):
+                kept = self.kept_by.get(conv)
+                if kept is not None:
+                    kept.discard(key)
+                    if not kept:
+                        del self.kept_by[conv]
         if self.by_session is not None:
             keys = self.by_session.get(e.session_id)
             if keys is not None:
@@ -484,25 +493,75 @@ class PrefixStore:
         return e.n_blocks
 
     # ------------------------------------------------------------------------ retention
-    def _protect(self, key: Any, e: _Entry, until_s: float) -> None:
-        """Keep ``key`` out of the eviction order until ``until_s`` (s); it must not be in it."""
-        if key not in self.protected:
-            self.protected_blocks += e.n_blocks
-        self.protected[key] = until_s
-        self._seq += 1
-        heapq.heappush(self._deadlines, (until_s, self._seq, key))
+    def keep_keys(self, conv: Any, keys, until_s: float, now_s: float) -> None:
+        """Conversation ``conv`` keeps ``keys`` (those stored here) until ``until_s`` (s),
+        replacing a deadline it gave them before. A key leaves the eviction order while any
+        conversation keeps it, until the latest of their deadlines. Among kept entries of equal
+        deadline the ones kept first go first: give a prefix tail first."""
+        entries, protected, order, keepers = self.entries, self.protected, self.order, self.keepers
+        mine = self.kept_by.setdefault(conv, set())
+        for key in keys:
+            e = entries.get(key)
+            if e is None:
+                continue
+            k = keepers.setdefault(key, {})
+            k[conv] = until_s
+            mine.add(key)
+            deadline = max(k.values())
+            if key not in protected:
+                order.remove(key)
+                self.protected_blocks += e.n_blocks
+            protected[key] = deadline
+            self._seq += 1
+            heapq.heappush(self._deadlines, (deadline, self._seq, key))
+        if not mine:
+            del self.kept_by[conv]
+
+    def unkeep(self, conv: Any, now_s: float) -> None:
+        """Conversation ``conv`` no longer keeps anything here: a key nobody else keeps (past
+        ``now_s``) rejoins the eviction order, the others keep the latest remaining deadline."""
+        keys = self.kept_by.pop(conv, None)
+        if not keys:
+            return
+        for key in sorted(keys, key=self._chain_rank):
+            k = self.keepers.get(key)
+            if k is None:
+                continue
+            k.pop(conv, None)
+            self._settle(key, now_s)
+
+    def _settle(self, key: Any, now_s: float) -> None:
+        """Recompute ``key``'s deadline from its keepers at ``now_s``: keepers whose deadline
+        passed let go; without any left it rejoins the order (as if used at ``now_s``: an order
+        has no place for an older use [kvsched choice])."""
+        k = self.keepers.get(key, {})
+        for conv in [c for c, u in k.items() if u <= now_s]:
+            del k[conv]
+            kept = self.kept_by.get(conv)
+            if kept is not None:
+                kept.discard(key)
+                if not kept:
+                    del self.kept_by[conv]
+        if k:
+            deadline = max(k.values())
+            if self.protected.get(key) != deadline:
+                self.protected[key] = deadline
+                self._seq += 1
+                heapq.heappush(self._deadlines, (deadline, self._seq, key))
+            return
+        self.keepers.pop(key, None)
+        if self.protected.pop(key, None) is not None:
+            e = self.entries[key]
+            self.protected_blocks -= e.n_blocks
+            self.order.add(key, e, now_s)
 
     def _release(self, now_s: float) -> None:
-        """Entries whose deadline passed rejoin the eviction order (as if used at ``now_s``:
-        an order has no place for an older use [kvsched choice])."""
-        heap, protected, entries, order = self._deadlines, self.protected, self.entries, self.order
+        """Entries whose deadline passed rejoin the eviction order (:meth:`_settle`)."""
+        heap, protected = self._deadlines, self.protected
         while heap and heap[0][0] <= now_s:
             until, _, key = heapq.heappop(heap)
             if protected.get(key) == until:
-                del protected[key]
-                e = entries[key]
-                self.protected_blocks -= e.n_blocks
-                order.add(key, e, now_s)
+                self._settle(key, now_s)
 
     def _earliest_protected(self) -> Any:
         heap, protected = self._deadlines, self.protected
@@ -512,35 +571,21 @@ class PrefixStore:
                 return key
             heapq.heappop(heap)  # stale: removed or given another deadline since
 
-    def keep(self, session: Any, until_s: float, now_s: float) -> None:
-        """Keep every entry of conversation ``session`` out of the eviction order until
-        ``until_s`` (s); ``until_s <= now_s`` returns kept ones to it."""
-        keys = self.by_session.get(session) if self.by_session is not None else None
-        if not keys:
-            return
-        entries, order, protected = self.entries, self.order, self.protected
-        for key in sorted(keys, key=lambda k: entries[k].last_s):  # deterministic, oldest use first
-            e = entries[key]
-            if until_s > now_s:
-                if key not in protected:
-                    order.remove(key)
-                self._protect(key, e, until_s)
-            elif key in protected:
-                del protected[key]
-                self.protected_blocks -= e.n_blocks
-                order.add(key, e, now_s)
+    def _chain_rank(self, key: Any) -> tuple:
+        """A deterministic order of a conversation's keys: most recently used last."""
+        e = self.entries.get(key)
+        return (e.last_s if e is not None else -math.inf, repr(key))
 
-    def evict_session(self, session: Any, now_s: float, demote: bool) -> int:
-        """Evict every entry of conversation ``session`` (demoted to the next listed tier when
-        ``demote``); returns the blocks freed."""
-        keys = self.by_session.get(session) if self.by_session is not None else None
+    def own_unkept(self, conv: Any) -> list:
+        """The entries conversation ``conv`` wrote that nobody keeps, least recently used first."""
+        keys = self.by_session.get(conv) if self.by_session is not None else None
         if not keys:
-            return 0
-        entries = self.entries
-        freed = 0
-        for key in sorted(keys, key=lambda k: entries[k].last_s):
-            freed += self.remove(key, now_s, demote)
-        return freed
+            return []
+        return sorted((k for k in keys if k not in self.protected), key=self._chain_rank)
+
+    def evict_keys(self, keys: list, now_s: float, demote: bool) -> int:
+        """Evict ``keys`` (demoted to the next listed tier when ``demote``); returns the blocks freed."""
+        return sum(self.remove(key, now_s, demote) for key in keys if key in self.entries)
 
     def use(self, key: Any, now_s: float) -> None:
         """A load read ``key``: count the use and refresh its place in the eviction order."""
@@ -556,6 +601,12 @@ class PrefixStore:
         if held != self.pool.evictable_blocks:
             raise AssertionError(f"{self.tier.name} prefix store holds {held} blocks, the pool counts "
                                  f"{self.pool.evictable_blocks} evictable")
+        for key, k in self.keepers.items():
+            if key not in self.protected or not k or self.protected[key] != max(k.values()):
+                raise AssertionError(f"{self.tier.name} prefix store: kept entry {key!r} has keepers {k!r} and "
+                                     f"deadline {self.protected.get(key)!r}")
+        if set(self.keepers) != set(self.protected):
+            raise AssertionError(f"{self.tier.name} prefix store: kept entries without keepers")
         kept = sum(self.entries[k].n_blocks for k in self.protected)
         if len(self.order) + len(self.protected) != len(self.entries) or kept != self.protected_blocks:
             raise AssertionError(f"{self.tier.name} prefix store: {len(self.order)} ordered + "
@@ -765,12 +816,18 @@ class PrefixTiers:
         """Apply a retention decision for the conversation of finished request ``st`` at ``now_s``
         in every listed tier (:mod:`.retention` defines the kinds):
 
-        - ``"default"``: its entries follow the tiers' eviction orders (a kept deadline is lifted);
-        - ``"keep"``: its entries, and those it stores later, leave the eviction orders until
-          ``now_s + keep_s``; a tier evicts a kept entry only when every entry it holds is kept
-          (the earliest deadline first);
-        - ``"drop"``: its entries are evicted from every listed tier now, without demotion;
-        - ``"demote"``: its entries in the first listed tier move to the next one now (over the
+        - ``"default"``: what it kept follows the tiers' eviction orders again (entries another
+          conversation keeps stay kept until that one's deadline);
+        - ``"keep"``: the segments of ``st``'s prompt stored in the tiers (shared prefixes another
+          conversation wrote included: a hit needs the whole leading run) and the entries the
+          conversation wrote, and those it writes later, leave the eviction orders until
+          ``now_s + keep_s``. A write of an entry nobody keeps never evicts a kept one (it is
+          skipped when nothing else is evictable); a kept conversation's write, a swap, or a tier
+          holding nothing but kept entries evicts the earliest deadline first, a prefix's tail
+          before its head;
+        - ``"drop"``: the entries the conversation wrote that nobody keeps are evicted from every
+          listed tier now, without demotion (shared prefixes others wrote stay);
+        - ``"demote"``: those of them in the first listed tier move to the next one now (over the
           link; with one listed tier, as ``"drop"``).
 
         Raises:
@@ -790,22 +847,31 @@ class PrefixTiers:
             self.keep_until_s[conv] = until
         else:
             self.keep_until_s.pop(conv, None)
+        for store in self.stores:
+            store.unkeep(conv, now_s)
         if kind == "drop":
-            for s in self.stores:
-                s.evict_session(conv, now_s, demote=False)
+            for store in self.stores:
+                store.evict_keys(store.own_unkept(conv), now_s, demote=False)
         elif kind == "demote":
-            self.stores[0].evict_session(conv, now_s, demote=True)
-        else:
-            for s in self.stores:
-                s.keep(conv, until, now_s)
+            first = self.stores[0]
+            first.evict_keys(first.own_unkept(conv), now_s, demote=True)
+        elif until > now_s:
+            chain = list(st.hashes[:st.n_cacheable_segments])
+            in_chain = set(chain)
+            for store in self.stores:
+                own = store.by_session.get(conv, ()) if store.by_session is not None else ()
+                rest = sorted((k for k in own if k not in in_chain), key=store._chain_rank)
+                store.keep_keys(conv, rest + chain[::-1], until, now_s)  # a prefix's tail first
 
     def session_blocks(self, st: "RequestState") -> list[int]:
-        """Blocks the conversation of ``st`` holds in each listed tier (with retention control)."""
+        """Blocks each listed tier holds of the conversation of ``st``: the segments of ``st``'s
+        prompt stored there (shared prefixes included) and the entries the conversation wrote."""
         conv = self.conversation_of(st)
+        chain = set(st.hashes[:st.n_cacheable_segments])
         out = []
         for s in self.stores:
-            keys = s.by_session.get(conv, ()) if s.by_session is not None else ()
-            out.append(sum(s.entries[k].n_blocks for k in keys))
+            keys = chain.union(s.by_session.get(conv, ()) if s.by_session is not None else ())
+            out.append(sum(s.entries[k].n_blocks for k in keys if k in s.entries))
         return out
 
     # ------------------------------------------------------------------------------- loads
@@ -878,7 +944,8 @@ class PrefixTiers:
                 self.recompute_chosen += 1
                 return False
         first_admission = st.admissions == 0
-        for h, s in zip(st.hashes[hit:hit + f], run):  # before anything below can evict them
+        # before anything below can evict them; the tail first, so the head is the most recent
+        for h, s in reversed(list(zip(st.hashes[hit:hit + f], run))):
             e = s.entries[h]
             if first_admission and e.creator_id != st.rid:
                 s.hit_tokens += seg
