@@ -380,7 +380,10 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     counts finished episodes.
 
     ``windows=None``: the first :data:`DEFAULT_WINDOWS` held-out windows, or all of them when
-    the scenario holds fewer (an explicit count above what it holds is an error).
+    the scenario holds fewer (an explicit count above what it holds is an error). On a trace
+    scenario a window is the same requests for every seed, so heuristics and deterministic
+    learned agents play each window once; ``seeds`` then vary only the random agent and
+    ``stochastic`` learned agents.
 
     Environments: the checkpoints' (their training metadata; all must share one), else ``env_id``
     (default ``kvsched/Scheduling-v0``). Heuristics are policy names (Scheduling-v0, Knobs-v0),
@@ -402,6 +405,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
 
     if not agents:
         raise ConfigError("--agents must name at least one agent (checkpoint.zip or policy name)")
+    names = [Path(a).name if a.endswith(".zip") or _is_rllib_checkpoint(a) else a for a in agents]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--agents names {bounded_repr(', '.join(twice))} twice (a table row per agent: two "
+                          "checkpoints with the same file name need different names)")
     for name, v in (("windows", windows), ("seeds", seeds)):
         if v is None and name == "windows":
             continue
@@ -437,7 +445,8 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
                               f"nor a {what} of {env_id}; known: {sorted(known)}")
     trained = metas[0]["env_kwargs"] if metas else {}
     if window_s is None:
-        window_s = float(trained.get("window_s", 60.0))
+        # the environment's own default window (Residency-v0's turns come back after minutes)
+        window_s = float(trained.get("window_s", 300.0 if env_id == "kvsched/Residency-v0" else 60.0))
     scen = scenario if scenario is not None else trained.get("scenario")
     source = EpisodeSource(episode_config(scen, window_s, "heldout", trained.get("heldout_fraction", 0.25),
                                           trained.get("max_requests")))
@@ -449,6 +458,10 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     episodes = [(HELDOUT_SEED_BASE + s if source.synthetic else source.scenario.seed, w, s)
                 for w in source.heldout_windows[:windows] for s in range(seeds)]
     episodes = [ep for ep in episodes if len(source.workload(ep[0], ep[1]))]  # an empty window has no score
+    # a trace's window is the same requests whatever the seed: an agent whose actions do not depend
+    # on it (a heuristic, a learned agent acting deterministically) plays it once; counting the
+    # replays as episodes would narrow its interval without new evidence
+    once = episodes if source.synthetic else [ep for ep in episodes if ep[2] == 0]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # the random agent acts in the checkpoint's environment: every training argument but where and
@@ -461,11 +474,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
             if stochastic:
                 jobs += [(name + " (stochastic)", ("learned", a, ep, scen, window_s, True, None, None))
                          for ep in episodes]
-            jobs += [(name, ("learned", a, ep, scen, window_s, False, None, None)) for ep in episodes]
+            jobs += [(name, ("learned", a, ep, scen, window_s, False, None, None)) for ep in once]
         elif a == "random":
             jobs += [(a, ("random", a, ep, scen, window_s, False, env_kw, None, env_id)) for ep in episodes]
         else:  # a policy or router name (checked above)
-            jobs += [(a, ("heuristic", a, ep, scen, window_s, False, env_kw, source, env_id)) for ep in episodes]
+            jobs += [(a, ("heuristic", a, ep, scen, window_s, False, env_kw, source, env_id)) for ep in once]
     from kvsched.runner.sweep import map_tasks
 
     outs = map_tasks(_one_episode, [j for _, j in jobs], backend=backend, address=address, progress=progress)

@@ -491,7 +491,7 @@ def export_vllm_plugin(policy: str, params: Mapping[str, Any], engine: Mapping[s
         ConfigError: a policy without a plugin (allowed: lars, ewsjf).
     """
     if policy not in VLLM_PLUGINS:
-        raise ConfigError(f"--target vllm-plugin: policy {policy!r} has no vLLM scheduler plugin; allowed: "
+        raise ConfigError(f"--target vllm-plugin: policy {bounded_repr(policy)} has no vLLM scheduler plugin; allowed: "
                           f"{', '.join(VLLM_PLUGINS)} (export --target vllm for the engine flags alone)")
     from kvsched.envs.sim.spec_io import instance_spec_to_dict
 

@@ -10,7 +10,7 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def cmd_parity(a: argparse.Namespace, console: Console) -> int:
         return 0
     for n in a.case or ():
         if n not in names:
-            raise ConfigError(f"--case {n!r} is not a parity case; allowed: {', '.join(names)}")
+            raise ConfigError(f"--case {bounded_repr(n)} is not a parity case; allowed: {', '.join(names)}")
     from kvsched.experiments.export import vllm_installed
 
     if not vllm_installed():

@@ -322,7 +322,7 @@ class Instance:
         if step.displaced:  # back at the head of the queue, behind the requests they made room for
             self.waiting.extendleft(reversed(step.displaced))
         if not step.plan:
-            if step.victims and self.running:
+            if step.victims and self.running and self.spec.self_preemption == "ends_pass":
                 return self._empty_step(now)
             self.recorder.occupancy_change(self, now)
             self._check_progress(now)

@@ -28,6 +28,8 @@ PREEMPTION_MODES = ("recompute", "swap", "offload")
 """Preemption modes of the standard tiers (recompute: vLLM V1; swap: to DRAM; offload: to NVMe)."""
 KV_FREE_ORDERS = ("tail_first", "head_first")
 """Orders a request's HBM prefix segments become evictable in (``InstanceSpec.kv_free_order``)."""
+SELF_PREEMPTION = ("ends_pass", "continues")
+"""What a running request that preempts itself does to the step (``InstanceSpec.self_preemption``)."""
 TP_DEGREES = (1, 2, 4, 8)
 #: Most KV blocks one tier may hold: 2**53 (exact as a float, fits the int64 columns of router and
 #: feature tables; 2**53 blocks of the smallest KV block are far beyond any real memory).
@@ -113,6 +115,15 @@ class InstanceSpec:
             bench v1 -- reproduce exactly: the head is evicted first and a follow-up's leading-run
             lookup then hits 0 tokens even though the rest of its prompt is still cached; with
             ``cache_decode_blocks`` kvsched always freed tail first, so it changes nothing there).
+        self_preemption: when a running request needs blocks and the victim rule picks the request
+            itself: ``"ends_pass"`` (default, vLLM V1 ``Scheduler.schedule``: ``if new_blocks is
+            None: break`` after ``preempted_req == request``; the running requests after it get
+            nothing this step, and a step that scheduled nothing is an empty step) or
+            ``"continues"`` (kvsched <= 0.2: the pass goes on with the next running request; kept
+            only so results computed with it -- kvsched bench v1 -- reproduce exactly). Under fcfs
+            the victim is the last running request, so only a victim rule that picks from the
+            middle of the running list (priority scheduling, Scheduling-v0's victim actions) sees
+            a difference.
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
         pnm: an optional processing-near-memory KV tier (:class:`PNMSpec`), None (default) =
@@ -160,6 +171,7 @@ class InstanceSpec:
     enable_prefix_caching: bool = True
     cache_decode_blocks: bool = False
     kv_free_order: str = "tail_first"
+    self_preemption: str = "ends_pass"
     preemption_mode: str = "recompute"
     cost: CostParams | None = None
     pnm: PNMSpec | None = None
@@ -272,6 +284,8 @@ class InstanceSpec:
             require(isinstance(getattr(self, name), bool), f"{o}.{name}", getattr(self, name), "true or false")
         require(self.kv_free_order in KV_FREE_ORDERS, f"{o}.kv_free_order", self.kv_free_order,
                 f"one of {', '.join(KV_FREE_ORDERS)}")
+        require(self.self_preemption in SELF_PREEMPTION, f"{o}.self_preemption", self.self_preemption,
+                f"one of {', '.join(SELF_PREEMPTION)}")
         modes = PREEMPTION_MODES + tuple(t.preemption_mode for t in self.extra_tiers if t.preemption_mode)
         require(self.preemption_mode in modes, f"{o}.preemption_mode", self.preemption_mode,
                 f"one of {', '.join(modes)}")

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .errors import ConfigError, require
+from .errors import ConfigError, bounded_repr, require
 from .spec_validation import known_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -587,6 +587,19 @@ class PrefixStore:
         """Evict ``keys`` (demoted to the next listed tier when ``demote``); returns the blocks freed."""
         return sum(self.remove(key, now_s, demote) for key in keys if key in self.entries)
 
+    def refresh(self, chain: list, now_s: float) -> None:
+        """A request computed ``chain`` (its prompt's segments so far, head first): those stored
+        here become the most recently used, the head last (vLLM's
+        ``LRUOffloadingManager.touch`` walks ``reversed(block_hashes)``), so a tier evicts a
+        prefix from its tail and what stays is a loadable leading run. Kept entries are left as
+        they are."""
+        entries, order, protected = self.entries, self.order, self.protected
+        for key in reversed(chain):
+            e = entries.get(key)
+            if e is not None and key not in protected:
+                e.last_s = now_s
+                order.touch(key, e, now_s)
+
     def use(self, key: Any, now_s: float) -> None:
         """A load read ``key``: count the use and refresh its place in the eviction order."""
         e = self.entries[key]
@@ -603,8 +616,8 @@ class PrefixStore:
                                  f"{self.pool.evictable_blocks} evictable")
         for key, k in self.keepers.items():
             if key not in self.protected or not k or self.protected[key] != max(k.values()):
-                raise AssertionError(f"{self.tier.name} prefix store: kept entry {key!r} has keepers {k!r} and "
-                                     f"deadline {self.protected.get(key)!r}")
+                raise AssertionError(f"{self.tier.name} prefix store: kept entry {bounded_repr(key)} has keepers "
+                                     f"{bounded_repr(k)} and deadline {bounded_repr(self.protected.get(key))}")
         if set(self.keepers) != set(self.protected):
             raise AssertionError(f"{self.tier.name} prefix store: kept entries without keepers")
         kept = sum(self.entries[k].n_blocks for k in self.protected)
@@ -734,6 +747,7 @@ class PrefixTiers:
         first = self.stores[0]
         if th == 1:
             first.put_many(new_hashes, seg_blocks, st.rid, sess, now_s, self._first_hops)
+            first.refresh(st.hashes[:st.next_seg], now_s)  # the prompt so far: its head the most recent
             return
         uses = self._uses
         due = []

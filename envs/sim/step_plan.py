@@ -18,7 +18,8 @@ prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it
   ends the running pass: the running requests after it get nothing this step (vLLM V1
   ``Scheduler.schedule``: ``if new_blocks is None: break`` after ``preempted_req == request``;
   under fcfs the victim is the last running request, so only a victim rule that picks from the
-  middle -- priority scheduling -- leaves requests behind it);
+  middle -- priority scheduling -- leaves requests behind it; ``InstanceSpec.self_preemption``
+  "continues" keeps kvsched <= 0.2's pass, for results computed with it);
 - waiting requests are admitted only when the step preempted nobody and nobody is swapped out
   (vLLM V1 admits nobody after a preemption, ``Scheduler.schedule``; vLLM V0's
   ``Scheduler._schedule_default`` schedules no prefill while ``self.swapped`` is not empty). With
@@ -108,6 +109,7 @@ class StepComposer:
 
     def __init__(self, inst: Instance) -> None:
         self.inst = inst
+        self.self_preemption_ends_pass = inst.spec.self_preemption == "ends_pass"
 
     # --------------------------------------------------------------------- whole step
     def compose(self, step: StepBuild, now: float) -> tuple[int, bool]:
@@ -130,7 +132,7 @@ class StepComposer:
                     break
                 if st.status == RUNNING and st.ready_s <= now:  # not preempted, blocks in HBM
                     self.schedule_running(st, step, now)
-                    if step.victims and step.victims[-1] is st:
+                    if step.victims and step.victims[-1] is st and self.self_preemption_ends_pass:
                         break  # it preempted itself: the running pass ends (below)
         if not step.preempted:
             inst.preemptor.resume_swapped(now)
@@ -187,7 +189,7 @@ class StepComposer:
                 if (st.status == RUNNING and st.ready_s <= now
                         and st.computed == st.prompt_tokens + st.generated - 1 and st.generated > 0):
                     self.schedule_running(st, step, now)
-                    if step.victims and step.victims[-1] is st:
+                    if step.victims and step.victims[-1] is st and self.self_preemption_ends_pass:
                         break  # it preempted itself: the running pass ends (compose)
         if not step.preempted:
             inst.preemptor.resume_swapped(now)

@@ -257,6 +257,8 @@ class Scenario:
             del d["instance"]["prefix_offload"]
         if d["instance"]["kv_free_order"] == "tail_first":
             del d["instance"]["kv_free_order"]
+        if d["instance"]["self_preemption"] == "ends_pass":  # likewise (issue #23)
+            del d["instance"]["self_preemption"]
         partial = d["instance"]["max_num_partial_prefills"]
         if partial is None:
             d["instance"]["max_num_partial_prefills"] = 1

@@ -211,3 +211,58 @@ def test_retain_without_a_pending_residency_point_is_an_error():
 def test_the_kinds_are_the_documented_ones():
     assert RETENTION_KINDS == ("default", "drop", "demote", "keep")
     assert RetentionDecision("keep", 30).label == "keep 30s" and RetentionDecision().label == "default"
+
+
+def _h(group: int, n: int) -> tuple:
+    return tuple(1000 * group + k for k in range(n))
+
+
+def test_keeping_a_conversation_keeps_the_shared_prefix_another_conversation_wrote():
+    """Conversation 2 extends conversation 1's 512-token template; a flood then fills DRAM.
+    Keeping conversation 2 alone must keep the template too (a hit needs the whole leading run)."""
+    reqs = [Request(0, 0.0, 512, 2, session_id=1, prefix_hashes=_h(1, 16), hash_block_tokens=SEG),
+            Request(1, 0.5, 1024, 2, session_id=2, prefix_hashes=_h(1, 16) + _h(2, 16), hash_block_tokens=SEG)]
+    reqs += [Request(2 + i, 1.0 + 0.5 * i, 1024, 2, session_id=10 + i, prefix_hashes=_h(10 + i, 32),
+                     hash_block_tokens=SEG) for i in range(16)]
+    reqs.append(Request(18, 30.0, 1088, 2, session_id=2, prefix_hashes=_h(1, 16) + _h(2, 16) + _h(3, 2),
+                        hash_block_tokens=SEG))
+    w = Workload.from_requests(reqs)
+    r, _ = _play(w, _spec(dram_blocks=256, hbm=200),
+                 lambda p: RetentionDecision("keep", 60.0) if p.request.rid == 1 else None)
+    assert r.summary["prefix_tiers"]["tiers"]["dram"]["hit_tokens"] == 1024
+
+
+def test_lifting_a_keep_returns_every_tier_to_its_order_and_demote_keeps_nothing_below():
+    w = Workload.from_requests([Request(0, 0.0, 1024, 2, session_id=1, prefix_hashes=_h(1, 32),
+                                        hash_block_tokens=SEG)])
+    c = Cluster([_spec(PrefixOffloadSpec(tiers=("dram", "nvme")))], lambda: make_policy("fcfs"),
+                options=InstanceOptions(check_invariants=True))
+    c.start(w, DecisionWatch(residency=True))
+    p = c.run_until_decision()
+    pt = c.instances[0].kv.prefix_tiers
+    c.retain(RetentionDecision("keep", 600.0))
+    for _ in range(10):  # e.g. a kept write of another conversation, or a swap, takes room
+        pt.stores[0].evict_one(p.time_s)
+    assert [s.protected_blocks for s in pt.stores] == [44, 20]  # demoted entries stay kept below
+    pt.retain(p.request, "demote", 0.0, p.time_s)
+    assert [s.protected_blocks for s in pt.stores] == [0, 0] and pt.session_blocks(p.request) == [0, 64]
+    for s in pt.stores:
+        s.check()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu", "session", "clairvoyant"])
+def test_a_tier_evicts_a_prefix_from_its_tail_so_what_stays_is_a_leading_run(eviction):
+    """A 1,024-token prompt (32 segments) computed in 512-token chunks, then another prompt's write
+    needs room: what stays of the first is a leading run a later turn can load."""
+    from kvsched.envs.sim.request import _chain
+
+    reqs = [Request(0, 0.0, 1024, 2, prefix_hashes=_h(1, 32), hash_block_tokens=SEG),
+            Request(1, 1.0, 512, 2, prefix_hashes=_h(2, 16), hash_block_tokens=SEG)]
+    c = Cluster([_spec(PrefixOffloadSpec(eviction=eviction), dram_blocks=80, hbm=200)], lambda: make_policy("fcfs"),
+                options=InstanceOptions(check_invariants=True))
+    c.start(Workload.from_requests(reqs))
+    c.run_until_decision()
+    store = c.instances[0].kv.prefix_tiers.stores[0]
+    chain = list(_chain(_h(1, 32)))
+    left = [i for i, k in enumerate(chain) if k in store.entries]
+    assert 0 < len(left) < 32 and left == list(range(len(left)))
