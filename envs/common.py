@@ -179,7 +179,7 @@ def integer_action(action, n_parts: int, allowed: str) -> list[int]:
         ok = a.size == n_parts and a.dtype.kind in "biuf"
     except (TypeError, ValueError):
         ok = False
-    if ok and a.dtype.kind == "f":
-        ok = bool(np.all(np.isfinite(a)) and np.all(a == np.floor(a)))
+    if ok and a.dtype.kind == "f":  # whole numbers within int64 (1e30 would not cast)
+        ok = bool(np.all(np.isfinite(a)) and np.all(a == np.floor(a)) and np.all(np.abs(a) < 2.0**63))
     require(ok, "action", action, allowed)
     return a.astype(np.int64).reshape(-1).tolist()

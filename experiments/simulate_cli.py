@@ -252,7 +252,7 @@ def _print_routing(summary: dict, console: Console) -> None:
     routing (load share, prefix hits) and one on the shared KV tier, when present."""
     pt = summary.get("prefix_tiers")
     prefix = summary["classes"]["all"].get("prefix") or {}
-    if (pt or (prefix.get("hit_tokens") or 0) > 0) and not summary.get("routing"):
+    if pt or (prefix.get("hit_tokens") or 0) > 0:
         console.print(f"prefix cache: HBM hit rate {100 * (prefix.get('hit_rate') or 0):.1f} % of prompt tokens",
                       highlight=False)
     if pt:

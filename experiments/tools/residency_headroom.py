@@ -143,9 +143,12 @@ def measure(scenario: str, window_s: float, train_windows: int | None, seeds: in
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default=SCENARIO, help=f"a bundled scenario name (default {SCENARIO})")
-    p.add_argument("--window-s", type=float, default=300.0)
-    p.add_argument("--train-windows", type=int, default=None, help="tune on the first N train episodes only")
-    p.add_argument("--seeds", type=int, default=8, help="workload seeds per split of a synthetic scenario (default 8)")
+    from kvsched.experiments.cli_types import count, number
+
+    p.add_argument("--window-s", type=number(0.0, strict=True), default=300.0, help="episode window (s, > 0)")
+    p.add_argument("--train-windows", type=count, default=None, help="tune on the first N train episodes only (>= 1)")
+    p.add_argument("--seeds", type=count, default=8,
+                   help="workload seeds per split of a synthetic scenario (>= 1, default 8)")
     p.add_argument("--out", help="write the markdown table here (default: stdout)")
     a = p.parse_args(argv)
     text, _ = measure(a.scenario, a.window_s, a.train_windows, a.seeds)
