@@ -468,7 +468,8 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
             from pyinstrument import Profiler
         except ImportError as e:
             from kvsched.envs.sim.errors import KvschedError
-            raise KvschedError(f"--profile needs pyinstrument ({e}); pip install -e '.[profile]' in the kvsched checkout") from None
+            raise KvschedError(f"--profile needs pyinstrument ({e}); pip install -e '.[profile]' in the kvsched "
+                               "checkout") from None
         profiler = Profiler(interval=0.001)
         profiler.start()
     n = len(prep.workload)

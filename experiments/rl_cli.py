@@ -232,10 +232,17 @@ def _train_es(args, console) -> int:
         raise ConfigError(f"--algo es acts in {' or '.join(SCHEDULING_IDS)}; got {args.env}")
     config = ESConfig.from_mapping(_json_arg(args.hyperparameters, "--hyperparameters"))
     kw = env_kwargs_for(args.env, "es", args.scenario, args.window_s, _json_arg(args.env_kwargs, "--env-kwargs"))
+    # one line per generation (train_es's progress); off a terminal the progress lines count the
+    # generations and do not repeat the line (kvsched.experiments.progress)
+    generations = progress_lines.counter("generations", config.generations)
+    finished = [0]
+
     def say(message: str) -> None:
         if not args.no_progress:
             console.print(message, highlight=False, markup=False)
-            progress_lines.note(message)  # repeated in the progress lines off a terminal
+            finished[0] += 1
+            if generations is not None:
+                generations(finished[0])
 
     meta = train_es(args.env, kw, args.out, config, seed=args.seed, max_cpu_s=args.max_cpu_s,
                     max_wall_s=args.max_wall_s, max_steps=args.timesteps, progress=say,
