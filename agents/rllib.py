@@ -1,6 +1,6 @@
 """Training with Ray RLlib (PPO, new API stack) on the kvsched environments, past one machine.
 
-Optional: needs the ``ray`` extra (``pip install 'kvsched[ray]'``, Ray 2.60 with RLlib); the
+Optional: needs the ``ray`` extra (``pip install -e '.[ray]'`` in the checkout, Ray 2.60 with RLlib); the
 default install never imports Ray.
 
 - :func:`env_creator` builds any kvsched environment from one ``env_config`` dict
@@ -49,8 +49,8 @@ def _ray():
         import ray  # noqa: F401
         from ray.rllib.algorithms.ppo import PPOConfig  # noqa: F401
     except ImportError:
-        raise ConfigError("--backend rllib needs Ray RLlib: pip install 'kvsched[ray]' (the default install is "
-                          "Ray-free)") from None
+        raise ConfigError("--backend rllib needs Ray RLlib: pip install -e '.[ray]' in the kvsched checkout (the "
+                          "default install is Ray-free)") from None
     import ray
 
     return ray

@@ -76,7 +76,8 @@ def load_demonstrations(where: str, dataset_id: str | None = None):
     try:
         import minari
     except ImportError:
-        raise ConfigError("--bc-dataset needs Minari: pip install 'minari[arrow]' (or kvsched[rl])") from None
+        raise ConfigError("--bc-dataset needs Minari: pip install 'minari[arrow]' (or pip install -e '.[rl]' in the "
+                          "kvsched checkout)") from None
 
     @contextlib.contextmanager
     def root(path: Path | None):

@@ -468,7 +468,8 @@ def run_case(name: str, profile_dir: Path | None = None) -> dict:
             from pyinstrument import Profiler
         except ImportError as e:
             from kvsched.envs.sim.errors import KvschedError
-            raise KvschedError(f"--profile needs pyinstrument ({e}); install kvsched[profile]") from None
+            raise KvschedError(f"--profile needs pyinstrument ({e}); pip install -e '.[profile]' in the kvsched "
+                               "checkout") from None
         profiler = Profiler(interval=0.001)
         profiler.start()
     n = len(prep.workload)
@@ -978,7 +979,7 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
         get_case(n)  # unknown names fail before anything runs
     if a.profile is not None and importlib.util.find_spec("pyinstrument") is None:
         raise KvschedError("--profile needs pyinstrument, which is not installed: "
-                           "pip install 'kvsched[profile]'")
+                           "pip install -e '.[profile]' in the kvsched checkout")
     for flag, path in (("--out", a.out), ("--plot", a.plot)):
         prepare_out_file(path, flag)  # before the cases run (minutes), not when their results are written
     if a.out is not None and (a.plot or a.out.with_suffix(".png")).resolve() == a.out.resolve():

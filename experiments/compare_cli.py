@@ -45,7 +45,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="cut the workload into this many consecutive windows of equal time, each served "
                         "separately from a cold start (default 1)")
     c.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="run the grid here, one run after another, or as Ray tasks (needs kvsched[ray]); "
+                   help="run the grid here, one run after another, or as Ray tasks (needs the ray extra); "
                         "results are identical (default local)")
     c.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray; default: "
                                      "start a local Ray)")

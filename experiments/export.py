@@ -339,7 +339,9 @@ def _policy_unexpressible(engine: str, policy: str, params: Mapping[str, Any]) -
     out = []
     base_flags = ("tier_aware_preemption", "prefetch", "admit_while_swapped", "admit_in_preemption_step")
     if native is None:
-        out.append(("policy", policy, f"{engine} has no {policy} scheduler (REFERENCE §7: needs a scheduler plugin); "
+        plugin = ("kvsched's plugin for it: export --target vllm-plugin" if engine == "vllm" and policy in VLLM_PLUGINS
+                  else "REFERENCE §7: needs a scheduler plugin")
+        out.append(("policy", policy, f"{engine} has no {policy} scheduler ({plugin}); "
                                       "the engine runs its FCFS scheduler"))
         for k, v in params.items():
             out.append((f"policy_params.{k}", v, f"parameter of kvsched's {policy}, no {engine} flag"))
@@ -505,7 +507,8 @@ def export_vllm_plugin(policy: str, params: Mapping[str, Any], engine: Mapping[s
                                             "policy_params": json.loads(json.dumps(dict(params), default=str)),
                                             "spec": instance_spec_to_dict(spec)}}
     check_keys("vllm", {k: v for k, v in cfg.items() if k != "additional-config"})
-    notes = [f"serve with: pip install 'kvsched[vllm]' (or kvsched beside your vLLM), then vllm serve <HF id of "
+    notes = ["serve with: kvsched installed in vLLM's environment (pip install -e . from a kvsched checkout; "
+             "CPU-only: docs/vllm-plugin.md, Installing the extra), then vllm serve <HF id of "
              f"{spec.model.name}> --config THIS_FILE",
              f"scheduler-cls {VLLM_PLUGINS[policy]} runs kvsched's {policy} with the tuned parameters below "
              "(additional-config.kvsched); tested with vLLM 0.32.0; see docs/vllm-plugin.md for its limits"]

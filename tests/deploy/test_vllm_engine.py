@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install 'kvsched[vllm]')")
+from kvsched.deploy import VLLM_INSTALL
+
+pytest.importorskip("vllm", reason=f"the vllm extra is not installed ({VLLM_INSTALL})")
 
 from kvsched.deploy import parity  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402

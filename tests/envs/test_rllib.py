@@ -13,7 +13,7 @@ import pytest
 from installed import needs  # noqa: E402
 
 # located, not imported, at collection (Ray and RLlib take seconds to import)
-pytestmark = needs("ray", "gymnasium", reason="RLlib tests need the `ray` extra: pip install 'kvsched[ray]'")
+pytestmark = needs("ray", "gymnasium", reason="RLlib tests need the `ray` extra: pip install -e '.[ray]'")
 
 from kvsched.agents.rllib import RLLIB_ENVS, RLlibAgent, env_creator, rllib_env_kwargs, train_rllib  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402

@@ -43,3 +43,16 @@ def test_train_help_names_scheduling_v1_where_the_docs_do():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = " ".join(sub.choices["train"].format_help().split())
     assert "Scheduling-v0/v1" in text and "the same task with observation version 1" in text
+
+
+@pytest.mark.parametrize("name", [c.name for c in COMMANDS])
+def test_the_choices_each_flag_table_lists_are_its_parsers(name):
+    """A flag documented as `--flag {a,b}` lists exactly the parser's choices, in order (evaluate's
+    --env once lacked kvsched/Scheduling-v1, train's kvsched/Residency-v0)."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[name]
+    parser.format_help()
+    actions = {a.option_strings[-1]: a for a in parser._actions if a.option_strings}
+    for flag, listed in re.findall(r"^\| `(--[a-z0-9-]+)[^`{]*\{([^}`]*)\}", _section(name), flags=re.M):
+        choices = actions[flag].choices
+        assert choices is not None and listed.split(",") == [str(c) for c in choices], (name, flag, listed)

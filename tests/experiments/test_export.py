@@ -386,3 +386,13 @@ def test_vllm_priority_exports_as_the_engines_priority_scheduler_and_lists_what_
     assert unexp == []  # what the engine's fcfs does anyway
     _, unexp = ex._policy_unexpressible(engine, "fcfs", {"victim_rule": "least-computed"})
     assert [(k, v) for k, v, _ in unexp] == [("policy_params.victim_rule", "least-computed")]
+
+
+@pytest.mark.parametrize("policy", sorted(ex.VLLM_PLUGINS))
+def test_vllm_export_of_a_policy_with_a_plugin_names_the_vllm_plugin_target(policy):
+    """A tuned LARS / EWSJF exported as plain vLLM flags says which target carries the policy itself
+    (--target vllm-plugin); SGLang, which has no such plugin, does not point there."""
+    _, unexp = ex._policy_unexpressible("vllm", policy, {})
+    assert unexp[0][0] == "policy" and "--target vllm-plugin" in unexp[0][2]
+    _, unexp = ex._policy_unexpressible("sglang", policy, {})
+    assert unexp[0][0] == "policy" and "vllm-plugin" not in unexp[0][2]

@@ -54,6 +54,31 @@ def test_what_the_leaderboard_cannot_do_is_a_one_line_error(tmp_path, capsys, ar
     assert rc == 2 and needle in out.err and len(out.err.strip().splitlines()) == 1
 
 
+def test_an_agent_that_is_already_a_baseline_row_is_refused(tmp_path, capsys):
+    """`--agents X,random` showed random twice (its baseline row and the same episodes again as an
+    agent); an agent named as a baseline row is refused before any episode."""
+    res = results(tmp_path / "res")
+    data = json.loads((res / "v1.json").read_text())
+    for ep in data["tasks"][TASK]["episodes"].values():
+        ep["scores"]["random"] = 0.5
+    (res / "v1.json").write_text(json.dumps(data))
+    rc, out = run(["--results", str(res), "--tasks", TASK, "--agents", "fcfs,random"], capsys)
+    assert rc == 2 and len(out.err.strip().splitlines()) == 1, out.err
+    assert "--agents 'random': already a baseline row of overload-burst" in out.err
+
+
+def test_agent_episodes_are_counted_in_progress_lines_not_one_line_each(tmp_path, capsys, monkeypatch):
+    """Each agent episode printed a line of its own on stderr (48 per agent on a v1 task); off a
+    terminal the progress lines count them now (kvsched.experiments.progress)."""
+    from kvsched.experiments.progress import INTERVAL_ENV
+
+    monkeypatch.setenv(INTERVAL_ENV, "0")  # a line at every update
+    rc, out = run(["--results", str(results(tmp_path / "res")), "--tasks", TASK, "--agents", "fcfs", "--json"],
+                  capsys)
+    assert rc == 0 and "kvsched leaderboard: 4/4 episodes" in out.err, out.err
+    assert "episode 1" not in out.err
+
+
 def test_tasks_missing_from_the_results_are_named_not_dropped_silently(tmp_path, capsys):
     rc, out = run(["--results", str(results(tmp_path / "res"))], capsys)
     assert rc == 0 and "not in the results (not computed): kv-burst-tiers" in out.out

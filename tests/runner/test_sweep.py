@@ -84,7 +84,7 @@ def _need_ray():
     try:
         import ray  # noqa: F401
     except ImportError:
-        pytest.skip("Ray is not installed (pip install 'kvsched[ray]'); skipping the Ray backend tests")
+        pytest.skip("Ray is not installed (pip install -e '.[ray]'); skipping the Ray backend tests")
 
 
 def _grid(**kw):
