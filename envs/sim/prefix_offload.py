@@ -79,7 +79,7 @@ import math
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -587,7 +587,7 @@ class PrefixStore:
         """Evict ``keys`` (demoted to the next listed tier when ``demote``); returns the blocks freed."""
         return sum(self.remove(key, now_s, demote) for key in keys if key in self.entries)
 
-    def refresh(self, chain: list, now_s: float) -> None:
+    def refresh(self, chain: Sequence, now_s: float) -> None:
         """A request computed ``chain`` (its prompt's segments so far, head first): those stored
         here become the most recently used, the head last (vLLM's
         ``LRUOffloadingManager.touch`` walks ``reversed(block_hashes)``), so a tier evicts a
