@@ -15,7 +15,10 @@ serving metrics of each evaluation.
   ``info["summary"]`` to TensorBoard: ``eval/slo_attainment`` (all requests), ``eval/goodput_rps``
   and, per length class, ``eval/ttft_p99_s/<class>`` and ``eval/tpot_p99_s/<class>`` (means over
   the episodes that have the value); on Scheduling-v0 also the reference policy's attainment on
-  the same episodes and the agent's paired difference to it.
+  the same episodes and the agent's paired difference to it;
+- checkpoints (periodic, ``eval/best_model.zip``) and ``eval/evaluations.npz`` are written whole or
+  not at all (:func:`save_checkpoint`: a temporary name in the same folder, then ``os.replace``),
+  where SB3's callbacks write them in place (a full disk left a truncated zip).
 
 These use the wall clock: training is outside the simulator, whose results never depend on it.
 """
@@ -28,7 +31,24 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvsched import atomic_files
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
+
+
+def save_checkpoint(model: Any, path: Path) -> None:
+    """``model.save`` to ``path`` (``.zip``) whole or not at all (:mod:`kvsched.atomic_files`:
+    saved on a temporary name in the same folder, then renamed over ``path``), then its SHA-256
+    sidecar (:func:`kvsched.agents.trust.record`): a full disk part-way leaves no partial
+    checkpoint and no sidecar.
+
+    Raises:
+        OSError: the checkpoint or its sidecar cannot be written (the temporary file is removed).
+    """
+    from . import trust
+
+    with atomic_files.replacing(path) as tmp:
+        model.save(str(tmp))
+    trust.record(path)
 
 
 def _positive_seconds(value: Any, flag: str) -> float | None:
@@ -203,12 +223,7 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom
             self._summaries: list = []
             self._windows: list = []
             evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
-            best = self.best_mean_reward
-            go_on = super()._on_step()
-            if self.best_mean_reward != best and self.best_model_save_path is not None:  # it saved best_model.zip
-                from . import trust
-
-                trust.record(Path(self.best_model_save_path) / "best_model.zip")
+            go_on = self._atomic_base_step() if evaluating else super()._on_step()
             if evaluating and self._summaries:
                 self.last_metrics = summary_metrics(self._summaries)
                 if reference_env is not None:
@@ -216,6 +231,25 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom
                 for key, v in self.last_metrics.items():
                     self.logger.record(f"eval/{key}", v)
                 self.logger.dump(self.num_timesteps)
+            return go_on
+
+        def _atomic_base_step(self) -> bool:
+            """The base class's evaluation step with its two files written whole or not at all:
+            ``evaluations.npz`` (``np.savez`` on a temporary name, then renamed) and, on a new best
+            mean return, ``best_model.zip`` (saved here on a temporary name, then its sidecar)."""
+            best_dir, log_path, best = self.best_model_save_path, self.log_path, self.best_mean_reward
+            self.best_model_save_path = None  # the base class would write best_model.zip in place
+            try:
+                if log_path is None:
+                    go_on = super()._on_step()
+                else:
+                    with atomic_files.replacing(log_path + ".npz") as tmp:
+                        self.log_path = str(tmp)  # ends in .npz: np.savez writes exactly there
+                        go_on = super()._on_step()
+            finally:
+                self.best_model_save_path, self.log_path = best_dir, log_path
+            if self.best_mean_reward != best and best_dir is not None:
+                save_checkpoint(self.model, Path(best_dir) / "best_model.zip")
             return go_on
 
         def _versus_reference(self) -> dict[str, float]:
@@ -244,16 +278,23 @@ def slo_eval_callback(masked: bool, eval_env, reference_env=None, bench_headroom
 def RecordedCheckpointCallback(**kwargs: Any):
     """SB3's ``CheckpointCallback`` (``kwargs`` go to it) that also records each checkpoint's
     SHA-256 sidecar (:func:`kvsched.agents.trust.record`), so kvsched loads it without
-    ``--trust-checkpoint``."""
+    ``--trust-checkpoint``. Every file is written whole or not at all (:func:`save_checkpoint`):
+    a full disk leaves no partial ``<prefix>_<n>_steps.zip`` and no sidecar without its checkpoint."""
     from stable_baselines3.common.callbacks import CheckpointCallback
-
-    from . import trust
 
     class _Recorded(CheckpointCallback):
         def _on_step(self) -> bool:
-            go_on = super()._on_step()
+            # CheckpointCallback._on_step, each file written whole or not at all
             if self.n_calls % self.save_freq == 0:
-                trust.record(self._checkpoint_path(extension="zip"))
-            return go_on
+                save_checkpoint(self.model, Path(self._checkpoint_path(extension="zip")))
+                if self.save_replay_buffer and getattr(self.model, "replay_buffer", None) is not None:
+                    dest = Path(self._checkpoint_path("replay_buffer_", extension="pkl"))
+                    with atomic_files.replacing(dest) as tmp:
+                        self.model.save_replay_buffer(str(tmp))  # type: ignore[attr-defined]
+                if self.save_vecnormalize and self.model.get_vec_normalize_env() is not None:
+                    dest = Path(self._checkpoint_path("vecnormalize_", extension="pkl"))
+                    with atomic_files.replacing(dest) as tmp:
+                        self.model.get_vec_normalize_env().save(str(tmp))  # type: ignore[union-attr]
+            return True
 
     return _Recorded(**kwargs)

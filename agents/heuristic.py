@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError, require
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 #: ``heuristic_role`` of each kvsched environment class -> the ids registered for it
 ROLES = {"scheduling": "kvsched/Scheduling-v0, kvsched/Scheduling-v1", "routing": "kvsched/Routing-v0",
@@ -86,7 +86,14 @@ class HeuristicAgent:
         vec = hasattr(env, "env_method")
 
         def attr(name: str):
-            return env.get_attr(name, [0])[0] if vec else getattr(env.unwrapped, name)
+            """The attribute of the environment; of a VecEnv, the one value every sub-environment has."""
+            if not vec:
+                return getattr(env.unwrapped, name)
+            values = env.get_attr(name)
+            require(all(v == values[0] for v in values), "env", type(env).__name__,
+                    f"sub-environments that agree on {name} (they have {bounded_repr(sorted(set(map(str, values))))}): "
+                    "one heuristic acts exactly in all of them only when it is the same")
+            return values[0]
 
         if role == "routing":
             require(policy is not None, "policy", policy, "a router name for kvsched/Routing-v0")
@@ -102,33 +109,43 @@ class HeuristicAgent:
             self._args: tuple = (policy, params)
             return
         if role == "residency":
+            from .evaluate import residency_heuristic
+
             keep = None
+            # kvsched evaluate's names: lru, lfu, clairvoyant, session, session:<s>; any case
+            parsed = residency_heuristic(policy.lower()) if isinstance(policy, str) else None
+            if parsed is not None:
+                policy, keep = parsed
+                self.policy = policy
             if params is not None:
-                require(policy == "session" and isinstance(params, dict) and set(params) == {"keep_s"}, "params",
-                        params, "None, or {'keep_s': seconds} with policy 'session' (Residency-v0)")
+                require(policy == "session" and keep is None and isinstance(params, dict)
+                        and set(params) == {"keep_s"}, "params", params,
+                        "None, or {'keep_s': seconds} with policy 'session' (Residency-v0; not with 'session:<s>')")
                 keep = params["keep_s"]
             self._args = (policy, keep)
             if vec:
-                env.env_method("heuristic_action", policy, keep, indices=[0])  # refuses what it cannot play
+                env.env_method("heuristic_action", policy, keep)  # every sub-env refuses what it cannot play
             else:
                 env.unwrapped.heuristic_action(policy, keep)
             return
         require(params is None, "params", params, "None outside Routing-v0 and Residency-v0 (the environment's "
                 "reference or heuristic brings its own parameters)")
-        if policy is not None:  # the registered name: 'LARS' is 'lars', as for simulate
-            from kvsched.policies.base import POLICIES
+        from kvsched.policies.base import POLICIES
 
+        if policy is not None:  # the registered name: 'LARS' is 'lars', as for simulate
             policy = POLICIES.canonical(policy)
             self.policy = policy
-        self._args = (policy,)
+        self._args = (None,)  # checked below to be the environment's own (None: whatever name it was made with)
         if role == "scheduling":
             ref = attr("reference_policy")
+            ref = POLICIES.canonical(ref) if isinstance(ref, str) and ref in POLICIES else ref  # 'LARS' is 'lars'
             require(policy is None or policy == ref, "policy", policy,
                     f"the environment's reference policy {ref!r}: a heuristic acts exactly only as the reference "
                     f"(the action picks one admission on top of it, not a whole policy); make the environment "
                     f"with reference_policy={policy!r}")
         else:
             h = attr("heuristic")
+            h = POLICIES.canonical(h) if isinstance(h, str) and h in POLICIES else h
             require(policy is None or policy == h, "policy", policy,
                     f"the environment's heuristic {h!r} (Knobs-v0 sets its parameters; make the environment "
                     f"with heuristic={policy!r})")

@@ -109,9 +109,10 @@ class SchedulingEnv(gym.Env):
         require(action_mode in ACTION_MODES, "action_mode", action_mode, f"one of {ACTION_MODES}")
         reward = reward_config(reward)  # a mapping too, e.g. from --env-kwargs JSON
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
-        self.reference_policy = reference_policy
         self.reference_params = reference_params
-        reference(reference_policy, reference_params, self.source)  # validate early
+        # validate early; the registered name ("LARS" and aliases are "lars"), which heuristic
+        # agents and imitation labels compare with
+        self.reference_policy = reference(reference_policy, reference_params, self.source).name
         self.k = k
         self.action_mode = action_mode
         self.horizon_s = 3.0 * window_s if horizon_s is None else float(horizon_s)
@@ -318,7 +319,7 @@ class SchedulingEnv(gym.Env):
                 ``reference_policy=<policy>`` (:meth:`imitation_action` gives the approximation
                 used for imitation labels).
         """
-        if policy is not None and policy != self.reference_policy:
+        if policy is not None and policy != self.reference_policy and make_policy(policy).name != self.reference_policy:
             require(False, "heuristic", policy,
                     f"the environment's reference policy {self.reference_policy!r}: a heuristic acts exactly only as "
                     f"the reference; make the environment with reference_policy={policy!r} and play action 0 "

@@ -10,16 +10,23 @@ longer be opened, although every earlier record is intact).
 
 :func:`check_journal` reads the file the way ``read_logs`` does and finds the first line that is
 not a complete record (no line end, not JSON, not an object with an integer ``op_code`` and a
-``worker_id``). Everything before it is kept: the study is recovered up to its last complete
-record. Dropping a record in the middle and keeping later ones is not an option, because Optuna
-numbers studies and trials by the order of their creation records.
+``worker_id``), and whether any complete record follows it:
 
 - no bad line: nothing to do;
-- the first line is bad and does not start as an Optuna record (``{"op_code":``): the file is
-  not a journal (someone else's file, garbage) and is refused with a one-line error, untouched;
-- otherwise the file is repaired: the original is kept beside it as ``<journal>.torn-<n>.bak``
-  (the first free ``n``), the complete records are written to the journal whole or not at all
+- the first line is bad, no record follows and it does not start as an Optuna record
+  (``{"op_code":``): the file is not a journal (someone else's file, garbage) and is refused with
+  a one-line error, untouched;
+- damage in the middle (a bad line followed by complete records): refused with a one-line error
+  naming the first damaged line, the file left untouched. Dropping the bad line and keeping the
+  later records would renumber studies and trials (Optuna numbers them by the order of their
+  creation records), and cutting the file there would silently drop finished trials: a person
+  must look at it (the records after the damage are intact in the file);
+- a torn tail (bad lines with no complete record after them: a write cut short, e.g. by a full
+  disk): the file is repaired. The original is kept beside it as ``<journal>.torn-<n>.bak`` (the
+  first free ``n``), the complete records are written to the journal whole or not at all
   (:mod:`kvsched.atomic_files`), and one message says how many lines and bytes were dropped.
+  The caller (:func:`kvsched.experiments.tune.make_storage`) then marks ``FAIL`` the trials the
+  lost records left ``RUNNING`` without a live worker (:func:`kvsched.experiments.tune_gate.fail_dead_trials`).
 
 The scan and the repair hold Optuna's own journal lock (:class:`JournalFileSymlinkLock`, the
 lock ``append_logs`` takes), so a record another worker is writing at that moment is never
@@ -50,6 +57,7 @@ class JournalScan:
         bad_bytes: bytes after them (0: the journal is sound).
         bad_lines: lines after them (an unterminated fragment counts as one).
         first_bad: the first bad line (its first bytes only), or ``b""``.
+        records_after: complete records after the first bad line (> 0: damage in the middle).
     """
 
     good_bytes: int
@@ -57,10 +65,16 @@ class JournalScan:
     bad_bytes: int
     bad_lines: int
     first_bad: bytes = b""
+    records_after: int = 0
 
     @property
     def sound(self) -> bool:
         return self.bad_bytes == 0
+
+    @property
+    def torn_tail(self) -> bool:
+        """Bad lines at the end only (a write cut short): repairable by cutting them off."""
+        return not self.sound and self.records_after == 0
 
 
 def _is_record(line: bytes) -> bool:
@@ -75,7 +89,8 @@ def _is_record(line: bytes) -> bool:
 
 
 def scan_journal(path: str | Path) -> JournalScan:
-    """Find the leading run of complete records of the journal file ``path`` (see module doc).
+    """Find the leading run of complete records of the journal file ``path`` and count the
+    complete records after the first bad line (see module doc).
 
     Raises:
         OSError: the file cannot be read.
@@ -85,9 +100,11 @@ def scan_journal(path: str | Path) -> JournalScan:
         for line in f:
             if not _is_record(line):
                 size = Path(path).stat().st_size
-                rest = f.read().count(b"\n")
-                bad_lines = rest + 1
-                return JournalScan(good_bytes, good_lines, size - good_bytes, bad_lines, line[:80])
+                bad_lines, after = 1, 0
+                for rest in f:
+                    bad_lines += rest.endswith(b"\n")
+                    after += _is_record(rest)
+                return JournalScan(good_bytes, good_lines, size - good_bytes, bad_lines, line[:80], after)
             good_bytes += len(line)
             good_lines += 1
     return JournalScan(good_bytes, good_lines, 0, 0)
@@ -112,8 +129,8 @@ def check_journal(path: str | Path, flag: str = "--storage") -> str | None:
         and where the original is kept (for the caller to print).
 
     Raises:
-        ConfigError: the file is not an Optuna journal, or it cannot be read, backed up or
-            rewritten (e.g. the disk is still full), naming the path and the reason.
+        ConfigError: the file is not an Optuna journal, is damaged in the middle (left untouched),
+            or it cannot be read, backed up or rewritten (e.g. the disk is still full), naming the path and the reason.
     """
     p = Path(path)
     shown = bounded_repr(str(p))
@@ -131,6 +148,12 @@ def check_journal(path: str | Path, flag: str = "--storage") -> str | None:
             scan = scan_journal(p)  # again, now that no worker is appending
             if scan.sound:
                 return None
+            if scan.records_after:
+                raise ConfigError(f"{flag} {shown}: line {scan.good_lines + 1} of the journal is damaged "
+                                  f"({bounded_repr(scan.first_bad)} is not a complete record) and "
+                                  f"{scan.records_after} complete record(s) follow it; the file was left untouched "
+                                  "(cutting it there would drop them): restore it from a copy, or give a new file "
+                                  "name")
             if scan.good_lines == 0 and not scan.first_bad.startswith(RECORD_START):
                 raise ConfigError(f"{flag} {shown} is not an Optuna journal file (its first line "
                                   f"{bounded_repr(scan.first_bad)} is not a journal record); give a journal "

@@ -65,11 +65,14 @@ with up to ``workers - 1`` more). A worker stops with an error after
 resumes the study and runs only the missing trials; finished trials are in the storage as
 soon as they finish and are never re-run. A trial that was running when its process was
 killed stays ``RUNNING`` in a journal (it never finished) and is not counted. The sampler is
-seeded from ``--seed``, the worker and the number of trials already in the study
-(:func:`sampler_seed`), so a resumed study continues the sampler's sequence instead of
-replaying the parameter sets it already ran. A journal whose last record was cut short (a
-full disk) is recovered up to its last complete record when it is opened
-(:mod:`.journal`).
+seeded from ``--seed``, the worker's slot (one no concurrent worker or command on the same
+journal holds; 0 for a worker alone, :mod:`.tune_gate`) and the number of trials already in the
+study (:func:`sampler_seed`), so a resumed study continues the sampler's sequence instead of
+replaying the parameter sets it already ran, and concurrent commands do not propose the same
+ones. A journal whose last record was cut short (a full disk) is recovered up to its last
+complete record when it is opened, and the trials the lost records left running are marked
+failed; one damaged in the middle is refused, untouched (:mod:`.journal`). A storage write that
+fails (a full disk) ends the command with one line; finished trials are kept.
 
 Results: the best parameters and their objective vs the baseline (printed and
 ``tune.json``), ``trials.csv``, and plots ``history.png`` (optimisation history) and
@@ -82,6 +85,7 @@ Results: the best parameters and their objective vs the baseline (printed and
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import multiprocessing as mp
@@ -575,12 +579,16 @@ def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
 
     A journal file is checked first (:func:`kvsched.experiments.journal.check_journal`): one whose
     last records were cut short (a full disk) is recovered up to its last complete record, the
-    original kept as ``<journal>.torn-<n>.bak``, and ``notify`` (default: print to stderr) gets
-    the one-line message saying what was dropped.
+    original kept as ``<journal>.torn-<n>.bak``, the trials the lost records left ``RUNNING``
+    without a live worker are marked ``FAIL`` (:func:`kvsched.experiments.tune_gate.fail_dead_trials`),
+    and ``notify`` (default: print to stderr) gets the one-line message saying what was dropped
+    and failed. A journal damaged in the middle (complete records after a bad line) is refused,
+    untouched.
 
     Raises:
-        ConfigError: another form, a journal path naming a file that is not an Optuna journal, or
-            a torn journal that cannot be repaired (e.g. the disk is still full).
+        ConfigError: another form, a journal path naming a file that is not an Optuna journal, a
+            journal damaged in the middle, or a torn journal that cannot be repaired (e.g. the disk
+            is still full).
     """
     import optuna
     from optuna.storages import JournalStorage
@@ -602,15 +610,27 @@ def make_storage(url: str | None, notify: Callable[[str], None] | None = None):
         if Path(path).is_dir():
             raise ConfigError(f"--storage={shown} is not allowed: {bounded_repr(path)} is a folder; give a file name")
         message = check_journal(path)
-        if message is not None:
-            (notify or _print_stderr)(message)
         try:  # JournalStorage replays the file's log lines (JSON) when opened
-            return JournalStorage(JournalFileBackend(str(path)))
+            storage = JournalStorage(JournalFileBackend(str(path)))
         except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:  # records Optuna cannot apply
             why = str(e).splitlines()[0] if str(e) else repr(e)
             raise ConfigError(f"--storage={shown}: {bounded_repr(path)} is not an Optuna journal file "
                               f"({type(e).__name__}: {bounded_repr(why)}); give a journal that kvsched tune wrote, "
                               "or a new file name") from None
+        if message is not None:  # a torn tail was cut off: its lost records may have ended trials
+            from .outputs import os_reason
+            from .tune_gate import fail_dead_trials
+
+            try:
+                n = fail_dead_trials(storage, path)
+            except OSError as e:
+                raise ConfigError(f"--storage={shown}: cannot mark the trials the torn records left running as "
+                                  f"failed ({os_reason(e)}); free space and run again") from None
+            if n:
+                message += (f"; {n} trial(s) the lost records left running without a live worker were marked "
+                            "FAIL (they do not count toward --trials)")
+            (notify or _print_stderr)(message)
+        return storage
     if "://" in url:
         return _rdb_storage(rdb_url(url))
     raise ConfigError(f"--storage={bounded_repr(url)}: give journal:PATH, a PATH ending in .journal or .log, "
@@ -694,7 +714,8 @@ def _redact(url: str) -> str:
 
 
 def sampler_seed(seed: int, worker: int = 0, history: int = 0) -> int:
-    """The seed of worker ``worker``'s sampler in a study that holds ``history`` trials (any
+    """The seed of the sampler of the worker in slot ``worker`` (:class:`.tune_gate.TrialGate`'s
+    ``slot``) in a study that holds ``history`` trials (any
     state) when the worker opens it: ``numpy.random.SeedSequence((seed, worker, history))``'s
     first 32-bit word.
 
@@ -813,7 +834,10 @@ def _worker(study_name: str, storage_url: str | None, cfg_dict: dict, scenario: 
     try:
         study = open_study(study_name, storage_url, cfg, worker, storage=storage)
         rdb = storage_url is not None and jp is None
-        with TrialGate(study, n_trials, journal=jp, rdb=rdb, storage=storage) as gate:
+        with TrialGate(study, n_trials, journal=jp, rdb=rdb, storage=storage, worker=worker) as gate:
+            # seeded by the slot no concurrent worker holds (not the worker index: several
+            # commands on one journal are all worker 0) and the trials in the study now
+            study.sampler = make_sampler(cfg, gate.slot, history=len(study.get_trials(deepcopy=False)))
             while gate.next():
                 try:
                     study.optimize(gate.wrap(run), n_trials=1, catch=(ValueError,))
@@ -822,10 +846,47 @@ def _worker(study_name: str, storage_url: str | None, cfg_dict: dict, scenario: 
                 if len(failed) >= MAX_FAILED_IN_A_ROW:
                     raise ConfigError(f"{cfg.tuned}: {len(failed)} trials in a row failed; the last: "
                                       f"{bounded_repr(failed[-1])}")
-    except OSError as e:  # the journal or its lock files (e.g. no space left on device)
-        where = f" {bounded_repr(jp)}" if jp else ""
-        raise ConfigError(f"--storage{where}: cannot write the study ({e.strerror or e}); finished trials are kept, "
-                          "run the same command again to resume (a record cut short is recovered then)") from None
+    except (OSError, AssertionError) as e:  # the journal or its lock files (e.g. no space left on device)
+        err = _storage_not_written(e, jp or _redact(storage_url or "memory"))
+        if err is None:
+            raise
+        raise err from None
+
+
+#: ``errno`` values of a write the system refused for lack of room or a failing or read-only device.
+_WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EIO", "EFBIG", "EROFS")
+                          if hasattr(errno, n))
+
+
+def _write_failure(e: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``e``: ``e`` itself, or one in its ``__cause__`` / ``__context__``
+    chain with a write-failure errno (:data:`_WRITE_ERRNOS`). Optuna's ``_run_trial`` turns a
+    storage write that fails while it records a trial's result into ``AssertionError: Should not
+    reach.`` raised in its ``finally`` block, the ``OSError`` being its ``__context__``."""
+    if isinstance(e, OSError):
+        return e
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _WRITE_ERRNOS:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _storage_not_written(e: BaseException, where: str) -> ConfigError | None:
+    """The one-line :class:`ConfigError` for a study storage that could not be written (``e`` or
+    its chain holds the ``OSError``, :func:`_write_failure`); ``None`` when it holds none (a
+    genuine bug: its traceback is wanted)."""
+    from .outputs import os_reason
+
+    cause = _write_failure(e)
+    if cause is None:
+        return None
+    return ConfigError(f"--storage {bounded_repr(where)}: the study's storage could not be written "
+                       f"({os_reason(cause)}); finished trials are kept; free space and run the same command again "
+                       "(a record cut short is recovered then)")
 
 
 @dataclass
@@ -867,11 +928,11 @@ def tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str 
     try:
         return _tune(scenario, cfg, study_name, storage_url, storage, n_trials, workers, holdout_seeds,
                      scenario_path, t0)
-    except OSError as e:  # the study's storage cannot be written (e.g. no space left on device)
-        where = bounded_repr(journal_path(storage_url) or _redact(storage_url or "memory"))
-        raise ConfigError(f"--storage {where}: cannot write the study ({e.strerror or e}); finished trials are "
-                          "kept, run the same command again to resume (a record cut short is recovered then)") \
-            from None
+    except (OSError, AssertionError) as e:  # the study's storage cannot be written (e.g. no space left on device)
+        err = _storage_not_written(e, journal_path(storage_url) or _redact(storage_url or "memory"))
+        if err is None:
+            raise
+        raise err from None
 
 
 def _tune(scenario: Scenario, cfg: TuneConfig, study_name: str, storage_url: str | None, storage, n_trials: int,

@@ -19,6 +19,16 @@ check and the tagging of the new trial happen under one lock (``flock`` on
 ``<journal>.gate``), so two workers on one machine cannot both take the last slot: a journal
 study ends with exactly ``N`` complete trials.
 
+Each worker also holds a *slot*: the smallest ``k`` whose ``<journal>.workers/slot-<k>`` it can
+``flock`` (the lock is dropped when the process dies; the files stay, so two workers can never
+lock two different files of one name). Concurrent workers hold different slots and a worker
+alone holds slot 0, so the slot, folded into the sampler's seed
+(:func:`kvsched.experiments.tune.sampler_seed`), keeps workers that open the study at the same
+moment (same trial count) from proposing the same parameter sets, while one command on a copy of
+a journal still proposes the same trials. In memory the slot is the smallest one free among the
+threads on the storage; an RDB study cannot share a lock between machines and uses the worker
+index (``--workers``) as its slot.
+
 An in-memory study (one process; the workers are threads) uses a thread lock and an in-process
 set of live tokens the same way. An RDB study (PostgreSQL, workers on several machines) has no
 shared lock: every ``RUNNING`` trial counts as in flight once Optuna's heartbeat check
@@ -46,6 +56,7 @@ POLL_S = 0.25
 _LOCAL_LOCKS: dict[int, threading.Lock] = {}
 _LOCAL_LIVE: set[str] = set()
 _LOCAL_GUARD = threading.Lock()
+_LOCAL_SLOTS: dict[int, set[int]] = {}
 
 
 class TrialGate:
@@ -60,10 +71,15 @@ class TrialGate:
     """
 
     def __init__(self, study: Any, n_complete: int, journal: str | None = None, rdb: bool = False,
-                 storage: Any = None) -> None:
+                 storage: Any = None, worker: int = 0) -> None:
         """``journal``: the study's journal file; ``rdb``: an RDB storage; neither: in memory
-        (``storage``, the storage object the threads share, keys their lock)."""
+        (``storage``, the storage object the threads share, keys their lock); ``worker``: the
+        worker index, the slot of an RDB worker (module doc)."""
         self.study, self.n_complete, self.rdb = study, n_complete, rdb
+        #: this worker's slot while registered (module doc)
+        self.slot = worker
+        self._storage_key = id(storage)
+        self._slot_fd: int | None = None
         self.token = uuid.uuid4().hex
         self.journal = Path(journal) if journal else None
         self._held = False
@@ -83,12 +99,17 @@ class TrialGate:
         if self.journal is None:
             with _LOCAL_GUARD:
                 _LOCAL_LIVE.add(self.token)
+                if not self.rdb:
+                    taken = _LOCAL_SLOTS.setdefault(self._storage_key, set())
+                    self.slot = min(set(range(len(taken) + 1)) - taken)
+                    taken.add(self.slot)
             return self
         import fcntl
 
         self._workers_dir.mkdir(exist_ok=True)
         self._live_fd = os.open(self._workers_dir / self.token, os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(self._live_fd, fcntl.LOCK_EX)
+        self.slot, self._slot_fd = _claim_slot(self._workers_dir)
         self._gate_fd = os.open(self.journal.with_name(self.journal.name + ".gate"), os.O_RDWR | os.O_CREAT, 0o666)
         return self
 
@@ -97,40 +118,20 @@ class TrialGate:
         if self.journal is None:
             with _LOCAL_GUARD:
                 _LOCAL_LIVE.discard(self.token)
+                if not self.rdb:
+                    _LOCAL_SLOTS.get(self._storage_key, set()).discard(self.slot)
             return
         with contextlib.suppress(OSError):
             os.unlink(self._workers_dir / self.token)
-        for fd in (self._gate_fd, self._live_fd):
+        for fd in (self._gate_fd, self._live_fd, self._slot_fd):
             if fd is not None:
                 os.close(fd)
 
     def _alive(self, token: object) -> bool:
         """Whether the worker of ``token`` still runs (an untagged trial's owner died before tagging)."""
-        if not isinstance(token, str) or not token.isalnum():
-            return False
         if token == self.token:
             return True
-        if self.journal is None:
-            return token in _LOCAL_LIVE
-        import fcntl
-
-        path = self._workers_dir / token
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return True
-            raise
-        else:  # nobody holds it: its worker died; tidy up
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            return False
-        finally:
-            os.close(fd)
+        return worker_alive(self.journal, token)
 
     # -------------------------------------------------------------- the gate lock
     def _acquire(self) -> None:
@@ -196,3 +197,84 @@ class TrialGate:
             return objective(trial)
 
         return run
+
+
+def _claim_slot(workers_dir: Path) -> tuple[int, int]:
+    """Lock the smallest free ``slot-<k>`` file of ``workers_dir``; returns ``(k, its fd)``
+    (closing the fd, or the process dying, frees the slot). The files are never removed: a
+    removed file could be locked by one worker through its old name and by another through a new
+    file of the same name."""
+    import fcntl
+
+    k = 0
+    while True:
+        fd = os.open(workers_dir / f"slot-{k}", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            k += 1
+            continue
+        return k, fd
+
+
+def worker_alive(journal: Path | None, token: object) -> bool:
+    """Whether the worker that tagged a trial with ``token`` (:data:`OWNER_ATTR`) still runs: it
+    holds the ``flock`` of ``<journal>.workers/<token>`` (in memory, ``journal=None``: its token is
+    registered in this process). A trial without a token belongs to no live worker."""
+    if not isinstance(token, str) or not token.isalnum():
+        return False
+    if journal is None:
+        return token in _LOCAL_LIVE
+    import fcntl
+
+    path = journal.with_name(journal.name + ".workers") / token
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    else:  # nobody holds it: its worker died; tidy up
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return False
+    finally:
+        os.close(fd)
+
+
+def fail_dead_trials(storage: Any, journal: str | Path) -> int:
+    """Mark ``FAIL`` every ``RUNNING`` trial of every study in the journal ``storage`` whose
+    worker no longer runs (:func:`worker_alive`), as Optuna's
+    :func:`~optuna.storages.fail_stale_trials` does for an RDB study's heartbeat; returns how
+    many. Used after a torn tail was cut off a journal: the lost records may have been a trial's
+    end, which would otherwise stay ``RUNNING`` for good (counted in reports, never finished).
+    Holds the gate lock (``<journal>.gate``), so a trial a live worker has asked for but not yet
+    tagged is not failed.
+
+    Raises:
+        OSError: the gate lock or the journal cannot be written.
+    """
+    import fcntl
+
+    from optuna.trial import TrialState
+
+    journal = Path(journal)
+    failed = 0
+    fd = os.open(journal.with_name(journal.name + ".gate"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for study in storage.get_all_studies():
+            for t in storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                if not worker_alive(journal, t.user_attrs.get(OWNER_ATTR)):
+                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                    failed += 1
+    finally:
+        os.close(fd)  # closing drops the flock
+    return failed

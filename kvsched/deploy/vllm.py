@@ -61,8 +61,7 @@ from kvsched.envs.sim.policy_api import PolicyContext
 from kvsched.envs.sim.spec_io import instance_spec_from_dict
 from kvsched.policies.base import make_policy
 
-#: key of ``additional_config`` holding the plugin's configuration
-CONFIG_KEY = "kvsched"
+from .plugin_section import CONFIG_KEY, check_section
 
 
 class RequestView:
@@ -100,18 +99,14 @@ class RequestView:
 
 
 def plugin_config(vllm_config: Any) -> Mapping[str, Any]:
-    """The plugin's section of ``additional_config``.
+    """The plugin's section of ``additional_config`` (:func:`.plugin_section.check_section`).
 
     Raises:
-        ConfigError: the section is missing or not a mapping with ``policy``, ``policy_params``
-            and ``spec``.
+        ConfigError: the section is missing, or not a mapping of exactly ``policy`` (a name),
+            ``policy_params`` (a mapping) and ``spec`` (a mapping); one line naming the field.
     """
     extra = getattr(vllm_config, "additional_config", None) or {}
-    cfg = extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None
-    if not isinstance(cfg, Mapping) or not {"policy", "policy_params", "spec"} <= set(cfg):
-        raise ConfigError(f"additional_config.{CONFIG_KEY}={bounded_repr(cfg)} is not allowed: expected a mapping "
-                          "with policy, policy_params and spec (write it with kvsched export --target vllm-plugin)")
-    return cfg
+    return check_section(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
 
 
 class KvschedPolicyScheduler(Scheduler):

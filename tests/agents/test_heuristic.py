@@ -120,3 +120,41 @@ def test_routing_refuses_a_scheduling_policy_and_says_where_it_goes():
     with pytest.raises(ConfigError, match="policy='lars'") as e:
         HeuristicAgent("LARS", env)
     assert "least-loaded" in str(e.value)  # the routers it could name
+
+
+@pytest.mark.parametrize("made_with, asked", [("LARS", "lars"), ("lars", "LARS"), ("Lars", "lArS")])
+def test_a_reference_named_in_another_case_on_either_side_is_the_same_policy(made_with, asked):
+    env = gym.make("kvsched/Scheduling-v0", reference_policy=made_with, **KW)
+    agent = HeuristicAgent(asked, env)
+    assert agent.policy == "lars"
+    obs, _ = env.reset(seed=0, options=OPTIONS)
+    env.step(agent.predict(obs)[0])  # the environment plays it too
+    env.close()
+
+
+def test_a_vector_env_whose_sub_envs_disagree_on_the_reference_is_refused():
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    vec = DummyVecEnv([lambda: gym.make("kvsched/Scheduling-v0", reference_policy="lars", **KW),
+                       lambda: gym.make("kvsched/Scheduling-v0", reference_policy="fcfs", **KW)])
+    with pytest.raises(ConfigError, match="sub-environments that agree on reference_policy"):
+        HeuristicAgent("lars", vec)
+    with pytest.raises(ConfigError, match="sub-environments that agree"):
+        HeuristicAgent(None, vec)
+    same = DummyVecEnv([lambda: gym.make("kvsched/Scheduling-v0", reference_policy="lars", **KW)] * 2)
+    assert HeuristicAgent("LARS", same).policy == "lars"
+
+
+@pytest.mark.parametrize("name, keep", [("LRU", None), ("lru", None), ("Session:30", 30.0), ("session:30", 30.0)])
+def test_residency_takes_evaluates_names_in_any_case_and_the_session_keep_form(name, keep):
+    from kvsched.envs.residency_env import ResidencyEnv
+
+    from pathlib import Path
+
+    scenario = Path(__file__).resolve().parents[2] / "experiments" / "scenarios" / "residency-mooncake.yaml"
+    env = ResidencyEnv(scenario=str(scenario), eviction="lru", window_s=60.0,
+                       max_requests=60)
+    agent = HeuristicAgent(name, env)
+    assert agent._args == (name.lower().split(":")[0], keep)
+    with pytest.raises(ConfigError, match="params"):
+        HeuristicAgent("session:30", env, params={"keep_s": 30.0})

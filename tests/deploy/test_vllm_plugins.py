@@ -69,3 +69,23 @@ def test_plugin_refuses_a_missing_or_foreign_configuration():
     with pytest.raises(ConfigError, match="expected 'lars'"):
         parity.VllmSide(case, plugins.LARSScheduler,
                         additional_config={"kvsched": {"policy": "ewsjf", "policy_params": {}, "spec": {}}})
+
+
+@pytest.mark.parametrize("field, value", [("policy_params", "abc"), ("policy_params", [1, 2]),
+                                          ("policy_params", None), ("spec", "x"), ("spec", None), ("policy", 3)])
+def test_plugin_refuses_a_malformed_section_naming_the_field(field, value):
+    from kvsched.deploy import vllm as plugins
+
+    section = {"policy": "lars", "policy_params": {}, "spec": _spec_dict(), field: value}
+    with pytest.raises(ConfigError, match=rf"additional_config\.kvsched\.{field}=.* is not allowed") as e:
+        parity.VllmSide(FCFS_CASES[0], plugins.LARSScheduler, additional_config={"kvsched": section})
+    assert len(str(e.value).splitlines()) == 1
+    extra = {"policy": "lars", "policy_params": {}, "spec": _spec_dict(), "polcy_params": {"x": 1}}
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['polcy_params'\]"):
+        parity.VllmSide(FCFS_CASES[0], plugins.LARSScheduler, additional_config={"kvsched": extra})
+
+
+def _spec_dict() -> dict:
+    from kvsched.envs.sim.spec_io import instance_spec_to_dict
+
+    return instance_spec_to_dict(_spec())

@@ -5,6 +5,7 @@ user-given names (a study, a scenario's name, calibrate's --gpu) confined to the
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import optuna
@@ -47,24 +48,65 @@ def test_a_journal_cut_short_by_a_full_disk_resumes_with_every_finished_trial(tm
     assert scan_journal(path).sound
 
 
-def test_a_record_written_after_a_torn_one_is_dropped_with_it_and_said(tmp_path):
-    """An older kvsched appended the next record after the fragment: the two make one line that is
-    not JSON, and Optuna could no longer open the study; the records before it are recovered."""
+@pytest.mark.parametrize("damage", ["fragment_then_record", "junk_line", "zeros", "cut_line"])
+def test_a_journal_damaged_in_the_middle_is_refused_in_one_line_and_left_untouched(tmp_path, damage):
+    """Complete records after a bad line: cutting the file there would drop them (finished
+    trials), skipping the line would renumber trials; the file is left for a person to restore."""
     path = tmp_path / "m.journal"
     url = f"journal:{path}"
     tune(small_scenario(), one_window(), "m", url, n_trials=2)
-    before = _complete(url, "m")
-    good = path.read_bytes()
-    lines = good.splitlines(keepends=True)
-    path.write_bytes(good + lines[-1][:25] + lines[-1] + lines[-2])
-    with pytest.raises(ValueError):  # what Optuna itself makes of it
-        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    lines = path.read_bytes().splitlines(keepends=True)
+    bad = {"fragment_then_record": lines[-1][:25] + lines[-1], "junk_line": b"garbage\n",
+           "zeros": b"\x00" * 40 + b"\n", "cut_line": lines[-1][:30] + b"\n"}[damage]
+    damaged = b"".join(lines[:3]) + bad + b"".join(lines[3:])
+    path.write_bytes(damaged)
+    with pytest.raises(ConfigError, match=r"line 4 of the journal is damaged .* complete record\(s\) follow it; "
+                                          r"the file was left untouched") as e:
+        make_storage(url, notify=pytest.fail)
+    assert len(str(e.value).splitlines()) == 1 and len(str(e.value)) < 600
+    assert path.read_bytes() == damaged and not list(tmp_path.glob("*.bak"))  # no repair, no backup
+
+
+def test_a_torn_tail_that_ended_a_trial_leaves_no_trial_running_for_good(tmp_path):
+    """The lost record was a trial's end: the trial would stay RUNNING (no worker) forever."""
+    path = tmp_path / "z.journal"
+    url = f"journal:{path}"
+    c = one_window()
+    tune(small_scenario(), c, "z", url, n_trials=2)
+    before = _complete(url, "z")
+    lines = path.read_bytes().splitlines(keepends=True)
+    ends = [i for i, line in enumerate(lines) if json.loads(line)["op_code"] == 6]  # SET_TRIAL_STATE_VALUES
+    last_end = ends[-1]
+    path.write_bytes(b"".join(lines[:last_end]) + lines[last_end][:20])  # its end record cut short
     messages: list[str] = []
-    make_storage(url, notify=messages.append)
-    assert len(messages) == 1 and "2 line(s)" in messages[0] and f"{len(good)} bytes kept" in messages[0]
-    assert path.read_bytes() == good and _complete(url, "m") == before
-    make_storage(url, notify=messages.append)  # sound now: nothing more to say
-    assert len(messages) == 1
+    storage = make_storage(url, notify=messages.append)
+    assert len(messages) == 1 and "1 trial(s) the lost records left running" in messages[0] and "FAIL" in messages[0]
+    states = [t.state.name for t in optuna.load_study(study_name="z", storage=storage).trials]
+    assert "RUNNING" not in states and states.count("FAIL") == 1
+    study = tune(small_scenario(), c, "z", url, n_trials=2).study  # the lost trial runs again
+    after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(after) == 2 and "RUNNING" not in [t.state.name for t in study.trials]
+    assert max(before) not in after and {k: before[k] for k in before if k in after} == \
+        {k: after[k] for k in before if k in after}
+
+
+def test_a_torn_tail_leaves_a_trial_of_a_live_worker_running(tmp_path):
+    path = tmp_path / "l.journal"
+    url = f"journal:{path}"
+    c = one_window()
+    tune(small_scenario(), c, "l", url, n_trials=1)
+    study = open_study("l", url, c)
+    with TrialGate(study, 3, journal=str(path)) as other:  # another command, alive, runs a trial
+        live = study.ask()
+        live.set_user_attr(OWNER_ATTR, other.token)
+        dead = study.ask()  # a killed worker's, never tagged
+        with open(path, "ab") as f:
+            f.write(b'{"op_code":6,"worker_id"')  # a write cut short
+        messages: list[str] = []
+        storage = make_storage(url, notify=messages.append)
+        assert "1 trial(s) the lost records left running" in messages[0]
+        states = {t.number: t.state.name for t in optuna.load_study(study_name="l", storage=storage).trials}
+        assert states[live.number] == "RUNNING" and states[dead.number] == "FAIL"
 
 
 @pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00binary", b"hello\nworld\n", b"[1, 2]\n",
@@ -232,7 +274,8 @@ def test_a_full_disk_mid_study_is_one_error_and_the_next_run_resumes_every_finis
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(JournalFileBackend, "append_logs", full_disk)
-    with pytest.raises(ConfigError, match=r"cannot write the study \(No space left on device\); finished trials"):
+    with pytest.raises(ConfigError, match=r"the study's storage could not be written \(No space left on device "
+                                          r"\(ENOSPC\)\); finished trials are kept; free space and run the same"):
         tune(small_scenario(), c, "f", url, n_trials=4)
     monkeypatch.setattr(JournalFileBackend, "append_logs", real)  # space freed
     capsys.readouterr()
@@ -240,6 +283,79 @@ def test_a_full_disk_mid_study_is_one_error_and_the_next_run_resumes_every_finis
     assert "recovered the study up to its last complete record" in capsys.readouterr().err
     after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
     assert len(after) == 4 and {k: after[k] for k in before} == before
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT", "EIO"])
+def test_a_full_disk_while_optuna_records_a_result_is_one_line_not_its_assertion(tmp_path, monkeypatch, code):
+    """Optuna's _run_trial turns a storage write failing in its result bookkeeping into
+    ``AssertionError: Should not reach.`` (the OSError is its __context__)."""
+    import errno
+
+    from optuna.storages.journal import JournalFileBackend
+
+    path = tmp_path / "a.journal"
+    url = f"journal:{path}"
+    c = one_window()
+    tune(small_scenario(), c, "a", url, n_trials=1)
+    real = JournalFileBackend.append_logs
+
+    def full_on_result(self, logs):  # the disk fills when the trial's result is written
+        if any(log.get("op_code") == 6 for log in logs):
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        return real(self, logs)
+
+    monkeypatch.setattr(JournalFileBackend, "append_logs", full_on_result)
+    with pytest.raises(ConfigError, match=rf"the study's storage could not be written \(.*\({code}\)\); finished "
+                                          r"trials are kept; free space and run the same command again") as e:
+        _worker("a", url, c.to_dict(), small_scenario(), 3, 0)
+    assert e.value.__cause__ is None and len(str(e.value).splitlines()) == 1
+    with pytest.raises(ConfigError, match=r"could not be written"):
+        tune(small_scenario(), c, "a", url, n_trials=3)
+
+
+def test_an_assertion_without_a_write_failure_behind_it_is_not_disguised(tmp_path, monkeypatch):
+    import kvsched.experiments.tune as tune_mod
+
+    def broken(self, trial):
+        raise AssertionError("a bug")
+
+    monkeypatch.setattr(tune_mod.Objective, "__call__", broken)
+    with pytest.raises(AssertionError, match="a bug"):
+        tune(small_scenario(), one_window(), "b", None, n_trials=1)
+
+
+def test_concurrent_workers_on_one_journal_hold_different_slots_and_sampler_seeds(tmp_path):
+    """Several kvsched tune commands on one journal are all worker 0 and see the same trial count:
+    their samplers must still differ; a worker alone is in slot 0 (the same command on a copy of
+    the journal proposes the same trials)."""
+    path = str(tmp_path / "c.journal")
+    url = f"journal:{path}"
+    tune(small_scenario(), one_window(), "c", url, n_trials=1)
+    study = open_study("c", url)
+    with TrialGate(study, 3, journal=path) as a, TrialGate(study, 3, journal=path, worker=0) as b:
+        assert {a.slot, b.slot} == {0, 1}
+        with TrialGate(study, 3, journal=path) as third:
+            assert third.slot == 2
+        assert sampler_seed(0, a.slot, 5) != sampler_seed(0, b.slot, 5)
+    with TrialGate(study, 3, journal=path) as alone:
+        assert alone.slot == 0
+    shared = make_storage(None)
+    with TrialGate(study, 3, storage=shared) as a, TrialGate(study, 3, storage=shared) as b:
+        assert {a.slot, b.slot} == {0, 1}  # threads on one in-memory study
+
+
+def test_a_worker_in_another_process_takes_another_slot(tmp_path):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "p.journal")
+    tune(small_scenario(), one_window(), "p", f"journal:{path}", n_trials=1)
+    study = open_study("p", f"journal:{path}")
+    code = ("import sys, optuna; from kvsched.experiments.tune_gate import TrialGate\n"
+            "g = TrialGate(None, 1, journal=sys.argv[1]).__enter__(); print(g.slot)")
+    with TrialGate(study, 3, journal=path) as mine:
+        out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True)
+        assert mine.slot == 0 and out.stdout.strip() == "1"
 
 
 def test_calibrate_refuses_a_gpu_name_that_would_write_outside_the_calibration_folder(capsys):
