@@ -55,7 +55,7 @@ def _read_metadata(p: Path, check: bool = True) -> Any:
 
     from .train import ALGOS
 
-    shown = bounded_repr(str(p), MAX_PATH_CHARS)
+    shown = str(p) if len(str(p)) <= MAX_PATH_CHARS else bounded_repr(str(p), MAX_PATH_CHARS)
     if p.exists() and not p.is_file():  # a FIFO would block read_text()
         raise ConfigError(f"training metadata {shown} is not a regular file")
     try:
@@ -75,7 +75,8 @@ def _read_metadata(p: Path, check: bool = True) -> Any:
         required["algo"] = str
     for key, typ in required.items():
         if key not in meta:
-            raise ConfigError(f"training metadata {shown}: missing key {bounded_repr(key)} (written by `kvsched train`; "
+            raise ConfigError(f"training metadata {shown}: missing key {bounded_repr(key)} (written by "
+                              "`kvsched train`; "
                               "is this file from another program, or edited?)")
         if not isinstance(meta[key], typ):
             raise ConfigError(f"training metadata {shown}: {key}={bounded_repr(meta[key])} is not allowed: expected "

@@ -127,7 +127,8 @@ def check_hyperparameters(given: Mapping[str, Any], n_envs: int, observation_flo
     SB3 checks few of its arguments: ``gamma`` = Infinity trains on NaN tensors, ``n_steps`` =
     10**11 asks NumPy for a 56 TiB rollout buffer, ``net_arch`` = [10**8] exhausts memory. Bounds:
     ``gamma``, ``gae_lambda``, ``tau`` in [0, 1]; ``learning_rate`` a finite number > 0 (or a schedule
-    given from Python); ``n_epochs`` an integer >= 1; ``n_steps``, ``batch_size``, ``buffer_size`` integers >= 1 whose buffer
+    given from Python); ``n_epochs`` an integer >= 1; ``n_steps``, ``batch_size``, ``buffer_size``
+    integers >= 1 whose buffer
     (``rows x observation_floats x 4 bytes x 2``, rows = ``n_steps x n_envs`` or ``buffer_size``) fits in this
     machine's RAM; every ``policy_kwargs.net_arch`` width an integer in [1, :data:`MAX_NET_WIDTH`], at
     most :data:`MAX_NET_DEPTH` layers, and its weights (x 16 bytes: weights, gradients, Adam's moments) in RAM.
@@ -180,9 +181,9 @@ def check_hyperparameters(given: Mapping[str, Any], n_envs: int, observation_flo
                 raise bad("policy_kwargs.net_arch", arch, f"at most {MAX_NET_DEPTH} layers per network")
             for width in layers:
                 if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_NET_WIDTH:
-                    raise bad("policy_kwargs.net_arch", arch, f"layer widths that are integers in [1, {MAX_NET_WIDTH:,}] "
-                                                              "(a list, or a mapping such as {\"pi\": [64, 64], "
-                                                              "\"vf\": [64, 64]})")
+                    raise bad("policy_kwargs.net_arch", arch,
+                              f"layer widths that are integers in [1, {MAX_NET_WIDTH:,}] (a list, or a mapping "
+                              "such as {\"pi\": [64, 64], \"vf\": [64, 64]})")
             widths = [max(1, observation_floats), *layers]
             weights = sum(a * b for a, b in zip(widths, widths[1:]))
             if 16 * weights > memory:  # float32 weights, gradients and Adam's two moments
@@ -464,7 +465,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                 pickle.UnpicklingError, zlib.error) as e:  # not a zip or cut short (SB3: ValueError, AssertionError),
             # another env's spaces, another algorithm's checkpoint
             why = str(e).splitlines()[0] if str(e) else repr(e)
-            raise ConfigError(f"--resume {bounded_repr(str(resume), MAX_PATH_CHARS)} is not a {cls.__name__} checkpoint of {env_id} "
+            raise ConfigError(f"--resume {bounded_repr(str(resume), MAX_PATH_CHARS)} is not a {cls.__name__} "
+                              f"checkpoint of {env_id} "
                               f"with these --env-kwargs, or it is damaged ({type(e).__name__}: "
                               f"{bounded_repr(why)})") from None
         _check_resumed_reward(Path(resume), (env_kwargs or {}).get("reward"))

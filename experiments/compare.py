@@ -89,7 +89,8 @@ class CompareResult:
 
 
 def _parse_names(text: str | Sequence[str], flag: str, what: str, make: Callable[[str], Any]) -> list[str]:
-    """Names from comma-separated ``text`` (or a list): non-empty (an empty item is refused), each known to ``make`` (which
+    """Names from comma-separated ``text`` (or a list): non-empty (an empty item is refused), each
+    known to ``make`` (which
     raises UnknownPresetError listing the known names) and each once, counting a name in another
     case or an alias as the registered name it refers to (``make(name).name``). The names are
     returned as given (they label the rows)."""

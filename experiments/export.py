@@ -283,7 +283,8 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
 
     Raises:
         ConfigError: an unknown target, ``out`` being the study's own journal or SQLite file or a
-            file the tuner keeps beside it (:func:`_study_owned`; writing it would damage the study), or a study :func:`trial_config` refuses.
+            file the tuner keeps beside it (:func:`_study_owned`; writing it would damage the study),
+            or a study :func:`trial_config` refuses.
     """
     if target not in TARGETS:
         raise ConfigError(f"--target={bounded_repr(target)}: allowed {', '.join(TARGETS)}")

@@ -185,7 +185,8 @@ def load_yaml(text: str, source: str) -> Any:
         source: what errors name (usually the file).
 
     Raises:
-        ConfigError: invalid YAML, a duplicate key, a value PyYAML cannot build, or a limit exceeded (aliases, expanded size,
+        ConfigError: invalid YAML, a duplicate key, a value PyYAML cannot build, or a limit exceeded
+            (aliases, expanded size,
             nesting), naming ``source``, the line and column.
     """
     try:
