@@ -64,7 +64,7 @@ def _write_results(folder: Path, data: dict) -> Path:
 @pytest.mark.parametrize("argv, says", [
     (["--tasks", "nope"], "unknown 'nope'"),
     (["--tasks", ","], "empty item in a comma list"),
-    (["--tasks", " ,"], "empty item in a comma list"),  # an empty value is refused by the parser (test_cli_bad_input.py)
+    (["--tasks", " ,"], "empty item in a comma list"),  # not "no task"
     (["--tasks", "overload-burst,overload-burst"], "named twice"),
     (["--tasks", "x" * 5000], "..."),
     (["--tasks", "mooncake-1i"], "not in the results"),
