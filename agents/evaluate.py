@@ -51,31 +51,39 @@ def _read_metadata(p: Path, check: bool = True) -> Any:
         ConfigError: unreadable, not JSON, not an object, or a key missing or of the wrong type
             (one line naming the file and the key).
     """
-    from kvsched.envs.sim.errors import bounded_repr
     from kvsched.envs.sim.strict_json import DuplicateKeyError, loads
 
+    from .train import ALGOS
+
+    shown = str(p) if len(str(p)) <= MAX_PATH_CHARS else bounded_repr(str(p), MAX_PATH_CHARS)
+    if p.exists() and not p.is_file():  # a FIFO would block read_text()
+        raise ConfigError(f"training metadata {shown} is not a regular file")
     try:
         meta = loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         why = e.strerror if isinstance(e, OSError) else ("nested too deeply" if isinstance(e, RecursionError)
                                                           else str(e) if isinstance(e, DuplicateKeyError)
                                                           else f"not JSON ({bounded_repr(str(e))})")
-        raise ConfigError(f"training metadata {p}: cannot be read: {why}") from None
+        raise ConfigError(f"training metadata {shown}: cannot be read: {why}") from None
     if not check:  # the caller checks the content itself
         return meta
     if not isinstance(meta, dict):
-        raise ConfigError(f"training metadata {p}: expected a JSON object (written by `kvsched train`), "
+        raise ConfigError(f"training metadata {shown}: expected a JSON object (written by `kvsched train`), "
                           f"got {type(meta).__name__}")
     required = {"env_id": str, "env_kwargs": dict}
     if meta.get("backend") != "rllib":
         required["algo"] = str
     for key, typ in required.items():
         if key not in meta:
-            raise ConfigError(f"training metadata {p}: missing key {bounded_repr(key)} (written by `kvsched train`; "
+            raise ConfigError(f"training metadata {shown}: missing key {bounded_repr(key)} (written by "
+                              "`kvsched train`; "
                               "is this file from another program, or edited?)")
         if not isinstance(meta[key], typ):
-            raise ConfigError(f"training metadata {p}: {key}={bounded_repr(meta[key])} is not allowed: expected "
+            raise ConfigError(f"training metadata {shown}: {key}={bounded_repr(meta[key])} is not allowed: expected "
                               f"{'text' if typ is str else 'a mapping'}")
+    if "algo" in required and meta["algo"] not in ALGOS + ("es",):
+        raise ConfigError(f"training metadata {shown}: algo={bounded_repr(meta['algo'])} is not allowed: expected one "
+                          f"of {ALGOS + ('es',)} (written by `kvsched train`; is this file edited?)")
     return meta
 
 

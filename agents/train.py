@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 from kvsched import atomic_files
 
 ALGOS = ("ppo", "maskable_ppo", "dqn", "sac")
@@ -99,7 +99,97 @@ def _check_names(given: dict[str, Any], allowed: list[str], flag: str, what: str
     the algorithm's constructor as a TypeError traceback)."""
     unknown = sorted(set(given) - set(allowed))
     if unknown:
-        raise ConfigError(f"{flag}: {unknown} not allowed: expected {what} ({', '.join(allowed)})")
+        raise ConfigError(f"{flag}: {bounded_repr(unknown)} not allowed: expected {what} ({', '.join(allowed)})")
+
+
+#: Widest hidden layer ``--hyperparameters`` may ask for in ``policy_kwargs.net_arch`` (kvsched's
+#: networks use 64-256; a width of 10**8 made torch allocate 40 GB and end in an OOM kill).
+MAX_NET_WIDTH = 65_536
+#: Deepest ``net_arch`` (hidden layers per network).
+MAX_NET_DEPTH = 64
+#: Hyper-parameters that are fractions in [0, 1] (SB3 accepts any float; ``gamma`` = inf gave NaN tensors).
+_UNIT_INTERVAL = ("gamma", "gae_lambda", "tau")
+#: Hyper-parameters that count steps or samples: positive integers, and the buffer they size must fit in memory.
+_BUFFER_COUNTS = ("n_steps", "batch_size", "buffer_size")
+
+
+def _physical_memory_bytes() -> int:
+    """This machine's RAM (Linux ``sysconf``), or 1 TiB where it cannot be read."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
+
+
+def check_hyperparameters(given: Mapping[str, Any], n_envs: int, observation_floats: int) -> None:
+    """Refuse ``--hyperparameters`` values Stable-Baselines3 accepts but fails on later.
+
+    SB3 checks few of its arguments: ``gamma`` = Infinity trains on NaN tensors, ``n_steps`` =
+    10**11 asks NumPy for a 56 TiB rollout buffer, ``net_arch`` = [10**8] exhausts memory. Bounds:
+    ``gamma``, ``gae_lambda``, ``tau`` in [0, 1]; ``learning_rate`` a finite number > 0 (or a schedule
+    given from Python); ``n_epochs`` an integer >= 1; ``n_steps``, ``batch_size``, ``buffer_size``
+    integers >= 1 whose buffer
+    (``rows x observation_floats x 4 bytes x 2``, rows = ``n_steps x n_envs`` or ``buffer_size``) fits in this
+    machine's RAM; every ``policy_kwargs.net_arch`` width an integer in [1, :data:`MAX_NET_WIDTH`], at
+    most :data:`MAX_NET_DEPTH` layers, and its weights (x 16 bytes: weights, gradients, Adam's moments) in RAM.
+
+    Args:
+        given: the ``--hyperparameters`` object. n_envs: parallel environments.
+        observation_floats: numbers in one observation (its flattened size).
+
+    Raises:
+        ConfigError: one line naming ``--hyperparameters``, the key, the value (bounded) and the bound.
+    """
+    import math
+
+    def bad(key: str, value: Any, allowed: str) -> ConfigError:
+        return ConfigError(f"--hyperparameters: {key}={bounded_repr(value)} is not allowed: expected {allowed}")
+
+    def is_real(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for key in _UNIT_INTERVAL:
+        if key in given and not (is_real(given[key]) and 0 <= given[key] <= 1):
+            raise bad(key, given[key], "a number in [0, 1]")
+    if "learning_rate" in given and not callable(given["learning_rate"]):
+        lr = given["learning_rate"]
+        if not (is_real(lr) and math.isfinite(lr) and lr > 0):
+            raise bad("learning_rate", lr, "a finite number > 0")
+    if "n_epochs" in given and (isinstance(given["n_epochs"], bool) or not isinstance(given["n_epochs"], int)
+                                or given["n_epochs"] < 1):
+        raise bad("n_epochs", given["n_epochs"], "an integer >= 1")
+    memory = _physical_memory_bytes()
+    row_bytes = 2 * 4 * max(1, observation_floats) + 64  # observation (and next observation), action, reward...
+    for key in _BUFFER_COUNTS:
+        if key not in given:
+            continue
+        v = given[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(key, v, "an integer >= 1")
+        rows = v * n_envs if key == "n_steps" else v
+        most = max(1, memory // row_bytes // (n_envs if key == "n_steps" else 1))
+        if rows * row_bytes > memory:
+            raise bad(key, v, f"an integer in [1, {most:,}] (a larger buffer of {observation_floats:,}-number "
+                              f"observations does not fit in this machine's {memory / 2**30:.0f} GiB of RAM)")
+    kwargs = given.get("policy_kwargs")
+    if isinstance(kwargs, Mapping) and "net_arch" in kwargs:
+        arch = kwargs["net_arch"]
+        nets = list(arch.values()) if isinstance(arch, Mapping) else [arch]
+        for net in nets:
+            layers = net if isinstance(net, list) else [net]
+            if len(layers) > MAX_NET_DEPTH:
+                raise bad("policy_kwargs.net_arch", arch, f"at most {MAX_NET_DEPTH} layers per network")
+            for width in layers:
+                if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_NET_WIDTH:
+                    raise bad("policy_kwargs.net_arch", arch,
+                              f"layer widths that are integers in [1, {MAX_NET_WIDTH:,}] (a list, or a mapping "
+                              "such as {\"pi\": [64, 64], \"vf\": [64, 64]})")
+            widths = [max(1, observation_floats), *layers]
+            weights = sum(a * b for a, b in zip(widths, widths[1:]))
+            if 16 * weights > memory:  # float32 weights, gradients and Adam's two moments
+                raise bad("policy_kwargs.net_arch", arch, f"a network whose {weights:,} weights (x 16 bytes with "
+                                                          f"gradients and optimizer state) fit in this machine's "
+                                                          f"{memory / 2**30:.0f} GiB of RAM")
 
 
 def _env_parameters(env_id: str) -> list[str]:
@@ -172,7 +262,7 @@ def _check_resumed_reward(resume: Path, reward: Any) -> None:
         if meta_path.is_file():
             try:
                 before = json.loads(meta_path.read_text()).get("env_kwargs", {}).get("reward")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 return  # unreadable metadata: nothing to compare against (evaluate reports it)
             if before is not None and not isinstance(before, Mapping):
                 return  # a RewardConfig given from Python, recorded as its text: not comparable
@@ -326,8 +416,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
         raise ConfigError(f"--threads={bounded_repr(threads)} is not allowed: expected an integer in [1, {cpus}] "
                           "(this machine's CPUs)")
     if resume is not None and not (Path(resume).is_file() or Path(f"{resume}.zip").is_file()):
-        what = "is a folder" if Path(resume).is_dir() else "does not exist"
-        raise ConfigError(f"--resume {bounded_repr(str(resume))} {what} (expected a checkpoint .zip)")
+        what = ("is a folder" if Path(resume).is_dir() else "is not a regular file" if Path(resume).exists()
+                or Path(f"{resume}.zip").exists() else "does not exist")
+        raise ConfigError(f"--resume {bounded_repr(str(resume), MAX_PATH_CHARS)} {what} (expected a checkpoint .zip)")
     cls = _algo_class(algo)
     bc_info = None
     if bc_dataset is not None and (resume is not None or algo not in ("ppo", "maskable_ppo")):
@@ -346,6 +437,9 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
     kw = env_kwargs_for(env_id, algo, scenario, window_s, env_kwargs)
     venv = make_vec_env(env_id, {**kw, "split": "train"}, n_envs=n_envs, seed=seed, subprocess=subprocess)
     eval_env = make_vec_env(env_id, {**kw, "split": eval_split}, n_envs=1, seed=seed + 10_000)
+    from gymnasium.spaces import flatdim
+
+    check_hyperparameters(hyperparameters or {}, n_envs, flatdim(venv.observation_space))
     hp = default_hyperparameters(algo, n_envs)
     hp.update(hyperparameters or {})
     time_discount: dict[str, Any] = {}
@@ -371,7 +465,8 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
                 pickle.UnpicklingError, zlib.error) as e:  # not a zip or cut short (SB3: ValueError, AssertionError),
             # another env's spaces, another algorithm's checkpoint
             why = str(e).splitlines()[0] if str(e) else repr(e)
-            raise ConfigError(f"--resume {bounded_repr(str(resume))} is not a {cls.__name__} checkpoint of {env_id} "
+            raise ConfigError(f"--resume {bounded_repr(str(resume), MAX_PATH_CHARS)} is not a {cls.__name__} "
+                              f"checkpoint of {env_id} "
                               f"with these --env-kwargs, or it is damaged ({type(e).__name__}: "
                               f"{bounded_repr(why)})") from None
         _check_resumed_reward(Path(resume), (env_kwargs or {}).get("reward"))
@@ -386,9 +481,11 @@ def train(env_id: str, algo: str, timesteps: int, out: str | Path, scenario: str
             model = cls(_policy(algo, policy_net), venv, seed=seed, tensorboard_log=str(out / "tb"),
                         verbose=verbose,
                         device="cpu", **hp)
-        except (AssertionError, TypeError, ValueError) as e:  # Stable-Baselines3 checks its arguments so
-            raise ConfigError(f"--hyperparameters {json.dumps(hyperparameters or {})}: {cls.__name__} refused "
-                              f"{hp}: {e}") from None
+        except (AssertionError, TypeError, ValueError, MemoryError, RuntimeError, OverflowError) as e:
+            # Stable-Baselines3 checks its arguments so; torch fails allocating (RuntimeError, MemoryError)
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"--hyperparameters {bounded_repr(hyperparameters or {})}: {cls.__name__} refused "
+                              f"them: {bounded_repr(why)[1:-1]}") from None
         if reference_bias:
             from .warm_start import reference_bias as bias_towards_reference
 

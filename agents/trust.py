@@ -35,7 +35,7 @@ import secrets
 from pathlib import Path
 
 from kvsched import atomic_files
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 
 SUFFIX = ".sha256"
 KEY_ENV = "KVSCHED_CHECKPOINT_KEY"
@@ -43,7 +43,13 @@ TRUST_FLAG = "--trust-checkpoint"
 _CHUNK = 1 << 20
 
 
+#: Largest sidecar read (a record is about 200 bytes).
+MAX_SIDECAR_BYTES = 64 * 1024
+
+
 def _file_sha256(path: Path) -> str:
+    if not path.is_file():  # a FIFO or device would block open() or never end
+        raise ConfigError(f"checkpoint file {bounded_repr(str(path), MAX_PATH_CHARS)} is not a regular file")
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(_CHUNK), b""):
@@ -56,9 +62,12 @@ def digest(path: str | os.PathLike[str]) -> str:
     ``<relative path>\\0<file SHA-256>\\n`` of its files in sorted order (symbolic links refused).
 
     Raises:
-        OSError: unreadable. ConfigError: a folder holding a symbolic link.
+        OSError: unreadable. ConfigError: a folder holding a symbolic link; the file (or a file in
+        the folder) is not a regular file (a FIFO, a device: reading it would block).
     """
     p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():
+        raise ConfigError(f"checkpoint {bounded_repr(str(p), MAX_PATH_CHARS)} is not a regular file or a folder")
     if not p.is_dir():
         return _file_sha256(p)
     h = hashlib.sha256()
@@ -151,12 +160,16 @@ def check(path: str | os.PathLike[str], trust: bool = False, flag: str = TRUST_F
     if sha in shipped_digests().values():
         return
     side = sidecar(p)
+    if side.exists() and not side.is_file():
+        raise ConfigError(f"checkpoint {shown}: its {side.name} is not a regular file; {why_pickle}")
     if not side.is_file():
         raise ConfigError(f"checkpoint {shown} is not one kvsched wrote: no {side.name} beside it; {why_pickle}")
     try:
+        if side.stat().st_size > MAX_SIDECAR_BYTES:
+            raise ValueError("too large for a record")
         rec = json.loads(side.read_text())
         recorded, tag = str(rec["sha256"]), str(rec["hmac_sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: '[' * 10**5
         raise ConfigError(f"checkpoint {shown}: its {side.name} is not a kvsched checkpoint record; "
                           f"{why_pickle}") from None
     if recorded != sha:

@@ -923,8 +923,13 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
 
 def case_names(args: Sequence[str] | None) -> list[str]:
     """The case names of ``--cases`` values, space- or comma-separated (``a b`` or ``a,b``, as
-    the other commands' lists), each once, in the order given."""
-    return list(dict.fromkeys(n.strip() for arg in args or () for n in arg.split(",") if n.strip()))
+    the other commands' lists), each once, in the order given.
+
+    Raises:
+        ConfigError: an empty item (``a,,b``, ``a,``)."""
+    from .cli_types import comma_list
+
+    return list(dict.fromkeys(n for arg in args or () for n in comma_list(arg, "--cases")))
 
 
 def cmd_bench(a: argparse.Namespace, console) -> int:

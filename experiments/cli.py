@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvsched`` console script. Returns the process exit code."""
     args = build_parser().parse_args(argv)
-    from kvsched.envs.sim.errors import KvschedError  # after parsing: `kvsched --help` needs no simulator
+    # after parsing: `kvsched --help` needs no simulator
+    from kvsched.envs.sim.errors import MAX_PATH_CHARS, KvschedError, bounded_repr
 
     # to a file or pipe: wide enough that tables print at their full width (rich truncates a
     # cell that does not fit, and a saved comparison table would lose digits)
@@ -162,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "was left half-written (outputs finished before it are complete)", highlight=False)
             return 2
         shown = _destination(str(e.filename))
+        if len(shown) > MAX_PATH_CHARS:  # a path of thousands of characters (PATH_MAX is 4,096) is cut
+            shown = bounded_repr(shown, MAX_PATH_CHARS)
         tail = "; no file was left half-written" if e.errno in _WRITE_ERRNOS else ""
         stderr_console().print(f"[bold red]error:[/] {escape(shown)}: {escape(_os_reason(e))}{tail}",
                                highlight=False)

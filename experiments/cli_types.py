@@ -74,6 +74,24 @@ class Window(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def comma_list(text: str, flag: str) -> list[str]:
+    """The items of a comma-separated flag value (``"fcfs,lars"``), spaces around them removed.
+
+    An empty item (``"fcfs,,lars"``, ``"fcfs,"``, ``""``) is refused, not skipped: a doubled or
+    trailing comma usually means a name went missing.
+
+    Raises:
+        ConfigError: an empty item; one line naming ``flag`` and the value (bounded).
+    """
+    from kvsched.envs.sim.errors import ConfigError
+
+    items = [s.strip() for s in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"{flag}={bounded_repr(text)}: empty item in a comma list (a doubled, leading or "
+                          "trailing comma?); give names separated by single commas")
+    return items
+
+
 def timeline_file(text: str):
     """argparse type of ``--timeline FILE``: a ``*.json`` or ``*.json.gz`` name
     (:func:`kvsched.runner.timeline.timeline_path`)."""

@@ -89,12 +89,16 @@ class CompareResult:
 
 
 def _parse_names(text: str | Sequence[str], flag: str, what: str, make: Callable[[str], Any]) -> list[str]:
-    """Names from comma-separated ``text`` (or a list): non-empty, each known to ``make`` (which
+    """Names from comma-separated ``text`` (or a list): non-empty (an empty item is refused), each
+    known to ``make`` (which
     raises UnknownPresetError listing the known names) and each once, counting a name in another
     case or an alias as the registered name it refers to (``make(name).name``). The names are
     returned as given (they label the rows)."""
-    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
-    names = [n for n in names if n]
+    from .cli_types import comma_list
+
+    names = comma_list(text, flag) if isinstance(text, str) else [str(s).strip() for s in text]
+    if not all(names):
+        raise ConfigError(f"{flag}={bounded_repr(text)}: an empty {what} name; give each name")
     if not names:
         raise ConfigError(f"{flag}={bounded_repr(text)}: give at least one {what} name, comma-separated")
     registered = [make(n).name for n in names]

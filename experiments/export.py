@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -252,6 +253,27 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
+def _study_owned(out: str | Path, store: str | Path) -> bool:
+    """Whether writing ``out`` would overwrite the study's storage ``store`` or a file beside it
+    that the tuner uses: ``<journal>.gate`` and ``<journal>.workers/`` (the trial gate,
+    :mod:`kvsched.experiments.tune_gate`), ``<journal>.torn-<n>.bak`` (a repaired journal's
+    original), Optuna's ``<journal>.lock``, SQLite's ``-journal``, ``-wal`` and ``-shm``: any
+    ``<store>.*`` or ``<store>-*`` in its folder, or anything under ``<store>.workers``."""
+    if _same_file(out, store):
+        return True
+    o, st = Path(os.path.abspath(out)), Path(os.path.abspath(store))
+    try:
+        o = o.parent.resolve() / o.name
+        st = st.resolve()
+    except (OSError, RuntimeError):
+        pass
+    if o == st:
+        return True
+    if o.parent == st.parent and (o.name.startswith(st.name + ".") or o.name.startswith(st.name + "-")):
+        return True
+    return st.with_name(st.name + ".workers") in o.parents
+
+
 def export_study(study_name: str, storage_url: str, target: str, out: Path, trial: int | None = None,
                  simulate_target: bool = True) -> ExportResult:
     """Write the ``target`` configuration of a trial (default the best feasible) to ``out``.
@@ -260,18 +282,20 @@ def export_study(study_name: str, storage_url: str, target: str, out: Path, tria
     :func:`target_objective`: what the exported file alone is expected to achieve.
 
     Raises:
-        ConfigError: an unknown target, ``out`` being the study's own journal or SQLite file
-            (writing it would destroy the study), or a study :func:`trial_config` refuses.
+        ConfigError: an unknown target, ``out`` being the study's own journal or SQLite file or a
+            file the tuner keeps beside it (:func:`_study_owned`; writing it would damage the study),
+            or a study :func:`trial_config` refuses.
     """
     if target not in TARGETS:
         raise ConfigError(f"--target={bounded_repr(target)}: allowed {', '.join(TARGETS)}")
     from .tune import _redact, journal_path
 
     store = journal_path(storage_url) or _sqlite_file(storage_url)
-    if store is not None and _same_file(out, store):
+    if store is not None and _study_owned(out, store):
         raise ConfigError(f"--out {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: "
-                          f"it is the study's storage ({_redact(storage_url)}); "
-                          "writing the export there would destroy the study; give another file name")
+                          f"it is the study's storage ({_redact(storage_url)}) or a file the tuner keeps beside it "
+                          "(.gate, .workers, .lock, .torn-N.bak); writing the export there would damage the study; "
+                          "give another file name")
     tc = trial_config(study_name, storage_url, trial)
     if target in ("vllm", "sglang") and simulate_target:
         tc["provenance"].update(target_objective(study_name, storage_url, tc, target))

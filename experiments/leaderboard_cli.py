@@ -89,7 +89,8 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.save_agents is not None and (not a.agents or a.episodes is not None):
         raise KvschedError(f"--save-agents {bounded_repr(str(a.save_agents))}: keeps agents evaluated on every "
                            "episode: give --agents and leave out --episodes")
-    not_checkpoints = [x.strip() for x in (a.agents or "").split(",") if x.strip() and not x.strip().endswith(".zip")]
+    given = cli_types.comma_list(a.agents, "--agents") if a.agents else []
+    not_checkpoints = [x for x in given if not x.endswith(".zip")]
     if a.save_agents is not None and not_checkpoints:  # before minutes of evaluation, not after
         raise KvschedError(f"--save-agents keeps learned agents (checkpoints .zip); "
                            f"{bounded_repr(', '.join(not_checkpoints))} are not: evaluate them without --save-agents")
@@ -106,7 +107,7 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
                            "--out; give one of them")
     tasks = get_suite(a.suite)
     ids = [t.task_id for t in tasks]
-    chosen = ids if a.tasks is None else [x.strip() for x in a.tasks.split(",") if x.strip()]
+    chosen = ids if a.tasks is None else cli_types.comma_list(a.tasks, "--tasks")
     unknown = [x for x in chosen if x not in ids]
     if unknown or not chosen or len(set(chosen)) < len(chosen):
         why = (f"unknown {bounded_repr(', '.join(unknown))}" if unknown else "no task" if not chosen
@@ -144,7 +145,7 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
     if a.save_agents is not None:
         from .suite.shipped import save_shipped, shipped_path
 
-        names = [x.strip() for x in a.agents.split(",") if x.strip()]
+        names = cli_types.comma_list(a.agents, "--agents")
         saved = save_shipped(a.save_agents, a.suite, agents, dict(zip(agents, names)),
                              " ".join(["kvsched", *sys.argv[1:]]) if sys.argv and "kvsched" in sys.argv[0] else "")
         shown = shipped_path(a.suite, folder).resolve() == a.save_agents.resolve()
@@ -233,7 +234,7 @@ def _evaluate_agents(a: argparse.Namespace, tasks, results, console: Console) ->
     from .suite.agents import check_agent, evaluate_agent, stratum_episodes
     from .suite.results import baseline_labels
 
-    names = [x.strip() for x in a.agents.split(",") if x.strip()]
+    names = cli_types.comma_list(a.agents, "--agents")
     twice = sorted({x for x in names if names.count(x) > 1})
     if twice or not names:
         raise KvschedError(f"--agents {bounded_repr(a.agents)}: "

@@ -33,12 +33,13 @@ def prepare_out_dir(out: Path, flag: str = "--out") -> None:
         KvschedError: ``out`` exists and is not a folder, or it cannot be made or written.
     """
     if out.exists() and not out.is_dir():
-        raise KvschedError(f"{flag} {out}: exists and is not a directory")
+        raise KvschedError(f"{flag} {bounded_repr(str(out), MAX_PATH_CHARS)}: exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         _probe(out)
     except OSError as e:
-        raise KvschedError(f"{flag} {out}: cannot write there ({e.strerror})") from None
+        raise KvschedError(f"{flag} {bounded_repr(str(out), MAX_PATH_CHARS)}: cannot write there ({e.strerror})") \
+            from None
 
 
 def prepare_out_file(path: Path | None, flag: str = "--out") -> None:

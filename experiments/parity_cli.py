@@ -39,6 +39,12 @@ def cmd_parity(a: argparse.Namespace, console: Console) -> int:
     for n in a.case or ():
         if n not in names:
             raise ConfigError(f"--case {bounded_repr(n)} is not a parity case; allowed: {', '.join(names)}")
+    if a.json:  # before the cases (minutes with vLLM): a --json that cannot be written fails now
+        from pathlib import Path
+
+        from .outputs import prepare_out_file
+
+        prepare_out_file(Path(a.json), "--json")
     from kvsched.deploy import VLLM_INSTALL
     from kvsched.experiments.export import vllm_installed
 

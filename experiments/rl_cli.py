@@ -15,7 +15,7 @@ from kvsched.envs import SCHEDULING_IDS
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 
 from . import progress as progress_lines
-from .cli_types import count, integer, number, seed
+from .cli_types import comma_list, count, integer, number, seed
 from .outputs import prepare_out_dir
 
 
@@ -296,7 +296,7 @@ def cmd_evaluate(args, console) -> int:
 
     prepare_out_dir(args.out)  # an --out that cannot be written was an OSError traceback
 
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    agents = comma_list(args.agents, "--agents")
     run = lambda progress=None: evaluate(  # noqa: E731
         agents, args.scenario, args.windows, args.seeds, args.out, window_s=args.window_s,
         stochastic=args.stochastic, backend=args.backend, address=args.address, progress=progress,

@@ -198,6 +198,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if observer is not None and not a.json:
         err.print(f"wrote timeline {a.timeline} ({observer.events_written:,} events; open it in "
                   "https://ui.perfetto.dev)", highlight=False)
+    run_end_s = _last_finish_s(result.records)
+    if observer is not None and a.timeline_window is not None and a.timeline_window[0] > run_end_s:
+        err.print(f"note: --timeline-window starts at {a.timeline_window[0]:g} s, after the run's end "
+                  f"({run_end_s:.3f} s simulated): the timeline holds no events of the run", highlight=False)
     wall_s = time.perf_counter() - t0
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = result.summary
@@ -227,6 +231,16 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+
+
+def _last_finish_s(records) -> float:
+    """The run's last request finish (simulated seconds; 0 when none finished): a
+    ``--timeline-window`` starting after it keeps no event of the run."""
+    import numpy as np
+
+    finish = records["finish_s"].to_numpy(dtype=np.float64) if len(records) else np.zeros(0)
+    finish = finish[np.isfinite(finish)]
+    return float(finish.max()) if finish.size else 0.0
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ flags, policy files, run metadata, JSONL traces) goes through :func:`loads` for 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 from .errors import bounded_repr
@@ -17,6 +19,21 @@ from .errors import bounded_repr
 
 class DuplicateKeyError(ValueError):
     """A JSON object gives one key twice (the message names the key)."""
+
+
+class NumberTooLongError(json.JSONDecodeError):
+    """A JSON integer has more digits than Python converts (``sys.get_int_max_str_digits()``, 4,300).
+
+    A :class:`json.JSONDecodeError` (so every caller's "malformed JSON" handling reports it),
+    positioned at the number; Python's own ``ValueError`` would otherwise escape as a traceback.
+    """
+
+
+def _number_too_long(text: str | bytes) -> NumberTooLongError:
+    limit = sys.get_int_max_str_digits()
+    doc = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray)) else text
+    m = re.search(r"\d{%d,}" % (limit + 1), doc)
+    return NumberTooLongError(f"a number with more than {limit:,} digits is not allowed", doc, m.start() if m else 0)
 
 
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -34,12 +51,20 @@ def loads(text: str | bytes) -> Any:
     """:func:`json.loads` refusing duplicate keys.
 
     Raises:
-        json.JSONDecodeError: malformed JSON (as :func:`json.loads`).
+        json.JSONDecodeError: malformed JSON (as :func:`json.loads`), or :class:`NumberTooLongError`
+            (an integer of more than ``sys.get_int_max_str_digits()`` digits).
         DuplicateKeyError: a key appears twice in one object.
         RecursionError: nesting deeper than the interpreter's recursion limit (callers turn it
             into their own error).
     """
-    return json.loads(text, object_pairs_hook=_unique_object)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_object)
+    except (json.JSONDecodeError, DuplicateKeyError):
+        raise
+    except ValueError as e:  # int() of too many digits (CPython's int_max_str_digits, CVE-2020-10735)
+        if "digits" not in str(e):
+            raise
+        raise _number_too_long(text) from None
 
 
 def parse_object(text: str, where: str, expected: str) -> dict[str, Any]:
@@ -51,13 +76,16 @@ def parse_object(text: str, where: str, expected: str) -> dict[str, Any]:
         expected: what the object holds, for the messages (``the policy's parameters``).
 
     Raises:
-        ConfigError: malformed JSON, nested too deeply, a duplicate key, or not an object;
+        ConfigError: malformed JSON, nested too deeply, a duplicate key, an integer of too many
+            digits, or not an object;
             one line naming ``where`` and the value (bounded).
     """
     from .errors import ConfigError
 
     try:
         value = loads(text)
+    except NumberTooLongError as e:
+        raise ConfigError(f"{where}: {e.msg} (at char {e.pos}); expected a JSON object of {expected}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: invalid JSON ({e.msg} at char {e.pos}); expected a JSON object of "
                           f"{expected}") from None

@@ -12,6 +12,9 @@ one-line :class:`~kvsched.envs.sim.errors.ConfigError` instead of a hang, a memo
   would visit 10**9 items. A recursive alias (an anchor used inside itself) is refused.
 * **nesting**: at most :data:`MAX_YAML_DEPTH` levels of sequences and mappings (PyYAML's
   composer recurses once per level and would hit Python's recursion limit near 300 levels).
+* **values PyYAML cannot build** (an integer of more than ``sys.get_int_max_str_digits()``
+  digits, hex included; a timestamp ``2024-13-01``) are refused with their line and column
+  instead of a ``ValueError`` traceback.
 * **duplicate keys** in one mapping are refused (PyYAML silently keeps the last).
 * **merge keys** (``<<: *base``, YAML 1.1's merge type, https://yaml.org/type/merge.html) are
   supported as PyYAML implements them: the mapping's own keys win over merged ones; a key given
@@ -22,6 +25,7 @@ Errors are one line: the source, the line and column, and PyYAML's problem.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
@@ -96,6 +100,39 @@ class StrictLoader(yaml.SafeLoader):
         self._sizes[id(node)] = size
         return node
 
+    def construct_object(self, node, deep=False):
+        """PyYAML's construction, a constructor's ``ValueError`` turned into a marked YAML error.
+
+        PyYAML's constructors raise a bare ``ValueError`` for values they cannot build (an integer of
+        more than ``sys.get_int_max_str_digits()`` digits, a timestamp ``2024-13-01``); here each
+        becomes a :class:`yaml.constructor.ConstructorError` carrying the node's line and column.
+        An integer written in hex, octal or binary that is too large to print in decimal is
+        refused the same way (it would fail later, in any JSON dump or message).
+        """
+        try:
+            value = super().construct_object(node, deep)
+        except ValueError as e:
+            raise yaml.constructor.ConstructorError(None, None, _constructor_problem(node, e),
+                                                    node.start_mark) from None
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * _MAX_DIGITS:
+            try:
+                str(value)
+            except ValueError as e:
+                raise yaml.constructor.ConstructorError(None, None, _constructor_problem(node, e),
+                                                        node.start_mark) from None
+        return value
+
+
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+
+
+def _constructor_problem(node: yaml.Node, e: ValueError) -> str:
+    """One line for a constructor's ``ValueError`` on ``node`` (the value quoted, bounded)."""
+    if "digits" in str(e) and node.tag.endswith(":int"):
+        return f"a number with more than {_MAX_DIGITS:,} digits is not allowed"
+    value = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+    return f"cannot read {bounded_repr(value)} as {node.tag.rsplit(':', 1)[-1]}: {bounded_repr(str(e))[1:-1]}"
+
 
 def _check_unique_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
     """Refuse a key given twice among ``node``'s own keys, or within one mapping it merges."""
@@ -148,7 +185,8 @@ def load_yaml(text: str, source: str) -> Any:
         source: what errors name (usually the file).
 
     Raises:
-        ConfigError: invalid YAML, a duplicate key, or a limit exceeded (aliases, expanded size,
+        ConfigError: invalid YAML, a duplicate key, a value PyYAML cannot build, or a limit exceeded
+            (aliases, expanded size,
             nesting), naming ``source``, the line and column.
     """
     try:

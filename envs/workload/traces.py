@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from kvsched.envs.sim import strict_json
-from kvsched.envs.sim.errors import ConfigError, TraceFormatError, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, TraceFormatError, bounded_repr
 from kvsched.envs.sim.request import MAX_ARRIVAL_S, N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = [
@@ -142,6 +142,27 @@ def _limit(default: int, env: str) -> int:
     return value
 
 
+#: Leading bytes of the compression formats kvsched does not read (gzip is read), for a clear
+#: error instead of a mojibake "not the Azure format" (magic numbers: xz (tukaani.org xz-file-format
+#: 1.1.0 §2.1.1.1), bzip2 ("BZh"), zip (PKWARE APPNOTE 4.3.7 local file header), zstd (RFC 8878 §3.1.1)).
+_OTHER_COMPRESSION = ((b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"PK\x03\x04", "zip"),
+                      (b"\x28\xb5\x2f\xfd", "zstd"))
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _compression(raw: bytes) -> str | None:
+    """The name of the compression ``raw`` starts with (``gzip``, ``xz``...), or None."""
+    if raw[:2] == _GZIP_MAGIC:
+        return "gzip"
+    return next((name for magic, name in _OTHER_COMPRESSION if raw.startswith(magic)), None)
+
+
+def _shown_path(path: str | os.PathLike) -> str:
+    """``path`` for a message: as given, or bounded (quoted, cut) when longer than MAX_PATH_CHARS."""
+    text = str(path)
+    return text if len(text) <= MAX_PATH_CHARS else bounded_repr(text, MAX_PATH_CHARS)
+
+
 def _read(path: str | os.PathLike) -> tuple[bytes, str]:
     """Uncompressed content of ``path`` (gzip detected by magic bytes) and its SHA-256.
 
@@ -150,29 +171,42 @@ def _read(path: str | os.PathLike) -> tuple[bytes, str]:
     a gzip stream is decompressed only up to the cap.
 
     Raises:
-        TraceFormatError: the file cannot be read, is a corrupt gzip stream, or exceeds a cap
+        TraceFormatError: the file cannot be read, is not a regular file, is a corrupt gzip stream,
+            is compressed another way (xz, bzip2, zip, zstd; or gzip inside gzip), or exceeds a cap
             (the message names the cap and its variable).
     """
+    shown = _shown_path(path)
+    path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO would block open(), a folder fail obscurely
+        raise TraceFormatError(f"{shown}: the trace is not a regular file")
     max_bytes = _limit(MAX_TRACE_BYTES, _TRACE_BYTES_ENV)
     max_rows = _limit(MAX_TRACE_ROWS, _TRACE_ROWS_ENV)
-    too_big = (f"{path}: the trace holds more than {max_bytes:,} bytes (uncompressed), the limit; set the "
+    too_big = (f"{shown}: the trace holds more than {max_bytes:,} bytes (uncompressed), the limit; set the "
                f"environment variable {_TRACE_BYTES_ENV} to a larger number of bytes to read it")
     try:
         with open(path, "rb") as f:
             raw = f.read(max_bytes + 1)
     except OSError as e:
-        raise TraceFormatError(f"{path}: cannot read trace file: {e.strerror or e}") from None
-    if raw[:2] == b"\x1f\x8b":
+        raise TraceFormatError(f"{shown}: cannot read trace file: {e.strerror or e}") from None
+    kind = _compression(raw)
+    if kind is not None and kind != "gzip":
+        raise TraceFormatError(f"{shown}: the trace is compressed with {kind}; kvsched reads plain or "
+                               "gzip-compressed traces (decompress it first)")
+    if kind == "gzip":
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:  # every member, only up to the cap
                 raw = g.read(max_bytes + 1)
         except (OSError, EOFError, zlib.error) as e:
-            raise TraceFormatError(f"{path}: corrupt gzip data: {e}") from None
+            raise TraceFormatError(f"{shown}: corrupt gzip data: {bounded_repr(str(e))[1:-1]}") from None
+        inner = _compression(raw)
+        if inner is not None:
+            raise TraceFormatError(f"{shown}: the decompressed gzip content is itself compressed ({inner}); "
+                                   "kvsched reads plain or gzip-compressed traces (decompress it first)")
     if len(raw) > max_bytes:
         raise TraceFormatError(too_big)
     rows = raw.count(b"\n") + (0 if raw.endswith(b"\n") or not raw else 1)
     if rows > max_rows:
-        raise TraceFormatError(f"{path}: the trace holds {rows:,} lines, more than the limit of {max_rows:,}; set "
+        raise TraceFormatError(f"{shown}: the trace holds {rows:,} lines, more than the limit of {max_rows:,}; set "
                                f"the environment variable {_TRACE_ROWS_ENV} to a larger number to read it")
     return raw, hashlib.sha256(raw).hexdigest()
 
@@ -1266,6 +1300,9 @@ def load_trace(name_or_path: str | os.PathLike, name: str | None = None) -> Work
                                    f"expected {BUNDLED_SHA256[key]}; the package data is damaged")
         return w
     p = Path(key)
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"trace {bounded_repr(key, MAX_PATH_CHARS)} is not a regular file (a folder, a FIFO or a "
+                          "device); give a trace file")
     if not p.is_file():
         raise ConfigError(f"trace {bounded_repr(key)} is neither a bundled trace nor an existing file; bundled "
                           f"traces: {list(BUNDLED_TRACES)} (see `kvsched traces`)")

@@ -46,6 +46,10 @@ from kvsched.envs.sim.specs import InstanceSpec, instance_spec_from_dict, instan
 from kvsched.envs.workload import synthetic as synth
 from kvsched.envs.workload import traces
 
+#: Largest scenario ``seed`` (the bound of every ``--seed`` flag, :data:`kvsched.experiments.cli_types.MAX_SEED`:
+#: seeds derived from it, ``seed + k`` per worker, must stay below NumPy's and Gymnasium's 2**32).
+MAX_SEED = 2**31 - 1
+
 DEFAULT_TRACE = "azure-conv-2023"
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-SXM"
@@ -142,9 +146,9 @@ class Scenario:
         if not is_int(self.n_instances) or self.n_instances < 1:
             raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer >= 1"
                               f"{text_number_hint(self.n_instances)}")
-        if not is_int(self.seed) or self.seed < 0:
-            raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer >= 0"
-                              f"{text_number_hint(self.seed)}")
+        if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer in [0, 2**31-1] "
+                              f"(as --seed){text_number_hint(self.seed)}")
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
         if not isinstance(self.metrics, dict):

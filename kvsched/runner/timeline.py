@@ -69,15 +69,18 @@ def parse_window(text: str, flag: str = "--timeline-window") -> tuple[float, flo
     """``START:END`` (simulated seconds; END may be empty for the run's end) as ``(start_s, end_s)``.
 
     Raises:
-        ConfigError: not two numbers separated by ``:``, a negative or non-finite start, or an end
+        ConfigError: not two numbers separated by ``:``, an empty START, a negative or non-finite start, or an end
             not above the start.
     """
     parts = str(text).split(":")
     if len(parts) != 2:
         raise ConfigError(f"{flag}={bounded_repr(text)} is not allowed: expected START:END in simulated seconds "
                           "(e.g. 10:20, or 10: for 10 s to the end)")
+    if not parts[0].strip():
+        raise ConfigError(f"{flag}={bounded_repr(text)} is not allowed: START is empty; give it (0 for the run's "
+                          "start, e.g. 0:20)")
     try:
-        start = float(parts[0]) if parts[0].strip() else 0.0
+        start = float(parts[0])
         end = float(parts[1]) if parts[1].strip() else math.inf
     except ValueError:
         raise ConfigError(f"{flag}={bounded_repr(text)} is not allowed: START and END must be numbers of "

@@ -152,7 +152,8 @@ def test_resume_from_a_file_that_is_no_checkpoint_or_of_another_environment(trai
     (["--env-kwargs", '{"split": "all"}'], "--env-kwargs: ['split'] not allowed"),  # train sets it (was overridden)
     (["--hyperparameters", '{"n_step": 64}'], "--hyperparameters: ['n_step'] not allowed: expected arguments of PPO"),
     (["--hyperparameters", '{"seed": 3}'], "--hyperparameters: ['seed'] not allowed"),  # --seed's job
-    (["--hyperparameters", '{"n_steps": 0}'], "PPO refused"),
+    (["--hyperparameters", '{"n_steps": 0}'], "--hyperparameters: n_steps=0 is not allowed: expected an integer >= 1"),
+    (["--hyperparameters", '{"policy_kwargs": {"foo": 1}}'], "PPO refused them"),  # the policy's TypeError
     (["--resume", "no-such-checkpoint.zip"], "--resume 'no-such-checkpoint.zip' does not exist"),
     (["--resume", _HERE], f"--resume {_HERE!r} is a folder (expected a checkpoint .zip)"),
 ])

@@ -41,7 +41,8 @@ def test_an_agent_is_evaluated_on_the_strata_episodes_beside_the_baselines(tmp_p
 
 @pytest.mark.parametrize("argv, needle", [
     (["--tasks", TASK, "--agents", "fcfs,fcfs"], "given twice: fcfs"),
-    (["--tasks", TASK, "--agents", ","], "no agent"),
+    (["--tasks", TASK, "--agents", ","], "empty item in a comma list"),
+    (["--tasks", TASK + ",", "--agents", "fcfs"], "--tasks='overload-burst,': empty item"),
     (["--tasks", "routing-stale"],
      "--tasks 'routing-stale': not in the results of suite v1 (they hold: overload-burst)"),
     (["--tasks", "nope"], "unknown 'nope'; expected distinct task ids of suite v1: kv-burst-tiers"),

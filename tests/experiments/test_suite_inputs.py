@@ -63,12 +63,12 @@ def _write_results(folder: Path, data: dict) -> Path:
 
 @pytest.mark.parametrize("argv, says", [
     (["--tasks", "nope"], "unknown 'nope'"),
-    (["--tasks", ","], "no task"),
-    (["--tasks", " ,"], "no task"),  # an empty value is refused by the parser (test_cli_bad_input.py)
+    (["--tasks", ","], "empty item in a comma list"),
+    (["--tasks", " ,"], "empty item in a comma list"),  # not "no task"
     (["--tasks", "overload-burst,overload-burst"], "named twice"),
     (["--tasks", "x" * 5000], "..."),
     (["--tasks", "mooncake-1i"], "not in the results"),
-    (["--tasks", "overload-burst", "--agents", ","], "no agent"),
+    (["--tasks", "overload-burst", "--agents", ","], "empty item in a comma list"),
     (["--tasks", "overload-burst", "--agents", "fcfs,random,fcfs"], "given twice: fcfs"),
     (["--tasks", "overload-burst", "--episodes", "2"], "give --agents"),
     (["--tasks", "overload-burst", "--jobs", "2"], "give --compute"),
