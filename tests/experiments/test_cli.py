@@ -194,7 +194,7 @@ def test_train_and_evaluate_out_that_cannot_be_written_is_a_clean_error(argv, tm
     (tmp_path / "f").write_text("")
     rc = main(argv + ["--out", str(tmp_path / "f" / "run"), "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 2 and f"--out {tmp_path / 'f' / 'run'}: cannot write there" in err and "Traceback" not in err
+    assert rc == 2 and f"--out '{tmp_path / 'f' / 'run'}': cannot write there" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, flag", [
