@@ -6,11 +6,16 @@ finishes, overrides that order for the request's conversation in every listed ti
 (:meth:`.prefix_offload.PrefixTiers.retain`):
 
 ============  =====================================================================================
-``default``   the tier's eviction order decides (a deadline set earlier is lifted)
-``keep``      out of the eviction order for ``keep_s`` seconds from the decision (new entries of the
-              conversation too); a tier evicts a kept entry only when all it holds are kept
-``drop``      evicted from every listed tier now (no demotion): frees room for others
-``demote``    moved from the first listed tier to the next now (DRAM -> NVMe over its link)
+``default``   the conversation's keep is lifted; the tier's eviction order decides (other
+              conversations' keeps stay)
+``keep``      the segments of the request's prompt stored in the tiers (shared prefixes another
+              conversation wrote included: a hit needs the whole leading run) and the entries the
+              conversation wrote, later ones too, leave the eviction order for ``keep_s`` seconds;
+              a write nobody keeps never evicts a kept entry; a kept write, a swap-in or a tier of
+              kept entries only evicts the earliest deadline first, a prefix's tail first
+``drop``      the entries the conversation wrote that nobody keeps are evicted from every listed
+              tier now (no demotion): frees room for others; shared prefixes others wrote stay
+``demote``    those of them in the first listed tier move to the next now (DRAM -> NVMe)
 ============  =====================================================================================
 
 This is the action space of ``kvsched/Residency-v0`` (:mod:`kvsched.envs.residency_env`); the
