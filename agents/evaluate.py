@@ -96,7 +96,8 @@ def _sidecar(ckpt: Path, check: bool = True) -> Any:
     for p in (ckpt.with_suffix(".json"), ckpt.parent / "train.json", ckpt.parent.parent / "train.json"):
         if p.is_file():
             return _read_metadata(p, check)
-    raise ConfigError(f"no training metadata for {ckpt}: expected {ckpt.with_suffix('.json')} or train.json "
+    raise ConfigError(f"no training metadata for {bounded_repr(str(ckpt), MAX_PATH_CHARS)}: expected "
+                      f"{bounded_repr(str(ckpt.with_suffix('.json')), MAX_PATH_CHARS)} or train.json "
                       "beside it (written by `kvsched train`)")
 
 

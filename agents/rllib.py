@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.envs import SCHEDULING_IDS
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 from kvsched import atomic_files
 
 #: environments RLlib trains on, and the keyword arguments the RLlib path forces
@@ -294,7 +294,8 @@ class RLlibAgent:
         if path.joinpath(*MODULE_PATH).exists():  # the algorithm checkpoint: its policy module inside
             path = path.joinpath(*MODULE_PATH)
         if not (path / "module_state.pkl").exists() and not (path / "module_state").exists():
-            raise ConfigError(f"{checkpoint}: no RLlib policy module (expected {'/'.join(MODULE_PATH)} inside)")
+            raise ConfigError(f"{bounded_repr(str(checkpoint), MAX_PATH_CHARS)}"
+                              f": no RLlib policy module (expected {'/'.join(MODULE_PATH)} inside)")
         self.module = RLModule.from_checkpoint(str(path.resolve()))
         self.masked = masked
 

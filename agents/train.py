@@ -269,7 +269,8 @@ def _check_resumed_reward(resume: Path, reward: Any) -> None:
             same = reward_config(before or {}) == reward_config(reward or {})
             if not same:
                 raise ConfigError(f"--resume: the checkpoint was trained with reward {bounded_repr(before)} "
-                                  f"({meta_path}) and --env-kwargs now gives {bounded_repr(reward)}; pass the "
+                                  f"({bounded_repr(str(meta_path), MAX_PATH_CHARS)}"
+                                  f") and --env-kwargs now gives {bounded_repr(reward)}; pass the "
                                   "same reward (a different one changes the objective mid-run)")
             return
 

@@ -635,7 +635,8 @@ def run_vidur(n: int, qps: float, peer_dir: Path) -> dict:
     main_wall, rss = _time_v(log_path.read_text(errors="replace") if log_path.exists() else "")
     runs = sorted(p for p in out.iterdir() if p.is_dir())
     if not runs:
-        raise KvschedError(f"Vidur run (N={n}, QPS={qps:g}) wrote no run folder under {out}")
+        raise KvschedError(f"Vidur run (N={n}, QPS={qps:g}) wrote no run folder under "
+                           f"{bounded_repr(str(out), MAX_PATH_CHARS)}")
     d = pd.read_csv(runs[-1] / "request_metrics.csv")
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
     return {

@@ -198,7 +198,8 @@ def trial_config(study_name: str, storage_url: str, trial: int | None = None) ->
 
     jp = journal_path(storage_url)
     if jp is not None and not Path(jp).is_file():  # opening it would create an empty journal
-        raise ConfigError(f"--storage {storage_url}: no such journal file {bounded_repr(jp)}")
+        raise ConfigError(f"--storage {bounded_repr(_redact(storage_url), MAX_PATH_CHARS)}: no such journal file "
+                          f"{bounded_repr(jp, MAX_PATH_CHARS)}")
     db = _sqlite_file(storage_url)
     if db is not None and not Path(db).is_file():  # opening it would create an empty database
         raise ConfigError(f"--storage {_redact(storage_url)}: no such SQLite database file {bounded_repr(db)}")
@@ -672,23 +673,25 @@ def load_policy_file(path: str | Path) -> dict:
     try:
         d = strict_json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
-        raise ConfigError(f"--policy-file {p}: cannot read JSON "
+        raise ConfigError(f"--policy-file {bounded_repr(str(p), MAX_PATH_CHARS)}: cannot read JSON "
                           f"({bounded_repr(str(e) or 'nested too deeply')[1:-1]})") \
             from None
     if not isinstance(d, dict) or d.get("format") != POLICY_FILE_FORMAT:
-        raise ConfigError(f"--policy-file {p}: not a kvsched policy file "
+        raise ConfigError(f"--policy-file {bounded_repr(str(p), MAX_PATH_CHARS)}: not a kvsched policy file "
                           f"(format must be {bounded_repr(POLICY_FILE_FORMAT)}; "
                           "write one with kvsched export --target kvsched)")
     for k in ("policy", "policy_params", "engine"):
         if k not in d:
-            raise ConfigError(f"--policy-file {p}: missing key {bounded_repr(k)}")
+            raise ConfigError(f"--policy-file {bounded_repr(str(p), MAX_PATH_CHARS)}: missing key {bounded_repr(k)}")
     if not isinstance(d["policy_params"], dict) or not isinstance(d["engine"], dict):
-        raise ConfigError(f"--policy-file {p}: policy_params and engine must be mappings")
+        raise ConfigError(f"--policy-file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          ": policy_params and engine must be mappings")
     make_policy(d["policy"], dict(d["policy_params"]))  # validates name, fields and values
     router, router_params = d.get("router"), d.get("router_params")
     if router is not None or router_params is not None:
         if not isinstance(router, str) or not isinstance(router_params, dict):
-            raise ConfigError(f"--policy-file {p}: router={bounded_repr(router)} and router_params="
+            raise ConfigError(f"--policy-file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                              f": router={bounded_repr(router)} and router_params="
                               f"{bounded_repr(router_params)} are not allowed: expected a router name and a mapping "
                               "of its parameters (both or neither)")
         from kvsched.policies.routing import make_router

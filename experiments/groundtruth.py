@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr
+from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr, MAX_PATH_CHARS
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
@@ -214,9 +214,9 @@ def _read_json(p: Path) -> Any:
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise GroundTruthMissing(f"{p}: missing") from None
+        raise GroundTruthMissing(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: missing") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: invalid JSON: {e}") from None
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: invalid JSON: {e}") from None
 
 
 def _preset(model_id: str) -> str | None:
@@ -266,7 +266,7 @@ def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
 def _csv_rows(gt: Path) -> pd.DataFrame:
     p = gt / "sim_to_real" / "trainval_error_records.csv"
     if not p.is_file():
-        raise GroundTruthMissing(f"{p}: missing")
+        raise GroundTruthMissing(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: missing")
     d = pd.read_csv(p)
     d["folder"] = d["experiment_folder"].astype(str).str.rstrip("/").str.split("/").str[-1]
     return d

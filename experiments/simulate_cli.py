@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import kvsched
-from kvsched.envs.sim.errors import KvschedError, bounded_repr
+from kvsched.envs.sim.errors import KvschedError, bounded_repr, MAX_PATH_CHARS
 from kvsched.envs.sim.metrics import SUMMARY_ROW_HEADERS, format_summary_rows, summary_to_json
 from kvsched.envs.sim.specs import TP_DEGREES
 from kvsched.envs.sim.strict_json import parse_object
@@ -122,7 +122,8 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
 
         pf = load_policy_file(a.policy_file)
         if a.policy is not None and a.policy != pf["policy"]:
-            raise KvschedError(f"--policy {a.policy} contradicts --policy-file {a.policy_file} "
+            raise KvschedError(f"--policy {a.policy} contradicts --policy-file "
+                               f"{bounded_repr(str(a.policy_file), MAX_PATH_CHARS)} "
                                f"(policy {bounded_repr(pf['policy'])}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
@@ -130,7 +131,8 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
             from kvsched.policies.routing import ROUTERS
 
             if a.router is not None and ROUTERS.canonical(a.router) != pf["router"]:
-                raise KvschedError(f"--router {a.router} contradicts --policy-file {a.policy_file} "
+                raise KvschedError(f"--router {a.router} contradicts --policy-file "
+                                   f"{bounded_repr(str(a.policy_file), MAX_PATH_CHARS)} "
                                    f"(router {bounded_repr(pf['router'])}); give one of them")
             over["router"] = pf["router"]
             over["router_params"] = {**pf["router_params"], **over.get("router_params", {})} \

@@ -26,6 +26,7 @@ import pandas as pd
 
 from kvsched.envs.sim.calibration import CalibrationFile
 from kvsched.envs.sim.specs import CostParams
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, bounded_repr
 
 from .calibrate import Objective
 from .groundtruth import METRICS, PEERS, Experiment
@@ -172,7 +173,7 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
         cal: CalibrationFile = load_calibration(p)
         return cal.cost, cal.train, f"{p} (gpu {cal.gpu}, version {cal.version})"
     if path is not None:
-        raise FileNotFoundError(f"calibration file {p} not found")
+        raise FileNotFoundError(f"calibration file {bounded_repr(str(p), MAX_PATH_CHARS)} not found")
     return CostParams(), (), "literature defaults (no calibration file)"
 
 

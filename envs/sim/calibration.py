@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import strict_json
-from .errors import ConfigError, bounded_repr
+from .errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 from .cost_params import CostParams
 from kvsched import atomic_files
 
@@ -202,7 +202,8 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     try:
         data = strict_json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as e:  # malformed, a key given twice, nested too deeply
-        raise ConfigError(f"{p}: invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
     return CalibrationFile.from_dict(data, source=str(p))
 
 
@@ -228,7 +229,8 @@ def calibrated_cost_params(gpu: str) -> CostParams | None:
         return None
     cal = load_calibration(p)
     if cal.gpu != gpu:
-        raise ConfigError(f"{p}: calibrates gpu={bounded_repr(cal.gpu)}, expected {bounded_repr(gpu)}")
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": calibrates gpu={bounded_repr(cal.gpu)}, expected {bounded_repr(gpu)}")
     return cal.cost
 
 

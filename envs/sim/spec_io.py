@@ -17,7 +17,7 @@ import yaml
 
 from .calibration import default_cost_params
 from .cost_params import CostParams
-from .errors import ConfigError, UnknownPresetError, bounded_repr
+from .errors import MAX_PATH_CHARS, ConfigError, UnknownPresetError, bounded_repr
 from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec, LinkSpec, PNMSpec, get_gpu,
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
@@ -328,7 +328,8 @@ def load_instance_spec(path: str | Path) -> InstanceSpec:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": not UTF-8 text ({e.reason} at byte {e.start})") from None
     data = load_yaml(text, str(p))
     return instance_spec_from_dict(data, source=str(p))
 

@@ -373,7 +373,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
               lines: np.ndarray | None = None, arrival_column: str = "") -> Workload:
     n = len(arrival)
     if n == 0:
-        raise TraceFormatError(f"{file}: the trace holds no requests (no data rows)")
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}: the trace holds no requests (no data rows)")
     beyond = arrival > MAX_ARRIVAL_S
     if lines is not None and beyond.any():  # in file order, before sorting: name the line
         idx = np.flatnonzero(beyond)
@@ -422,7 +422,7 @@ def _assemble(file: str, name: str, sha: str, arrival: np.ndarray, prompt: np.nd
             slo_class_names=tuple(slo_names), source_sha256=sha, notes=tuple(notes),
             priority=priority.astype(np.int64, copy=False), n=n_samples.astype(np.int64, copy=False))
     except ConfigError as e:  # should not happen after validation; keep the file in the message
-        raise TraceFormatError(f"{file}: {e}") from None
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}: {e}") from None
 
 
 def _check_hash_lengths(hash_lens: np.ndarray, prompt: np.ndarray, lines: np.ndarray, file: str,
@@ -471,15 +471,17 @@ def _read_csv_rows(data: bytes, file: str, columns: Sequence[str], optional: Seq
         df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False,
                          skip_blank_lines=False)
     except pd.errors.EmptyDataError:
-        raise TraceFormatError(f"{file}: the file is empty; expected a CSV header with columns "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               ": the file is empty; expected a CSV header with columns "
                                f"{list(columns)}") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise TraceFormatError(f"{file}: malformed CSV: {e}".strip()) from None
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}: malformed CSV: {e}".strip()) from None
     found = [str(c) for c in df.columns]
     _refuse_duplicate_columns(data, file, len(found))
     missing = [c for c in columns if c not in found]
     if missing:
-        raise TraceFormatError(f"{file}: line 1 (header): missing column(s) {missing}; expected "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": line 1 (header): missing column(s) {missing}; expected "
                                f"{list(columns)}, found {found}")
     lines = np.arange(len(df), dtype=np.int64) + 2
     cols = {c: df[c].to_numpy(dtype=object) for c in (*columns, *(o for o in optional if o in found))}
@@ -511,7 +513,8 @@ def _refuse_duplicate_columns(data: bytes, file: str, n_columns: int) -> None:
     seen: set[str] = set()
     for c in names:
         if c in seen:
-            raise TraceFormatError(f"{file}: line 1 (header): column {bounded_repr(c)} appears twice; each column "
+            raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                                   f": line 1 (header): column {bounded_repr(c)} appears twice; each column "
                                    "must be named once (which one holds the data?)")
         seen.add(c)
 
@@ -541,14 +544,17 @@ def _jsonl_object(line: bytes, lineno: int, file: str) -> dict:
     try:
         obj = strict_json.loads(line)
     except strict_json.DuplicateKeyError as e:
-        raise TraceFormatError(f"{file}: line {lineno}: {e}; give each key once") from None
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": line {lineno}: {e}; give each key once") from None
     except (ValueError, RecursionError) as e:
         why = "nested too deeply" if isinstance(e, RecursionError) else bounded_repr(str(e))[1:-1]
         snippet = line[:80].decode("utf-8", "replace")
-        raise TraceFormatError(f"{file}: line {lineno}: malformed JSON ({why}); the line starts "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": line {lineno}: malformed JSON ({why}); the line starts "
                                f"{bounded_repr(snippet)}; expected one JSON object per line") from None
     if type(obj) is not dict:
-        raise TraceFormatError(f"{file}: line {lineno}: expected a JSON object per line, got "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": line {lineno}: expected a JSON object per line, got "
                                f"{type(obj).__name__}: {bounded_repr(line[:80].decode('utf-8', 'replace'))}")
     return obj
 
@@ -581,7 +587,7 @@ def _append_row_values(obj: dict, appenders: Sequence[tuple[str, Callable[[Any],
         v = obj.get(key)
         if v is None and req:
             raise TraceFormatError(
-                f"{file}: line {lineno}: required key {bounded_repr(key)} is "
+                f"{bounded_repr(str(file), MAX_PATH_CHARS)}: line {lineno}: required key {bounded_repr(key)} is "
                 + (f"null; expected {_JSON_NUMBER_KEYS_ALLOWED}" if key in obj else
                    f"missing; keys present: {_keys_text(obj)}"))
         app(v)
@@ -600,9 +606,11 @@ def _row_hash_ids(obj: dict, key: str, required: bool, file: str, lineno: int) -
     if h is None:
         if required:
             if key in obj:
-                raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is null; "
+                raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                                       f": line {lineno}: required key {bounded_repr(key)} is null; "
                                        "expected a JSON list of integer hash ids (one per prompt block)")
-            raise TraceFormatError(f"{file}: line {lineno}: required key {bounded_repr(key)} is missing;"
+            raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                                   f": line {lineno}: required key {bounded_repr(key)} is missing;"
                                    f" keys present: {_keys_text(obj)}")
         h = []
     if type(h) is not list:
@@ -664,7 +672,8 @@ def _datetime_seconds(raw: np.ndarray, lines: np.ndarray, file: str, field: str,
         # utc=True honours offsets (also mixed ones); naive timestamps are taken as UTC
         ts = pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
     except (ValueError, TypeError) as e:
-        raise TraceFormatError(f"{file}: column {bounded_repr(column)} ({field}): timestamps cannot be parsed "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": column {bounded_repr(column)} ({field}): timestamps cannot be parsed "
                                f"together ({e}); use one ISO 8601 form throughout") from None
     bad = ts.isna().to_numpy()
     if bad.any():
@@ -848,7 +857,8 @@ def _generic_format(path: str | os.PathLike, fmt: str | None) -> str:
     if fmt is None:
         fmt = _format_of(path)
         if fmt is None:
-            raise TraceFormatError(f"{path}: cannot tell the format from the file name; expected a "
+            raise TraceFormatError(f"{bounded_repr(str(path), MAX_PATH_CHARS)}"
+                                   ": cannot tell the format from the file name; expected a "
                                    "suffix .csv or .jsonl (optionally .gz), or pass fmt='csv'/'jsonl'")
     if fmt not in ("csv", "jsonl"):
         raise ConfigError(f"fmt={bounded_repr(fmt)} is not allowed: expected 'csv', 'jsonl' or None")
@@ -1190,7 +1200,8 @@ def _slo_column(vals: Sequence[Any], file: str, column: str) -> tuple[np.ndarray
         key = "default" if v is None or v == "" else str(v)
         codes[i] = names.setdefault(key, len(names))
     if len(names) > np.iinfo(np.int16).max:
-        raise TraceFormatError(f"{file}: column {bounded_repr(column)} has {len(names)} "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": column {bounded_repr(column)} has {len(names)} "
                                "distinct SLO classes; at most 32767 are allowed")
     return codes, tuple(names) or ("default",)
 
@@ -1255,7 +1266,8 @@ def _sniff(data: bytes, file: str, fmt: str | None) -> str:
         found = [c.strip().strip('"') for c in header.split(",")]
         if set(AZURE_COLUMNS) <= set(found):
             return "azure"
-        raise TraceFormatError(f"{file}: CSV header {bounded_repr(found, 300)} is not the Azure trace format (needs "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                               f": CSV header {bounded_repr(found, 300)} is not the Azure trace format (needs "
                                f"columns {list(AZURE_COLUMNS)}); {hint}")
     if fmt == "jsonl":
         for lineno, line in enumerate(data.split(b"\n"), 1):
@@ -1263,10 +1275,12 @@ def _sniff(data: bytes, file: str, fmt: str | None) -> str:
                 obj = _jsonl_object(line, lineno, file)
                 if set(MOONCAKE_KEYS) <= set(obj):
                     return "mooncake"
-                raise TraceFormatError(f"{file}: line {lineno}: JSON keys {_keys_text(obj)} are not the "
+                raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                                       f": line {lineno}: JSON keys {_keys_text(obj)} are not the "
                                        f"Mooncake format (needs {list(MOONCAKE_KEYS)}); {hint}")
-        raise TraceFormatError(f"{file}: the file holds no JSON lines")
-    raise TraceFormatError(f"{file}: unknown trace format; expected .csv (Azure) or .jsonl "
+        raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}: the file holds no JSON lines")
+    raise TraceFormatError(f"{bounded_repr(str(file), MAX_PATH_CHARS)}"
+                           ": unknown trace format; expected .csv (Azure) or .jsonl "
                            f"(Mooncake), optionally .gz; otherwise {hint}")
 
 
@@ -1296,7 +1310,8 @@ def load_trace(name_or_path: str | os.PathLike, name: str | None = None) -> Work
         with importlib.resources.as_file(bundled_trace_path(key)) as p:
             w = entry.loader(p, name=name or key)
         if w.source_sha256 != BUNDLED_SHA256[key]:
-            raise TraceFormatError(f"{p}: bundled trace {bounded_repr(key)} has sha256 {w.source_sha256}, "
+            raise TraceFormatError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}"
+                                   f": bundled trace {bounded_repr(key)} has sha256 {w.source_sha256}, "
                                    f"expected {BUNDLED_SHA256[key]}; the package data is damaged")
         return w
     p = Path(key)

@@ -38,6 +38,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 from kvsched import atomic_files
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, bounded_repr
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "engine_args"
 
@@ -48,7 +49,7 @@ def download_wheel(package: str, version: str, dest: Path) -> Path:
                     "-d", str(dest), f"{package}=={version}"], check=True)
     wheels = sorted(dest.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
     if not wheels:
-        raise SystemExit(f"no wheel of {package}=={version} in {dest}")
+        raise SystemExit(f"no wheel of {package}=={version} in {bounded_repr(str(dest), MAX_PATH_CHARS)}")
     return wheels[0]
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvsched.envs.sim.cluster import Cluster
-from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.instance import Instance, InstanceOptions
 from kvsched.envs.sim.observer import PreemptionEvent
 from kvsched.envs.sim.request import Request, RequestState
@@ -239,7 +239,7 @@ class KvschedSide:
         st = RequestState(r, self.case.block_size, self.inst.recorder.length_class(req.prompt_tokens))
         self.states[req.rid] = st
         if not self.inst.add_request(st, now):
-            raise ConfigError(f"parity case {self.case.name!r}: request {req.rid} rejected by kvsched "
+            raise ConfigError(f"parity case {bounded_repr(self.case.name)}: request {req.rid} rejected by kvsched "
                               f"({st.reject_reason}); fix the case")
 
     @property

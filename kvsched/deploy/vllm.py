@@ -123,9 +123,9 @@ class KvschedPolicyScheduler(Scheduler):
         cfg = plugin_config(self.vllm_config)
         if cfg["policy"] != self.policy_name:
             raise ConfigError(f"additional_config.{CONFIG_KEY}.policy={bounded_repr(cfg['policy'])} is not allowed "
-                              f"for {type(self).__name__}: expected {self.policy_name!r}")
+                              f"for {type(self).__name__}: expected {bounded_repr(self.policy_name)}")
         if self.scheduler_config.policy != "fcfs":
-            raise ConfigError(f"scheduling-policy={self.scheduler_config.policy!r} is not allowed with "
+            raise ConfigError(f"scheduling-policy={bounded_repr(self.scheduler_config.policy)} is not allowed with "
                               f"{type(self).__name__}: expected 'fcfs' (the plugin orders the queue itself)")
         spec = instance_spec_from_dict(dict(cfg["spec"]), source=f"additional_config.{CONFIG_KEY}.spec")
         self.kvsched_policy = make_policy(self.policy_name, dict(cfg["policy_params"]))

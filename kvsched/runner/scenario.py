@@ -358,22 +358,27 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"scenario file {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": not UTF-8 text ({e.reason} at byte {e.start})") from None
     data = load_yaml(text, f"scenario file {p}")
     if data is not None and not isinstance(data, dict):  # `[]` or `false` is not an empty file
-        raise ConfigError(f"scenario file {p}: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": top level must be a mapping, got {type(data).__name__}")
     if not data:  # almost surely the wrong file: do not run every default in its name
         what = "the file is empty" if data is None else "an empty mapping"
-        raise ConfigError(f"scenario file {p}: {what}; give at least its workload (`trace:` a bundled "
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": {what}; give at least its workload (`trace:` a bundled "
                           "trace name or a file, or `synthetic:`); every other key has a default")
     allowed = {f.name for f in fields(Scenario)} - {"source"}
     unknown = set(data) - allowed
     if unknown:
-        raise ConfigError(f"scenario file {p}: unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          f": unknown keys {sorted(unknown, key=str)}; allowed: {sorted(allowed)}")
     if "synthetic" in data and "trace" not in data:
         data["trace"] = None
     scenario = Scenario(**data, source=str(p))  # the other fields' errors first
     if "trace" not in data and "synthetic" not in data:  # never the bundled default in its place
-        raise ConfigError(f"scenario file {p}: no workload; add `trace:` (a bundled trace name or a file) or "
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)}"
+                          ": no workload; add `trace:` (a bundled trace name or a file) or "
                           "`synthetic:` (SyntheticConfig fields)")
     return scenario
