@@ -56,6 +56,20 @@ def build_workload(rows, seg_tokens: int = 32) -> Workload:
     return Workload.from_requests(reqs)
 
 
+def growing_sessions(seed: int, n: int = 40, seg_tokens: int = 32) -> Workload:
+    """Conversations (groups 1-5) whose turns extend their history by 2-11 segments, arriving in
+    a burst (exponential gaps of 0.15 s): prefix reuse under KV pressure."""
+    rng = np.random.default_rng(seed)
+    rows, hist = [], {}
+    t = 0.0
+    for _ in range(n):
+        s = int(rng.integers(1, 6))
+        hist[s] = hist.get(s, 0) + int(rng.integers(2, 12)) * seg_tokens
+        t += float(rng.exponential(0.15))
+        rows.append((t, hist[s] + 16, int(rng.integers(4, 60)), s))
+    return build_workload(rows, seg_tokens=seg_tokens)
+
+
 def short_only(rate=4.0, dur=120.0, seed=1) -> Workload:
     """Synthetic short chat: prompts of ~400 tokens, outputs of ~100."""
     from kvsched.envs.workload.synthetic import SyntheticConfig, generate

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
-from simkit import assert_identical, build_workload, make_spec, run
+from simkit import assert_identical, build_workload, growing_sessions, make_spec, run
 
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.instance import InstanceOptions
@@ -123,18 +122,6 @@ POLICIES = hst.builds(
 )
 
 
-def _sessions(seed: int, n: int = 40):
-    """Conversations whose turns extend their history, arriving in a burst (prefix reuse under
-    KV pressure)."""
-    rng = np.random.default_rng(seed)
-    rows, hist = [], {}
-    t = 0.0
-    for _ in range(n):
-        s = int(rng.integers(1, 6))
-        hist[s] = hist.get(s, 0) + int(rng.integers(2, 12)) * SEG
-        t += float(rng.exponential(0.15))
-        rows.append((t, hist[s] + 16, int(rng.integers(4, 60)), s))
-    return build_workload(rows, seg_tokens=SEG)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -144,7 +131,7 @@ def test_blocks_are_conserved_in_every_tier_with_prefixes_and_swapped_blocks_mix
     are the store's, the swapped ones are the requests' (check_invariants); and the run ends."""
     spec = make_spec(hbm_kv_blocks=260, max_num_batched_tokens=512, dram_kv_bytes=120 * 16 * 131072,
                      nvme_kv_bytes=300 * 16 * 131072, preemption_mode=mode, prefix_offload=po)
-    r = run(_sessions(seed), spec, check=True)
+    r = run(growing_sessions(seed), spec, check=True)
     assert len(r.records) == 40
 
 
@@ -157,7 +144,7 @@ def test_blocks_are_conserved_in_every_tier_with_prefixes_and_swapped_blocks_mix
 def test_fast_forward_equals_stepping_with_tiers_caching(po):
     spec = make_spec(hbm_kv_blocks=260, max_num_batched_tokens=512, dram_kv_bytes=60 * 16 * 131072,
                      nvme_kv_bytes=200 * 16 * 131072, prefix_offload=po)
-    w = _sessions(7, n=60)
+    w = growing_sessions(7, n=60)
     assert_identical(run(w, spec, fast_forward=True), run(w, spec, fast_forward=False))
 
 

@@ -5,11 +5,10 @@ are told apart from shared templates, bad decisions are refused."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
-from simkit import assert_identical, build_workload, make_spec, run
+from simkit import assert_identical, build_workload, growing_sessions, make_spec, run
 
 from kvsched.envs.sim.cluster import Cluster, DecisionWatch
 from kvsched.envs.sim.errors import ConfigError
@@ -23,17 +22,6 @@ SEG = 32
 BLOCK_BYTES = 16 * 131072  # one 16-token block of Llama-3.1-8B
 
 
-def _sessions(seed: int, n: int = 40):
-    """Conversations whose turns extend their history, in a burst (prefix reuse under KV pressure)."""
-    rng = np.random.default_rng(seed)
-    rows, hist = [], {}
-    t = 0.0
-    for _ in range(n):
-        s = int(rng.integers(1, 6))
-        hist[s] = hist.get(s, 0) + int(rng.integers(2, 12)) * SEG
-        t += float(rng.exponential(0.15))
-        rows.append((t, hist[s] + 16, int(rng.integers(4, 60)), s))
-    return build_workload(rows, seg_tokens=SEG)
 
 
 def _spec(po=PrefixOffloadSpec(), dram_blocks=120, nvme_blocks=300, hbm=260):
@@ -59,7 +47,7 @@ def _play(workload, spec, decide, check=True):
                                 PrefixOffloadSpec(write_policy="write_back", eviction="clairvoyant")],
                          ids=["lru", "two-tiers-lfu", "back-clairvoyant"])
 def test_default_decisions_everywhere_are_the_plain_run(po):
-    w = _sessions(3, n=50)
+    w = growing_sessions(3, n=50)
     spec = _spec(po)
     plain = run(w, spec)
     watched, points = _play(w, spec, lambda p: RetentionDecision())
@@ -145,13 +133,13 @@ def test_blocks_are_conserved_under_any_retention_decisions(seed, choices, two_t
             RetentionDecision("keep", 1e4), None, RetentionDecision("keep", 2.0)]
     po = PrefixOffloadSpec(tiers=("dram", "nvme") if two_tiers else ("dram",), write_policy=write)
     i = iter(range(10**6))
-    r, points = _play(_sessions(seed), _spec(po, dram_blocks=90, nvme_blocks=150),
+    r, points = _play(growing_sessions(seed), _spec(po, dram_blocks=90, nvme_blocks=150),
                       lambda p: menu[choices[next(i) % len(choices)]])
     assert len(r.records) == 40 and len(points) == 40
 
 
 def test_fast_forward_equals_stepping_under_retention_decisions():
-    w = _sessions(11, n=60)
+    w = growing_sessions(11, n=60)
     menu = [RetentionDecision("keep", 3.0), RetentionDecision("drop"), RetentionDecision()]
 
     def go(ff):
@@ -198,7 +186,7 @@ def test_a_bad_retention_decision_is_refused_naming_the_field(kw, match):
 
 def test_retain_without_a_pending_residency_point_is_an_error():
     c = Cluster([_spec()], lambda: make_policy("fcfs"))
-    c.start(_sessions(1, n=5), DecisionWatch(residency=True))
+    c.start(growing_sessions(1, n=5), DecisionWatch(residency=True))
     with pytest.raises(RuntimeError, match="no residency decision point"):
         c.retain(RetentionDecision())
     p = c.run_until_decision()
