@@ -169,6 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         stderr_console().print(f"[bold red]error:[/] {escape(shown)}: {escape(_os_reason(e))}{tail}",
                                highlight=False)
         return 2
+    except RecursionError:
+        # an input nested thousands of levels deep that no loader's own limit caught (e.g. an --out
+        # of ~1,500 folders: Path.mkdir recurses once per missing folder)
+        stderr_console().print("[bold red]error:[/] an input is nested too deeply to handle (a path or a value "
+                               f"with more than ~{sys.getrecursionlimit()} levels); give a shallower one",
+                               highlight=False)
+        return 2
 
 
 #: ``errno`` values of a write the system refused for lack of room or a read-only or failing

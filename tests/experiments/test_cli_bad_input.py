@@ -95,3 +95,13 @@ def test_a_block_size_that_does_not_divide_the_hash_block_names_the_users_key(tm
     line = _one_error_line(capsys)
     assert "block_size_tokens=7 is not allowed" in line and "divisor of 512" in line and "e.g. 16, 32, 64" in line
     assert "hash_block_tokens=" not in line  # not the key the trace set
+
+
+def test_an_out_nested_thousands_of_folders_deep_is_a_clean_error(tmp_path, capsys):
+    """Path.mkdir recurses once per missing folder: ~1,600 levels was a RecursionError traceback."""
+    from kvsched.experiments.cli import main
+
+    deep = tmp_path.joinpath(*(["d"] * 1600))
+    rc = main(["simulate", "--max-requests", "5", "--out", str(deep), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nested too deeply" in err and "Traceback" not in err
