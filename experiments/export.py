@@ -122,7 +122,8 @@ def check_with_vllm(text: str) -> Any:
     as ``vllm serve`` does (every key must be a flag of this vLLM, every value of its type and
     among its choices), ``EngineArgs.from_cli_args`` builds the engine arguments, and vLLM's
     pydantic ``SchedulerConfig`` and ``CacheConfig`` are built from them (ranges, e.g. a
-    negative budget or a utilisation above 1). Needs the ``vllm`` extra; imports vLLM (seconds).
+    negative budget or a utilisation above 1). Needs the ``vllm`` extra; imports vLLM (seconds),
+    its warnings quieted first (:func:`kvsched.deploy.quiet_vllm_logging`).
 
     Returns:
         vLLM's ``EngineArgs``.
@@ -134,6 +135,9 @@ def check_with_vllm(text: str) -> Any:
     import io
     import tempfile
 
+    from kvsched.deploy import quiet_vllm_logging
+
+    quiet_vllm_logging()
     import vllm
     from vllm.config import CacheConfig, SchedulerConfig
     from vllm.engine.arg_utils import EngineArgs

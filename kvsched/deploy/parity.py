@@ -392,16 +392,19 @@ def vllm_configs(case: ParityCase, model_dir: str | None = None):
     cc = CacheConfig(block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
     cc.num_gpu_blocks = case.kv_blocks + 1
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
-    spec = FullAttentionSpec(block_size=case.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    cfg = TINY_LLAMA_CONFIG
+    spec = FullAttentionSpec(block_size=case.block_size, num_kv_heads=cfg["num_key_value_heads"],
+                             head_size=cfg["hidden_size"] // cfg["num_attention_heads"], dtype=torch.float32)
     kvc = KVCacheConfig(num_blocks=case.kv_blocks + 1, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["layers.0.self_attn"], spec)])
     return vc, kvc
 
 
-#: the tiny Llama of the harness and the end-to-end test: 2 layers, hidden size 64, 4 heads (2 KV
-#: heads), vocabulary 1024 (random weights are written only by the end-to-end test)
+#: the tiny Llama of the harness and the end-to-end test: 2 layers, hidden size 128, 4 heads of 32
+#: (2 KV heads; vLLM's CPU attention takes head sizes 32, 64, 80, ... only), vocabulary 1024
+#: (random weights are written only by the end-to-end test, tests/deploy/test_vllm_e2e.py)
 TINY_LLAMA_CONFIG: Mapping[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024,
     "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
     "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,

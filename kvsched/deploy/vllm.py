@@ -186,11 +186,18 @@ class LARSScheduler(KvschedPolicyScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._shares: dict[str, int] = {}
+        #: admission sequence number of every running request (kvsched's running list order)
+        self._admitted: dict[str, int] = {}
+        self._admissions = 0
 
     def schedule(self, *args: Any, **kwargs: Any):
-        decodes = [r for r in self.running if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_tokens - 1]
+        # the running requests in admission order, as kvsched keeps its running list: the
+        # policy's table breaks exact ties (equal slack and arrival) by row, as kvsched's does
+        seq = self._admitted
+        running = sorted(self.running, key=lambda r: seq.get(r.request_id, self._admissions))
+        decodes = [r for r in running if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_tokens - 1]
         ids = {id(r) for r in decodes}
-        partial = [r for r in self.running if id(r) not in ids]
+        partial = [r for r in running if id(r) not in ids]
         waiting = list(self.waiting)
         cands = partial + waiting
         flags = np.zeros(len(cands), dtype=bool)
@@ -203,7 +210,21 @@ class LARSScheduler(KvschedPolicyScheduler):
         self.waiting.clear()
         for r in sorted(waiting, key=lambda r: rank[id(r)]):
             self.waiting.append(r)
-        return super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)
+        self._note_admissions()
+        return out
+
+    def _note_admissions(self) -> None:
+        """Number the requests this step admitted (vLLM appends them to ``running`` in admission
+        order) and forget those that left (finished or preempted: a preempted request is
+        numbered anew when it is admitted again, as kvsched appends it again)."""
+        live = {r.request_id for r in self.running}
+        for k in [k for k in self._admitted if k not in live]:
+            del self._admitted[k]
+        for r in self.running:
+            if r.request_id not in self._admitted:
+                self._admitted[r.request_id] = self._admissions
+                self._admissions += 1
 
     def _plan_shares(self, decodes: list, ordered: list, running_ids: set) -> dict[str, int]:
         """Tokens each prefill candidate gets this step in LARS's one order (kvsched's stall-free
