@@ -590,6 +590,10 @@ def cases() -> list[ParityCase]:
                    kv_blocks=512, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),
         ParityCase("long-alone-threshold", "long prompts", _reqs([(2000, 6)]),
                    kv_blocks=256, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),
+        # the end-to-end test's burst (tests/deploy/test_vllm_e2e.py): two long prompts ahead of four
+        # short ones, one arrival time; under LARS the long prompts tie on slack (weight-bound steps)
+        ParityCase("long-burst", "long prompts", _reqs([(512, 2), (512, 2), (24, 2), (28, 2), (32, 2), (36, 2)]),
+                   kv_blocks=200, budget=128, max_num_seqs=8, max_model_len=2048),
         # ---- priority scheduling
         ParityCase("priority-order", "priority",
                    _reqs([(200, 6, 0, 3), (200, 6, 0, 1), (200, 6, 0, 2), (200, 6, 0, 0)]),

@@ -25,7 +25,10 @@ prefix caching, KV allocation, recompute preemption -- stays vLLM's):
   running list in that order (decodes first) and the waiting queue in slack order, and caps each
   chunk vLLM computes at its planned share (hooked at ``_reserve_prefill_lookahead``, which vLLM
   calls for every request's chunk; a share of 0 skips a running partial prefill, so a waiting
-  request that outranks it gets the budget first).
+  request that outranks it gets the budget first). The policy sees the running requests in
+  admission order, as kvsched keeps its running list, so exact ties (equal slack and arrival,
+  e.g. two prompts of a burst whose remaining prefills the cost model prices alike) fall as in
+  kvsched.
 
 Limits (differences from kvsched's ``lars``; ``tests/deploy/test_vllm_plugins.py`` measures them):
 

@@ -19,7 +19,9 @@ engine (and restores afterwards):
   ``max_num_seqs``, block size, chunked prefill, prefix caching, ``scheduler_cls``,
   ``additional_config``) is the file's;
 - vLLM's CPU worker replaces ``torch.set_num_threads``, lowers torch's threads to 1 and seeds
-  the global random generators: all restored when the module's runs end.
+  the global random generators, its engine core caches vLLM's environment variables, and the
+  in-process engine sets up a one-rank torch.distributed group: all restored or torn down
+  when the module's runs end.
 
 Needs the ``vllm`` extra; skipped cleanly without it. Three engine runs, ~20-40 s on 2 cores.
 """
@@ -203,8 +205,10 @@ def runs(tmp_path_factory) -> dict[str, EngineRun]:
         random.setstate(rng[0])
         np.random.set_state(rng[1])
         torch.set_rng_state(rng[2])
+        from vllm import envs
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+        envs.disable_envs_cache()  # an engine core caches vLLM's environment variables
         cleanup_dist_env_and_memory()
     return out
 
