@@ -23,7 +23,8 @@ engine (and restores afterwards):
   in-process engine sets up a one-rank torch.distributed group: all restored or torn down
   when the module's runs end.
 
-Needs the ``vllm`` extra; skipped cleanly without it. Three engine runs, ~20-40 s on 2 cores.
+Needs the ``vllm`` extra; skipped cleanly without it. Three engine runs: ~25 s on 2 idle cores,
+vLLM's import included, 40-50 s on a busy machine (figures: docs/vllm-plugin.md, End to end on CPU).
 """
 
 from __future__ import annotations
