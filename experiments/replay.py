@@ -150,7 +150,8 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
                            else int(DEFAULT_CPU_OFFLOAD_GIB_PER_RANK * GiB // spec.kv_bytes_per_block_per_gpu))
         spec = spec.with_overrides(dram_kv_bytes=per_rank_blocks * spec.kv_bytes_per_block,
                                    prefix_offload=PrefixOffloadSpec(tiers=("dram",), write_policy="write_through",
-                                                                    offload_prompt_only=True, load_policy="always"))
+                                                                    offload_prompt_only=True, load_policy="always",
+                                                                    fence_pending_writes=True))
     return spec
 
 
