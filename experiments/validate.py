@@ -67,7 +67,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         groundtruth: ground-truth directory (for the workers).
         stage_cap_s: cut every stage to this many seconds (None: full runs; tests use a cap).
     """
-    from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
+    from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError
 
     from .replay import instance_spec_for
 
@@ -84,8 +84,23 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         ok.append(e)
     skipped = tuple(skipped_l)
     train_set = set(train)
-    with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth) as obj:
-        results = obj.results(cost)
+    try:
+        with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth) as obj:
+            results = obj.results(cost)
+    except (RuntimeError, KvschedError):
+        # one run failed in a worker (e.g. requests a configuration cannot serve): replay them one
+        # by one here, skip the failing ones with their error, keep the others
+        from .replay import replay
+
+        kept, results = [], []
+        for e in ok:
+            try:
+                results.append(replay(e, cost, stage_cap_s=stage_cap_s))
+            except (RuntimeError, KvschedError) as err:
+                skipped_l.append((e.exp_id, f"replay failed: {bounded_repr(str(err), 300)}"))
+                continue
+            kept.append(e)
+        ok, skipped = kept, tuple(skipped_l)
     recs = []
     for e, r in zip(ok, results):
         for s in e.stages:

@@ -26,6 +26,7 @@ NO_FAMILY = "92-qwen2-5-7b-instruct-tp1-chat-1-1"
 BAD_UTIL = "93-qwen2-5-7b-instruct-tp1-codegen-bad"
 TRAIN = "20990101-000000-llama-2-7b-tp1-codegen"
 BROKEN = "20990101-000001-llama-2-7b-tp1-general"
+TOO_LONG = "20990101-000002-llama-2-7b-tp1-roleplay"  # prompts beyond Llama-2's 4,096-token context
 
 
 def _measured(scale: float) -> dict[str, float]:
@@ -47,7 +48,7 @@ def gt(tmp_path_factory) -> Path:
     (root / "sim_to_real").mkdir()
     (root / "README.md").write_text("synthetic ground truth for tests\n")
     stages = [{"rate": 2.0, "duration": 6}]
-    for folder in (TRAIN, BROKEN):
+    for folder in (TRAIN, BROKEN, TOO_LONG):
         d = root / "training_default_args" / folder
         (d / "results").mkdir(parents=True)
         (d / "exp-config.yaml").write_text("model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\n"
@@ -63,6 +64,9 @@ def gt(tmp_path_factory) -> Path:
                           "prompt_len": {"mean": 1.0, "min": 1.0, "max": 1.0, "p10": 1.0, "p90": 1.0}}}))
     (root / "training_default_args" / TRAIN / "profile.yaml").write_text(json.dumps(
         {"data": {"shared_prefix": SP, "type": "shared_prefix"}, "load": {"stages": stages, "type": "constant"}}))
+    (root / "training_default_args" / TOO_LONG / "profile.yaml").write_text(json.dumps(
+        {"data": {"shared_prefix": {**SP, "question_len": 5000}, "type": "shared_prefix"},
+         "load": {"stages": stages, "type": "constant"}}))
     # BROKEN has no profile.yaml
     blis = [{"id": "70", "tp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "total_kv_blocks": 5000,
              "cpu_kv_blocks": 0, "model": "Qwen/Qwen2.5-7B-Instruct",
@@ -116,6 +120,8 @@ def test_the_served_system_of_an_unseen_run_follows_its_gpu_utilisation_and_offl
 
 
 def test_validate_replays_unseen_runs_lists_skips_and_says_which_gpu_uses_default_costs(gt, exps):
+    """A run that fails in its replay (its prompts exceed the model's context) is skipped with its
+    error; the others are scored."""
     from kvsched.envs.sim.calibration import default_cost_params
     from kvsched.experiments.validate import cost_notes, score
 
@@ -123,7 +129,8 @@ def test_validate_replays_unseen_runs_lists_skips_and_says_which_gpu_uses_defaul
                    stage_cap_s=4.0)
     replayed = set(report.rows["exp_id"])
     assert {NEW, KNOWN, TRAIN} <= replayed
-    assert {s[0] for s in report.skipped} == {NO_FAMILY, BAD_UTIL, BROKEN}
+    assert {s[0] for s in report.skipped} == {NO_FAMILY, BAD_UTIL, BROKEN, TOO_LONG}
+    assert "replay failed" in dict(report.skipped)[TOO_LONG]
     assert set(report.rows.loc[report.rows["exp_id"] == NEW, "metric"]) == set(METRICS)
     notes = cost_notes(list(exps.values()))
     assert any("A100-80GB" in n and "literature defaults" in n for n in notes)
