@@ -23,8 +23,8 @@ and a request whose prefix is found in CPU beyond its HBM hit always loads it (t
 ``get_num_new_matched_tokens`` reports every CPU hit, ``load_policy="always"``) and waits for the
 load before its prefill, instead of recomputing; and a step whose allocations reuse HBM blocks
 whose store has not landed waits for it (``fence_pending_writes``: the connector's
-``jobs_to_flush``, waited for by the worker before the forward pass). **Data parallelism** (``dp`` > 1): ``dp`` copies of
-the instance behind vLLM's DP load balancer, which sends each request to the engine with the
+``jobs_to_flush``, waited for by the worker before the forward pass). **Data parallelism** (``dp`` > 1):
+``dp`` copies of the instance behind vLLM's DP load balancer, which sends each request to the engine with the
 fewest waiting + running requests (``vllm/v1/engine/core_client.py``, kvsched's ``least-loaded``
 router with the KV term off). **GPU**: :data:`GPU_OF_HARDWARE`; ``cost`` applies to runs on
 ``cost_gpu`` (the calibrated GPU), runs on other GPUs use that GPU's default cost parameters

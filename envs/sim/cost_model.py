@@ -319,7 +319,8 @@ class CostModel:
 
         Returns:
             dict with ``compute_s`` (FLOPs/(F·MFU)), ``memory_s`` (Bytes/(B·mbu)), ``comm_s``,
-            ``overhead_s``, ``host_s`` (the per-sequence and per-token host terms), ``step_s`` (seconds), ``flops`` and ``hbm_bytes`` per GPU, ``bound``
+            ``overhead_s``, ``host_s`` (the per-sequence and per-token host terms), ``step_s``
+            (seconds), ``flops`` and ``hbm_bytes`` per GPU, ``bound``
             ("compute" if compute_s >= memory_s else "memory"; "idle" when n_tokens == 0) and
             ``idle_hbm_bytes`` = step_s·B − hbm_bytes: HBM bandwidth the step leaves unused, which a
             prefetch could fill (REFERENCE §9.1). Scalars for scalar input, arrays otherwise.
