@@ -571,7 +571,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     sub = csv[csv["folder"] == folder]
     first = sub.iloc[0].to_dict()
     model_id = str(first["model"])
-    hardware = str(first.get("hardware") or "H100")
+    hardware = str(_column(first, "hardware") or "H100")
     family = str(first["workload"])
     rows, notes_l = csv_for(folder, family)
     notes = list(notes_l)
