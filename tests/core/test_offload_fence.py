@@ -45,3 +45,18 @@ def test_stores_that_land_before_their_blocks_are_reused_cost_nothing():
 def test_the_fence_is_only_for_write_through():
     with pytest.raises(ConfigError, match="fence_pending_writes"):
         PrefixOffloadSpec(("dram",), write_policy="write_back", fence_pending_writes=True)
+
+
+def test_fast_forward_equals_stepping_with_the_fence_and_host_overheads():
+    """The decode stretches time steps with the per-sequence and per-token host terms as single
+    steps do, and never evict behind a pending write."""
+    from simkit import assert_identical, growing_sessions, make_spec, run
+
+    from kvsched.envs.sim.specs import CostParams
+
+    spec = make_spec(hbm_kv_blocks=260, max_num_batched_tokens=512, dram_kv_bytes=60 * 16 * 131072,
+                     pcie=LinkSpec("pcie-slow", 1e9, 10e-6),
+                     prefix_offload=PrefixOffloadSpec(fence_pending_writes=True),
+                     cost=CostParams(seq_overhead_s=17e-6, step_token_overhead_s=0.3e-6))
+    w = growing_sessions(7, n=60)
+    assert_identical(run(w, spec, fast_forward=True), run(w, spec, fast_forward=False))
