@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 import kvsched
-from kvsched.envs.sim.calibration import (DEFAULT_FIT_PARAMS, CalibrationFile, FitParam, FitResult,
+from kvsched.envs.sim.calibration import (DEFAULT_FIT_BASE, DEFAULT_FIT_PARAMS, CalibrationFile, FitParam, FitResult,
                                           fit_cost_params)
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.specs import CostParams
@@ -150,7 +150,8 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         exps: all experiments (only those named in ``train`` are used).
         train: experiment ids to fit on.
         gpu: the GPU preset being calibrated; every training run must be on it.
-        base: starting / fixed CostParams (default: the literature defaults of CostParams).
+        base: starting / fixed CostParams (default: :data:`DEFAULT_FIT_BASE`, the literature
+            defaults with the ring's latency in its per-step term).
         params: fields to fit.
         stage_cap_s: stage length cap of the replays in the fit.
         max_nfev: scipy's evaluation cap (see :func:`fit_cost_params`).
@@ -183,7 +184,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         raise ConfigError(f"calibrate: experiment(s) {other} did not run on {gpu}")
     if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
-    base = base or CostParams()
+    base = base or DEFAULT_FIT_BASE
     t0 = time.perf_counter()
     with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth) as obj:
         def fn(cost: CostParams) -> np.ndarray:
@@ -238,9 +239,12 @@ def add_arguments(p) -> None:
                                             "envs/sim/calibration/<GPU>.json)")
 
 
-FIT_START = {"allreduce_bw_efficiency": 0.5, "first_chunk_delay_tokens": 1.0}
+FIT_START = {"allreduce_bw_efficiency": 0.5, "first_chunk_delay_tokens": 1.0, "allreduce_hop_latency_s": 2.5e-6,
+             "seq_overhead_s": 5e-6}
 """Starting values of the coarse fit where the literature default sits on a bound (1.0 and 0.0):
-the middle of the link-efficiency range, and the one token gap the runs' TTFT suggests."""
+the middle of the link-efficiency range, the one token gap the runs' TTFT suggests, a ring step
+of 2.5 µs (a TP4 all-reduce of ~15 µs, NCCL's small-message order on NVLink) and 5 µs of host
+time per sequence."""
 
 COARSE_CAP_S, COARSE_NFEV = 30.0, 8
 FINE_CAP_S, FINE_NFEV = 60.0, 2
@@ -272,7 +276,7 @@ def cmd_calibrate(a, console) -> int:
                       highlight=False)
 
     console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}", highlight=False)
-    cal, fit = calibrate(exps, train, a.gpu, CostParams(), DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
+    cal, fit = calibrate(exps, train, a.gpu, DEFAULT_FIT_BASE, DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
                          a.jobs, gt, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
     n_eval = fit.n_evaluations
     if a.fine_nfev > 0:

@@ -176,6 +176,15 @@ class Experiment:
         stages: measured stages.
         notes: what was inferred or deduplicated while reading.
         skip_reason: why the run cannot be replayed (None when it can).
+        gpu_memory_utilization: vLLM ``--gpu-memory-utilization`` (csv ``gpu_mem_util``; vLLM's
+            default 0.9 when not logged). It sets the KV capacity when ``total_kv_blocks`` is not
+            logged (:meth:`~kvsched.envs.sim.instance_spec.InstanceSpec.num_hbm_blocks`).
+        dp: vLLM data-parallel replicas (csv ``dp``; 1 when not logged), each with ``tp`` GPUs.
+        precision: weight precision as logged (csv ``precision``: FP16, BF16, FP8).
+        workload_source: where the workload spec comes from: ``"run"`` (the run's own
+            ``profile.yaml`` or blis experiments entry), ``"blis:<id>"`` (another blis entry of the
+            same model and family) or ``"family:<run folder>"`` (the training_default_args
+            ``profile.yaml`` of the same family, the groundtruth README's recipe; rates may differ).
     """
 
     exp_id: str
@@ -194,6 +203,10 @@ class Experiment:
     stages: tuple[StageMeasurement, ...]
     notes: tuple[str, ...] = ()
     skip_reason: str | None = None
+    gpu_memory_utilization: float = 0.9
+    dp: int = 1
+    precision: str = "BF16"
+    workload_source: str = "run"
 
     @property
     def family(self) -> str:
@@ -279,20 +292,141 @@ def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
     return out
 
 
+FAMILIES = ("general", "codegen", "roleplay", "reasoning")
+"""The inference-perf workload families of the ground truth (csv ``workload`` column)."""
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default ``--gpu-memory-utilization`` (``vllm/config/cache.py``), used when a run does not
+log it (the csv's ``gpu_mem_util`` is empty for every published run)."""
+
+DEFAULT_CPU_OFFLOAD_GIB_PER_RANK = 8.0
+"""CPU KV space per TP rank (GiB) assumed for a CPU-offload run whose ``cpu_kv_blocks`` is not
+logged: every ``cpu_kv_blocks`` of ``blis/trained_physics_iter29_experiments.json`` is 8 GiB of
+the run's per-rank blocks (Llama-2-7B 1,023 x 8 MiB, Llama-3.1-70B TP4 6,553 x 1.25 MiB,
+Mistral-Nemo TP1 3,276 x 2.5 MiB) [inferred]."""
+
+_PLACEHOLDER_WORKLOAD = SharedPrefixConfig(num_groups=1, users_per_group=1, system_prompt_len=1, question_len=1,
+                                           output_len=2, stages=(LoadStage(1.0, 1.0),))
+"""Workload of an :class:`Experiment` that could not be read (it carries a skip reason and is
+never replayed)."""
+
+
+def _is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def _column(row: Mapping[str, Any], name: str) -> Any:
+    """The csv row's ``name`` value, None when the column is absent or the cell empty."""
+    v = row.get(name)
+    return None if _is_missing(v) else v
+
+
+def _csv_flag(row: Mapping[str, Any], name: str) -> bool:
+    """A boolean csv cell (True/False, 1/0, yes/no, on/off); empty = False.
+
+    Raises:
+        ConfigError: another value (one line naming the column and the value).
+    """
+    v = _column(row, name)
+    if v is None:
+        return False
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, float, np.integer, np.floating)) and float(v) in (0.0, 1.0):
+        return bool(v)
+    t = str(v).strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off", "none"):
+        return False
+    raise ConfigError(f"csv column {name}={bounded_repr(v)} is not allowed: true/false, 1/0, yes/no or on/off")
+
+
+def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allowed: str) -> float:
+    """A numeric csv cell, ``default`` when empty.
+
+    Raises:
+        ConfigError: not a number, or ``ok(value)`` is false (one line naming the column).
+    """
+    v = _column(row, name)
+    if v is None:
+        return default
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not (math.isfinite(x) and ok(x)):
+        raise ConfigError(f"csv column {name}={bounded_repr(v)} is not allowed: {allowed}")
+    return x
+
+
+def _family_of(text: str) -> str | None:
+    t = text.lower()
+    return next((f for f in FAMILIES if f in t), None)
+
+
+def _lengths(sp: Mapping[str, Any]) -> tuple[int, int, int]:
+    return int(sp["system_prompt_len"]), int(sp["question_len"]), int(sp["output_len"])
+
+
+@dataclass(frozen=True)
+class _WorkloadSpec:
+    """A candidate workload for a csv-only run: its shared-prefix lengths and load stages."""
+
+    source: str
+    model_id: str
+    family: str | None
+    shared_prefix: Mapping[str, Any]
+    stages: tuple[Mapping[str, Any], ...]
+
+
+def _skipped(exp_id: str, source: str, reason: str, model_id: str = "?", hardware: str = "?",
+             notes: tuple[str, ...] = ()) -> Experiment:
+    """An experiment that cannot be read or replayed: listed with its reason, never simulated."""
+    return Experiment(exp_id=exp_id, source=source, model_id=model_id, preset=None, hardware=hardware, tp=1,
+                      max_num_batched_tokens=1, max_num_seqs=1, max_model_len=None, total_kv_blocks=None,
+                      cpu_kv_blocks=None, cpu_offload=False, workload=_PLACEHOLDER_WORKLOAD, stages=(),
+                      notes=notes, skip_reason=reason)
+
+
+_READ_ERRORS = (KvschedError, KeyError, TypeError, ValueError, IndexError, OSError, yaml.YAMLError)
+"""Errors of one run's files that make that run unreadable (it is skipped with the message);
+a missing index file (the csv, the blis experiments file) still stops :func:`load_experiments`."""
+
+
+def _why(e: BaseException) -> str:
+    """One bounded line for a read error of one run."""
+    msg = str(e) if not isinstance(e, KeyError) else f"missing key {e}"
+    return f"unreadable: {type(e).__name__}: {bounded_repr(msg, 300)}"
+
+
 def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Experiment]:
     """Every run of the ground truth as an :class:`Experiment` (replayable or with a skip reason).
 
     Order: training_default_args runs by folder name, then csv-only runs by experiment id.
 
+    Runs never seen before are read the same way: a ``training_default_args`` folder with its own
+    files, or a csv experiment that is not in ``blis/trained_physics_iter29_experiments.json``.
+    The latter's workload is, in order of preference, the blis entry of the same model and family,
+    else the ``profile.yaml`` of a training_default_args run of the same family (same model
+    first), as the groundtruth README prescribes ("replay them with the §1 profile.yaml of the
+    same family ... Rates may differ"); the first candidate with as many load stages as the csv
+    rows is used (:attr:`Experiment.workload_source` says which). Its KV capacity is derived from
+    memory with the row's ``gpu_mem_util``; ``hardware``, ``tp``, ``dp``, ``cpu_offload``,
+    ``precision`` and ``max_num_batched_tokens`` come from the row. A run whose files or columns
+    cannot be read, or with no workload of its family, gets a skip reason; it never stops the
+    others.
+
     Raises:
         GroundTruthMissing: the directory or one of its index files is missing.
-        ConfigError: a file that does not parse.
+        ConfigError: an index file that does not parse.
     """
     gt = find_groundtruth(groundtruth)
     blis = _read_json(gt / "blis" / "trained_physics_iter29_experiments.json")["experiments"]
     csv = _csv_rows(gt)
     out: list[Experiment] = []
     seen_folders: set[str] = set()
+    family_specs: list[_WorkloadSpec] = []
 
     def blis_entry(folder: str) -> Mapping[str, Any] | None:
         for e in blis:
@@ -303,7 +437,7 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
     def csv_for(folder: str, family: str) -> tuple[pd.DataFrame, list[str]]:
         rows = csv[(csv["folder"] == folder) & (csv["stage_index"] >= 0)]
         notes = []
-        fams = sorted(rows["workload"].unique())
+        fams = sorted(rows["workload"].astype(str).unique())
         if len(fams) > 1:
             keep = rows[rows["workload"] == family]
             # the other labels repeat the same measured values: say so, keep one
@@ -314,100 +448,190 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
 
     root = gt / "training_default_args"
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")) if root.is_dir() else []:
-        cfg = yaml.safe_load((d / "exp-config.yaml").read_text(encoding="utf-8"))
-        prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
-        model_id = str(cfg["model"])
-        sp = prof["data"]["shared_prefix"]
-        stages_cfg = prof["load"]["stages"]
-        notes: list[str] = []
-        resolved_sp = None
-        rc = d / "results" / "config.yaml"
-        if rc.is_file():
-            resolved_sp = (yaml.safe_load(rc.read_text(encoding="utf-8")) or {}).get("data", {}).get("shared_prefix")
-            if resolved_sp and "enable_multi_turn_chat" not in resolved_sp and sp.get("enable_multi_turn_chat"):
-                notes.append(f"profile asks for multi-turn chat with {sp.get('num_unique_system_prompts')} x "
-                             f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
-                             f"with {resolved_sp.get('num_groups')} x "
-                             f"{resolved_sp.get('num_prompts_per_group')} prompts")
-        if prof["load"].get("type") != "constant":
-            raise ConfigError(f"{d / 'profile.yaml'}: load.type={bounded_repr(prof['load'].get('type'))}; "
-                              "only 'constant' is modelled")
-        stages = []
-        for k in range(len(stages_cfg)):
-            stages.append(_stage_from_json(k, _read_json(d / "results" / f"stage_{k}_lifecycle_metrics.json")))
-        family = next((f for f in ("general", "codegen", "roleplay", "reasoning") if f in d.name), "?")
-        rows, n2 = csv_for(d.name, family)
-        notes += n2
-        if len(rows):
-            seen_folders.add(d.name)
-            peers = _peer_table(rows)
-            for i, st in enumerate(stages):
-                actual = (rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name")
-                          .set_index("metric_name")["actual"])
-                for m, v in actual.items():
-                    if not math.isclose(float(v), st.values_ms[m], rel_tol=1e-6):
-                        raise ConfigError(f"{d.name} stage {st.stage} {m}: csv actual {v} != stage JSON "
-                                          f"{st.values_ms[m]}")
-                stages[i] = StageMeasurement(**{**st.__dict__, "peers_ms": peers.get(st.stage, {})})
-        be = blis_entry(d.name)
-        preset = _preset(model_id)
-        skip = None
-        if preset is None:
-            skip = f"model {model_id} (mixture of experts) is not modelled by kvsched"
-        else:
-            failed = sum(s.failures or 0 for s in stages)
-            sent = sum(s.count or 0 for s in stages)
-            if sent and failed / sent > OVERLOAD_FAILURE_FRACTION:
-                skip = (f"overloaded: {failed} of {sent} requests failed at the client (cause not "
-                        "published), so the successes-only latencies cannot be replayed")
-        if be is None:
-            notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
-        out.append(Experiment(
-            exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset, hardware="H100",
-            tp=int(cfg["tensor_parallelism"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
-            max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
-            total_kv_blocks=int(be["total_kv_blocks"]) if be else None,
-            cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=False,
-            workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
-            stages=tuple(stages),
-            notes=tuple(notes), skip_reason=skip))
+        if (csv["folder"] == d.name).any():
+            seen_folders.add(d.name)  # measured here: its csv rows are read with it, not again below
+        try:
+            exp, spec = _read_training_run(d, csv_for, blis_entry)
+        except _READ_ERRORS as e:
+            out.append(_skipped(d.name, "training_default_args", _why(e)))
+            continue
+        if spec is not None:
+            family_specs.append(spec)
+        out.append(exp)
+
+    blis_specs = []
+    for e in blis:
+        try:
+            wl = e["workload"]["inference_perf"]
+            lengths = _lengths(wl["shared_prefix"])
+            fam = next((f.family for f in family_specs if _lengths(f.shared_prefix) == lengths), None)
+            blis_specs.append(_WorkloadSpec(f"blis:{e['id']}", str(e["model"]), fam, wl["shared_prefix"],
+                                            tuple(wl["stages"])))
+        except _READ_ERRORS:
+            continue  # an entry without a usable workload is no candidate for other runs
 
     for folder in sorted(set(csv["folder"]) - seen_folders, key=lambda f: (len(f.split("-")[0]), f)):
-        be = blis_entry(folder)
-        sub = csv[csv["folder"] == folder]
-        first = sub.iloc[0]
-        model_id = str(first["model"])
-        family = str(first["workload"])
-        rows, notes_l = csv_for(folder, family)
-        notes = list(notes_l)
-        if be is None:
-            raise ConfigError(f"{folder}: in the sim-to-real csv but not in "
-                              "blis/trained_physics_iter29_experiments.json"
-                              " (no workload spec)")
-        peers = _peer_table(rows)
-        wl = be["workload"]["inference_perf"]
-        stages = []
-        for k in sorted(rows["stage_index"].unique()):
-            a = rows[rows["stage_index"] == k].drop_duplicates("metric_name").set_index("metric_name")["actual"]
-            vals = {m: float(a[m]) for m in METRICS}
-            out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
-            stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
-                                           peers_ms=peers.get(int(k), {})))
-        notes.append(f"resolved inference-perf config not published: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
-                     f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
-        if len(stages) != len(wl["stages"]):
-            raise ConfigError(f"{folder}: csv has {len(stages)} stages, the workload spec {len(wl['stages'])}")
-        offload = first["cpu_offload"]
-        cpu_offload = bool(offload) if not (isinstance(offload, float) and math.isnan(offload)) else False
-        preset = _preset(model_id)
-        skip = None if preset is not None else f"model {model_id} (mixture of experts, FP8) is not modelled by kvsched"
-        if preset is not None and str(first["precision"]).upper() not in ("FP16", "BF16"):
-            skip = f"precision {first['precision']} not replayed"
-        out.append(Experiment(
-            exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=str(first["hardware"]),
-            tp=int(be["tp"]), max_num_batched_tokens=int(be["max_num_batched_tokens"]),
-            max_num_seqs=int(be["max_num_seqs"]), max_model_len=None, total_kv_blocks=int(be["total_kv_blocks"]),
-            cpu_kv_blocks=int(be["cpu_kv_blocks"]), cpu_offload=cpu_offload,
-            workload=_workload(wl["shared_prefix"], wl["stages"], model_id, None), stages=tuple(stages),
-            notes=tuple(notes), skip_reason=skip))
+        try:
+            out.append(_read_csv_run(folder, csv, csv_for, blis_entry(folder), blis_specs, family_specs))
+        except _READ_ERRORS as e:
+            sub = csv[csv["folder"] == folder]
+            out.append(_skipped(folder, "sim_to_real", _why(e), str(sub.iloc[0]["model"]) if len(sub) else "?",
+                                str(sub.iloc[0]["hardware"]) if len(sub) and "hardware" in sub else "?"))
     return out
+
+
+def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experiment, _WorkloadSpec | None]:
+    """One ``training_default_args/<run>/`` folder: its Experiment and its workload as a family
+    candidate for csv-only runs (None when the run has no family).
+
+    Optional ``exp-config.yaml`` keys beyond the published five are honoured:
+    ``gpu_memory_utilization``, ``data_parallelism`` / ``data_parallel_size``, ``hardware``,
+    ``cpu_offload`` / ``kv_offloading_size`` (GiB per rank), ``precision``.
+
+    Raises:
+        the errors of :data:`_READ_ERRORS` (the caller skips the run).
+    """
+    cfg = yaml.safe_load((d / "exp-config.yaml").read_text(encoding="utf-8"))
+    prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
+    if not isinstance(cfg, Mapping) or not isinstance(prof, Mapping):
+        raise ConfigError(f"{d.name}: exp-config.yaml or profile.yaml is not a mapping")
+    model_id = str(cfg["model"])
+    sp = prof["data"]["shared_prefix"]
+    stages_cfg = prof["load"]["stages"]
+    notes: list[str] = []
+    resolved_sp = None
+    rc = d / "results" / "config.yaml"
+    if rc.is_file():
+        resolved_sp = (yaml.safe_load(rc.read_text(encoding="utf-8")) or {}).get("data", {}).get("shared_prefix")
+        if resolved_sp and "enable_multi_turn_chat" not in resolved_sp and sp.get("enable_multi_turn_chat"):
+            notes.append(f"profile asks for multi-turn chat with {sp.get('num_unique_system_prompts')} x "
+                         f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
+                         f"with {resolved_sp.get('num_groups')} x "
+                         f"{resolved_sp.get('num_prompts_per_group')} prompts")
+    if prof["load"].get("type") != "constant":
+        raise ConfigError(f"{d.name}/profile.yaml: load.type={bounded_repr(prof['load'].get('type'))}; "
+                          "only 'constant' is modelled")
+    stages = []
+    for k in range(len(stages_cfg)):
+        stages.append(_stage_from_json(k, _read_json(d / "results" / f"stage_{k}_lifecycle_metrics.json")))
+    family = _family_of(d.name) or "?"
+    rows, n2 = csv_for(d.name, family)
+    notes += n2
+    if len(rows):
+        peers = _peer_table(rows)
+        for i, st in enumerate(stages):
+            actual = (rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name")
+                      .set_index("metric_name")["actual"])
+            for m, v in actual.items():
+                if not math.isclose(float(v), st.values_ms[m], rel_tol=1e-6):
+                    raise ConfigError(f"{d.name} stage {st.stage} {m}: csv actual {v} != stage JSON "
+                                      f"{st.values_ms[m]}")
+            stages[i] = StageMeasurement(**{**st.__dict__, "peers_ms": peers.get(st.stage, {})})
+    be = blis_entry(d.name)
+    preset = _preset(model_id)
+    skip = None
+    if preset is None:
+        skip = f"model {model_id} (mixture of experts) is not modelled by kvsched"
+    else:
+        failed = sum(s.failures or 0 for s in stages)
+        sent = sum(s.count or 0 for s in stages)
+        if sent and failed / sent > OVERLOAD_FAILURE_FRACTION:
+            skip = (f"overloaded: {failed} of {sent} requests failed at the client (cause not "
+                    "published), so the successes-only latencies cannot be replayed")
+    if be is None:
+        notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
+    util = _csv_number(cfg, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
+                       "a number in (0, 1]")
+    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: x >= 1 and x == int(x), "an integer >= 1")
+    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: x >= 1 and x == int(x), "an integer >= 1")
+    offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
+    cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
+    exp = Experiment(
+        exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset,
+        hardware=str(cfg.get("hardware") or "H100"),
+        tp=int(cfg["tensor_parallelism"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
+        max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
+        total_kv_blocks=int(be["total_kv_blocks"]) if be and util == DEFAULT_GPU_MEMORY_UTILIZATION else None,
+        cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=cpu_offload,
+        workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
+        stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
+        precision=str(cfg.get("precision") or "BF16").upper())
+    spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
+    return exp, spec
+
+
+def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str, Any] | None,
+                  blis_specs: list[_WorkloadSpec], family_specs: list[_WorkloadSpec]) -> Experiment:
+    """One experiment of the sim-to-real csv that has no training_default_args folder (see
+    :func:`load_experiments` for the workload of a run not in the blis experiments file).
+
+    Raises:
+        the errors of :data:`_READ_ERRORS` (the caller skips the run).
+    """
+    sub = csv[csv["folder"] == folder]
+    first = sub.iloc[0].to_dict()
+    model_id = str(first["model"])
+    hardware = str(_column(first, "hardware") or "H100")
+    family = str(first["workload"])
+    rows, notes_l = csv_for(folder, family)
+    notes = list(notes_l)
+    peers = _peer_table(rows)
+    stages = []
+    for k in sorted(rows["stage_index"].unique()):
+        a = rows[rows["stage_index"] == k].drop_duplicates("metric_name").set_index("metric_name")["actual"]
+        missing = [m for m in METRICS if m not in a.index]
+        if missing:
+            raise ConfigError(f"{folder} stage {k}: the csv has no measured {', '.join(missing)}")
+        vals = {m: float(a[m]) for m in METRICS}
+        out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
+        stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
+                                       peers_ms=peers.get(int(k), {})))
+    if not stages:
+        return _skipped(folder, "sim_to_real", "no per-stage rows (stage_index >= 0) in the csv", model_id, hardware)
+    if be is None and _column(first, "tp") is None:
+        raise ConfigError(f"{folder}: csv column tp is empty and the run is not in the blis experiments file")
+    tp = int(_csv_number(first, "tp", float(be["tp"]) if be else 1.0, lambda x: x >= 1 and x == int(x),
+                         "an integer >= 1"))
+    mbt = int(_csv_number(first, "max_num_batched_tokens", float(be["max_num_batched_tokens"]) if be else 2048.0,
+                          lambda x: x >= 1 and x == int(x), "an integer >= 1"))
+    util = _csv_number(first, "gpu_mem_util", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
+                       "a number in (0, 1]")
+    dp = int(_csv_number(first, "dp", 1.0, lambda x: x >= 1 and x == int(x), "an integer >= 1"))
+    cpu_offload = _csv_flag(first, "cpu_offload")
+    precision = str(_column(first, "precision") or "FP16").upper()
+    if be is not None:
+        cands = [_WorkloadSpec("run", model_id, family, be["workload"]["inference_perf"]["shared_prefix"],
+                               tuple(be["workload"]["inference_perf"]["stages"]))]
+    else:
+        fam = _family_of(family) or _family_of(folder)
+        same = [c for c in blis_specs if c.family == fam and c.model_id == model_id]
+        prof = [c for c in family_specs if c.family == fam]
+        cands = same + sorted(prof, key=lambda c: c.model_id != model_id)
+    chosen = next((c for c in cands if len(c.stages) == len(stages)), None)
+    if chosen is None:
+        why = (f"no workload spec of family {family!r} with {len(stages)} load stages (candidates: "
+               f"{', '.join(f'{c.source} ({len(c.stages)} stages)' for c in cands) or 'none'})")
+        return _skipped(folder, "sim_to_real", why, model_id, hardware, tuple(notes))
+    if chosen.source != "run":
+        notes.append(f"run not in blis/trained_physics_iter29_experiments.json: workload of {chosen.source} "
+                     "(same family; its rates, which may differ from the run's)")
+    notes.append(f"resolved inference-perf config not published: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
+                 f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
+    logged_blocks = be is not None and int(be["tp"]) == tp and int(be["max_num_batched_tokens"]) == mbt \
+        and util == DEFAULT_GPU_MEMORY_UTILIZATION
+    if not logged_blocks:
+        notes.append(f"total_kv_blocks not logged for this configuration: derived from memory at "
+                     f"gpu_memory_utilization {util}")
+    preset = _preset(model_id)
+    skip = None if preset is not None else f"model {model_id} (mixture of experts, FP8) is not modelled by kvsched"
+    if preset is not None and precision not in ("FP16", "BF16"):
+        skip = f"precision {precision} not replayed"
+    return Experiment(
+        exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
+        tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,
+        total_kv_blocks=int(be["total_kv_blocks"]) if logged_blocks and be else None,
+        cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be and int(be["cpu_kv_blocks"]) > 0 else None,
+        cpu_offload=cpu_offload,
+        workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
+        notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
+        workload_source=chosen.source)

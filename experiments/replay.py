@@ -6,10 +6,30 @@ served system (groundtruth README "Replaying", step 1): the model preset, H100-S
 chunked prefill and prefix caching on, vLLM V1's prefix-cache eviction order
 (``cache_decode_blocks``: a finished request's output blocks stay cached and age in one LRU free
 queue with the prompts, so long outputs evict round-robin prompts from a small cache), and the
-vLLM-logged ``total_kv_blocks`` as the HBM KV capacity when known (else kvsched derives it from
-memory). A run with CPU offload on would get
-a DRAM tier of ``cpu_kv_blocks`` blocks with swap preemption (kvsched's closest mechanism); none
-of the published runs sets it.
+vLLM-logged ``total_kv_blocks`` as the HBM KV capacity when known, else derived from memory as
+vLLM does (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``: requested memory =
+``gpu_memory_utilization`` x device memory, minus weights, peak activations and non-torch memory,
+divided by the per-rank block bytes in ``vllm/v1/core/kv_cache_utils.py``; kvsched's
+:meth:`~kvsched.envs.sim.instance_spec.InstanceSpec.num_hbm_blocks` with the run's
+``gpu_memory_utilization``), so utilisation 0.95 holds more blocks than 0.9 and preempts less.
+
+**CPU KV offload** (``cpu_offload``; vLLM ``--kv-offloading-size`` -> ``OffloadingConnector``,
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``): a host-DRAM tier of
+``cpu_kv_blocks`` blocks (when logged; else
+:data:`~kvsched.experiments.groundtruth.DEFAULT_CPU_OFFLOAD_GIB_PER_RANK` per rank) caching
+prefixes (:class:`~kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`): every newly computed full
+prompt block is stored to CPU over PCIe asynchronously (``offload_prompt_only``, vLLM's default),
+and a request whose prefix is found in CPU beyond its HBM hit always loads it (the connector's
+``get_num_new_matched_tokens`` reports every CPU hit, ``load_policy="always"``) and waits for the
+load before its prefill, instead of recomputing; and a step whose allocations reuse HBM blocks
+whose store has not landed waits for it (``fence_pending_writes``: the connector's
+``jobs_to_flush``, waited for by the worker before the forward pass). **Data parallelism** (``dp`` > 1):
+``dp`` copies of the instance behind vLLM's DP load balancer, which sends each request to the engine with the
+fewest waiting + running requests (``vllm/v1/engine/core_client.py``, kvsched's ``least-loaded``
+router with the KV term off). **GPU**: :data:`GPU_OF_HARDWARE`; ``cost`` applies to runs on
+``cost_gpu`` (the calibrated GPU), runs on other GPUs use that GPU's default cost parameters
+(:func:`~kvsched.envs.sim.calibration.default_cost_params`: literature defaults where kvsched ships
+no calibration, :func:`cost_source` says which).
 
 :func:`replay` generates the inference-perf workload (step 2), simulates it and returns the
 per-stage metrics in ms (step 3) with the measurement's definitions: TTFT and E2E from the
@@ -38,10 +58,41 @@ from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig, 
 
 from .groundtruth import METRICS, Experiment
 
-__all__ = ["ReplayResult", "ape", "instance_spec_for", "replay", "workload_config"]
+__all__ = ["CALIBRATED_GPU", "GPU_OF_HARDWARE", "ReplayResult", "ape", "cost_source", "gpu_preset_of",
+           "instance_spec_for", "replay", "workload_config"]
 
-GPU_OF_HARDWARE = {"H100": "H100-SXM"}
-"""GT ``hardware`` -> kvsched GPU preset (all published runs are H100 SXM 80 GB)."""
+GPU_OF_HARDWARE = {"H100": "H100-SXM", "A100-80GB": "A100-80GB", "A100-80": "A100-80GB", "A100-SXM": "A100-80GB",
+                   "L40S": "L40S"}
+"""GT ``hardware`` -> kvsched GPU preset. The sim-to-real csv names H100 | A100-80GB | L40S (groundtruth
+README §2); BLIS's ``hardware_config.json`` names A100-SXM / A100-80 (one 80 GB SXM part) and L40S.
+Other names go to :func:`~kvsched.envs.sim.specs.get_gpu` as they are (its aliases)."""
+
+CALIBRATED_GPU = "H100-SXM"
+"""The GPU whose cost parameters ``kvsched calibrate`` fits (every published run is on it)."""
+
+
+def gpu_preset_of(hardware: str) -> str:
+    """The kvsched GPU preset name of a ground-truth ``hardware`` value.
+
+    Raises:
+        UnknownPresetError: no preset of that name or alias.
+    """
+    return get_gpu(GPU_OF_HARDWARE.get(hardware, hardware)).name
+
+
+def cost_source(exp: Experiment, cost_gpu: str = CALIBRATED_GPU) -> str:
+    """Which cost parameters a replay of ``exp`` uses: ``"given"`` (its GPU is ``cost_gpu``),
+    ``"calibration"`` (kvsched ships a calibration for its GPU) or ``"literature defaults"``.
+
+    Raises:
+        UnknownPresetError: the run's hardware has no GPU preset.
+    """
+    from kvsched.envs.sim.calibration import calibrated_cost_params
+
+    gpu = gpu_preset_of(exp.hardware)
+    if gpu == get_gpu(cost_gpu).name:
+        return "given"
+    return "calibration" if calibrated_cost_params(gpu) is not None else "literature defaults"
 
 
 @dataclass(frozen=True)
@@ -61,32 +112,48 @@ class ReplayResult:
     per_token_itl_ms: Mapping[int, float]
 
 
-def instance_spec_for(exp: Experiment, cost: CostParams | None = None) -> InstanceSpec:
-    """The :class:`InstanceSpec` of ``exp`` (see the module docstring).
+def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
+                      cost_gpu: str = CALIBRATED_GPU) -> InstanceSpec:
+    """The :class:`InstanceSpec` of one of ``exp``'s ``dp`` replicas (see the module docstring).
 
     Args:
         exp: a replayable experiment (``skip_reason is None``).
-        cost: cost parameters; None = the GPU's default (the calibration file when present).
+        cost: cost parameters for runs on ``cost_gpu``; None, or a run on another GPU = that
+            GPU's default (its calibration file when kvsched ships one, else literature defaults).
+        cost_gpu: the GPU ``cost`` was calibrated for.
 
     Raises:
-        ConfigError: the experiment cannot be replayed (its skip reason) or an invalid spec.
+        ConfigError: the experiment cannot be replayed (its skip reason) or an invalid spec
+            (e.g. weights that do not fit in ``gpu_memory_utilization`` of the GPU).
+        UnknownPresetError: the run's hardware has no GPU preset.
     """
     from kvsched.envs.sim.errors import ConfigError
+    from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
+    from kvsched.envs.sim.hardware import GiB
+
+    from .groundtruth import DEFAULT_CPU_OFFLOAD_GIB_PER_RANK
 
     if exp.skip_reason:
         raise ConfigError(f"experiment {exp.exp_id} cannot be replayed: {exp.skip_reason}")
-    gpu = get_gpu(GPU_OF_HARDWARE.get(exp.hardware, exp.hardware))
+    gpu = get_gpu(gpu_preset_of(exp.hardware))
     kw: dict = dict(model=get_model(exp.preset), gpu=gpu, tp=exp.tp,
                     max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
+                    gpu_memory_utilization=exp.gpu_memory_utilization,
                     enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
                     block_size_tokens=16)
-    if cost is not None:
+    if exp.precision.upper() == "FP8":
+        kw["weight_dtype"] = "fp8"
+    if cost is not None and gpu.name == get_gpu(cost_gpu).name:
         kw["cost"] = cost
     spec = InstanceSpec(**kw)
-    if exp.cpu_offload and exp.cpu_kv_blocks:
-        spec = spec.with_overrides(dram_kv_bytes=exp.cpu_kv_blocks * spec.kv_bytes_per_block,
-                                   preemption_mode="swap")
+    if exp.cpu_offload:
+        per_rank_blocks = (exp.cpu_kv_blocks if exp.cpu_kv_blocks
+                           else int(DEFAULT_CPU_OFFLOAD_GIB_PER_RANK * GiB // spec.kv_bytes_per_block_per_gpu))
+        spec = spec.with_overrides(dram_kv_bytes=per_rank_blocks * spec.kv_bytes_per_block,
+                                   prefix_offload=PrefixOffloadSpec(tiers=("dram",), write_policy="write_through",
+                                                                    offload_prompt_only=True, load_policy="always",
+                                                                    fence_pending_writes=True))
     return spec
 
 
@@ -128,7 +195,11 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
     spec = instance_spec_for(exp, cost)
     cfg, skip = workload_config(exp, stage_cap_s)
     wl = generate(cfg, seed=seed)
-    res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions())
+    if exp.dp > 1:  # vLLM's DP load balancer: fewest waiting + running requests
+        res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions(), n_instances=exp.dp,
+                       router="least-loaded", router_params={"queue_weight": 1.0, "kv_weight": 0.0}, seed=seed)
+    else:
+        res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions())
     rec = res.records
     if (rec["status"] != "finished").any():
         bad = rec[rec["status"] != "finished"]

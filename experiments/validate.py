@@ -67,11 +67,40 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         groundtruth: ground-truth directory (for the workers).
         stage_cap_s: cut every stage to this many seconds (None: full runs; tests use a cap).
     """
-    ok = [e for e in exps if not e.skip_reason]
-    skipped = tuple((e.exp_id, str(e.skip_reason)) for e in exps if e.skip_reason)
+    from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError
+
+    from .replay import instance_spec_for
+
+    ok, skipped_l = [], []
+    for e in exps:
+        if e.skip_reason:
+            skipped_l.append((e.exp_id, str(e.skip_reason)))
+            continue
+        try:  # a run whose served system cannot be built (e.g. weights too big) is skipped, not fatal
+            instance_spec_for(e, cost)
+        except (ConfigError, UnknownPresetError) as err:
+            skipped_l.append((e.exp_id, f"cannot build its served system: {err}"))
+            continue
+        ok.append(e)
+    skipped = tuple(skipped_l)
     train_set = set(train)
-    with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth) as obj:
-        results = obj.results(cost)
+    try:
+        with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth) as obj:
+            results = obj.results(cost)
+    except (RuntimeError, KvschedError):
+        # one run failed in a worker (e.g. requests a configuration cannot serve): replay them one
+        # by one here, skip the failing ones with their error, keep the others
+        from .replay import replay
+
+        kept, results = [], []
+        for e in ok:
+            try:
+                results.append(replay(e, cost, stage_cap_s=stage_cap_s))
+            except (RuntimeError, KvschedError) as err:
+                skipped_l.append((e.exp_id, f"replay failed: {bounded_repr(str(err), 300)}"))
+                continue
+            kept.append(e)
+        ok, skipped = kept, tuple(skipped_l)
     recs = []
     for e, r in zip(ok, results):
         for s in e.stages:
@@ -163,6 +192,29 @@ def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Pa
     return p
 
 
+def cost_notes(exps: Sequence[Experiment]) -> list[str]:
+    """One line per GPU other than the calibrated one among the replayable runs, saying which
+    cost parameters its runs use (``replay.cost_source``: literature defaults where kvsched
+    ships no calibration for that GPU)."""
+    from kvsched.envs.sim.errors import UnknownPresetError
+
+    from .replay import CALIBRATED_GPU, cost_source, gpu_preset_of
+
+    lines: dict[str, str] = {}
+    for e in exps:
+        if e.skip_reason:
+            continue
+        try:
+            gpu, src = gpu_preset_of(e.hardware), cost_source(e)
+        except UnknownPresetError:
+            continue
+        if src != "given":
+            what = ("literature defaults of CostParams (no calibration for this GPU)" if src == "literature defaults"
+                    else "its shipped calibration")
+            lines[gpu] = f"cost parameters for runs on {gpu}: {what}; the calibration above applies to {CALIBRATED_GPU}"
+    return [lines[k] for k in sorted(lines)]
+
+
 def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tuple[CostParams, tuple[str, ...], str]:
     """(cost, train ids, description) from a calibration file, else from the shipped one of
     ``gpu``, else the literature defaults (no training set)."""
@@ -224,12 +276,14 @@ def cmd_validate(a, console) -> int:
         plot_predicted_vs_measured(report, plot_path)
     if a.json:
         print(json.dumps({"cost_params": dataclasses.asdict(cost), "calibration": desc, "train": list(train),
-                          "skipped": [list(s) for s in report.skipped],
+                          "cost_notes": cost_notes(exps), "skipped": [list(s) for s in report.skipped],
                           "rows": json.loads(report.rows.to_json(orient="records")),
                           "summary": json.loads(summ.to_json(orient="records")),
                           "peers": json.loads(peers.to_json(orient="records"))}, indent=1))
         return 0
     console.print(f"cost parameters: {desc}", highlight=False)
+    for line in cost_notes(exps):
+        console.print(line, highlight=False)
     shown_peers = [p for p in PEERS if report.rows[f"{p}_ape"].notna().any()]
     t = Table(title="kvsched vs real vLLM (H100), per experiment, load stage and metric; times in ms, errors in %")
     for col in ("experiment", "split", "stage", "metric", "measured", "kvsched", "APE"):

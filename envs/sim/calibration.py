@@ -76,15 +76,28 @@ DEFAULT_FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("allreduce_bw_efficiency", 0.05, 1.0),
     FitParam("request_overhead_s", 1e-4, 50e-3),
     FitParam("first_chunk_delay_tokens", 0.01, 4.0),
+    FitParam("allreduce_hop_latency_s", 1e-7, 20e-6),
+    FitParam("seq_overhead_s", 1e-7, 100e-6),
 )
 """What ``kvsched calibrate`` fits by default, with bounds: the utilisation ceilings of
 REFERENCE §5.2 anywhere in their physical range; the step overhead between 10 µs and 10 ms (§5.2
 quotes 0.5-2 ms); the achieved share of the GPU-GPU link in TP all-reduces down to 5 %; the
 per-request front-end delay up to 50 ms (the groundtruth README quotes 10-15 ms); the first-chunk
-delay up to 4 token gaps. The MFU ramp (``mfu_half_tokens``), the all-reduce latency and the
+delay up to 4 token gaps; the latency of one ring all-reduce step up to 20 µs (a TP4 all-reduce of
+6 steps then costs up to 120 µs; NCCL's small-message all-reduce on NVLink is ~10-30 µs) with the
+fixed per-call latency at 0 (:data:`DEFAULT_FIT_BASE`: the α-β ring puts all latency in its
+``2(tp−1)`` steps, so TP2 pays a third of TP4's); the per-sequence host time of a step up to 100 µs
+(issue #22 estimates 15-20 µs). The MFU ramp (``mfu_half_tokens``), the all-reduce latency and the
 per-token front-end terms stay at their literature defaults: the published runs (prompts of
 550-1,100 tokens, fixed outputs, TP 1/2/4) cannot tell them apart from ``mfu_max``,
 ``allreduce_bw_efficiency`` and ``request_overhead_s``."""
+
+
+DEFAULT_FIT_BASE = CostParams(allreduce_latency_s=0.0)
+"""The fixed parameters ``kvsched calibrate`` starts from: the literature defaults of
+:class:`CostParams` with no fixed per-call all-reduce latency (the ring's per-step latency
+``allreduce_hop_latency_s`` is fitted instead: with TP1 and TP4 runs only, a fixed latency and a
+per-step one cannot be told apart, and the per-step form is the α-β ring model's)."""
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,20 @@ Implements REFERENCE §5.3 (``shared/design/REFERENCE.md``) per TP rank:
 FLOPs  = 2·P_m·n_tokens + A·attn_pairs                 P_m = matmul params / tp, A = 4·L·n_h·d_h / tp
 Bytes  = W + kvt·kv_tokens                             W = weight bytes / tp, kvt = KV bytes/token/GPU
 MFU(n) = mfu_max · n / (n + mfu_half_tokens)           (REFERENCE §5.2)
-t_step = max(FLOPs / (F·MFU(n)), Bytes / (B·mbu)) + step_overhead_s + t_comm(n)
-t_comm = 2·L·(2·(tp−1)/tp · n·hidden·2 B / (nvlink·η) + allreduce_latency_s)   (0 at tp = 1)
+t_step = max(FLOPs / (F·MFU(n)), Bytes / (B·mbu)) + step_overhead_s + t_comm(n) + t_host
+t_comm = 2·L·(2·(tp−1)/tp · n·hidden·2 B / (nvlink·η) + allreduce_latency_s
+              + 2·(tp−1)·allreduce_hop_latency_s)                             (0 at tp = 1)
+t_host = seq_overhead_s · n_seqs + step_token_overhead_s · n_tokens
 ```
+
+``t_comm`` is the ring all-reduce of the α-β model (Thakur, Rabenseifner & Gropp, IJHPCA 2005):
+each of the two all-reduces per layer (after the attention output projection and after the MLP
+down projection, vLLM's ``RowParallelLinear`` with ``reduce_results``) moves ``2(tp−1)/tp`` of the
+``n·hidden`` bf16 activations per rank over the per-direction link rate ``GPUSpec.nvlink_bytes_per_s``,
+and pays a fixed latency plus one hop latency per ring step (``2(tp−1)`` steps).
+``t_host`` is the engine core's per-request and per-token CPU work, serial with the GPU in vLLM
+V1's ``EngineCore.step`` (:class:`~kvsched.envs.sim.cost_params.CostParams`); ``n_seqs`` is the
+number of sequences scheduled in the step (decodes + prefill chunks; 1 when a caller gives none).
 
 with F the dense peak for the weight dtype (FP8 peak for fp8 weights), B the HBM bandwidth and
 η = ``allreduce_bw_efficiency`` the achieved share of the GPU-GPU link in TP all-reduces.
@@ -100,6 +111,8 @@ class CostModel:
         self._eff_flops = self.peak_flops_per_s * c.mfu_max
         self._eff_bw = self.hbm_bytes_per_s * c.mbu
         self._overhead = float(c.step_overhead_s)
+        self._seq_overhead = float(c.seq_overhead_s)
+        self._tok_overhead = float(c.step_token_overhead_s)
         self._pnm = spec.pnm is not None
         if spec.pnm is not None:
             pnm = spec.pnm
@@ -115,7 +128,8 @@ class CostModel:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
             self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
                                     / (g.nvlink_bytes_per_s * c.allreduce_bw_efficiency))
-            self._comm_fixed = 2.0 * m.n_layers * c.allreduce_latency_s
+            self._comm_fixed = 2.0 * m.n_layers * (c.allreduce_latency_s
+                                                   + 2.0 * (tp - 1) * c.allreduce_hop_latency_s)
         else:
             self._comm_per_token = 0.0
             self._comm_fixed = 0.0
@@ -132,7 +146,7 @@ class CostModel:
                 _nonneg(name, raw)  # raises naming the offending argument
         return n, pairs, kv
 
-    def _step(self, n: np.ndarray, pairs: np.ndarray, kv: np.ndarray) -> dict[str, np.ndarray]:
+    def _step(self, n: np.ndarray, pairs: np.ndarray, kv: np.ndarray, seqs: Any = 1.0) -> dict[str, np.ndarray]:
         """Unmasked step parts (garbage where n == 0; callers mask with n > 0)."""
         n_safe = np.where(n > 0, n, 1.0)
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * pairs
@@ -141,17 +155,20 @@ class CostModel:
         hbm_bytes = self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv
         memory = hbm_bytes / self._eff_bw
         comm = self._comm_per_token * n + self._comm_fixed
-        step = np.maximum(compute, memory) + self._overhead + comm
+        host = self._seq_overhead * seqs + self._tok_overhead * n
+        step = np.maximum(compute, memory) + self._overhead + comm + host
         return {"flops": flops, "hbm_bytes": hbm_bytes, "compute_s": compute, "memory_s": memory,
-                "comm_s": comm, "step_s": step}
+                "comm_s": comm, "host_s": host + 0.0 * n, "step_s": step}
 
-    def step_time_s(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> Any:
+    def step_time_s(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any, n_seqs: Any = 1.0) -> Any:
         """Seconds of one scheduler step (forward pass) per REFERENCE §5.3.
 
         Args:
             n_tokens: tokens computed in the step, Σ prefill-chunk tokens + number of decodes.
             attn_pairs: Σ_j c_j·(p_j + c_j/2) + Σ_k ctx_k (query × context pairs).
             kv_tokens: Σ_j (p_j + c_j) + Σ_k ctx_k (tokens whose KV is read or written).
+            n_seqs: sequences scheduled in the step (decodes + prefill chunks) for the
+                per-sequence host term; default 1 (a lone prefill chunk).
             Each is a scalar or a float64 array; arrays must broadcast (equal lengths).
 
         Returns:
@@ -168,9 +185,10 @@ class CostModel:
             ValueError: a negative or NaN input.
         """
         n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
-        return np.where(n > 0, self._step(n, pairs, kv)["step_s"], 0.0)[()]
+        seqs = _nonneg("n_seqs", n_seqs)
+        return np.where(n > 0, self._step(n, pairs, kv, seqs)["step_s"], 0.0)[()]
 
-    def step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float) -> float:
+    def step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float, n_seqs: float = 1.0) -> float:
         """:meth:`step_time_s` for one step, on Python floats, without input checks.
 
         The simulator's per-step hot path. Same IEEE operations in the same order as the array
@@ -183,10 +201,11 @@ class CostModel:
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
         memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         return ((compute if compute >= memory else memory) + self._overhead
-                + (self._comm_per_token * n_tokens + self._comm_fixed))
+                + (self._comm_per_token * n_tokens + self._comm_fixed)
+                + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens))
 
     def pnm_step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float,
-                           pnm_kv_tokens: float, n_pnm: float) -> float:
+                           pnm_kv_tokens: float, n_pnm: float, n_seqs: float = 1.0) -> float:
         """One step with PNM-resident decodes (module docstring formula), Python floats, unchecked.
 
         Args:
@@ -207,10 +226,11 @@ class CostModel:
         pnm = pnm_cmp if pnm_cmp >= pnm_mem else pnm_mem
         core = gpu if gpu >= pnm else pnm
         return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+                + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens)
                 + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
 
     def pnm_step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
-                            pnm_kv_tokens: np.ndarray, n_pnm: np.ndarray) -> np.ndarray:
+                            pnm_kv_tokens: np.ndarray, n_pnm: np.ndarray, n_seqs: Any = 1.0) -> np.ndarray:
         """:meth:`pnm_step_time_fast` over float64 arrays (``n_tokens > 0``), same operations in order."""
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
@@ -220,6 +240,7 @@ class CostModel:
         pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
         core = np.maximum(gpu, np.maximum(pnm_cmp, pnm_mem))
         return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+                + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens)
                 + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
 
     def pnm_attention_time_s(self, pnm_kv_tokens: Any) -> Any:
@@ -236,9 +257,10 @@ class CostModel:
         return np.maximum(self._pnm_kv_bytes_per_token * ctx / self._pnm_kv_per_s,
                           self._pnm_attn_flops_per_pair * ctx / self._pnm_flops_per_s)[()]
 
-    def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+    def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
+                        n_seqs: Any = 1.0) -> np.ndarray:
         """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""
-        return self._step(n_tokens, attn_pairs, kv_tokens)["step_s"]
+        return self._step(n_tokens, attn_pairs, kv_tokens, n_seqs)["step_s"]
 
     def decode_step_ends(self, start_s: float, n_decodes: int, ctx0_tokens: int, max_steps: int,
                          horizon_s: float = math.inf) -> list[float]:
@@ -247,7 +269,7 @@ class CostModel:
         Step ``j`` (0-based) decodes ``n_decodes`` requests reading ``ctx0_tokens + j *
         n_decodes`` KV tokens in all; the steps run back to back from ``start_s``, and the loop
         stops after the first step that ends at or after ``horizon_s``. Each end is the
-        previous one plus :meth:`step_time_fast` ``(n, ctx, ctx)``, with that method's IEEE
+        previous one plus :meth:`step_time_fast` ``(n, ctx, ctx, n)``, with that method's IEEE
         operations in the same order (the per-call constants hoisted), so the ends are bitwise
         equal to adding its results one by one (a test checks it). ``n_decodes >= 1``.
         """
@@ -261,6 +283,7 @@ class CostModel:
         bw = self._eff_bw
         overhead = self._overhead
         comm = self._comm_per_token * n + self._comm_fixed
+        host = self._seq_overhead * n + self._tok_overhead * n
         ends: list[float] = []
         e = start_s
         ctx = ctx0_tokens
@@ -268,7 +291,7 @@ class CostModel:
             c = float(ctx)
             compute = (lin + attn * c) * ramp / peak
             memory = (weights + kv_bytes * c) / bw
-            e += (compute if compute >= memory else memory) + overhead + comm
+            e += (compute if compute >= memory else memory) + overhead + comm + host
             ends.append(e)
             if e >= horizon_s:
                 break
@@ -288,27 +311,29 @@ class CostModel:
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * ctx_tokens
         compute = flops * (n + self._mfu_half) / (self._eff_flops * n)
         memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
-        return np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)
+        return (np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)
+                + (self._seq_overhead * n + self._tok_overhead * n))
 
-    def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> dict[str, Any]:
+    def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any, n_seqs: Any = 1.0) -> dict[str, Any]:
         """The parts of :meth:`step_time_s` (same arguments).
 
         Returns:
             dict with ``compute_s`` (FLOPs/(F·MFU)), ``memory_s`` (Bytes/(B·mbu)), ``comm_s``,
-            ``overhead_s``, ``step_s`` (seconds), ``flops`` and ``hbm_bytes`` per GPU, ``bound``
+            ``overhead_s``, ``host_s`` (the per-sequence and per-token host terms), ``step_s``
+            (seconds), ``flops`` and ``hbm_bytes`` per GPU, ``bound``
             ("compute" if compute_s >= memory_s else "memory"; "idle" when n_tokens == 0) and
             ``idle_hbm_bytes`` = step_s·B − hbm_bytes: HBM bandwidth the step leaves unused, which a
             prefetch could fill (REFERENCE §9.1). Scalars for scalar input, arrays otherwise.
         """
         n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
         active = n > 0
-        parts = self._step(n, pairs, kv)
+        parts = self._step(n, pairs, kv, _nonneg("n_seqs", n_seqs))
         c = {k: np.where(active, v, 0.0) for k, v in parts.items()}
         c["overhead_s"] = np.where(active, self._overhead, 0.0)
         bound = np.where(active, np.where(c["compute_s"] >= c["memory_s"], "compute", "memory"), "idle")
         idle = c["step_s"] * self.hbm_bytes_per_s - c["hbm_bytes"]
-        out: dict[str, Any] = {k: c[k][()] for k in
-                               ("compute_s", "memory_s", "comm_s", "overhead_s", "step_s", "flops", "hbm_bytes")}
+        out: dict[str, Any] = {k: c[k][()] for k in ("compute_s", "memory_s", "comm_s", "overhead_s", "host_s",
+                                                     "step_s", "flops", "hbm_bytes")}
         out["bound"] = str(bound[()]) if bound.ndim == 0 else bound
         out["idle_hbm_bytes"] = idle[()]
         return out
@@ -370,9 +395,9 @@ class CostModel:
     def decode_step_time_s(self, batch: Any, total_context_tokens: Any) -> Any:
         """Seconds of a pure-decode step of ``batch`` requests holding ``total_context_tokens`` in cache.
 
-        ``step_time_s(batch, ctx, ctx)`` (REFERENCE §5.3, "Pure decode step").
+        ``step_time_s(batch, ctx, ctx, batch)`` (REFERENCE §5.3, "Pure decode step").
         """
-        return self.step_time_s(batch, total_context_tokens, total_context_tokens)
+        return self.step_time_s(batch, total_context_tokens, total_context_tokens, batch)
 
     # ------------------------------------------------------------------ transfers
 

@@ -60,6 +60,22 @@ class CostParams:
             delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
             multi-byte character, and the runs generate random-token text); a calibration measures it.
 
+        seq_overhead_s: host (CPU) time per scheduled sequence per step, s, >= 0: vLLM V1's engine
+            core runs scheduling, input preparation and output processing of every request in the
+            batch on the step's critical path (``vllm/v1/core/sched/scheduler.py`` ``schedule`` and
+            ``update_from_output`` loop over the scheduled requests; ``vllm/v1/engine/core.py``
+            ``step`` runs schedule -> execute_model -> update_from_output in series). Default 0
+            (the fixed ``step_overhead_s`` only); the issue #22 residuals put it at ~15-20 µs.
+        step_token_overhead_s: host time per token scheduled in a step, s, >= 0 (input-id and
+            position preparation, sampling metadata; ``vllm/v1/worker/gpu_model_runner.py``
+            ``_prepare_inputs``). Default 0.
+        allreduce_hop_latency_s: latency of one step of a ring all-reduce, s, >= 0. A ring over
+            ``tp`` GPUs takes ``2(tp−1)`` steps (reduce-scatter then all-gather), so one
+            all-reduce costs ``allreduce_latency_s + 2(tp−1)·allreduce_hop_latency_s +
+            2(tp−1)/tp · bytes / (nvlink·η)`` (the α-β model of Thakur, Rabenseifner & Gropp,
+            "Optimization of collective communication operations in MPICH", IJHPCA 2005).
+            Default 0: the latency is the same at every TP degree, as before.
+
     The front-end overheads are latencies, not GPU time: the engine is not busy during them
     (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
 
@@ -77,6 +93,9 @@ class CostParams:
     prompt_token_overhead_s: float = 4.2e-6
     output_token_overhead_s: float = 45.9e-6
     first_chunk_delay_tokens: float = 0.0
+    seq_overhead_s: float = 0.0
+    step_token_overhead_s: float = 0.0
+    allreduce_hop_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -90,6 +109,9 @@ class CostParams:
         non_negative("CostParams", "prompt_token_overhead_s", self.prompt_token_overhead_s)
         non_negative("CostParams", "output_token_overhead_s", self.output_token_overhead_s)
         non_negative("CostParams", "first_chunk_delay_tokens", self.first_chunk_delay_tokens)
+        non_negative("CostParams", "seq_overhead_s", self.seq_overhead_s)
+        non_negative("CostParams", "step_token_overhead_s", self.step_token_overhead_s)
+        non_negative("CostParams", "allreduce_hop_latency_s", self.allreduce_hop_latency_s)
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:

@@ -89,7 +89,7 @@ class StretchPlanner:
         if n_decodes and not step.preempted:
             # the step's counters already hold the batch (no PNM with the decode fast path)
             end = self.single_step_end(start, inst.cost.step_time_fast(float(step.n_tokens), step.attn2 / 2.0,
-                                                                       float(step.kv_tokens)))
+                                                                       float(step.kv_tokens), float(len(plan))))
             inst._single_decodes = n_decodes
         else:
             end = self.plan_single(start)
@@ -131,9 +131,10 @@ class StretchPlanner:
                 attn2 += n * (2 * p + n)
                 kv += p + n
         if n_pnm:
-            dt = inst.cost.pnm_step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(kv_pnm), float(n_pnm))
+            dt = inst.cost.pnm_step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(kv_pnm), float(n_pnm),
+                                              float(len(inst._plan)))
         else:
-            dt = inst.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
+            dt = inst.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(len(inst._plan)))
         return self.single_step_end(start, dt)
 
     def single_step_end(self, start: float, dt: float) -> float:
@@ -266,7 +267,7 @@ class StretchPlanner:
         """
         cost = self.inst.cost
         nf = float(n)
-        dt = cost.step_time_fast(nf, float(s0), float(s0))
+        dt = cost.step_time_fast(nf, float(s0), float(s0), nf)
         k_end = k_rem
         if horizon_s < math.inf and dt > 0.0:
             bound = (horizon_s - start) / dt + 3.0
@@ -618,11 +619,11 @@ class StretchPlanner:
             n_p = n - n_gpu
             ctx = (s0 + n_gpu * ks).astype(np.float64)
             dts = cost.pnm_step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n_gpu * ks)) / 2.0, ctx,
-                                           (p0 + n_p * ks).astype(np.float64), np.full(k_max, float(n_p)))
+                                           (p0 + n_p * ks).astype(np.float64), np.full(k_max, float(n_p)), float(n))
         else:
             s0 = int(x.sum())
             ctx = (s0 + n * ks).astype(np.float64)
-            dts = cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx)
+            dts = cost.step_times_fast(np.full(k_max, float(n)), (2 * (s0 + n * ks)) / 2.0, ctx, float(n))
         acc = np.empty(k_max + 1, dtype=np.float64)
         acc[0] = start
         acc[1:] = dts

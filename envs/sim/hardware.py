@@ -72,13 +72,15 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 "REFERENCE §5.2 A100 SXM 80GB: 2.04 TB/s (2.039 in GT blis/hardware_config.json), "
                 "312 TFLOPS BF16 dense; no FP8 tensor cores -> fp8 = bf16 peak (weight-only FP8); "
                 "HBM 80 GiB (81920 MiB, as BLIS MemoryGiB 80); NVLink3 300 GB/s per direction "
-                "nominal -> 240e9 achievable [inferred, same ~0.8 ratio as NVLink4]; PCIe 4 "
+                "nominal (NVIDIA A100 datasheet: 600 GB/s GPU-GPU, both directions) -> 240e9 achievable "
+                "[inferred, same ~0.8 ratio as NVLink4]; PCIe 4 "
                 "x16 ~25 GB/s achievable (§5.2)"),
         GPUSpec("H100-SXM", 80 * GiB, 3.35e12, 989e12, 1979e12, 375e9, 50e9,
                 "REFERENCE §5.2 H100 SXM: 3.35 TB/s, 989 TFLOPS BF16 / 1979 FP8 dense; HBM 80 GiB "
                 "as in GT blis/hardware_config.json (the device reports ~79.2 GiB usable to vLLM; "
                 "the gap is absorbed by activation_reserve_bytes); NVLink4 ~350-400 GB/s p2p -> "
-                "375e9; PCIe 5 x16 ~50 GB/s achievable"),
+                "375e9 (NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions, i.e. 450 per "
+                "direction; ~83 % achieved); PCIe 5 x16 ~50 GB/s achievable"),
         GPUSpec("H200", 141e9, 4.8e12, 989e12, 1979e12, 375e9, 50e9,
                 "REFERENCE §5.2 H200 SXM: 141 GB HBM3e (SI GB as sold), 4.8 TB/s, 989/1979 TFLOPS; "
                 "NVLink4 ~350-400 GB/s p2p -> 375e9; PCIe 5 ~50 GB/s"),
@@ -89,7 +91,8 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec("L40S", 48e9, 0.864e12, 362e12, 733e12, 25e9, 25e9,
                 "L40S datasheet [mem]: 48 GB GDDR6 (SI GB), 864 GB/s, 362 TFLOPS BF16 / 733 FP8 "
                 "dense (BF16 and BW match GT blis/hardware_config.json); no NVLink -> GPU-GPU "
-                "traffic over PCIe 4 (~25 GB/s, §5.2); host link PCIe 4 x16 ~25 GB/s"),
+                "traffic over PCIe 4 (L40S datasheet: PCIe Gen4 x16 64 GB/s both directions; ~25 GB/s "
+                "achieved, §5.2); host link PCIe 4 x16 ~25 GB/s"),
     )
 }
 """GPU presets (dense peaks; achievable per-direction link rates). Sources: each ``source``."""

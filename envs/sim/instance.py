@@ -309,6 +309,7 @@ class Instance:
         """
         if self._prefix_tiers is not None:
             self._prefix_tiers.now_s = now  # HBM evictions written back and demotions happen now
+            self._prefix_tiers.fence_s = 0.0
         step = StepBuild(self.budget)
         step.prefill_slot = self.composer.prefill_slot_budget(now)
         self._step_ready_s = now
@@ -319,6 +320,8 @@ class Instance:
             n_decodes, blocked_static = self.composer.compose_stall_free(step, now)
         else:
             n_decodes, blocked_static = self.composer.compose(step, now)
+        if self._prefix_tiers is not None and self._prefix_tiers.fence_s > self._step_ready_s:
+            self._step_ready_s = self._prefix_tiers.fence_s  # reused blocks wait for their pending writes
         if step.displaced:  # back at the head of the queue, behind the requests they made room for
             self.waiting.extendleft(reversed(step.displaced))
         if not step.plan:

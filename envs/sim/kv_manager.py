@@ -132,7 +132,8 @@ class KVManager:
         self.publish: Callable[[int, int, int, float], None] | None = None
         #: lower tiers caching prefixes (:mod:`.prefix_offload`), None without ``spec.prefix_offload``
         self.prefix_tiers: PrefixTiers | None = None
-        #: whether HBM evictions are written back below (a fast-forward stretch then never evicts)
+        #: whether HBM evictions have side effects -- written back below, or fenced behind pending
+        #: writes (``fence_pending_writes``) -- so a fast-forward stretch never evicts
         self.writes_back = False
         if spec.prefix_offload is not None and spec.enable_prefix_caching:
             self.prefix_tiers = PrefixTiers(spec.prefix_offload, self)
@@ -141,6 +142,9 @@ class KVManager:
                 self.writes_back = True
             elif spec.prefix_offload.write_policy == "write_through_selective":
                 self.hbm.on_evict = self.prefix_tiers.forget_uses
+            elif spec.prefix_offload.fence_pending_writes:
+                self.hbm.on_evict = self.prefix_tiers.fence_evicted
+                self.writes_back = True
         modes = {t.spec.preemption_mode: t.index for t in self.tiers if t.spec.preemption_mode}
         swap = [t for t in self.tiers if t.spec.holds_swapped]
         #: preemption mode -> the tiers it tries in order (its own, then the later swap tiers)

@@ -124,6 +124,13 @@ class PrefixOffloadSpec:
         session_keep_s: the ``session`` policy protects a conversation's entries for this long
             after its last use (s, > 0; default 30 [kvsched choice: the order of the think times
             between turns in the conversation traces]).
+        fence_pending_writes: ``write_through`` only: HBM blocks whose copy below has not landed
+            cannot be reused before it lands, so a step whose allocations evict such a segment
+            starts when its copy lands (vLLM's ``OffloadingConnector``: the scheduler flushes the
+            store jobs of re-allocated blocks, ``offloading/scheduler.py`` ``build_connector_meta``
+            ``jobs_to_flush``, and the worker waits for them before the forward pass,
+            ``offloading/worker.py`` ``handle_preemptions`` -> ``worker.wait``). Default False
+            (writes never delay a step, as before).
 
     Raises:
         ConfigError: an empty or repeated tier list, an unknown policy, a per-tier eviction list of
@@ -137,6 +144,7 @@ class PrefixOffloadSpec:
     eviction: tuple[str, ...] | str = "lru"
     load_policy: str = "cost"
     session_keep_s: float = 30.0
+    fence_pending_writes: bool = False
 
     def __post_init__(self) -> None:
         o = "PrefixOffloadSpec"
@@ -171,6 +179,11 @@ class PrefixOffloadSpec:
         k = self.session_keep_s
         require(isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k) and k > 0,
                 f"{o}.session_keep_s", k, "a finite number of seconds > 0")
+        require(isinstance(self.fence_pending_writes, bool), f"{o}.fence_pending_writes", self.fence_pending_writes,
+                "true or false")
+        require(not self.fence_pending_writes or self.write_policy == "write_through", f"{o}.fence_pending_writes",
+                self.fence_pending_writes, "false unless write_policy is write_through (the engines that fence "
+                "block reuse behind pending stores write through)")
 
     @property
     def threshold(self) -> int:
@@ -199,7 +212,8 @@ class PrefixOffloadSpec:
         """The fields as plain data (scenario YAML)."""
         return {"tiers": list(self.tiers), "write_policy": self.write_policy, "write_threshold": self.write_threshold,
                 "offload_prompt_only": self.offload_prompt_only, "eviction": list(self.eviction),
-                "load_policy": self.load_policy, "session_keep_s": self.session_keep_s}
+                "load_policy": self.load_policy, "session_keep_s": self.session_keep_s,
+                "fence_pending_writes": self.fence_pending_writes}
 
 
 @dataclass(slots=True)
@@ -650,6 +664,12 @@ class PrefixTiers:
         self.kv = kv
         self.block_bytes = kv.block_bytes
         self.now_s = 0.0  # the instance's clock, set at each scheduling pass (KVManager.now_s)
+        #: latest landing time (s) of a pending write whose HBM blocks this pass reused
+        #: (``fence_pending_writes``); the instance starts its step no earlier
+        self.fence_s = 0.0
+        #: ``fence_pending_writes``: HBM segment -> when its write below lands (s), until HBM evicts
+        #: it (the write is pending in the engine even if the lower tier drops the entry first)
+        self._write_lands: dict[Any, float] | None = {} if spec.fence_pending_writes else None
         self.session_last_s: dict[Any, float] = {}  # conversation -> last use (s)
         self._future: dict[int, np.ndarray] = {}
         self.threshold = spec.threshold
@@ -747,6 +767,13 @@ class PrefixTiers:
         first = self.stores[0]
         if th == 1:
             first.put_many(new_hashes, seg_blocks, st.rid, sess, now_s, self._first_hops)
+            lands = self._write_lands
+            if lands is not None:
+                entries = first.entries
+                for h in new_hashes:
+                    e = entries.get(h)
+                    if e is not None:
+                        lands[h] = e.ready_s
             first.refresh(st.hashes[:st.next_seg], now_s)  # the prompt so far: its head the most recent
             return
         uses = self._uses
@@ -784,6 +811,20 @@ class PrefixTiers:
         uses = self._uses
         for h, _, _ in evicted:
             uses.pop(h, None)
+
+    def fence_evicted(self, evicted: list) -> None:
+        """``fence_pending_writes``: HBM evicted ``evicted`` ((hash, blocks, creator id)) for
+        reuse; a segment whose write to the first listed tier has not landed holds the step until
+        it lands (:attr:`fence_s`)."""
+        lands = self._write_lands
+        if lands is None:
+            return
+        fence = self.fence_s
+        for h, _, _ in evicted:
+            land = lands.pop(h, 0.0)
+            if land > fence:
+                fence = land
+        self.fence_s = fence
 
     def on_hbm_evict(self, evicted: list) -> None:
         """Write-back: one HBM allocation evicted cached segments ``evicted`` ((hash, blocks,

@@ -292,3 +292,50 @@ def test_hybrid_step_time_matches_reference_formula_by_hand():
     assert cm10.pnm_step_time_fast(n, pairs, kv, ctx_pnm, n_pnm) < got
     with pytest.raises(ValueError, match="no PNM tier"):
         CostModel(spec()).pnm_attention_time_s(1.0)
+
+
+HOST = CostParams(seq_overhead_s=17e-6, step_token_overhead_s=0.3e-6, allreduce_hop_latency_s=4e-6)
+
+
+def test_host_overheads_add_per_sequence_and_per_token_and_default_to_nothing() -> None:
+    base = CostModel(_spec("Llama-3.1-8B", cost=CostParams()))
+    host = CostModel(_spec("Llama-3.1-8B", cost=HOST))
+    # 96 decodes + one 512-token prefill chunk: 97 sequences, 608 tokens
+    n, pairs, kv = 608.0, 96 * 1000.0 + 512 * 256.0, 96 * 1000.0 + 512.0
+    extra = host.step_time_s(n, pairs, kv, 97) - base.step_time_s(n, pairs, kv, 97)
+    assert extra == pytest.approx(97 * 17e-6 + 608 * 0.3e-6, rel=1e-9)
+    assert base.step_time_s(n, pairs, kv, 97) == base.step_time_s(n, pairs, kv, 1)  # neutral default
+    assert host.step_breakdown(n, pairs, kv, 97)["host_s"] == pytest.approx(extra, rel=1e-9)
+    # a decode step counts each decode as a sequence
+    d = host.decode_step_time_s(64, 64_000) - base.decode_step_time_s(64, 64_000)
+    assert d == pytest.approx(64 * (17e-6 + 0.3e-6), rel=1e-9)
+
+
+def test_fast_paths_stay_bitwise_equal_with_host_overheads() -> None:
+    cm = CostModel(_spec("Llama-3.1-70B", tp=4, cost=HOST))
+    n, ctx0, k = 40, 40 * 700, 6
+    ends = cm.decode_step_ends(1.0, n, ctx0, k)
+    e, manual = 1.0, []
+    for j in range(k):
+        c = float(ctx0 + j * n)
+        e += cm.step_time_fast(float(n), c, c, float(n))
+        manual.append(e)
+    assert ends == manual
+    ctx = np.array([float(ctx0 + j * n) for j in range(k)])
+    arr = cm.decode_step_times_fast(float(n), ctx)
+    assert list(arr) == [cm.step_time_fast(float(n), c, c, float(n)) for c in ctx]
+    assert list(cm.step_times_fast(np.full(k, float(n)), ctx, ctx, float(n))) == list(arr)
+
+
+def test_ring_allreduce_latency_grows_with_the_ring_steps() -> None:
+    """α-β ring: 2(tp-1) hops each pay allreduce_hop_latency_s, two all-reduces per layer."""
+    m = get_model("Llama-3.1-70B")
+    cost = CostParams(allreduce_bw_efficiency=1.0, allreduce_latency_s=0.0, allreduce_hop_latency_s=4e-6)
+    comm = {tp: CostModel(_spec("Llama-3.1-70B", tp=tp, cost=cost)).step_breakdown(1, 1000, 1000)["comm_s"]
+            for tp in (2, 4, 8)}
+    g = get_gpu("H100-SXM")
+    for tp, v in comm.items():
+        ring = 2 * (tp - 1) / tp
+        expected = 2 * m.n_layers * (ring * m.hidden_size * 2 / g.nvlink_bytes_per_s + 2 * (tp - 1) * 4e-6)
+        assert v == pytest.approx(expected, rel=1e-12)
+    assert comm[2] < comm[4] < comm[8]
