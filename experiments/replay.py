@@ -80,7 +80,7 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None) -> Instan
                     max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
                     enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
-                    block_size_tokens=16)
+                    block_size_tokens=16, weight_dtype=exp.weight_dtype)
     if cost is not None:
         kw["cost"] = cost
     spec = InstanceSpec(**kw)

@@ -60,6 +60,13 @@ class CostParams:
             delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
             multi-byte character, and the runs generate random-token text); a calibration measures it.
 
+        moe_efficiency: achieved share of the dense roofline rates (``mfu_max`` x peak FLOP/s and
+            ``mbu`` x HBM bandwidth) in the routed-expert kernels of a mixture-of-experts model,
+            0 < x <= 1: expert FLOPs and expert weight bytes are divided by it
+            (:mod:`~kvsched.envs.sim.cost_model`). Default 1.0 (neutral: the experts run as
+            efficiently as a dense MLP); a calibration on MoE runs measures it. Dense models never
+            read it.
+
     The front-end overheads are latencies, not GPU time: the engine is not busy during them
     (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
 
@@ -77,6 +84,7 @@ class CostParams:
     prompt_token_overhead_s: float = 4.2e-6
     output_token_overhead_s: float = 45.9e-6
     first_chunk_delay_tokens: float = 0.0
+    moe_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -90,6 +98,7 @@ class CostParams:
         non_negative("CostParams", "prompt_token_overhead_s", self.prompt_token_overhead_s)
         non_negative("CostParams", "output_token_overhead_s", self.output_token_overhead_s)
         non_negative("CostParams", "first_chunk_delay_tokens", self.first_chunk_delay_tokens)
+        real_in("CostParams", "moe_efficiency", self.moe_efficiency, lambda x: 0 < x <= 1, "a number in (0, 1]")
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:
