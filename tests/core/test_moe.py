@@ -266,3 +266,31 @@ def test_expert_parallel_on_a_dense_model_is_refused() -> None:
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"weight_dtype='int8'"):
         InstanceSpec(get_model("Mixtral-8x7B"), get_gpu("H100-SXM"), tp=2, weight_dtype="int8")
+
+
+# ------------------------------------------------------------------------------ calibration
+
+@pytest.mark.parametrize(("model", "tp"), [("Mixtral-8x7B", 2), ("Llama-4-Scout-17B-16E-FP8", 2)])
+def test_calibration_recovers_known_moe_parameters_from_synthetic_step_times(model: str, tp: int) -> None:
+    """Step times generated with a known expert efficiency, MBU and MFU (decode batches of 1-128 and
+    prefill chunks, as a step trace would give them) are fitted back by the project's least-squares
+    calibration (``fit_cost_params``) from the literature defaults."""
+    from kvsched.envs.sim.calibration import FitParam, fit_cost_params
+
+    truth = CostParams(mfu_max=0.55, mbu=0.81, moe_efficiency=0.62, step_overhead_s=7e-4)
+    batches = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128], dtype=np.float64)
+    chunks = np.array([256, 512, 1024, 2048], dtype=np.float64)
+    n = np.concatenate([batches, chunks])
+    pairs = np.concatenate([batches * 800.0, chunks * (300.0 + chunks / 2.0)])
+    kv = np.concatenate([batches * 800.0, chunks + 300.0])
+    measured = _cm(model, tp, cost=truth).step_times_fast(n, pairs, kv)
+
+    def residuals(c: CostParams) -> np.ndarray:
+        return np.log(_cm(model, tp, cost=c).step_times_fast(n, pairs, kv) / measured)
+
+    start = CostParams(step_overhead_s=7e-4)  # mfu_max 0.6, mbu 0.75, moe_efficiency 1.0
+    fit = fit_cost_params(residuals, start, (FitParam("mfu_max", 0.15, 1.0), FitParam("mbu", 0.3, 1.0),
+                                             FitParam("moe_efficiency", 0.1, 1.0)),
+                          max_nfev=60, loss="linear", diff_step=1e-4, xtol=1e-10, ftol=1e-12)
+    for name in ("mfu_max", "mbu", "moe_efficiency"):
+        assert fit.values[name] == pytest.approx(getattr(truth, name), rel=1e-3), (name, fit.values)
