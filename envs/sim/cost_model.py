@@ -303,7 +303,8 @@ class CostModel:
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n_tokens)
             compute = compute + x_compute
-            memory = ((self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes) / self._eff_bw
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         return ((compute if compute >= memory else memory) + self._overhead
@@ -327,7 +328,8 @@ class CostModel:
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n_tokens)
             compute = compute + x_compute
-            memory = ((self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes) / self._eff_bw
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         gpu = compute if compute >= memory else memory
@@ -346,7 +348,8 @@ class CostModel:
         if self._moe:
             x_compute, x_bytes = self._moe_extra_array(n_tokens)
             compute = compute + x_compute
-            memory = ((self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes) / self._eff_bw
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         gpu = np.maximum(compute, memory)
@@ -436,7 +439,8 @@ class CostModel:
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n)
             compute = compute + x_compute
-            memory = ((self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) + x_bytes) / self._eff_bw
+            hbm_ctx = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) + x_bytes
+            memory = hbm_ctx / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
         return np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)

@@ -183,11 +183,11 @@ def test_moe_compute_counts_the_active_experts_with_a_per_expert_mfu_ramp() -> N
 
 
 def test_moe_efficiency_slows_only_the_expert_terms() -> None:
-    fast, slow = _cm("Mixtral-8x7B", 2), _cm("Mixtral-8x7B", 2, cost=CostParams(**{**COST.__dict__, "moe_efficiency": 0.5}))
+    half = CostParams(**{**COST.__dict__, "moe_efficiency": 0.5})
+    fast, slow = _cm("Mixtral-8x7B", 2), _cm("Mixtral-8x7B", 2, cost=half)
     assert slow.step_time_fast(20.0, 1e4, 1e4) > fast.step_time_fast(20.0, 1e4, 1e4)
     dense = _cm("Llama-2-70B", 4)
-    assert _cm("Llama-2-70B", 4, cost=CostParams(**{**COST.__dict__, "moe_efficiency": 0.5})).step_time_fast(
-        20.0, 1e4, 1e4) == dense.step_time_fast(20.0, 1e4, 1e4)
+    assert _cm("Llama-2-70B", 4, cost=half).step_time_fast(20.0, 1e4, 1e4) == dense.step_time_fast(20.0, 1e4, 1e4)
 
 
 def test_expert_parallel_swaps_the_moe_all_reduces_for_all_to_all() -> None:
@@ -239,8 +239,10 @@ _MOE_OK = dict(name="tiny-moe", n_layers=4, hidden_size=256, n_heads=8, n_kv_hea
     ({"experts_per_token": 0}, r"experts_per_token=0"),
     ({"expert_intermediate_size": 0}, r"expert_intermediate_size=0"),
     ({"n_experts": -1}, r"n_experts=-1"),
-    ({"n_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 128}, r"expert_intermediate_size=128 .*dense"),
-    ({"n_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 0, "routing_skew": 0.5}, r"routing_skew=0.5"),
+    ({"n_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 128},
+     r"expert_intermediate_size=128 .*dense"),
+    ({"n_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 0, "routing_skew": 0.5},
+     r"routing_skew=0.5"),
     ({"first_dense_layers": 4}, r"first_dense_layers=4 .*n_layers=4"),
     ({"moe_layer_step": 5}, r"moe_layer_step=5 .*at least one MoE layer"),
     ({"moe_layer_step": 0}, r"moe_layer_step=0"),
@@ -294,3 +296,17 @@ def test_calibration_recovers_known_moe_parameters_from_synthetic_step_times(mod
                           max_nfev=60, loss="linear", diff_step=1e-4, xtol=1e-10, ftol=1e-12)
     for name in ("mfu_max", "mbu", "moe_efficiency"):
         assert fit.values[name] == pytest.approx(getattr(truth, name), rel=1e-3), (name, fit.values)
+
+
+def test_moe_instance_specs_round_trip_through_dicts_with_inline_models() -> None:
+    from kvsched.envs.sim.specs import instance_spec_from_dict, instance_spec_to_dict
+
+    spec = InstanceSpec(get_model("Llama-4-Scout-17B-16E-FP8"), get_gpu("H100-SXM"), tp=2, expert_parallel=True)
+    d = instance_spec_to_dict(spec)
+    assert d["model"]["n_experts"] == 16 and d["model"]["weight_dtype"] == "fp8" and d["expert_parallel"] is True
+    back = instance_spec_from_dict(d)
+    assert back == spec and CostModel(back).step_time_fast(9.0, 9e3, 9e3) == CostModel(spec).step_time_fast(9.0, 9e3, 9e3)
+    with pytest.raises(ConfigError, match=r"expert_parallel='yes' .*true or false"):
+        instance_spec_from_dict({**d, "expert_parallel": "yes"})
+    with pytest.raises(ConfigError, match=r"routing_skew"):
+        instance_spec_from_dict({**d, "model": {**d["model"], "routing_skew": "lots"}})
