@@ -305,7 +305,8 @@ def test_moe_instance_specs_round_trip_through_dicts_with_inline_models() -> Non
     d = instance_spec_to_dict(spec)
     assert d["model"]["n_experts"] == 16 and d["model"]["weight_dtype"] == "fp8" and d["expert_parallel"] is True
     back = instance_spec_from_dict(d)
-    assert back == spec and CostModel(back).step_time_fast(9.0, 9e3, 9e3) == CostModel(spec).step_time_fast(9.0, 9e3, 9e3)
+    assert back == spec
+    assert CostModel(back).step_time_fast(9.0, 9e3, 9e3) == CostModel(spec).step_time_fast(9.0, 9e3, 9e3)
     with pytest.raises(ConfigError, match=r"expert_parallel='yes' .*true or false"):
         instance_spec_from_dict({**d, "expert_parallel": "yes"})
     with pytest.raises(ConfigError, match=r"routing_skew"):
