@@ -50,7 +50,11 @@ t_compute   = FLOPs_dense·(n + h)/(F·mfu_max·n)  +  c_e·(k·n + h·D(n)) / (
 Bytes       = W_d + w_e·D(n)/η_moe + kvt·kv_tokens            W_d = weight bytes / tp less all routed experts
 ```
 
-with ``c_e = 2·L_moe·P_e/tp`` and ``w_e = L_moe·P_e·bytes/tp``. The expert term is the MFU ramp
+with ``c_e = 2·L_moe·P_e/tp`` and ``w_e = L_moe·P_e·bytes/tp``, n here being the step's tokens
+after CUDA-graph padding (:func:`cuda_graph_tokens`: vLLM V1 runs a step of up to 512 tokens padded
+to its next capture size, 1, 2, 4 or a multiple of 8, and the padded slots, holding stale token
+ids, are routed to experts too; the dense part keeps the unpadded n, where padding changes nothing
+that a memory-bound decode step would show). The expert term is the MFU ramp
 applied per expert: n tokens put m = k·n/D(n) tokens on each activated expert, and
 2·k·n·L_moe·P_e/tp FLOPs at MFU(m) = mfu_max·m/(m + h) is the term above. **Tensor parallel**
 (default; vLLM's default): every expert is sharded over the tp ranks, each rank reads 1/tp of
@@ -89,6 +93,32 @@ from .model_spec import distinct_experts_table
 
 ACTIVATION_BYTES = 2.0
 """Bytes per activation element in TP all-reduces (bf16 activations, also with fp8 weights)."""
+
+CUDA_GRAPH_MAX_TOKENS = 512
+"""Largest step vLLM V1 runs as a captured CUDA graph: its default capture sizes are 1, 2, 4 and
+the multiples of 8 up to 512 (``CompilationConfig.cudagraph_capture_sizes``, vLLM 0.8-0.9; 0.10+
+steps by 16 above 256 and stops at 2·max_num_seqs, which changes no expert count below)."""
+
+
+def cuda_graph_tokens(n_tokens: float) -> float:
+    """Tokens a vLLM V1 step of ``n_tokens`` actually runs through the model: padded up to the next
+    CUDA-graph capture size (1, 2, 4, then multiples of 8) when ``n_tokens <=``
+    :data:`CUDA_GRAPH_MAX_TOKENS`, else unchanged. vLLM ``GPUModelRunner``:
+    ``num_input_tokens = vllm_config.pad_for_cudagraph(num_scheduled_tokens)``, run on the
+    persistent ``input_ids`` buffer, whose padded slots hold earlier steps' tokens, so they are
+    routed to experts like real ones. 0 stays 0."""
+    if n_tokens <= 0.0 or n_tokens > CUDA_GRAPH_MAX_TOKENS:
+        return n_tokens
+    if n_tokens <= 4.0:
+        return 1.0 if n_tokens <= 1.0 else (2.0 if n_tokens <= 2.0 else 4.0)
+    return math.ceil(n_tokens / 8.0) * 8.0
+
+
+def _cuda_graph_tokens_array(n: np.ndarray) -> np.ndarray:
+    """:func:`cuda_graph_tokens` elementwise (same IEEE operations)."""
+    small = np.where(n <= 1.0, 1.0, np.where(n <= 2.0, 2.0, 4.0))
+    padded = np.where(n <= 4.0, small, np.ceil(n / 8.0) * 8.0)
+    return np.where((n <= 0.0) | (n > CUDA_GRAPH_MAX_TOKENS), n, padded)
 
 
 def _all_nonneg(a: np.ndarray) -> bool:
@@ -224,15 +254,18 @@ class CostModel:
         return np.where(big, self._distinct[self._distinct_last], d)
 
     def _moe_extra(self, n: float) -> tuple[float, float]:
-        """(extra compute s, extra HBM bytes) of the routed experts for a step of ``n`` tokens."""
-        d = self.distinct_experts(n)
-        return (self._expert_flops_coef * (self._experts_per_token * n + self._mfu_half * d) / self._expert_eff_flops,
+        """(extra compute s, extra HBM bytes) of the routed experts for a step of ``n`` tokens, run
+        as ``g = cuda_graph_tokens(n)`` tokens (the padded ones are routed too)."""
+        g = cuda_graph_tokens(n)
+        d = self.distinct_experts(g)
+        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
                 self._expert_bytes_per_distinct * d)
 
     def _moe_extra_array(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_moe_extra` elementwise (same IEEE operations)."""
-        d = self._distinct_array(n)
-        return (self._expert_flops_coef * (self._experts_per_token * n + self._mfu_half * d) / self._expert_eff_flops,
+        g = _cuda_graph_tokens_array(n)
+        d = self._distinct_array(g)
+        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
                 self._expert_bytes_per_distinct * d)
 
     # ------------------------------------------------------------------ step time

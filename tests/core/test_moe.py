@@ -160,11 +160,26 @@ def test_a_decode_step_reads_the_weights_of_the_experts_it_activates() -> None:
     cm, m = CostModel(spec), spec.model
     expert_bytes = m.n_moe_layers * m.expert_params * 2.0 / 2  # bf16, one expert of every layer, per rank
     static = spec.weight_bytes_per_gpu - m.n_experts * expert_bytes
-    for n in (1, 3, 20, 5000):
+    # tokens as run: padded to the next CUDA-graph size up to 512 tokens (1, 2, 4, multiples of 8)
+    for n, run in ((1, 1), (3, 4), (20, 24), (5000, 5000)):
         hbm = cm.step_breakdown(float(n), 0.0, 0.0)["hbm_bytes"]
-        assert hbm == pytest.approx(static + m.expected_distinct_experts(n) * expert_bytes, rel=1e-12)
+        assert hbm == pytest.approx(static + m.expected_distinct_experts(run) * expert_bytes, rel=1e-12)
     # all experts once a step has enough tokens: the dense model's bytes
     assert cm.step_breakdown(5000.0, 0.0, 0.0)["hbm_bytes"] == pytest.approx(spec.weight_bytes_per_gpu, rel=1e-9)
+
+
+def test_steps_run_padded_to_the_next_cuda_graph_size_and_padded_tokens_reach_experts() -> None:
+    from kvsched.envs.sim.cost_model import _cuda_graph_tokens_array, cuda_graph_tokens
+
+    n = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 8.0, 9.0, 11.0, 255.5, 256.0, 505.0, 512.0, 513.0, 4096.0])
+    want = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0, 256.0, 256.0, 512.0, 512.0, 513.0, 4096.0]
+    assert [cuda_graph_tokens(float(x)) for x in n] == want == list(_cuda_graph_tokens_array(n))
+    scout = _cm("Llama-4-Scout-17B-16E-FP8", 2)
+    # 11 decodes run as 16 tokens: the weights of D(16) experts, not D(11)
+    b11, b16 = scout.step_breakdown(11.0, 0.0, 0.0), scout.step_breakdown(16.0, 0.0, 0.0)
+    assert b11["hbm_bytes"] == b16["hbm_bytes"]
+    dense = _cm("Llama-2-7B")  # dense steps: unpadded (their weights are read whole anyway)
+    assert dense.step_breakdown(11.0, 0.0, 0.0)["flops"] < dense.step_breakdown(16.0, 0.0, 0.0)["flops"]
 
 
 def test_moe_compute_counts_the_active_experts_with_a_per_expert_mfu_ramp() -> None:
