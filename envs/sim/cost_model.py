@@ -140,8 +140,10 @@ class CostModel:
 
     - ``matmul_params_per_gpu`` P_m = model.matmul_params / tp (lm_head included, input embedding
       excluded). KV-projection weights replicated when tp > n_kv_heads are not counted twice.
+      Mixture of experts: the matmul parameters less all routed experts (P_d of the module docstring).
     - ``weight_bytes_per_gpu`` W = spec.weight_bytes_per_gpu (read once per step; embeddings included,
-      as in the §5.3 worked example).
+      as in the §5.3 worked example). Mixture of experts: less all routed experts (W_d); a step adds
+      the experts it activates.
     - ``kv_bytes_per_token_per_gpu`` kvt = spec.kv_bytes_per_block_per_gpu / block_size_tokens.
     - ``attn_flops_per_pair_per_gpu`` A = model.attn_flops_per_pair / tp.
     - ``peak_flops_per_s`` F = gpu.fp8_flops_per_s for fp8 weights, else gpu.bf16_flops_per_s.
