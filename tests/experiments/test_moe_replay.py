@@ -25,9 +25,11 @@ server's cold start, which a capped replay leaves out by design)."""
 
 
 @pytest.mark.parametrize(("exp_id", "bound"), [
-    # APE today at a 60 s stage cap: <= 11.8 % (ITL +9.5-11.8 %); Scout codegen <= 5.9 %
+    # largest APE of the guarded metrics today, at a 60 s stage cap: Mixtral codegen 11.9 (ITL),
+    # Scout codegen 5.6, Scout general 11.0 (its 2.5 req/s stage: CUDA-graph padding, cost_model.py)
     ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 15.0),
     ("20-llama-4-scout-17b-16e-tp2-codegen-2", 10.0),
+    ("17-llama-4-scout-17b-16e-tp2-general-lite-2-1", 15.0),
 ])
 def test_moe_replay_stays_within_the_error_it_reaches(real, exp_id: str, bound: float) -> None:
     from kvsched.experiments.replay import ape, replay
