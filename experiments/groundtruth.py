@@ -49,8 +49,8 @@ from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetErro
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
-__all__ = ["METRICS", "PEERS", "Experiment", "GroundTruthMissing", "StageMeasurement", "find_groundtruth",
-           "load_experiments", "retokenization"]
+__all__ = ["METRICS", "PEERS", "PRECISIONS", "Experiment", "GroundTruthMissing", "StageMeasurement",
+           "find_groundtruth", "load_experiments", "retokenization", "weight_dtype_for"]
 
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 """Metric names of the sim-to-real table (all in ms)."""
