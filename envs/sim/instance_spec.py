@@ -242,6 +242,8 @@ class InstanceSpec:
         require(isinstance(self.expert_parallel, bool), f"{o}.expert_parallel", self.expert_parallel, "true or false")
         require(not self.expert_parallel or m.is_moe, f"{o}.expert_parallel", self.expert_parallel,
                 f"false for {m.name}, a dense model (expert parallelism needs n_experts > 0)")
+        require(not self.expert_parallel or m.n_experts >= self.tp, f"{o}.expert_parallel", self.expert_parallel,
+                f"false at tp={self.tp} for {m.name}'s {m.n_experts} experts (each rank holds at least one)")
         require(self.kv_dtype in KV_DTYPES, f"{o}.kv_dtype", self.kv_dtype, f"one of {', '.join(KV_DTYPES)}")
         int_at_least(o, "block_size_tokens", self.block_size_tokens, 1)
         real_in(o, "gpu_memory_utilization", self.gpu_memory_utilization, lambda x: 0 < x <= 1,

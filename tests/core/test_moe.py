@@ -281,6 +281,10 @@ def test_expert_parallel_on_a_dense_model_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"expert_parallel=True .*dense model") as e:
         InstanceSpec(get_model("Llama-2-7B"), get_gpu("H100-SXM"), expert_parallel=True)
     assert "\n" not in str(e.value)
+    tiny = ModelSpec(**{**_MOE_OK, "n_experts": 2, "experts_per_token": 1})
+    with pytest.raises(ConfigError, match=r"expert_parallel=True .*tp=4 .*2 experts") as e:
+        InstanceSpec(tiny, get_gpu("H100-SXM"), tp=4, expert_parallel=True)
+    assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"weight_dtype='int8'"):
         InstanceSpec(get_model("Mixtral-8x7B"), get_gpu("H100-SXM"), tp=2, weight_dtype="int8")
 
