@@ -49,8 +49,8 @@ from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetErro
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
-__all__ = ["METRICS", "PEERS", "Experiment", "GroundTruthMissing", "StageMeasurement", "find_groundtruth",
-           "load_experiments", "retokenization"]
+__all__ = ["METRICS", "PEERS", "PRECISIONS", "Experiment", "GroundTruthMissing", "StageMeasurement",
+           "find_groundtruth", "load_experiments", "retokenization", "weight_dtype_for"]
 
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 """Metric names of the sim-to-real table (all in ms)."""
@@ -77,6 +77,10 @@ _RETOKENIZATION: dict[str, tuple[float, float, str]] = {
                 "mean of measured stage-0 successes.prompt_len / (system_prompt_len + question_len) over "
                 "the 8 Llama-2 runs of training_default_args (1.045-1.052); jitter = (p90 - p10)/2.563 "
                 "/ sqrt(nominal), 0.25-0.32 over the same runs"),
+    "mixtral": (1.0420, 0.25,
+                "mean of measured stage-0 successes.prompt_len / (system_prompt_len + question_len) over "
+                "the 4 Mixtral-8x7B runs of training_default_args (1.040-1.043); jitter as for Llama-2, "
+                "0.22-0.30 over the same runs"),
 }
 """Re-tokenisation of inference-perf's random-token prompts per tokenizer family:
 (prompt_scale, prompt_jitter, source)."""
@@ -124,12 +128,13 @@ def find_groundtruth(path: str | os.PathLike | None = None) -> Path:
 def retokenization(model_id: str) -> tuple[float, float, str]:
     """``(prompt_scale, prompt_jitter, source)`` for the tokenizer of HF ``model_id``.
 
-    Llama-2 tokenizers: measured (see :data:`_RETOKENIZATION`). Others: ``(1.0, 0.0)``, no
+    Llama-2 and Mixtral tokenizers: measured (see :data:`_RETOKENIZATION`). Others: ``(1.0, 0.0)``, no
     measurement is published (the sim-to-real csv carries no prompt lengths).
     """
     key = model_id.lower()
-    if "llama-2" in key:
-        return _RETOKENIZATION["llama-2"]
+    for family in _RETOKENIZATION:
+        if family in key:
+            return _RETOKENIZATION[family]
     return 1.0, 0.0, "no measured prompt lengths for this tokenizer: nominal lengths"
 
 
@@ -185,6 +190,9 @@ class Experiment:
             ``profile.yaml`` or blis experiments entry), ``"blis:<id>"`` (another blis entry of the
             same model and family) or ``"family:<run folder>"`` (the training_default_args
             ``profile.yaml`` of the same family, the groundtruth README's recipe; rates may differ).
+        weight_dtype: ``InstanceSpec.weight_dtype`` of the run: "auto" (the checkpoint's, e.g.
+            FP8 for RedHatAI's FP8-dynamic checkpoint) or the dtype the run's ``precision``
+            column names for a 16-bit checkpoint (:func:`weight_dtype_for`).
     """
 
     exp_id: str
@@ -207,6 +215,7 @@ class Experiment:
     dp: int = 1
     precision: str = "BF16"
     workload_source: str = "run"
+    weight_dtype: str = "auto"
 
     @property
     def family(self) -> str:
@@ -237,6 +246,38 @@ def _preset(model_id: str) -> str | None:
         return get_model(model_id).name
     except UnknownPresetError:
         return None
+
+
+def _unmodelled(model_id: str) -> str:
+    return (f"model {bounded_repr(model_id)} matches no kvsched model preset (envs/sim/model_spec.py "
+            "MODEL_ALIASES)")
+
+
+PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8", "NVFP4": "nvfp4"}
+"""The sim-to-real csv's ``precision`` column -> kvsched weight dtype."""
+
+
+def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:
+    """``(InstanceSpec.weight_dtype, skip reason or None)`` of a run logged with ``precision``.
+
+    A missing precision (NaN) or one that names the checkpoint's own dtype gives "auto"; FP8/NVFP4
+    on a 16-bit checkpoint gives that dtype (vLLM ``--quantization``, online quantization). A
+    16-bit precision on a quantized checkpoint contradicts the checkpoint, and an unknown value is
+    not modelled: both give a skip reason.
+    """
+    if isinstance(precision, float) and math.isnan(precision):
+        return "auto", None
+    p = str(precision).strip().upper()
+    if p not in PRECISIONS:
+        return "auto", (f"precision {bounded_repr(precision)} is not modelled (known: "
+                        f"{', '.join(PRECISIONS)})")
+    want, have = PRECISIONS[p], get_model(preset).weight_dtype
+    if want == have or (want == "bf16" and have == "fp16"):
+        return "auto", None
+    if have in ("bf16", "fp16"):
+        return want, None
+    return "auto", (f"precision {p} contradicts the {have} checkpoint of {preset} (vLLM serves a quantized "
+                    "checkpoint as stored)")
 
 
 def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,
@@ -530,9 +571,12 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
     be = blis_entry(d.name)
     preset = _preset(model_id)
     skip = None
+    weight_dtype = "auto"
     if preset is None:
-        skip = f"model {model_id} (mixture of experts) is not modelled by kvsched"
+        skip = _unmodelled(model_id)
     else:
+        weight_dtype, skip = weight_dtype_for(cfg.get("precision") or math.nan, preset)
+    if skip is None:
         failed = sum(s.failures or 0 for s in stages)
         sent = sum(s.count or 0 for s in stages)
         if sent and failed / sent > OVERLOAD_FAILURE_FRACTION:
@@ -555,7 +599,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
         cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=cpu_offload,
         workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
         stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
-        precision=str(cfg.get("precision") or "BF16").upper())
+        precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype)
     spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
     return exp, spec
 
@@ -623,9 +667,11 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         notes.append(f"total_kv_blocks not logged for this configuration: derived from memory at "
                      f"gpu_memory_utilization {util}")
     preset = _preset(model_id)
-    skip = None if preset is not None else f"model {model_id} (mixture of experts, FP8) is not modelled by kvsched"
-    if preset is not None and precision not in ("FP16", "BF16"):
-        skip = f"precision {precision} not replayed"
+    skip = None if preset is not None else _unmodelled(model_id)
+    weight_dtype = "auto"
+    if preset is not None:
+        raw_precision = _column(first, "precision")
+        weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, preset)
     return Experiment(
         exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
         tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,
@@ -634,4 +680,4 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         cpu_offload=cpu_offload,
         workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
         notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
-        workload_source=chosen.source)
+        workload_source=chosen.source, weight_dtype=weight_dtype)

@@ -141,9 +141,7 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
                     gpu_memory_utilization=exp.gpu_memory_utilization,
                     enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
-                    block_size_tokens=16)
-    if exp.precision.upper() == "FP8":
-        kw["weight_dtype"] = "fp8"
+                    block_size_tokens=16, weight_dtype=exp.weight_dtype)
     if cost is not None and gpu.name == get_gpu(cost_gpu).name:
         kw["cost"] = cost
     spec = InstanceSpec(**kw)

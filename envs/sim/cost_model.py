@@ -48,6 +48,42 @@ GPU and DIMM-PIM this way). What cannot overlap is **serial**: one RPC round tri
 the q/k/v/o activations of each PNM-resident decode token crossing the GPU<->PNM link (per TP rank,
 its heads only). The per-step (not per-layer) RPC count follows §3.2 as written [inferred].
 
+**Mixture of experts** (``model.n_experts > 0``). A token runs the attention, dense-layer MLPs
+and shared experts of every layer plus its top-k routed experts in each of the L_moe MoE layers,
+and a step reads the weights of every *distinct* expert its n tokens activate. With P_e =
+3·hidden·expert_width the weights of one expert in one layer, D(n) the expected number of distinct
+experts n tokens activate (``ModelSpec.expected_distinct_experts``: E·(1 − (1 − k/E)^n) under
+uniform routing -- D(1) = k, D(n) -> E), η_moe = ``moe_efficiency`` and h = ``mfu_half_tokens``:
+
+```
+FLOPs_dense = 2·P_d·n + A·attn_pairs                          P_d = (matmul params − all routed experts) / tp
+t_compute   = FLOPs_dense·(n + h)/(F·mfu_max·n)  +  c_e·(k·n + h·D(n)) / (F·mfu_max·η_moe)
+Bytes       = W_d + w_e·D(n)/η_moe + kvt·kv_tokens            W_d = weight bytes / tp less all routed experts
+```
+
+with ``c_e = 2·L_moe·P_e/tp`` and ``w_e = L_moe·P_e·bytes/tp``, n here being the step's tokens
+after CUDA-graph padding (:func:`cuda_graph_tokens`: vLLM V1 runs a step of up to 512 tokens padded
+to its next capture size, 1, 2, 4 or a multiple of 8, and the padded slots, holding stale token
+ids, are routed to experts too; the dense part keeps the unpadded n, where padding changes nothing
+that a memory-bound decode step would show). The expert term is the MFU ramp
+applied per expert: n tokens put m = k·n/D(n) tokens on each activated expert, and
+2·k·n·L_moe·P_e/tp FLOPs at MFU(m) = mfu_max·m/(m + h) is the term above. **Tensor parallel**
+(default; vLLM's default): every expert is sharded over the tp ranks, each rank reads 1/tp of
+each activated expert, and the MoE layers end in the usual all-reduce. **Expert parallel**
+(``InstanceSpec.expert_parallel``, vLLM ``--enable-expert-parallel``): each rank holds E/tp whole
+experts; under uniform routing it reads D(n)/tp of them on average, the same bytes and FLOPs as
+TP (the slowest rank's excess under imbalance is not modelled). Its MoE layers exchange tokens
+instead of all-reducing: each rank dispatches its n/tp tokens' k expert copies to the ranks that
+hold them and combines the results back (all-to-all, as vLLM's all2all backends / DeepEP with
+the tokens split over the ranks), 2·k·n·(tp−1)/tp²·hidden·2 B per rank per MoE layer over the
+link at ``allreduce_bw_efficiency``, two latencies. Dense models take none of these terms (their
+step times are unchanged to the bit).
+
+**Precision.** F is the GPU's dense peak for the weight dtype (``GPUSpec.peak_flops_per_s``:
+fp8 -> FP8 peak, W8A8; nvfp4 -> FP4 peak on GPUs that have one, else BF16). When only the MLPs are
+quantized (``ModelSpec.quantized_weights == "mlp"``) the other matmuls and the attention run at the
+BF16 peak: their FLOPs are scaled by F/F_bf16 into the quantized-peak budget.
+
 All step functions accept scalars or equal-length float64 NumPy arrays and are computed once,
 elementwise, with +, −, ×, ÷ and ``np.maximum`` only, so a scalar call is bitwise identical to
 the same element of an array call. Scalar inputs return NumPy float64 scalars.
@@ -64,9 +100,36 @@ import numpy as np
 
 from .hardware import LinkSpec
 from .instance_spec import InstanceSpec
+from .model_spec import distinct_experts_table
 
 ACTIVATION_BYTES = 2.0
 """Bytes per activation element in TP all-reduces (bf16 activations, also with fp8 weights)."""
+
+CUDA_GRAPH_MAX_TOKENS = 512
+"""Largest step vLLM V1 runs as a captured CUDA graph: its default capture sizes are 1, 2, 4 and
+the multiples of 8 up to 512 (``CompilationConfig.cudagraph_capture_sizes``, vLLM 0.8-0.9; 0.10+
+steps by 16 above 256 and stops at 2·max_num_seqs, which changes no expert count below)."""
+
+
+def cuda_graph_tokens(n_tokens: float) -> float:
+    """Tokens a vLLM V1 step of ``n_tokens`` actually runs through the model: padded up to the next
+    CUDA-graph capture size (1, 2, 4, then multiples of 8) when ``n_tokens <=``
+    :data:`CUDA_GRAPH_MAX_TOKENS`, else unchanged. vLLM ``GPUModelRunner``:
+    ``num_input_tokens = vllm_config.pad_for_cudagraph(num_scheduled_tokens)``, run on the
+    persistent ``input_ids`` buffer, whose padded slots hold earlier steps' tokens, so they are
+    routed to experts like real ones. 0 stays 0."""
+    if n_tokens <= 0.0 or n_tokens > CUDA_GRAPH_MAX_TOKENS:
+        return n_tokens
+    if n_tokens <= 4.0:
+        return 1.0 if n_tokens <= 1.0 else (2.0 if n_tokens <= 2.0 else 4.0)
+    return math.ceil(n_tokens / 8.0) * 8.0
+
+
+def _cuda_graph_tokens_array(n: np.ndarray) -> np.ndarray:
+    """:func:`cuda_graph_tokens` elementwise (same IEEE operations)."""
+    small = np.where(n <= 1.0, 1.0, np.where(n <= 2.0, 2.0, 4.0))
+    padded = np.where(n <= 4.0, small, np.ceil(n / 8.0) * 8.0)
+    return np.where((n <= 0.0) | (n > CUDA_GRAPH_MAX_TOKENS), n, padded)
 
 
 def _all_nonneg(a: np.ndarray) -> bool:
@@ -88,8 +151,10 @@ class CostModel:
 
     - ``matmul_params_per_gpu`` P_m = model.matmul_params / tp (lm_head included, input embedding
       excluded). KV-projection weights replicated when tp > n_kv_heads are not counted twice.
+      Mixture of experts: the matmul parameters less all routed experts (P_d of the module docstring).
     - ``weight_bytes_per_gpu`` W = spec.weight_bytes_per_gpu (read once per step; embeddings included,
-      as in the §5.3 worked example).
+      as in the §5.3 worked example). Mixture of experts: less all routed experts (W_d); a step adds
+      the experts it activates.
     - ``kv_bytes_per_token_per_gpu`` kvt = spec.kv_bytes_per_block_per_gpu / block_size_tokens.
     - ``attn_flops_per_pair_per_gpu`` A = model.attn_flops_per_pair / tp.
     - ``peak_flops_per_s`` F = gpu.fp8_flops_per_s for fp8 weights, else gpu.bf16_flops_per_s.
@@ -103,7 +168,7 @@ class CostModel:
         self.weight_bytes_per_gpu = spec.weight_bytes_per_gpu
         self.kv_bytes_per_token_per_gpu = spec.kv_bytes_per_block_per_gpu / spec.block_size_tokens
         self.attn_flops_per_pair_per_gpu = m.attn_flops_per_pair / tp
-        self.peak_flops_per_s = g.fp8_flops_per_s if spec.weight_dtype == "fp8" else g.bf16_flops_per_s
+        self.peak_flops_per_s = g.peak_flops_per_s(spec.effective_weight_dtype)
         self.hbm_bytes_per_s = g.hbm_bytes_per_s
 
         self._lin_flops_per_token = 2.0 * self.matmul_params_per_gpu
@@ -113,6 +178,9 @@ class CostModel:
         self._overhead = float(c.step_overhead_s)
         self._seq_overhead = float(c.seq_overhead_s)
         self._tok_overhead = float(c.step_token_overhead_s)
+        self._moe = m.is_moe
+        if m.is_moe or m.quantized_weights == "mlp":
+            self._init_moe_and_mixed_precision(spec)
         self._pnm = spec.pnm is not None
         if spec.pnm is not None:
             pnm = spec.pnm
@@ -124,7 +192,9 @@ class CostModel:
             # q, k, v and attention output per token per layer, bf16, this rank's heads
             self._pnm_act_s_per_token = (4.0 * m.n_layers * m.n_heads * m.head_dim * ACTIVATION_BYTES / tp
                                          / pnm.link.bytes_per_s)
-        if tp > 1:
+        if tp > 1 and spec.expert_parallel:
+            self._init_expert_parallel_comm(spec)
+        elif tp > 1:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
             self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
                                     / (g.nvlink_bytes_per_s * c.allreduce_bw_efficiency))
@@ -133,6 +203,89 @@ class CostModel:
         else:
             self._comm_per_token = 0.0
             self._comm_fixed = 0.0
+
+    # ------------------------------------------------------------------ mixture of experts
+
+    def _init_moe_and_mixed_precision(self, spec: InstanceSpec) -> None:
+        """Per-GPU coefficients of the MoE terms and of MLP-only quantization (module docstring)."""
+        m, g, c, tp = spec.model, spec.gpu, spec.cost_params, spec.tp
+        routed = m.routed_expert_params
+        dense_matmul = m.matmul_params - routed
+        scale16 = 1.0
+        if m.quantized_weights == "mlp":
+            scale16 = self.peak_flops_per_s / g.bf16_flops_per_s  # 1.0 when the model is not quantized
+        quant_dense = m.mlp_params - routed  # dense-layer MLPs and shared experts
+        self.matmul_params_per_gpu = dense_matmul / tp
+        self._lin_flops_per_token = 2.0 * (quant_dense + (dense_matmul - quant_dense) * scale16) / tp
+        self.attn_flops_per_pair_per_gpu = m.attn_flops_per_pair * scale16 / tp
+        if not m.is_moe:
+            return
+        eff = float(c.moe_efficiency)
+        expert_bytes = m.expert_params * float(spec.weight_dtype_bytes)
+        self.weight_bytes_per_gpu = spec.weight_bytes_per_gpu - m.n_moe_layers * m.n_experts * expert_bytes / tp
+        self._experts_per_token = float(m.experts_per_token)
+        # c_e·(k·n + h·D(n)) / (F·mfu_max·η): expert FLOPs with the per-expert MFU ramp
+        self._expert_flops_coef = 2.0 * m.n_moe_layers * m.expert_params / tp
+        self._expert_eff_flops = self._eff_flops * eff
+        # w_e·D(n)/η: weight bytes of the distinct experts a step activates
+        self._expert_bytes_per_distinct = m.n_moe_layers * expert_bytes / tp / eff
+        table = distinct_experts_table(m.n_experts, m.experts_per_token, float(m.routing_skew))
+        self._distinct = table
+        self._distinct_list = [float(x) for x in table]
+        self._distinct_step = [float(x) for x in np.diff(table)] + [0.0]
+        self._distinct_step_arr = np.asarray(self._distinct_step)
+        self._distinct_last = len(table) - 1
+
+    def _init_expert_parallel_comm(self, spec: InstanceSpec) -> None:
+        """TP all-reduces after attention (every layer) and after dense MLPs; all-to-all dispatch +
+        combine on the MoE layers (module docstring)."""
+        m, g, c, tp = spec.model, spec.gpu, spec.cost_params, spec.tp
+        link = g.nvlink_bytes_per_s * c.allreduce_bw_efficiency
+        ring = 2.0 * (tp - 1) / tp
+        n_allreduce = 2 * m.n_layers - m.n_moe_layers
+        a2a = 2.0 * m.experts_per_token * (tp - 1) / (tp * tp)  # dispatch + combine, per token
+        self._comm_per_token = ((n_allreduce * ring + m.n_moe_layers * a2a) * m.hidden_size * ACTIVATION_BYTES
+                                / link)
+        # a ring all-reduce takes 2(tp-1) hops, a pairwise all-to-all tp-1 (CostParams.allreduce_hop_latency_s)
+        hop = c.allreduce_hop_latency_s
+        self._comm_fixed = (n_allreduce * (c.allreduce_latency_s + 2.0 * (tp - 1) * hop)
+                            + 2 * m.n_moe_layers * (c.allreduce_latency_s + (tp - 1) * hop))
+
+    def distinct_experts(self, n_tokens: float) -> float:
+        """D(n) of the model for a step of ``n_tokens`` tokens (0.0 for dense models): the table of
+        ``ModelSpec.expected_distinct_experts``, linear between integers (a fractional token
+        count interpolates), its last entry beyond it. Python float arithmetic; bitwise equal to
+        :meth:`_distinct_array`."""
+        if not self._moe:
+            return 0.0
+        i = math.floor(n_tokens)
+        if i >= self._distinct_last:
+            return self._distinct_list[self._distinct_last]
+        return self._distinct_list[i] + (n_tokens - i) * self._distinct_step[i]
+
+    def _distinct_array(self, n: np.ndarray) -> np.ndarray:
+        """:meth:`distinct_experts` elementwise over a float64 array (same IEEE operations)."""
+        fl = np.floor(n)
+        big = fl >= self._distinct_last
+        i = np.where(big, 0.0, fl).astype(np.int64)
+        step = self._distinct_step_arr[i]
+        d = self._distinct[i] + (n - i) * step
+        return np.where(big, self._distinct[self._distinct_last], d)
+
+    def _moe_extra(self, n: float) -> tuple[float, float]:
+        """(extra compute s, extra HBM bytes) of the routed experts for a step of ``n`` tokens, run
+        as ``g = cuda_graph_tokens(n)`` tokens (the padded ones are routed too)."""
+        g = cuda_graph_tokens(n)
+        d = self.distinct_experts(g)
+        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
+                self._expert_bytes_per_distinct * d)
+
+    def _moe_extra_array(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_moe_extra` elementwise (same IEEE operations)."""
+        g = _cuda_graph_tokens_array(n)
+        d = self._distinct_array(g)
+        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
+                self._expert_bytes_per_distinct * d)
 
     # ------------------------------------------------------------------ step time
 
@@ -153,6 +306,10 @@ class CostModel:
         # FLOPs / (F · mfu_max · n/(n + half)), written without a nested division
         compute = flops * (n + self._mfu_half) / (self._eff_flops * n_safe)
         hbm_bytes = self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra_array(n)
+            compute = compute + x_compute
+            hbm_bytes = hbm_bytes + x_bytes
         memory = hbm_bytes / self._eff_bw
         comm = self._comm_per_token * n + self._comm_fixed
         host = self._seq_overhead * seqs + self._tok_overhead * n
@@ -199,7 +356,13 @@ class CostModel:
             return 0.0
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
-        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra(n_tokens)
+            compute = compute + x_compute
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
+        else:
+            memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         return ((compute if compute >= memory else memory) + self._overhead
                 + (self._comm_per_token * n_tokens + self._comm_fixed)
                 + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens))
@@ -219,7 +382,13 @@ class CostModel:
         """
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
-        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra(n_tokens)
+            compute = compute + x_compute
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
+        else:
+            memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         gpu = compute if compute >= memory else memory
         pnm_mem = self._pnm_kv_bytes_per_token * pnm_kv_tokens / self._pnm_kv_per_s
         pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
@@ -234,7 +403,13 @@ class CostModel:
         """:meth:`pnm_step_time_fast` over float64 arrays (``n_tokens > 0``), same operations in order."""
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
-        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra_array(n_tokens)
+            compute = compute + x_compute
+            hbm = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) + x_bytes
+            memory = hbm / self._eff_bw
+        else:
+            memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
         gpu = np.maximum(compute, memory)
         pnm_mem = self._pnm_kv_bytes_per_token * pnm_kv_tokens / self._pnm_kv_per_s
         pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
@@ -287,6 +462,18 @@ class CostModel:
         ends: list[float] = []
         e = start_s
         ctx = ctx0_tokens
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra(n)
+            for _ in range(max_steps):
+                c = float(ctx)
+                compute = (lin + attn * c) * ramp / peak + x_compute
+                memory = ((weights + kv_bytes * c) + x_bytes) / bw
+                e += (compute if compute >= memory else memory) + overhead + comm + host
+                ends.append(e)
+                if e >= horizon_s:
+                    break
+                ctx += n_decodes
+            return ends
         for _ in range(max_steps):
             c = float(ctx)
             compute = (lin + attn * c) * ramp / peak
@@ -310,7 +497,13 @@ class CostModel:
         n = float(n_decodes)
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * ctx_tokens
         compute = flops * (n + self._mfu_half) / (self._eff_flops * n)
-        memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
+        if self._moe:
+            x_compute, x_bytes = self._moe_extra(n)
+            compute = compute + x_compute
+            hbm_ctx = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) + x_bytes
+            memory = hbm_ctx / self._eff_bw
+        else:
+            memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
         return (np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)
                 + (self._seq_overhead * n + self._tok_overhead * n))
 

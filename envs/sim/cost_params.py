@@ -75,6 +75,12 @@ class CostParams:
             2(tp−1)/tp · bytes / (nvlink·η)`` (the α-β model of Thakur, Rabenseifner & Gropp,
             "Optimization of collective communication operations in MPICH", IJHPCA 2005).
             Default 0: the latency is the same at every TP degree, as before.
+        moe_efficiency: achieved share of the dense roofline rates (``mfu_max`` x peak FLOP/s and
+            ``mbu`` x HBM bandwidth) in the routed-expert kernels of a mixture-of-experts model,
+            0 < x <= 1: expert FLOPs and expert weight bytes are divided by it
+            (:mod:`~kvsched.envs.sim.cost_model`). Default 1.0 (neutral: the experts run as
+            efficiently as a dense MLP); a calibration on MoE runs measures it. Dense models never
+            read it.
 
     The front-end overheads are latencies, not GPU time: the engine is not busy during them
     (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
@@ -96,6 +102,7 @@ class CostParams:
     seq_overhead_s: float = 0.0
     step_token_overhead_s: float = 0.0
     allreduce_hop_latency_s: float = 0.0
+    moe_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -112,6 +119,7 @@ class CostParams:
         non_negative("CostParams", "seq_overhead_s", self.seq_overhead_s)
         non_negative("CostParams", "step_token_overhead_s", self.step_token_overhead_s)
         non_negative("CostParams", "allreduce_hop_latency_s", self.allreduce_hop_latency_s)
+        real_in("CostParams", "moe_efficiency", self.moe_efficiency, lambda x: 0 < x <= 1, "a number in (0, 1]")
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:

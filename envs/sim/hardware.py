@@ -41,9 +41,12 @@ class GPUSpec:
             all-reduce). GPUs without NVLink carry their PCIe number.
         pcie_bytes_per_s: achievable host-link bandwidth per direction (pinned H2D/D2H), bytes/s.
         source: where the numbers come from.
+        fp4_flops_per_s: dense FP4 tensor peak, FLOP/s (NVFP4 weights and activations, W4A4);
+            0 (default) = no FP4 tensor cores: vLLM then runs NVFP4 checkpoints as weight-only
+            4-bit (W4A16, the FP4 Marlin kernels), so the math runs at the BF16 peak.
 
     Raises:
-        ConfigError: a non-positive number.
+        ConfigError: a non-positive number (a negative ``fp4_flops_per_s``).
     """
 
     name: str
@@ -54,6 +57,7 @@ class GPUSpec:
     nvlink_bytes_per_s: float
     pcie_bytes_per_s: float
     source: str = ""
+    fp4_flops_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         string("GPUSpec", "name", self.name)
@@ -63,6 +67,19 @@ class GPUSpec:
                      "nvlink_bytes_per_s", "pcie_bytes_per_s"):
             positive(owner, name, getattr(self, name))
         string(owner, "source", self.source)
+        non_negative(owner, "fp4_flops_per_s", self.fp4_flops_per_s)
+
+    def peak_flops_per_s(self, weight_dtype: str) -> float:
+        """Dense tensor peak (FLOP/s) the GEMMs of ``weight_dtype`` weights run at: bf16/fp16 ->
+        ``bf16_flops_per_s``; fp8 -> ``fp8_flops_per_s`` (FP8 weights and activations, W8A8:
+        vLLM's FP8 path quantizes activations dynamically per token on GPUs with FP8 tensor cores;
+        where there are none the preset carries its BF16 peak there); nvfp4 ->
+        ``fp4_flops_per_s`` when > 0, else ``bf16_flops_per_s`` (weight-only W4A16)."""
+        if weight_dtype == "fp8":
+            return self.fp8_flops_per_s
+        if weight_dtype == "nvfp4":
+            return self.fp4_flops_per_s if self.fp4_flops_per_s > 0 else self.bf16_flops_per_s
+        return self.bf16_flops_per_s
 
 
 GPU_PRESETS: dict[str, GPUSpec] = {
@@ -87,7 +104,10 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec("B200", 180e9, 8e12, 2.25e15, 4.5e15, 700e9, 50e9,
                 "REFERENCE §5.2 B200 (HGX): 180 GB usable HBM3e (192 GB physical; SI GB), 8 TB/s, "
                 "~2250 TFLOPS BF16 / ~4500 FP8 dense; NVLink5 ~700 GB/s p2p per direction; host "
-                "link taken as PCIe 5 (~50 GB/s), §5.2 says PCIe 5/6"),
+                "link taken as PCIe 5 (~50 GB/s), §5.2 says PCIe 5/6; FP4 9 PFLOPS dense: NVIDIA "
+                "DGX B200 datasheet, 144 PFLOPS FP4 / 72 PFLOPS FP8 inference with sparsity for 8 "
+                "GPUs = 18 / 9 per GPU, half without sparsity (FP8 4.5 PF matches the figure above)",
+                fp4_flops_per_s=9e15),
         GPUSpec("L40S", 48e9, 0.864e12, 362e12, 733e12, 25e9, 25e9,
                 "L40S datasheet [mem]: 48 GB GDDR6 (SI GB), 864 GB/s, 362 TFLOPS BF16 / 733 FP8 "
                 "dense (BF16 and BW match GT blis/hardware_config.json); no NVLink -> GPU-GPU "

@@ -54,11 +54,17 @@ class InstanceSpec:
         model, gpu: the model and the GPU type (one GPU per TP rank).
         tp: tensor-parallel degree in {1, 2, 4, 8}; n_heads must be divisible by tp, and
             n_kv_heads divisible by tp or tp by n_kv_heads (vLLM's head-sharding rules).
-        weight_dtype: "bf16" (default, model checkpoints' dtype), "fp16" or "fp8".
+        weight_dtype: "auto" (default: the checkpoint's, ``model.weight_dtype``, as vLLM loads a
+            quantized checkpoint as stored), "bf16", "fp16", "fp8" (vLLM ``--quantization fp8`` on a
+            16-bit checkpoint: FP8 weights and dynamic FP8 activations) or "nvfp4" (4-bit weights
+            with FP8 block scales; FP4 math where ``gpu.fp4_flops_per_s > 0``). The resolved dtype
+            is :attr:`effective_weight_dtype`; the model's ``quantized_weights`` says which
+            weights it applies to.
         kv_dtype: vLLM ``--kv-cache-dtype``: "auto" (default, vLLM ``cache_dtype="auto"``: the
             model's activation dtype, i.e. the weight dtype for bf16/fp16 and bf16 for fp8
             checkpoints, whose config dtype stays bfloat16), "bf16", "fp16" or "fp8" (1 byte:
             half the KV bytes per token).
+            For "auto" the activation dtype of a quantized (fp8/nvfp4) model is bf16.
         block_size_tokens: tokens per KV block, 16 (vLLM ``CacheConfig.DEFAULT_BLOCK_SIZE``,
             REFERENCE §0).
         gpu_memory_utilization: share of device memory vLLM may use, 0.9 (vLLM
@@ -136,6 +142,10 @@ class InstanceSpec:
         extra_tiers: further KV tiers (:class:`~kvsched.envs.sim.tiers.TierSpec`), listed after
             NVMe in :attr:`tiers` (swap fallback order), default none. A tier holding swapped
             blocks is a preemption target under its ``preemption_mode`` (default its name).
+        expert_parallel: for a mixture-of-experts model, spread whole experts over the ``tp``
+            ranks (expert parallelism, vLLM ``--enable-expert-parallel``) instead of sharding
+            every expert over them (default False, vLLM's default); tokens then reach their experts'
+            ranks by all-to-all dispatch and combine (:mod:`~kvsched.envs.sim.cost_model`).
         cost: efficiency parameters of the cost model. None (default) means
             :func:`default_cost_params` of the GPU (the calibration file where one exists, else
             the literature defaults); after construction the field always holds a CostParams.
@@ -150,7 +160,7 @@ class InstanceSpec:
     model: ModelSpec
     gpu: GPUSpec
     tp: int = 1
-    weight_dtype: str = "bf16"
+    weight_dtype: str = "auto"
     kv_dtype: str = "auto"
     block_size_tokens: int = 16
     gpu_memory_utilization: float = 0.9
@@ -177,10 +187,12 @@ class InstanceSpec:
     pnm: PNMSpec | None = None
     extra_tiers: tuple[TierSpec, ...] = ()
     prefix_offload: PrefixOffloadSpec | None = None
+    expert_parallel: bool = False
 
     # derived in __post_init__ (not init arguments, not compared)
     _pcie_auto: bool = field(init=False, repr=False, compare=False)
     _cost_auto: bool = field(init=False, repr=False, compare=False)
+    _weight_dtype: str = field(init=False, repr=False, compare=False)
     _weight_dtype_bytes: float = field(init=False, repr=False, compare=False)
     _kv_dtype_bytes: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
@@ -225,8 +237,13 @@ class InstanceSpec:
                 f"a divisor of {m.name}'s n_heads={m.n_heads}")
         require(m.n_kv_heads % self.tp == 0 or self.tp % m.n_kv_heads == 0, f"{o}.tp", self.tp,
                 f"a divisor or multiple of {m.name}'s n_kv_heads={m.n_kv_heads}")
-        require(self.weight_dtype in WEIGHT_DTYPES, f"{o}.weight_dtype", self.weight_dtype,
-                f"one of {', '.join(WEIGHT_DTYPES)}")
+        require(self.weight_dtype == "auto" or self.weight_dtype in WEIGHT_DTYPES, f"{o}.weight_dtype",
+                self.weight_dtype, f"one of auto, {', '.join(WEIGHT_DTYPES)}")
+        require(isinstance(self.expert_parallel, bool), f"{o}.expert_parallel", self.expert_parallel, "true or false")
+        require(not self.expert_parallel or m.is_moe, f"{o}.expert_parallel", self.expert_parallel,
+                f"false for {m.name}, a dense model (expert parallelism needs n_experts > 0)")
+        require(not self.expert_parallel or m.n_experts >= self.tp, f"{o}.expert_parallel", self.expert_parallel,
+                f"false at tp={self.tp} for {m.name}'s {m.n_experts} experts (each rank holds at least one)")
         require(self.kv_dtype in KV_DTYPES, f"{o}.kv_dtype", self.kv_dtype, f"one of {', '.join(KV_DTYPES)}")
         int_at_least(o, "block_size_tokens", self.block_size_tokens, 1)
         real_in(o, "gpu_memory_utilization", self.gpu_memory_utilization, lambda x: 0 < x <= 1,
@@ -300,9 +317,11 @@ class InstanceSpec:
     def _derive_kv_sizes(self) -> None:
         """Bytes per element, KV bytes per token and block (whole instance and per TP rank)."""
         m = self.model
-        w_bytes = DTYPE_BYTES[self.weight_dtype]
+        w_dtype = m.weight_dtype if self.weight_dtype == "auto" else self.weight_dtype
+        w_bytes = DTYPE_BYTES[w_dtype]
+        self._set("_weight_dtype", w_dtype)
         if self.kv_dtype == "auto":
-            kv_bytes = 2.0 if self.weight_dtype == "fp8" else w_bytes
+            kv_bytes = w_bytes if w_dtype in ("bf16", "fp16") else 2.0
         else:
             kv_bytes = DTYPE_BYTES[self.kv_dtype]
         self._set("_weight_dtype_bytes", w_bytes)
@@ -313,7 +332,10 @@ class InstanceSpec:
         heads_per_gpu = max(1, m.n_kv_heads // self.tp)
         self._set("_kv_bytes_per_token", kv_tok)
         self._set("_kv_bytes_per_block", kv_block)
-        self._set("_kv_bytes_per_block_per_gpu", kv_block / m.n_kv_heads * heads_per_gpu)
+        if m.is_mla:  # the latent is shared by all heads: every TP rank caches all of it
+            self._set("_kv_bytes_per_block_per_gpu", kv_block)
+        else:
+            self._set("_kv_bytes_per_block_per_gpu", kv_block / m.n_kv_heads * heads_per_gpu)
         self._set("_weight_bytes_per_gpu", m.weight_bytes(w_bytes) / self.tp)
 
     def _derive_tiers(self) -> None:
@@ -422,7 +444,7 @@ class InstanceSpec:
         m, g = self.model, self.gpu
         usable = self.gpu_memory_utilization * g.hbm_bytes
         weights = self._weight_bytes_per_gpu
-        where = f"{m.name} on {self.tp}x {g.name} (tp={self.tp}, weight_dtype={self.weight_dtype})"
+        where = f"{m.name} on {self.tp}x {g.name} (tp={self.tp}, weight_dtype={self._weight_dtype})"
         if weights >= usable:
             raise ConfigError(
                 f"weights of {where} do not fit: {weights / 1e9:.2f} GB per GPU >= "
@@ -445,8 +467,13 @@ class InstanceSpec:
     # ---------------------------------------------------------------- derived, read-only
 
     @property
+    def effective_weight_dtype(self) -> str:
+        """The weight dtype in force: ``weight_dtype``, or the model's when it is "auto"."""
+        return self._weight_dtype
+
+    @property
     def weight_dtype_bytes(self) -> float:
-        """Bytes per weight element (bf16/fp16: 2, fp8: 1)."""
+        """Bytes per quantized weight element (bf16/fp16: 2, fp8: 1, nvfp4: 0.5625)."""
         return self._weight_dtype_bytes
 
     @property
@@ -470,7 +497,8 @@ class InstanceSpec:
 
         ``kv_bytes_per_block / tp`` when n_kv_heads >= tp (heads are sharded). When tp >
         n_kv_heads, vLLM replicates KV heads so each rank holds exactly one head:
-        ``kv_bytes_per_block / n_kv_heads`` (REFERENCE §5.1).
+        ``kv_bytes_per_block / n_kv_heads`` (REFERENCE §5.1). Latent attention (MLA): the whole
+        ``kv_bytes_per_block`` on every rank (vLLM replicates the latent cache over TP ranks).
         """
         return self._kv_bytes_per_block_per_gpu
 

@@ -8,22 +8,68 @@ safetensors totals the model cards report).
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from .errors import require
 from .registry import Registry
 from .spec_validation import int_at_least, real_in, string
 
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-"""Bytes per element of the weight / KV dtypes we model (vLLM ``--dtype``, ``--kv-cache-dtype``)."""
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
+"""Bytes per element of the weight / KV dtypes we model (vLLM ``--dtype``, ``--kv-cache-dtype``,
+quantized checkpoints). NVFP4: a 4-bit E2M1 value per element plus one FP8 (E4M3) scale per
+16-element block = 4.5 bits (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision
+Inference", developer blog, June 2025; the per-tensor FP32 scale is negligible)."""
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "nvfp4")
+"""Weight dtypes of :class:`ModelSpec` (the checkpoint's) and ``InstanceSpec.weight_dtype``."""
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
+QUANTIZED_WEIGHTS = ("all", "mlp")
+"""Which weights a quantized checkpoint stores in its ``weight_dtype`` (:attr:`ModelSpec.quantized_weights`)."""
+MAX_ROUTING_SKEW = 8.0
+"""Largest Zipf exponent accepted for :attr:`ModelSpec.routing_skew`."""
+
+_TABLE_CAP = 1 << 16
+"""Longest expected-distinct-experts table: steps of more tokens use its last entry (within
+2**-40 of the limit for every preset, whose tables saturate below 2,000 tokens)."""
+
+
+def routing_shares(n_experts: int, skew: float) -> np.ndarray:
+    """Routing shares p_i of ``n_experts`` experts under a Zipf law of exponent ``skew``:
+    p_i ∝ (i + 1)^-skew, i = 0..E−1, summing to 1, largest first (``skew = 0``: uniform 1/E)."""
+    w = np.arange(1, n_experts + 1, dtype=np.float64) ** -float(skew)
+    return w / w.sum()
+
+
+@functools.lru_cache(maxsize=64)
+def distinct_experts_table(n_experts: int, experts_per_token: int, skew: float) -> np.ndarray:
+    """D(n) for n = 0, 1, ..., N (:meth:`ModelSpec.expected_distinct_experts`), a read-only float64
+    array; N is where D(n) reaches its limit to within 2**-40 (relative), at most
+    :data:`_TABLE_CAP`. Computed once per (E, k, skew) and shared."""
+    E, k = int(n_experts), int(experts_per_token)
+    if skew == 0:
+        q = np.array([k / E])
+        counts = np.array([float(E)])
+    else:
+        q = np.minimum(k * routing_shares(E, skew), 1.0)
+        counts = np.ones(E)
+    q_min = float(q.min())
+    n_max = 1 if q_min >= 1.0 else min(_TABLE_CAP, int(math.ceil(40.0 * math.log(2.0) / -math.log1p(-q_min))) + 1)
+    n = np.arange(n_max + 1, dtype=np.float64)
+    table = np.zeros(n_max + 1)
+    for qi, c in zip(q, counts):
+        table += c * (1.0 - np.power(1.0 - qi, n))
+    table.setflags(write=False)
+    return table
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture of a dense decoder-only transformer (what the cost model and KV sizing need).
+    """Architecture of a decoder-only transformer, dense or mixture-of-experts (what the cost
+    model and KV sizing need).
 
     Attributes:
         name: preset / display name.
@@ -40,9 +86,45 @@ class ModelSpec:
             unless the preset docstring says otherwise); vLLM's default ``max_model_len``.
         source: where the numbers come from.
 
+    Mixture of experts (all 0 = a dense model; HF names per family in brackets):
+        n_experts: routed experts per MoE layer, E (``num_local_experts`` Mixtral/Llama-4,
+            ``num_experts`` Qwen-MoE, ``n_routed_experts`` DeepSeek). 0 = dense.
+        experts_per_token: routed experts each token activates, top-k (``num_experts_per_tok``),
+            1 <= k <= E.
+        expert_intermediate_size: width of one expert's gated MLP (``moe_intermediate_size``;
+            Mixtral and Llama-4 ``intermediate_size``). One expert holds 3·hidden·width weights.
+        n_shared_experts: experts every token runs besides its top-k (``n_shared_experts``
+            DeepSeek; Llama-4 1; Qwen1.5-MoE ``shared_expert_intermediate_size`` / width), each
+            ``expert_intermediate_size`` wide.
+        first_dense_layers: leading layers with a dense MLP of ``intermediate_size``
+            (DeepSeek ``first_k_dense_replace``), 0 <= it < n_layers.
+        moe_layer_step: after those, every ``moe_layer_step``-th layer is MoE and the others dense
+            (Llama-4 ``interleave_moe_layer_step``: layer i is MoE when (i + 1) % step == 0,
+            vLLM ``llama4.py``; 1 = all). :attr:`n_moe_layers` counts them.
+        routing_skew: Zipf exponent s of the routing distribution (expert i, 0-based, receives a
+            share proportional to (i + 1)^-s of the routed token slots); 0 (default) = uniform
+            routing. Used only for the expected number of distinct experts a step reads
+            (:meth:`expected_distinct_experts`); needs k·(largest share) <= 1.
+
+    Attention and precision:
+        kv_lora_rank, qk_rope_head_dim: multi-head latent attention (DeepSeek-V2/V3 MLA): each
+            token caches one latent vector of ``kv_lora_rank`` plus one shared RoPE key of
+            ``qk_rope_head_dim`` per layer instead of per-head K and V (DeepSeek-V3 technical
+            report, arXiv 2412.19437, §2.1.1; vLLM's MLA cache holds exactly these
+            ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer, replicated on every
+            TP rank). 0, 0 = standard (grouped-query) attention.
+        weight_dtype: the checkpoint's dtype for its quantized weights (one of
+            :data:`WEIGHT_DTYPES`; "bf16" for an unquantized checkpoint). vLLM loads a quantized
+            checkpoint as it is stored; ``InstanceSpec.weight_dtype = "auto"`` takes this value.
+        quantized_weights: which weights are stored in ``weight_dtype``: "all" (every parameter,
+            the approximation for natively quantized checkpoints) or "mlp" (the dense MLPs and
+            experts only; attention projections, router, embeddings and lm_head stay bf16, e.g.
+            RedHatAI's Llama-4 FP8-dynamic ``quantization_config.ignore`` list).
+
     Raises:
-        ConfigError: a non-positive size, n_heads not a multiple of n_kv_heads, or n_params not
-            larger than the embedding table.
+        ConfigError: a non-positive size, n_heads not a multiple of n_kv_heads, n_params not
+            larger than the embedding table (plus the routed experts), MoE fields on a dense
+            model or out of range, a RoPE dimension without a latent rank, an unknown dtype.
     """
 
     name: str
@@ -56,6 +138,17 @@ class ModelSpec:
     n_params: float
     max_context_tokens: int
     source: str = ""
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    first_dense_layers: int = 0
+    moe_layer_step: int = 1
+    routing_skew: float = 0.0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    weight_dtype: str = "bf16"
+    quantized_weights: str = "all"
 
     def __post_init__(self) -> None:
         owner = f"ModelSpec({self.name!r})"
@@ -66,10 +159,113 @@ class ModelSpec:
             int_at_least(owner, name, getattr(self, name), 1)
         require(self.n_heads % self.n_kv_heads == 0, f"{owner}.n_kv_heads", self.n_kv_heads,
                 f"a divisor of n_heads={self.n_heads} (grouped-query attention)")
-        real_in(owner, "n_params", self.n_params, lambda x: x > self.vocab_size * self.hidden_size,
-              f"a number > vocab_size*hidden_size = {self.vocab_size * self.hidden_size:.4g} "
-              "(the input embedding alone)")
+        self._check_moe(owner)
+        floor = self.vocab_size * self.hidden_size + self.routed_expert_params
+        real_in(owner, "n_params", self.n_params, lambda x: x > floor,
+                f"a number > {floor:.4g} (the input embedding"
+                + (" plus the routed experts)" if self.n_experts else " alone)"))
         string(owner, "source", self.source)
+        for name in ("kv_lora_rank", "qk_rope_head_dim"):
+            int_at_least(owner, name, getattr(self, name), 0)
+        require(self.qk_rope_head_dim == 0 or self.kv_lora_rank > 0, f"{owner}.qk_rope_head_dim",
+                self.qk_rope_head_dim, "0 unless kv_lora_rank > 0 (a latent-attention RoPE key)")
+        require(self.weight_dtype in WEIGHT_DTYPES, f"{owner}.weight_dtype", self.weight_dtype,
+                f"one of {', '.join(WEIGHT_DTYPES)}")
+        require(self.quantized_weights in QUANTIZED_WEIGHTS, f"{owner}.quantized_weights",
+                self.quantized_weights, f"one of {', '.join(QUANTIZED_WEIGHTS)}")
+
+    def _check_moe(self, owner: str) -> None:
+        """The mixture-of-experts fields: all neutral on a dense model, in range on an MoE one."""
+        moe_ints = ("n_experts", "experts_per_token", "expert_intermediate_size", "n_shared_experts",
+                    "first_dense_layers")
+        for name in moe_ints:
+            int_at_least(owner, name, getattr(self, name), 0)
+        int_at_least(owner, "moe_layer_step", self.moe_layer_step, 1)
+        real_in(owner, "routing_skew", self.routing_skew, lambda x: 0 <= x <= MAX_ROUTING_SKEW,
+                f"a number in [0, {MAX_ROUTING_SKEW:g}] (Zipf exponent; 0 = uniform routing)")
+        if self.n_experts == 0:
+            for name in moe_ints[1:]:
+                require(getattr(self, name) == 0, f"{owner}.{name}", getattr(self, name),
+                        "0 on a dense model (set n_experts > 0 for mixture of experts)")
+            require(self.moe_layer_step == 1, f"{owner}.moe_layer_step", self.moe_layer_step,
+                    "1 on a dense model (set n_experts > 0 for mixture of experts)")
+            require(self.routing_skew == 0, f"{owner}.routing_skew", self.routing_skew,
+                    "0 on a dense model (set n_experts > 0 for mixture of experts)")
+            return
+        require(1 <= self.experts_per_token <= self.n_experts, f"{owner}.experts_per_token",
+                self.experts_per_token, f"an integer in [1, n_experts={self.n_experts}]")
+        int_at_least(owner, "expert_intermediate_size", self.expert_intermediate_size, 1)
+        require(self.first_dense_layers < self.n_layers, f"{owner}.first_dense_layers", self.first_dense_layers,
+                f"an integer in [0, n_layers={self.n_layers}) (at least one MoE layer)")
+        require(self.n_moe_layers >= 1, f"{owner}.moe_layer_step", self.moe_layer_step,
+                f"a step leaving at least one MoE layer among layers {self.first_dense_layers}..{self.n_layers - 1}")
+        top = self.experts_per_token * float(routing_shares(self.n_experts, float(self.routing_skew))[0])
+        require(top <= 1.0 + 1e-12, f"{owner}.routing_skew", self.routing_skew,
+                f"a skew whose busiest expert gets <= 1/k of the token slots (k={self.experts_per_token}; "
+                f"this one: {top:.3g}/k)")
+
+    # ------------------------------------------------------------------ mixture of experts
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (``n_experts > 0``)."""
+        return self.n_experts > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Number of MoE layers: layers i >= first_dense_layers with (i + 1) % moe_layer_step == 0
+        (0 for a dense model). Llama-4 convention (vLLM ``llama4.py``); step 1 = every layer."""
+        if not self.n_experts:
+            return 0
+        return sum(1 for i in range(self.first_dense_layers, self.n_layers) if (i + 1) % self.moe_layer_step == 0)
+
+    @property
+    def expert_params(self) -> float:
+        """Weights of one expert in one layer: gate, up and down projections, 3·hidden·width."""
+        return 3.0 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def routed_expert_params(self) -> float:
+        """Weights of all routed experts of all MoE layers: n_moe_layers · E · expert_params."""
+        return float(self.n_moe_layers) * self.n_experts * self.expert_params
+
+    @property
+    def mlp_params(self) -> float:
+        """Weights of all MLPs: dense layers' gated MLPs (3·hidden·intermediate_size) plus every
+        MoE layer's routed and shared experts."""
+        n_dense = self.n_layers - self.n_moe_layers
+        return (n_dense * 3.0 * self.hidden_size * self.intermediate_size
+                + self.n_moe_layers * (self.n_experts + self.n_shared_experts) * self.expert_params)
+
+    @property
+    def active_matmul_params(self) -> float:
+        """Matmul weights one token uses: :attr:`matmul_params` less the routed experts it does
+        not activate, n_moe_layers · (E − k) · expert_params (= matmul_params for dense models)."""
+        return self.matmul_params - float(self.n_moe_layers) * (self.n_experts - self.experts_per_token) \
+            * self.expert_params
+
+    def expected_distinct_experts(self, n_tokens: int) -> float:
+        """Expected number of distinct routed experts ``n_tokens`` tokens activate in one MoE layer.
+
+        Uniform routing (``routing_skew == 0``), each token choosing a uniformly random set of k of
+        the E experts independently: expert i is missed by one token with probability 1 − k/E, by
+        all n with (1 − k/E)^n, so by linearity of expectation (the occupancy problem; Feller,
+        *An Introduction to Probability Theory*, vol. 1, ch. IV)
+
+            D(n) = E · (1 − (1 − k/E)^n),          D(1) = k,   D(n) -> E as n -> inf.
+
+        With a skew, expert i is chosen by a token with probability q_i = k·p_i (p_i the Zipf
+        shares of :func:`routing_shares`) and D(n) = Σ_i (1 − (1 − q_i)^n) (the same argument,
+        treating a token's k picks as independent draws of each expert). 0 for a dense model.
+
+        Raises:
+            ConfigError: ``n_tokens`` not an integer >= 0.
+        """
+        int_at_least(f"ModelSpec({self.name!r})", "expected_distinct_experts(n_tokens)", n_tokens, 0)
+        if not self.n_experts:
+            return 0.0
+        table = distinct_experts_table(self.n_experts, self.experts_per_token, float(self.routing_skew))
+        return float(table[min(int(n_tokens), len(table) - 1)])
 
     @property
     def matmul_params(self) -> float:
@@ -80,14 +276,29 @@ class ModelSpec:
         return float(self.n_params) - float(self.vocab_size) * float(self.hidden_size)
 
     def weight_bytes(self, dtype_bytes: float = 2.0) -> float:
-        """Bytes of all weights at ``dtype_bytes`` per parameter (whole model, all TP ranks)."""
+        """Bytes of all weights (whole model, all TP ranks) when the quantized weights take
+        ``dtype_bytes`` per parameter: n_params · dtype_bytes with ``quantized_weights == "all"``;
+        with "mlp", :attr:`mlp_params` · dtype_bytes + the rest at 2 bytes (bf16)."""
+        if self.quantized_weights == "mlp":
+            mlp = self.mlp_params
+            return (float(self.n_params) - mlp) * 2.0 + mlp * float(dtype_bytes)
         return float(self.n_params) * float(dtype_bytes)
 
-    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
-        """KV bytes of one token over all layers: 2 · n_layers · n_kv_heads · head_dim · bytes.
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
 
-        REFERENCE §5.1 ("KV/token"), whole model (all TP ranks together).
+    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
+        """KV bytes of one token over all layers, whole model (all TP ranks together).
+
+        Grouped-query attention: 2 · n_layers · n_kv_heads · head_dim · bytes (REFERENCE §5.1,
+        "KV/token"). Latent attention (MLA): n_layers · (kv_lora_rank + qk_rope_head_dim) · bytes,
+        the compressed latent and the shared RoPE key (DeepSeek-V3 report §2.1.1; vLLM MLA
+        backends' ``head_size = kv_lora_rank + qk_rope_head_dim``, one per token and layer).
         """
+        if self.kv_lora_rank:
+            return float(self.n_layers) * (self.kv_lora_rank + self.qk_rope_head_dim) * float(kv_dtype_bytes)
         return 2.0 * self.n_layers * self.n_kv_heads * self.head_dim * float(kv_dtype_bytes)
 
     @property
@@ -127,6 +338,48 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   + _HF_COUNT),
         ModelSpec("Yi-34B", 60, 7168, 56, 8, 128, 20480, 64000, 34_388_917_248, 4096,
                   "HF 01-ai/Yi-34B config.json (ctx 4096); " + _HF_COUNT),
+        # ---- mixture of experts (n_params: every expert counted; intermediate_size = the dense
+        # layers' MLP width, unused where every layer is MoE)
+        ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 46_702_792_704, 32768,
+                  "HF mistralai/Mixtral-8x7B-v0.1 config.json (8 experts of 14336, top-2, every layer "
+                  "MoE, GQA 8, no sliding window; also in GT's source repo inference-sim/inference-sim "
+                  "model_configs/mixtral-8x7b-v0.1); " + _HF_COUNT + " (46.7 B)",
+                  n_experts=8, experts_per_token=2, expert_intermediate_size=14336),
+        ModelSpec("Mixtral-8x22B", 56, 6144, 48, 8, 128, 16384, 32000, 140_620_634_112, 65536,
+                  "HF mistralai/Mixtral-8x22B-v0.1 config.json (8 experts of 16384, top-2, GQA 8, "
+                  "vocab 32000; the Instruct repo has 32768); " + _HF_COUNT + " (140.6 B)",
+                  n_experts=8, experts_per_token=2, expert_intermediate_size=16384),
+        ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 30_532_122_624, 40960,
+                  "HF Qwen/Qwen3-30B-A3B config.json (128 experts of 768, top-8, decoder_sparse_step 1, "
+                  "no shared expert, head_dim 128 != 2048/32, QK-norm; also inference-sim/inference-sim "
+                  "model_configs/qwen3-30b-a3b); " + _HF_COUNT + " (30.5 B, 3.3 B active)",
+                  n_experts=128, experts_per_token=8, expert_intermediate_size=768),
+        ModelSpec("Llama-4-Scout-17B-16E", 48, 5120, 40, 8, 128, 16384, 202048, 107_769_861_120, 10485760,
+                  "HF meta-llama/Llama-4-Scout-17B-16E-Instruct config.json text_config (16 experts of "
+                  "8192 + 1 shared, top-1, interleave_moe_layer_step 1; intermediate_size_mlp 16384 for "
+                  "dense layers, none here; chunked local attention of 8192 tokens on 3 of 4 layers is "
+                  "not modelled: same KV as full attention below 8192 tokens); text model only (the "
+                  "vision encoder is not run for text prompts); " + _HF_COUNT + " (107.8 B; 109 B "
+                  "with the vision encoder)",
+                  n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1),
+        ModelSpec("Llama-4-Scout-17B-16E-FP8", 48, 5120, 40, 8, 128, 16384, 202048, 107_769_861_120,
+                  10485760,
+                  "HF RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic config.json (copy in "
+                  "inference-sim/inference-sim model_configs/llama-4-scout-17b-16e-instruct-fp8-dynamic): "
+                  "Llama-4-Scout-17B-16E with FP8 weights (per channel) and dynamic per-token FP8 "
+                  "activations on the MLP/expert Linear layers; quantization_config.ignore keeps "
+                  "attention q/k/v/o, routers, lm_head (and the vision model) in bf16",
+                  n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
+                  weight_dtype="fp8", quantized_weights="mlp"),
+        ModelSpec("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 671_026_419_200, 163840,
+                  "HF deepseek-ai/DeepSeek-V3 config.json (256 experts of 2048 + 1 shared, top-8, "
+                  "first_k_dense_replace 3, MLA kv_lora_rank 512 + qk_rope_head_dim 64, q_lora_rank "
+                  "1536; head_dim = qk_nope 128 + rope 64 = 192 for the attention FLOPs (MHA form, the "
+                  "value head is 128); FP8 block-quantized checkpoint, all weights counted at 1 byte "
+                  "(embeddings and lm_head are bf16 in it: 0.3 % of the bytes); the multi-token-"
+                  "prediction module (14 B) is not loaded); " + _HF_COUNT + " (671.0 B)",
+                  n_experts=256, experts_per_token=8, expert_intermediate_size=2048, n_shared_experts=1,
+                  first_dense_layers=3, kv_lora_rank=512, qk_rope_head_dim=64, weight_dtype="fp8"),
     )
 }
 """Model presets. Sources: each spec's ``source`` (REFERENCE §5.1 and HF config.json)."""
@@ -151,6 +404,17 @@ MODEL_ALIASES: dict[str, str] = {
     "mistralai/mistral-nemo-instruct-2407": "Mistral-Nemo-12B",
     "mistralai/mistral-nemo-base-2407": "Mistral-Nemo-12B",
     "01-ai/yi-34b": "Yi-34B",
+    "mistralai/mixtral-8x7b-v0.1": "Mixtral-8x7B",
+    "mistralai/mixtral-8x7b-instruct-v0.1": "Mixtral-8x7B",
+    "mistralai/mixtral-8x22b-v0.1": "Mixtral-8x22B",
+    "qwen/qwen3-30b-a3b": "Qwen3-30B-A3B",
+    "qwen/qwen3-30b-a3b-base": "Qwen3-30B-A3B",
+    "meta-llama/llama-4-scout-17b-16e": "Llama-4-Scout-17B-16E",
+    "meta-llama/llama-4-scout-17b-16e-instruct": "Llama-4-Scout-17B-16E",
+    "redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic": "Llama-4-Scout-17B-16E-FP8",
+    "deepseek-ai/deepseek-v3": "DeepSeek-V3",
+    "deepseek-ai/deepseek-v3-base": "DeepSeek-V3",
+    "deepseek-ai/deepseek-v3-0324": "DeepSeek-V3",
 }
 """Hugging Face repo ids (lower-case) accepted by :func:`get_model` (as named in GT files)."""
 

@@ -21,7 +21,7 @@ from .errors import MAX_PATH_CHARS, ConfigError, UnknownPresetError, bounded_rep
 from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec, LinkSpec, PNMSpec, get_gpu,
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
-from .model_spec import MODEL_PRESETS, ModelSpec, get_model
+from .model_spec import DTYPE_BYTES, MODEL_PRESETS, ModelSpec, get_model
 from .prefix_offload import PrefixOffloadSpec
 from .spec_validation import as_float, is_int, known_keys
 from .tiers import TierSpec
@@ -103,7 +103,7 @@ _OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "m
                    "max_num_partial_prefills")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
 _STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode", "kv_free_order", "self_preemption")
-_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks")
+_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks", "expert_parallel")
 
 
 def _build(cls: type, d: Any, where: str) -> Any:
@@ -355,8 +355,15 @@ def presets_rows() -> dict[str, list[dict[str, Any]]]:
             "kv_heads": m.n_kv_heads,
             "head_dim": m.head_dim,
             "params_B": round(m.n_params / 1e9, 2),
+            "active_params_B": round((m.active_matmul_params + m.vocab_size * m.hidden_size) / 1e9, 2),
+            "experts": f"{m.n_experts} (top-{m.experts_per_token}" + (f" + {m.n_shared_experts} shared)"
+                                                                     if m.n_shared_experts else ")")
+            if m.is_moe else "-",
+            "weights": m.weight_dtype + (" (MLP)" if m.quantized_weights == "mlp" and m.weight_dtype != "bf16" else ""),
             "weights_GB_bf16": round(m.weight_bytes(2.0) / 1e9, 1),
+            "weights_GB": round(m.weight_bytes(DTYPE_BYTES[m.weight_dtype]) / 1e9, 1),
             "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2.0)),
+            "attention": "MLA" if m.is_mla else ("MHA" if m.n_kv_heads == m.n_heads else "GQA"),
             "max_context_tokens": m.max_context_tokens,
         }
         for m in MODEL_PRESETS.values()
@@ -368,6 +375,7 @@ def presets_rows() -> dict[str, list[dict[str, Any]]]:
             "hbm_TB_per_s": round(g.hbm_bytes_per_s / 1e12, 3),
             "bf16_TFLOPS": round(g.bf16_flops_per_s / 1e12, 1),
             "fp8_TFLOPS": round(g.fp8_flops_per_s / 1e12, 1),
+            "fp4_TFLOPS": round(g.fp4_flops_per_s / 1e12, 1),
             "nvlink_GB_per_s": round(g.nvlink_bytes_per_s / 1e9, 1),
             "pcie_GB_per_s": round(g.pcie_bytes_per_s / 1e9, 1),
         }

@@ -263,6 +263,7 @@ class Scenario:
             del d["instance"]["kv_free_order"]
         if d["instance"]["self_preemption"] == "ends_pass":  # likewise (issue #23)
             del d["instance"]["self_preemption"]
+        _drop_moe_defaults(d["instance"], self.instance_spec())
         partial = d["instance"]["max_num_partial_prefills"]
         if partial is None:
             d["instance"]["max_num_partial_prefills"] = 1
@@ -283,6 +284,30 @@ class Scenario:
     def with_overrides(self, **kw: Any) -> "Scenario":
         """A copy with some fields replaced (validated again)."""
         return replace(self, **kw)
+
+
+_MOE_MODEL_DEFAULTS = {"n_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 0,
+                       "n_shared_experts": 0, "first_dense_layers": 0, "moe_layer_step": 1, "routing_skew": 0.0,
+                       "kv_lora_rank": 0, "qk_rope_head_dim": 0, "weight_dtype": "bf16", "quantized_weights": "all"}
+"""ModelSpec fields added with mixture of experts (issue #22) and their dense defaults."""
+
+
+def _drop_moe_defaults(inst: dict[str, Any], spec: InstanceSpec) -> None:
+    """Leave the fields added with mixture of experts and FP8/NVFP4 (issue #22) out of a resolved
+    instance at their defaults, so scenarios written before them keep their hash: the model's MoE,
+    MLA and precision fields, the GPU's FP4 peak, ``moe_efficiency``, ``expert_parallel``; and
+    ``weight_dtype`` "auto" is written as the dtype it resolves to (it was "bf16" by default)."""
+    for key, default in _MOE_MODEL_DEFAULTS.items():
+        if inst["model"].get(key) == default:
+            del inst["model"][key]
+    if inst["gpu"].get("fp4_flops_per_s") == 0.0:
+        del inst["gpu"]["fp4_flops_per_s"]
+    if inst["cost"].get("moe_efficiency") == 1.0:
+        del inst["cost"]["moe_efficiency"]
+    if inst.get("expert_parallel") is False:
+        del inst["expert_parallel"]
+    if inst["weight_dtype"] == "auto":
+        inst["weight_dtype"] = spec.effective_weight_dtype
 
 
 def _build(cls, d: dict | None, where: str):
