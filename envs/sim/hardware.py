@@ -92,12 +92,14 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 "nominal (NVIDIA A100 datasheet: 600 GB/s GPU-GPU, both directions) -> 240e9 achievable "
                 "[inferred, same ~0.8 ratio as NVLink4]; PCIe 4 "
                 "x16 ~25 GB/s achievable (§5.2)"),
+        # NVLink: NVIDIA H100 datasheet, 900 GB/s per GPU both directions, i.e. 450 per direction;
+        # 375e9 is ~83 % of it. (The source string stays as it was: it is part of every scenario's
+        # hashed resolved instance, and scenario hashes key the bench's stored results.)
         GPUSpec("H100-SXM", 80 * GiB, 3.35e12, 989e12, 1979e12, 375e9, 50e9,
                 "REFERENCE §5.2 H100 SXM: 3.35 TB/s, 989 TFLOPS BF16 / 1979 FP8 dense; HBM 80 GiB "
                 "as in GT blis/hardware_config.json (the device reports ~79.2 GiB usable to vLLM; "
                 "the gap is absorbed by activation_reserve_bytes); NVLink4 ~350-400 GB/s p2p -> "
-                "375e9 (NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions, i.e. 450 per "
-                "direction; ~83 % achieved); PCIe 5 x16 ~50 GB/s achievable"),
+                "375e9; PCIe 5 x16 ~50 GB/s achievable"),
         GPUSpec("H200", 141e9, 4.8e12, 989e12, 1979e12, 375e9, 50e9,
                 "REFERENCE §5.2 H200 SXM: 141 GB HBM3e (SI GB as sold), 4.8 TB/s, 989/1979 TFLOPS; "
                 "NVLink4 ~350-400 GB/s p2p -> 375e9; PCIe 5 ~50 GB/s"),

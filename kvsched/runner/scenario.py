@@ -291,19 +291,28 @@ _MOE_MODEL_DEFAULTS = {"n_experts": 0, "experts_per_token": 0, "expert_intermedi
                        "kv_lora_rank": 0, "qk_rope_head_dim": 0, "weight_dtype": "bf16", "quantized_weights": "all"}
 """ModelSpec fields added with mixture of experts (issue #22) and their dense defaults."""
 
+_COST_DEFAULTS_ADDED = {"moe_efficiency": 1.0, "seq_overhead_s": 0.0, "step_token_overhead_s": 0.0,
+                        "allreduce_hop_latency_s": 0.0}
+"""CostParams fields added in issue #22 and their neutral defaults (left out of the hashed form)."""
+
 
 def _drop_moe_defaults(inst: dict[str, Any], spec: InstanceSpec) -> None:
-    """Leave the fields added with mixture of experts and FP8/NVFP4 (issue #22) out of a resolved
-    instance at their defaults, so scenarios written before them keep their hash: the model's MoE,
-    MLA and precision fields, the GPU's FP4 peak, ``moe_efficiency``, ``expert_parallel``; and
+    """Leave the fields added in issue #22 out of a resolved instance at their defaults, so
+    scenarios written before them keep their hash: the model's MoE, MLA and precision fields, the
+    GPU's FP4 peak, the new cost terms (:data:`_COST_DEFAULTS_ADDED`), ``expert_parallel``, the
+    prefix offload's ``fence_pending_writes``; and
     ``weight_dtype`` "auto" is written as the dtype it resolves to (it was "bf16" by default)."""
     for key, default in _MOE_MODEL_DEFAULTS.items():
         if inst["model"].get(key) == default:
             del inst["model"][key]
     if inst["gpu"].get("fp4_flops_per_s") == 0.0:
         del inst["gpu"]["fp4_flops_per_s"]
-    if inst["cost"].get("moe_efficiency") == 1.0:
-        del inst["cost"]["moe_efficiency"]
+    for key, default in _COST_DEFAULTS_ADDED.items():
+        if inst["cost"].get(key) == default:
+            del inst["cost"][key]
+    offload = inst.get("prefix_offload")
+    if isinstance(offload, dict) and offload.get("fence_pending_writes") is False:
+        del offload["fence_pending_writes"]
     if inst.get("expert_parallel") is False:
         del inst["expert_parallel"]
     if inst["weight_dtype"] == "auto":
