@@ -36,3 +36,19 @@ def test_a_shipped_scenario_is_listed_in_the_scenarios_page(path):
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem.startswith("bench-v1-")], ids=lambda p: p.stem)
 def test_a_bench_scenario_is_named_in_the_bench_page(path):
     assert path.stem in (ROOT / "docs" / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem.startswith("bench-v1-")], ids=lambda p: p.stem)
+def test_a_bench_scenario_pins_every_cost_parameter_so_a_recalibration_leaves_its_results(path):
+    """bench v1's committed results were computed with the H100 calibration version 1; a scenario
+    that left a CostParams field to the GPU default would change with every ``kvsched calibrate``
+    (and a field added later would take the new calibration's value)."""
+    from dataclasses import fields
+
+    import yaml
+
+    from kvsched.envs.sim.specs import CostParams
+
+    pinned = (yaml.safe_load(path.read_text()).get("instance") or {}).get("cost") or {}
+    missing = sorted({f.name for f in fields(CostParams)} - set(pinned))
+    assert not missing, f"{path.name} leaves {missing} to the shipped calibration"
