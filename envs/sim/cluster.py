@@ -123,7 +123,9 @@ class Cluster:
         progress: optional callback ``progress(n_requests_done)`` called every 1,000 requests.
         router_delay_s: staleness of the state routers see (s, >= 0; :mod:`.routing`).
         shared_kv: the cluster KV tier shared by all instances (:mod:`.shared_kv`), or ``None``.
-        seed: handed to the router's ``bind`` (routers with a sampler seed it from their params).
+        seed: handed to the router's ``bind`` (routers with a sampler seed it from their params) and
+            to each instance, whose step-time noise it seeds (:mod:`.step_noise`; only when the
+            cost parameters turn noise on).
         observer: told of routing decisions, steps, preemptions and link copies while the run
             goes on (:mod:`.observer`), or ``None`` (the default: no event is built). It does not
             change the results.
@@ -160,7 +162,7 @@ class Cluster:
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)
         self.metrics = metrics
-        self.instances = [Instance(spec, policy_factory(), self.recorder, i, options)
+        self.instances = [Instance(spec, policy_factory(), self.recorder, i, options, seed)
                           for i, spec in enumerate(specs)]
         if router is None:
             router = RoundRobinPlacement()

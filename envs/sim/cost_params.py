@@ -59,6 +59,16 @@ class CostParams:
             decode step for every model and TP degree. Streaming detokenisation explains such a
             delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
             multi-byte character, and the runs generate random-token text); a calibration measures it.
+        step_time_sigma: σ of the mean-one lognormal factor ``exp(σ·z − σ²/2)``, z ~ N(0, 1), that
+            multiplies every step's time, 0 <= σ <= 1 (:mod:`~.step_noise`; step-to-step variation
+            of kernel and CPU time). Default 0: deterministic step times.
+        hiccup_probability: probability that a step also stalls for an extra exponential delay
+            (a host hiccup: engine-core GC pause, detokenisation burst), 0 <= p < 1. Default 0.
+        hiccup_mean_s: mean of that extra delay, s, >= 0. Default 0 (no hiccup).
+
+    The three tail fields are drawn per step from a generator seeded by the simulation seed and
+    the instance index (:mod:`~.step_noise`); with their defaults nothing is drawn and the step
+    times are those of the roofline, byte for byte.
 
     The front-end overheads are latencies, not GPU time: the engine is not busy during them
     (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
@@ -77,6 +87,9 @@ class CostParams:
     prompt_token_overhead_s: float = 4.2e-6
     output_token_overhead_s: float = 45.9e-6
     first_chunk_delay_tokens: float = 0.0
+    step_time_sigma: float = 0.0
+    hiccup_probability: float = 0.0
+    hiccup_mean_s: float = 0.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -90,6 +103,16 @@ class CostParams:
         non_negative("CostParams", "prompt_token_overhead_s", self.prompt_token_overhead_s)
         non_negative("CostParams", "output_token_overhead_s", self.output_token_overhead_s)
         non_negative("CostParams", "first_chunk_delay_tokens", self.first_chunk_delay_tokens)
+        real_in("CostParams", "step_time_sigma", self.step_time_sigma, lambda x: 0 <= x <= 1, "a number in [0, 1]")
+        real_in("CostParams", "hiccup_probability", self.hiccup_probability, lambda x: 0 <= x < 1,
+                "a number in [0, 1)")
+        non_negative("CostParams", "hiccup_mean_s", self.hiccup_mean_s)
+
+    @property
+    def step_noise_on(self) -> bool:
+        """True when the step times are noisy: ``step_time_sigma > 0`` or a hiccup of positive
+        probability and mean (:mod:`~.step_noise`)."""
+        return self.step_time_sigma > 0 or (self.hiccup_probability > 0 and self.hiccup_mean_s > 0)
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:
