@@ -78,8 +78,9 @@ def _init_worker(groundtruth: str | None, ids: Sequence[str]) -> None:
 
 
 def _replay_one(args: tuple) -> object:
-    idx, cost_fields, stage_cap_s = args
-    return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s)
+    idx, cost_fields, stage_cap_s, seed, client_jitter = args
+    return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s, seed=seed,
+                  client_jitter=client_jitter)
 
 
 class Objective:
@@ -91,10 +92,14 @@ class Objective:
         stage_cap_s: cut every stage to this many seconds (None: full length).
         jobs: worker processes (1: replay in this process).
         groundtruth: ground-truth directory for the workers (they re-read it once).
+        client_jitter: replay with the client's measured send lateness
+            (:func:`~kvsched.experiments.replay.replay`).
     """
 
     def __init__(self, exps: Sequence[Experiment], metrics: Sequence[str] = FIT_METRICS,
-                 stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None) -> None:
+                 stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None,
+                 client_jitter: bool = False) -> None:
+        self.client_jitter = bool(client_jitter)
         self.exps = list(exps)
         self.metrics = tuple(metrics)
         self.stage_cap_s = stage_cap_s
@@ -106,15 +111,17 @@ class Objective:
             self._pool = ctx.Pool(min(self.jobs, len(self.exps)), initializer=_init_worker,
                                   initargs=(groundtruth, [e.exp_id for e in self.exps]))
 
-    def results(self, cost: CostParams) -> list:
-        """The replay results of every experiment for ``cost``."""
+    def results(self, cost: CostParams, seed: int = 0) -> list:
+        """The replay results of every experiment for ``cost`` with replay seed ``seed``."""
         self.calls += 1
         fields = dataclasses.asdict(cost)
         if self._pool is None:
-            return [replay(e, cost, stage_cap_s=self.stage_cap_s) for e in self.exps]
+            return [replay(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter)
+                    for e in self.exps]
         # longest first: better packing on few workers
         order = sorted(range(len(self.exps)), key=lambda i: -self.exps[i].workload.num_requests)
-        res = self._pool.map(_replay_one, [(i, fields, self.stage_cap_s) for i in order], chunksize=1)
+        args = [(i, fields, self.stage_cap_s, seed, self.client_jitter) for i in order]
+        res = self._pool.map(_replay_one, args, chunksize=1)
         out: list = [None] * len(self.exps)
         for i, r in zip(order, res):
             out[i] = r
