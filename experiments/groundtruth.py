@@ -49,7 +49,8 @@ from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetErro
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
-__all__ = ["METRICS", "PEERS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment", "GroundTruthMissing", "StageMeasurement", "find_groundtruth",
+__all__ = ["METRICS", "PEERS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment", "GroundTruthMissing",
+           "StageMeasurement", "find_groundtruth",
            "load_experiments", "retokenization"]
 
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
@@ -163,11 +164,11 @@ class StageMeasurement:
         failures: requests that failed (None when unknown).
         prompt_len: measured prompt-length statistics (mean, min, max, p10, p90) or None.
         peers_ms: metric -> {simulator: predicted ms} from the sim-to-real csv.
-        ttft_quantiles_ms: measured TTFT quantiles (:data:`QUANTILE_KEYS` -> ms) where the stage
-            JSON publishes them (``training_default_args``), else None (csv-only runs).
+        ttft_quantiles_ms: measured TTFT quantiles (those of :data:`QUANTILE_KEYS` the stage JSON
+            publishes -> ms; all of them in ``training_default_args``), else None (csv-only runs).
         schedule_delay_ms: inference-perf's ``load_summary.schedule_delay`` quantiles
             (:data:`QUANTILE_KEYS` -> ms: how late the client sent each request against its fixed
-            schedule), or None where not published.
+            schedule), or None where not published in full.
     """
 
     stage: int
@@ -302,14 +303,16 @@ def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
         stage=k, values_ms=vals, output_len_mean=out_mean, count=int(d["load_summary"]["count"]),
         failures=int(d["failures"]["count"]),
         prompt_len={key: float(pl[key]) for key in ("mean", "min", "max", "p10", "p90")},
-        ttft_quantiles_ms=_quantiles_ms(ttft), schedule_delay_ms=_quantiles_ms(sd) if sd else None)
+        ttft_quantiles_ms=_quantiles_ms(ttft), schedule_delay_ms=_quantiles_ms(sd, complete=True) if sd else None)
 
 
-def _quantiles_ms(dist: Mapping[str, Any]) -> dict[str, float] | None:
-    """The :data:`QUANTILE_KEYS` of a stage-JSON distribution (s) in ms; None when one is missing."""
-    if not all(k in dist for k in QUANTILE_KEYS):
+def _quantiles_ms(dist: Mapping[str, Any], complete: bool = False) -> dict[str, float] | None:
+    """The :data:`QUANTILE_KEYS` a stage-JSON distribution (s) publishes, in ms; None when it
+    publishes none of them, or (``complete``) misses one."""
+    got = {k: float(dist[k]) * 1e3 for k in QUANTILE_KEYS if k in dist}
+    if not got or (complete and len(got) < len(QUANTILE_KEYS)):
         return None
-    return {k: float(dist[k]) * 1e3 for k in QUANTILE_KEYS}
+    return got
 
 
 def _csv_rows(gt: Path) -> pd.DataFrame:

@@ -406,7 +406,8 @@ def cmd_validate(a, console) -> int:
             t3.add_row(r.peer, r.metric, str(r.rows), _fmt(r.peer_mape), _fmt(r.kvsched_mape))
         console.print(t3)
     if len(coverage):
-        t4 = Table(title="sim-to-real csv experiments: replayed (split, stages scored, peer predictions on them) or not")
+        t4 = Table(title="sim-to-real csv experiments: replayed (split, stages scored, peer predictions "
+                         "on them) or not")
         for c in ("experiment", "split", "stages", "peer rows", "reason"):
             t4.add_column(c, justify="right" if c in ("stages", "peer rows") else "left")
         for r in coverage.itertuples(index=False):

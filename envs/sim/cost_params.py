@@ -65,10 +65,16 @@ class CostParams:
         hiccup_probability: probability that a step also stalls for an extra exponential delay
             (a host hiccup: engine-core GC pause, detokenisation burst), 0 <= p < 1. Default 0.
         hiccup_mean_s: mean of that extra delay, s, >= 0. Default 0 (no hiccup).
+        front_end_hiccup_probability: probability that a request's hand-off to the engine is
+            delayed by an extra exponential delay (API-server stall seen by that request only:
+            a GC pause or a burst of streaming work while it is tokenised / queued), 0 <= p < 1.
+            Default 0.
+        front_end_hiccup_mean_s: mean of that extra delay, s, >= 0. Default 0.
 
-    The three tail fields are drawn per step from a generator seeded by the simulation seed and
-    the instance index (:mod:`~.step_noise`); with their defaults nothing is drawn and the step
-    times are those of the roofline, byte for byte.
+    The step fields are drawn per step from a generator seeded by the simulation seed and the
+    instance index, the front-end ones per request from one seeded by the simulation seed
+    (:mod:`~.step_noise`); with their defaults nothing is drawn and the times are those of the
+    roofline and the fixed front end, byte for byte.
 
     The front-end overheads are latencies, not GPU time: the engine is not busy during them
     (:class:`~kvsched.envs.sim.cluster.Cluster` delays arrivals, the recorder shifts token times).
@@ -90,6 +96,8 @@ class CostParams:
     step_time_sigma: float = 0.0
     hiccup_probability: float = 0.0
     hiccup_mean_s: float = 0.0
+    front_end_hiccup_probability: float = 0.0
+    front_end_hiccup_mean_s: float = 0.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -107,12 +115,21 @@ class CostParams:
         real_in("CostParams", "hiccup_probability", self.hiccup_probability, lambda x: 0 <= x < 1,
                 "a number in [0, 1)")
         non_negative("CostParams", "hiccup_mean_s", self.hiccup_mean_s)
+        real_in("CostParams", "front_end_hiccup_probability", self.front_end_hiccup_probability,
+                lambda x: 0 <= x < 1, "a number in [0, 1)")
+        non_negative("CostParams", "front_end_hiccup_mean_s", self.front_end_hiccup_mean_s)
 
     @property
     def step_noise_on(self) -> bool:
         """True when the step times are noisy: ``step_time_sigma > 0`` or a hiccup of positive
         probability and mean (:mod:`~.step_noise`)."""
         return self.step_time_sigma > 0 or (self.hiccup_probability > 0 and self.hiccup_mean_s > 0)
+
+    @property
+    def front_end_noise_on(self) -> bool:
+        """True when requests draw front-end hiccups: ``front_end_hiccup_probability`` and
+        ``front_end_hiccup_mean_s`` both > 0 (:func:`~.step_noise.front_end_hiccups_s`)."""
+        return self.front_end_hiccup_probability > 0 and self.front_end_hiccup_mean_s > 0
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:

@@ -97,9 +97,40 @@ def test_hiccups_have_the_configured_rate_and_mean():
 
 
 @pytest.mark.parametrize("field,value", [("step_time_sigma", -0.1), ("step_time_sigma", 1.5),
+                                         ("front_end_hiccup_probability", 1.0), ("front_end_hiccup_mean_s", -1.0),
                                          ("hiccup_probability", 1.0), ("hiccup_probability", -0.01),
                                          ("hiccup_mean_s", -1e-3), ("hiccup_mean_s", float("nan"))])
 def test_tail_fields_out_of_range_are_one_line_errors(field, value):
     with pytest.raises(ConfigError, match=field) as e:
         CostParams(**{field: value})
+    assert "\n" not in str(e.value)
+
+
+FRONT = dict(front_end_hiccup_probability=0.2, front_end_hiccup_mean_s=0.05)
+
+
+def test_front_end_hiccups_are_seeded_per_request_and_off_by_default(workload):
+    from kvsched.envs.sim.step_noise import front_end_hiccups_s
+
+    assert front_end_hiccups_s(CostParams(), 0, 10) is None
+    assert front_end_hiccups_s(CostParams(front_end_hiccup_probability=0.5), 0, 10) is None  # no length
+    c = CostParams(**FRONT)
+    a = front_end_hiccups_s(c, 3, 20_000)
+    assert np.array_equal(a, front_end_hiccups_s(c, 3, 20_000))
+    assert not np.array_equal(a, front_end_hiccups_s(c, 4, 20_000))
+    assert abs((a > 0).mean() - 0.2) < 0.01 and abs(a[a > 0].mean() - 0.05) < 0.003
+    spec = _spec(**FRONT)
+    r1, r2 = _sim(workload, spec, seed=1), _sim(workload, spec, seed=1)
+    assert_identical(r1, r2)
+    off = _sim(workload, _spec(), seed=1).records
+    late = r1.records["first_token_s"].to_numpy() - off["first_token_s"].to_numpy()
+    assert (late > 0.01).any()  # some requests reach the engine late
+
+
+def test_instances_of_one_cluster_must_share_the_front_end_hiccups():
+    from kvsched.envs.sim.cluster import Cluster
+    from kvsched.policies.base import make_policy
+
+    with pytest.raises(ConfigError, match="front_end_hiccup_probability") as e:
+        Cluster([_spec(), _spec(**FRONT)], lambda: make_policy("fcfs"))
     assert "\n" not in str(e.value)
