@@ -295,6 +295,26 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
     return CostParams(), (), "literature defaults (no calibration file)"
 
 
+def _with_tail(path: str | Path | None, cost: CostParams, gpu: str = "H100-SXM") -> tuple[CostParams, str]:
+    """``cost`` with the fitted tail of the calibration file (``path`` or the GPU's shipped one).
+
+    Raises:
+        ConfigError: no calibration file, or one without ``tail_params``.
+    """
+    from kvsched.envs.sim.calibration import calibration_path, load_calibration
+    from kvsched.envs.sim.errors import ConfigError
+
+    p = Path(path) if path is not None else calibration_path(gpu)
+    if not p.is_file():
+        raise ConfigError(f"--tail: no calibration file {bounded_repr(str(p), MAX_PATH_CHARS)} to take the tail from")
+    cal = load_calibration(p)
+    if not cal.tail_params:
+        raise ConfigError(f"--tail: {bounded_repr(str(p), MAX_PATH_CHARS)} has no tail_params; fit them with "
+                          "kvsched calibrate --tail-only")
+    return (dataclasses.replace(cost, **cal.tail_params),
+            "tail on: " + ", ".join(f"{k} {v:g}" for k, v in cal.tail_params.items()))
+
+
 # ------------------------------------------------------------------------------------------------
 # command line
 
@@ -312,6 +332,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stage-cap-s", type=float, help="cut every stage to this many seconds (default: full runs)")
     p.add_argument("--seeds", type=count, default=1, help="replay every run with seeds 0..N-1 and report the mean "
                                                           "prediction and its spread over seeds (default 1)")
+    p.add_argument("--tail", action="store_true",
+                   help="turn on the calibration's fitted stochastic tail (its tail_params: step-time noise, "
+                        "front-end hiccups); use with --seeds")
     p.add_argument("--client-jitter", action="store_true",
                    help="send each request late by a draw from the client's measured schedule_delay")
     p.add_argument("--only", nargs="+", metavar="EXP_ID", help="replay only these experiments (default: all)")
@@ -333,6 +356,9 @@ def cmd_validate(a, console) -> int:
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
     cost, train, desc = calibration_or_default(a.calibration)
+    if a.tail:
+        cost, tail_desc = _with_tail(a.calibration, cost)
+        desc += f"; {tail_desc}"
     report = score(exps, cost, train, a.jobs, gt, a.stage_cap_s, a.seeds, a.client_jitter, a.only)
     summ = summary_table(report)
     peers = peer_comparison(report)

@@ -15,6 +15,12 @@ import numpy as np
 from .spec_validation import non_negative, real_in
 
 
+TAIL_FIELDS: tuple[str, ...] = ("step_time_sigma", "hiccup_probability", "hiccup_mean_s",
+                                 "front_end_hiccup_probability", "front_end_hiccup_mean_s")
+"""The :class:`CostParams` fields of the stochastic latency tail (:mod:`~.step_noise`); all 0 by
+default, which draws nothing."""
+
+
 @dataclass(frozen=True)
 class CostParams:
     """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3) and the

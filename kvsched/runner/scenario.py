@@ -263,6 +263,12 @@ class Scenario:
             del d["instance"]["kv_free_order"]
         if d["instance"]["self_preemption"] == "ends_pass":  # likewise (issue #23)
             del d["instance"]["self_preemption"]
+        cost = d["instance"].get("cost")
+        if isinstance(cost, dict):  # and before the stochastic tail (issue #22): left out when off
+            for key in ("step_time_sigma", "hiccup_probability", "hiccup_mean_s", "front_end_hiccup_probability",
+                        "front_end_hiccup_mean_s"):
+                if cost.get(key) == 0.0:
+                    del cost[key]
         partial = d["instance"]["max_num_partial_prefills"]
         if partial is None:
             d["instance"]["max_num_partial_prefills"] = 1

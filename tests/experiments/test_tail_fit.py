@@ -121,3 +121,55 @@ def test_validate_only_names_an_unknown_experiment():
 
     with pytest.raises(ConfigError, match="nope"):
         score([_experiment()], CostParams(), only=["nope"], jobs=1)
+
+
+def test_calibrate_tail_only_without_a_calibration_file_is_a_one_line_error(tmp_path, capsys):
+    from kvsched.experiments.cli import main
+    from kvsched.experiments.groundtruth import GroundTruthMissing, find_groundtruth
+
+    try:
+        gt = find_groundtruth()
+    except GroundTruthMissing as e:
+        pytest.skip(f"shared/groundtruth not available ({e})")
+    rc = main(["calibrate", "--tail-only", "--groundtruth", str(gt), "--out", str(tmp_path / "none.json")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--tail-only" in err and "none.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibration_file_keeps_the_tail_apart_from_the_default_cost(tmp_path):
+    from kvsched.envs.sim.calibration import CalibrationFile, load_calibration, save_calibration
+
+    tail = {"front_end_hiccup_probability": 0.01, "front_end_hiccup_mean_s": 0.007}
+    cal = CalibrationFile("H100-SXM", 1, CostParams(), tail_params=tail)
+    assert not cal.cost.step_noise_on and not cal.cost.front_end_noise_on  # the default stays deterministic
+    assert cal.cost_with_tail().front_end_noise_on
+    save_calibration(cal, tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json").tail_params == tail
+    assert "tail_params" not in CalibrationFile("H100-SXM", 1, CostParams()).to_dict()  # old files unchanged
+
+
+@pytest.mark.parametrize("tail,match", [({"mbu": 0.5}, "mbu"), ({"front_end_hiccup_probability": 1.5},
+                                                                  "front_end_hiccup_probability")])
+def test_calibration_file_refuses_a_tail_field_or_value_out_of_range(tail, match):
+    from kvsched.envs.sim.calibration import CalibrationFile
+
+    with pytest.raises(ConfigError, match=match):
+        CalibrationFile("H100-SXM", 1, CostParams(), tail_params=tail)
+
+
+def test_shipped_h100_calibration_is_deterministic_by_default_with_a_fitted_tail():
+    from kvsched.envs.sim.calibration import calibration_path, load_calibration
+
+    cal = load_calibration(calibration_path("H100-SXM"))
+    assert not cal.cost.step_noise_on and not cal.cost.front_end_noise_on
+    assert cal.cost_with_tail().front_end_noise_on
+
+
+def test_validate_tail_without_fitted_tail_is_a_one_line_error(tmp_path):
+    from kvsched.envs.sim.calibration import CalibrationFile, save_calibration
+    from kvsched.experiments.validate import _with_tail
+
+    save_calibration(CalibrationFile("H100-SXM", 1, CostParams()), tmp_path / "c.json")
+    with pytest.raises(ConfigError, match="no tail_params") as e:
+        _with_tail(tmp_path / "c.json", CostParams())
+    assert "\n" not in str(e.value)
