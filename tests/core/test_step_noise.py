@@ -134,3 +134,8 @@ def test_instances_of_one_cluster_must_share_the_front_end_hiccups():
     with pytest.raises(ConfigError, match="front_end_hiccup_probability") as e:
         Cluster([_spec(), _spec(**FRONT)], lambda: make_policy("fcfs"))
     assert "\n" not in str(e.value)
+
+
+def test_front_end_hiccups_keep_fast_forward_equal_to_stepping(workload):
+    spec = _spec(**FRONT)
+    assert_identical(_sim(workload, spec, seed=2, ff=True), _sim(workload, spec, seed=2, ff=False))
