@@ -420,7 +420,15 @@ def cmd_calibrate(a, console) -> int:
     out = Path(a.out) if a.out else calibration_path(file_name(a.gpu, "--gpu"))
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
-    existing = load_calibration(out) if out.is_file() else None
+    existing = None
+    if out.is_file():
+        try:
+            existing = load_calibration(out)
+        except ConfigError as e:
+            if a.tail_only:
+                raise
+            console.print(f"note: the calibration being replaced does not load ({e}); no fitted tail is kept",
+                          highlight=False)
     if a.tail_only:
         if existing is None:
             raise ConfigError(f"--tail-only: no calibration file {bounded_repr(str(out), MAX_PATH_CHARS)} to fit "
