@@ -16,6 +16,7 @@ some families on a single run. Replays run in parallel over ``jobs`` processes.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import multiprocessing as mp
 import time
@@ -26,13 +27,15 @@ import numpy as np
 import kvsched
 from kvsched.envs.sim.calibration import (DEFAULT_FIT_BASE, DEFAULT_FIT_PARAMS, CalibrationFile, FitParam, FitResult,
                                           fit_cost_params)
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
+from kvsched.envs.sim.cost_params import TAIL_FIELDS
 from kvsched.envs.sim.specs import CostParams
 
 from .groundtruth import METRICS, Experiment, load_experiments
 from .replay import replay
 
-__all__ = ["DEFAULT_TRAIN", "FIT_METRICS", "Objective", "calibrate", "log_residuals"]
+__all__ = ["DEFAULT_TRAIN", "FIT_METRICS", "TAIL_FIELDS", "TAIL_FIT_QUANTILES", "TAIL_FIT_STAGES", "TAIL_GRID",
+           "Objective", "TailFit", "calibrate", "fit_tail", "log_residuals", "tail_residuals"]
 
 DEFAULT_TRAIN: tuple[str, ...] = (
     "20260217-162547-llama-2-7b-tp1-roleplay",
@@ -53,6 +56,138 @@ are set by events outside the steady state that a cut replay leaves out by desig
 round of prompts on a cold prefix cache and the server's warm-up in the first stage (the 70B
 runs' E2E jumps from p95 to p99 by 30 % in stage 0 and by 2 % in stage 1), and queueing bursts
 near saturation. ``kvsched validate`` scores all seven metrics on full replays."""
+
+
+
+TAIL_FIT_STAGES: tuple[tuple[str, int], ...] = (
+    ("20260217-203421-llama-2-70b-hf-tp4-codegen", 1),
+)
+"""Training load stages the tail is fitted on: those of :data:`DEFAULT_TRAIN` whose upper TTFT
+quantiles measure the steady state of the engine and its front end. A stage is left out when
+
+- its top percent is the first, cold round of the 100 prompts: every stage 0 (2 % of its
+  requests; a 70B prefill of ~600 tokens adds 40-50 ms there, and vLLM runs those prefills
+  without CUDA graphs), so p99 and p99.9 measure the cold prefills, which the replay models;
+- it queues: Llama-2-70B general stage 1 (measured p90 250 ms against a 68 ms median);
+- its client counted fewer than 95 % of the tokens vLLM generated (``successes.output_len``
+  against ``output_len`` with ``ignore_eos``): every Llama-2-7B stage (76-85 %, against 99 % for
+  every other model). There the first text reaches the client steps after the first token for a
+  run-specific share of requests (leading tokens that decode to no text; fidelity.md, "TTFT p99:
+  what was examined"), a tail of the model's streamed text, not of the engine or the front end.
+  A first fit that kept the Llama-2-7B stages (0 and general 1) chose σ 0.15 and 4 % of requests
+  delayed by 7 ms on average: it carried that tail to every model (held-out TTFT p99 MAPE 13.9 ->
+  13.7 %, Mistral-Nemo and Yi-34B stage 1 over-predicted by 15-25 %).
+
+One stage remains: Llama-2-70B codegen stage 1 (1,200 s x 10 req/s; measured p95 / p99 / p99.9
+65.5 / 67.7 / 82.2 ms). The fit is thin; what it can say is that the steady tail of an unqueued
+vLLM is small (about 1 % of requests, a few ms), not what sets the held-out p99 errors."""
+
+TAIL_FIT_QUANTILES: tuple[str, ...] = ("p95", "p99", "p99.9")
+"""TTFT quantiles (stage-JSON keys) in the tail residuals."""
+
+TAIL_GRID: dict[str, tuple[float, ...]] = {
+    "step_time_sigma": (0.0, 0.05, 0.1),
+    "front_end_hiccup_probability": (0.003, 0.01, 0.03),
+    "front_end_hiccup_mean_s": (0.004, 0.007, 0.015),
+}
+"""Grid the tail fit searches (27 points): σ of the per-step lognormal factor (0-10 % step-to-step
+variation; 0 is its natural bound), the share of requests whose hand-off to the engine is delayed
+(0.3-3 %) and the mean of that delay (4-15 ms). The engine hiccup fields (``hiccup_probability``,
+``hiccup_mean_s``) stay at the base's values (0): an engine-wide stall delays every streaming
+request's next chunk, and the measured chunk gaps' p99.9 sits only 3-13 ms above their p99 in the
+steady training stages, which bounds such stalls to about one step in 1,000 (on the first,
+Llama-2-7B-inclusive stage set a grid over engine hiccups alone reached a TTFT rms of 0.049 at one
+step in 125 with 12-ms stalls, which would put the chunk gaps' p99.9 ~25 ms above p99). A grid, not a
+gradient fit: with a few seeds the replayed upper quantiles are step-like in these parameters."""
+
+
+def tail_residuals(exps: Sequence[Experiment], results_by_seed: Sequence[Sequence],
+                   stages: Sequence[tuple[str, int]] = TAIL_FIT_STAGES,
+                   quantiles: Sequence[str] = TAIL_FIT_QUANTILES) -> np.ndarray:
+    """``log(predicted / measured)`` of the TTFT ``quantiles`` of every stage of ``stages``,
+    the prediction being the mean over seeds (``results_by_seed[k][i]``: seed k, experiment i)."""
+    idx = {e.exp_id: i for i, e in enumerate(exps)}
+    out = []
+    for exp_id, k in stages:
+        i = idx[exp_id]
+        meas = exps[i].stages[k].ttft_quantiles_ms
+        if meas is None:
+            raise ConfigError(f"tail fit: {exp_id} stage {k} publishes no TTFT quantiles")
+        for q in quantiles:
+            pred = float(np.mean([res[i].ttft_quantiles_ms[k][q] for res in results_by_seed]))
+            out.append(math.log(pred / meas[q]) if pred > 0 else float("nan"))
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class TailFit:
+    """Outcome of :func:`fit_tail`.
+
+    Attributes:
+        cost: ``base`` with the best grid point's tail fields.
+        rms: root mean square of the best point's residuals (log ratio).
+        before_rms: the same for ``base`` as given (its own tail fields, e.g. none).
+        grid: one row per grid point: its values (in ``fields`` order) and rms.
+        seeds, stage_cap_s: the replays' seeds (0..seeds-1) and stage cap.
+        fields: the fitted fields (the grid's keys).
+    """
+
+    cost: CostParams
+    rms: float
+    before_rms: float
+    grid: tuple[tuple[float, ...], ...]
+    seeds: int
+    stage_cap_s: float | None
+    fields: tuple[str, ...] = ()
+
+
+def fit_tail(exps: Sequence[Experiment], base: CostParams, seeds: int = 2, stage_cap_s: float | None = 120.0,
+             jobs: int = 2, groundtruth: str | None = None, grid: Mapping[str, Sequence[float]] = TAIL_GRID,
+             stages: Sequence[tuple[str, int]] = TAIL_FIT_STAGES,
+             progress: Callable[[int, float], None] | None = None) -> TailFit:
+    """Fit the tail fields named in ``grid`` (some of :data:`TAIL_FIELDS`) of ``base`` by grid
+    search on ``stages``.
+
+    Every grid point is replayed with seeds 0..seeds-1 and the client's measured send jitter;
+    the residuals are :func:`tail_residuals` (TTFT p95, p99, p99.9 against the stage JSONs'
+    quantiles) and the point of least root-mean-square wins (ties: the first in grid order).
+    The other fields of ``base`` are kept.
+
+    Raises:
+        ConfigError: a stage's experiment is missing or not replayable, ``seeds`` < 1, or a grid
+            field that is not a tail field.
+    """
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"fit_tail: seeds={bounded_repr(seeds)}; expected an integer >= 1")
+    bad = [k for k in grid if k not in TAIL_FIELDS]
+    if bad:
+        raise ConfigError(f"fit_tail: grid field {bounded_repr(bad[0])} is not one of {list(TAIL_FIELDS)}")
+    by_id = {e.exp_id: e for e in exps}
+    ids = list(dict.fromkeys(eid for eid, _ in stages))
+    missing = [i for i in ids if i not in by_id or by_id[i].skip_reason]
+    if missing:
+        raise ConfigError(f"fit_tail: tail-fit experiment {bounded_repr(missing[0])} is missing or not replayable")
+    chosen = [by_id[i] for i in ids]
+    names = list(grid)
+    points = [dict(zip(names, vals)) for vals in itertools.product(*(grid[n] for n in names))]
+    rows: list[tuple[float, float, float, float]] = []
+    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth, client_jitter=True) as obj:
+        def rms_of(cost: CostParams) -> float:
+            r = tail_residuals(chosen, [obj.results(cost, seed=k) for k in range(seeds)], stages)
+            r = np.where(np.isfinite(r), r, 10.0)
+            return float(np.sqrt((r * r).mean()))
+
+        before = rms_of(base)
+        best, best_rms = base, math.inf
+        for n, pt in enumerate(points, 1):
+            cost = dataclasses.replace(base, **pt)
+            v = rms_of(cost)
+            rows.append((*(float(x) for x in pt.values()), v))
+            if progress is not None:
+                progress(n, v)
+            if v < best_rms:
+                best, best_rms = cost, v
+    return TailFit(best, best_rms, before, tuple(rows), seeds, stage_cap_s, tuple(names))
 
 
 def log_residuals(exps: Sequence[Experiment], results: Sequence, metrics: Sequence[str] = FIT_METRICS
@@ -78,8 +213,9 @@ def _init_worker(groundtruth: str | None, ids: Sequence[str]) -> None:
 
 
 def _replay_one(args: tuple) -> object:
-    idx, cost_fields, stage_cap_s = args
-    return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s)
+    idx, cost_fields, stage_cap_s, seed, client_jitter = args
+    return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s, seed=seed,
+                  client_jitter=client_jitter)
 
 
 class Objective:
@@ -91,10 +227,14 @@ class Objective:
         stage_cap_s: cut every stage to this many seconds (None: full length).
         jobs: worker processes (1: replay in this process).
         groundtruth: ground-truth directory for the workers (they re-read it once).
+        client_jitter: replay with the client's measured send lateness
+            (:func:`~kvsched.experiments.replay.replay`).
     """
 
     def __init__(self, exps: Sequence[Experiment], metrics: Sequence[str] = FIT_METRICS,
-                 stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None) -> None:
+                 stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None,
+                 client_jitter: bool = False) -> None:
+        self.client_jitter = bool(client_jitter)
         self.exps = list(exps)
         self.metrics = tuple(metrics)
         self.stage_cap_s = stage_cap_s
@@ -106,15 +246,17 @@ class Objective:
             self._pool = ctx.Pool(min(self.jobs, len(self.exps)), initializer=_init_worker,
                                   initargs=(groundtruth, [e.exp_id for e in self.exps]))
 
-    def results(self, cost: CostParams) -> list:
-        """The replay results of every experiment for ``cost``."""
+    def results(self, cost: CostParams, seed: int = 0) -> list:
+        """The replay results of every experiment for ``cost`` with replay seed ``seed``."""
         self.calls += 1
         fields = dataclasses.asdict(cost)
         if self._pool is None:
-            return [replay(e, cost, stage_cap_s=self.stage_cap_s) for e in self.exps]
+            return [replay(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter)
+                    for e in self.exps]
         # longest first: better packing on few workers
         order = sorted(range(len(self.exps)), key=lambda i: -self.exps[i].workload.num_requests)
-        res = self._pool.map(_replay_one, [(i, fields, self.stage_cap_s) for i in order], chunksize=1)
+        args = [(i, fields, self.stage_cap_s, seed, self.client_jitter) for i in order]
+        res = self._pool.map(_replay_one, args, chunksize=1)
         out: list = [None] * len(self.exps)
         for i, r in zip(order, res):
             out[i] = r
@@ -217,6 +359,8 @@ def add_arguments(p) -> None:
     """Arguments of ``kvsched calibrate`` (an argparse sub-parser)."""
     from pathlib import Path
 
+    from .cli_types import count
+
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU preset to calibrate (default H100-SXM)")
@@ -237,6 +381,13 @@ def add_arguments(p) -> None:
     p.add_argument("--version", type=int, default=1, help="calibration version to write (default 1)")
     p.add_argument("--out", type=Path, help="output file (default: the shipped calibration of the GPU, "
                                             "envs/sim/calibration/<GPU>.json)")
+    p.add_argument("--tail-only", action="store_true",
+                   help="fit only the stochastic tail (step_time_sigma, front_end_hiccup_probability, "
+                        "front_end_hiccup_mean_s) on top of the existing calibration file --out and store it in the "
+                        "file's tail_params (kvsched validate --tail applies it; a full calibration keeps it)")
+    p.add_argument("--tail-seeds", type=count, default=2, help="replay seeds per tail grid point (default 2)")
+    p.add_argument("--tail-cap-s", type=float, default=TAIL_CAP_S,
+                   help=f"stage length of the tail fit's replays, s (default {TAIL_CAP_S:g})")
 
 
 FIT_START = {"allreduce_bw_efficiency": 0.5, "first_chunk_delay_tokens": 1.0, "allreduce_hop_latency_s": 2.5e-6,
@@ -245,6 +396,10 @@ FIT_START = {"allreduce_bw_efficiency": 0.5, "first_chunk_delay_tokens": 1.0, "a
 the middle of the link-efficiency range, the one token gap the runs' TTFT suggests, a ring step
 of 2.5 µs (a TP4 all-reduce of ~15 µs, NCCL's small-message order on NVLink) and 5 µs of host
 time per sequence."""
+
+TAIL_CAP_S = 120.0
+"""Stage length of the tail fit's replays: ~1,000 requests per 8-req/s stage, so the replayed
+p99.9 rests on about one request per seed (2 seeds per grid point by default)."""
 
 COARSE_CAP_S, COARSE_NFEV = 30.0, 8
 FINE_CAP_S, FINE_NFEV = 60.0, 2
@@ -264,9 +419,26 @@ def cmd_calibrate(a, console) -> int:
     from .outputs import file_name
 
     # the default output is named after --gpu: a name with a path in it must not write elsewhere
+    from kvsched.envs.sim.calibration import load_calibration
+
     out = Path(a.out) if a.out else calibration_path(file_name(a.gpu, "--gpu"))
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
+    existing = None
+    if out.is_file():
+        try:
+            existing = load_calibration(out)
+        except ConfigError as e:
+            if a.tail_only:
+                raise
+            console.print(f"note: the calibration being replaced does not load ({e}); no fitted tail is kept",
+                          highlight=False)
+    if a.tail_only:
+        if existing is None:
+            raise ConfigError(f"--tail-only: no calibration file {bounded_repr(str(out), MAX_PATH_CHARS)} to fit "
+                              "the tail on; run a full calibration first")
+        return _cmd_tail_only(a, console, existing, exps, gt, out)
+    base = CostParams()
     train = tuple(a.train) if a.train else DEFAULT_TRAIN
     console.print(f"calibrating {a.gpu} on {len(train)} experiments from {gt}: " + ", ".join(train), highlight=False)
     t0 = time.perf_counter()
@@ -285,6 +457,9 @@ def cmd_calibrate(a, console) -> int:
                              a.jobs, gt, a.version, progress, diff_step=a.diff_step)
         n_eval += fit.n_evaluations
     wall = time.perf_counter() - t0
+    if existing is not None and existing.tail_params:  # the fitted tail stays (refit it with --tail-only)
+        cal = dataclasses.replace(cal, tail_params=existing.tail_params,
+                                  notes=cal.notes + tuple(n for n in existing.notes if n.startswith(_TAIL_NOTE)))
     cal = dataclasses.replace(
         cal, n_evaluations=n_eval, wall_s=round(wall, 1),
         objective=cal.objective.replace(f"stages cut to {a.fine_cap_s if a.fine_nfev > 0 else a.coarse_cap_s} s",
@@ -303,4 +478,37 @@ def cmd_calibrate(a, console) -> int:
     console.print(table)
     console.print(f"{n_eval} objective evaluations, loss {cal.loss:.4f}, {wall:.0f} s wall; wrote {out}",
                   highlight=False)
+    return 0
+
+
+_TAIL_NOTE = "tail fit"
+
+
+def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experiment], gt: str, out) -> int:
+    """``kvsched calibrate --tail-only``: :func:`fit_tail` on ``existing`` and rewrite ``out``."""
+    from kvsched.envs.sim.calibration import save_calibration
+
+    if a.tail_cap_s is not None and not (math.isfinite(a.tail_cap_s) and a.tail_cap_s > 0):
+        raise ConfigError(f"--tail-cap-s={bounded_repr(a.tail_cap_s)}; expected a number > 0")
+    t0 = time.perf_counter()
+    console.print(f"tail fit on {len(TAIL_FIT_STAGES)} training stages, {a.tail_seeds} seeds, stages cut to "
+                  f"{a.tail_cap_s:g} s, {int(np.prod([len(v) for v in TAIL_GRID.values()]))} grid points",
+                  highlight=False)
+
+    def progress(i: int, rms: float) -> None:
+        console.print(f"  grid point {i:3d}: rms log error {rms:.4f}  ({time.perf_counter() - t0:.0f} s)",
+                      highlight=False)
+
+    tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, gt, progress=progress)  # tail off
+    note = (f"{_TAIL_NOTE}: grid search over {', '.join(f'{k} {list(v)}' for k, v in TAIL_GRID.items())}; "
+            f"rms of log(pred/meas) of TTFT {', '.join(TAIL_FIT_QUANTILES)} on "
+            + ", ".join(f"{e} stage {k}" for e, k in TAIL_FIT_STAGES)
+            + f"; {tf.seeds} seeds, stages cut to {tf.stage_cap_s:g} s, client send jitter replayed; "
+            f"rms {tf.before_rms:.4f} -> {tf.rms:.4f}")
+    notes = tuple(n for n in existing.notes if not n.startswith(_TAIL_NOTE))
+    cal = dataclasses.replace(existing, tail_params={f: getattr(tf.cost, f) for f in tf.fields}, notes=notes + (note,))
+    save_calibration(cal, out)
+    console.print(" ".join(f"{f} = {getattr(tf.cost, f):.6g}" for f in tf.fields)
+                  + f"; rms log error {tf.before_rms:.4f} -> {tf.rms:.4f}; "
+                  f"{time.perf_counter() - t0:.0f} s wall; wrote {out}", highlight=False)
     return 0

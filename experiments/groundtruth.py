@@ -49,11 +49,30 @@ from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetErro
 from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
-__all__ = ["METRICS", "PEERS", "PRECISIONS", "Experiment", "GroundTruthMissing", "StageMeasurement",
-           "find_groundtruth", "load_experiments", "retokenization", "weight_dtype_for"]
+__all__ = ["METRICS", "PEERS", "PRECISIONS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment",
+           "GroundTruthMissing", "StageMeasurement", "find_groundtruth", "load_experiments", "retokenization",
+           "weight_dtype_for"]
 
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 """Metric names of the sim-to-real table (all in ms)."""
+
+QUANTILE_KEYS = ("min", "p0.1", "p1", "p5", "p10", "p25", "median", "p75", "p90", "p95", "p99", "p99.9", "max")
+"""Quantile keys of a distribution in the stage JSONs of ``training_default_args`` (in order)."""
+
+VLLM_VERSION_UNKNOWN = "unknown"
+"""The vLLM version of every published run: none of the files records it (below)."""
+
+_VLLM_VERSION_SOURCE = {
+    "training_default_args": ("not recorded: inference-sim/training logs no version in exp-config.yaml, profile.yaml "
+                              "or the results (vLLM V1 by its defaults; sibling repos of the organisation pin "
+                              "vllm/vllm-openai v0.8.4 to v0.11.0)"),
+    "sim_to_real": ("not recorded: neither the sim-to-real csv nor blis/trained_physics_iter29_experiments.json "
+                    "(whose workload 'version' is inference-perf's spec version) names it"),
+}
+"""Where the vLLM version of a run was looked for, per source. BLIS's blackbox coefficient
+table (``blis/defaults_blackbox_coeffs_at_90522ded_parent.yaml``) names vLLM versions
+(v0.8.4, v0.10.1.1, v0.11.0) per model, GPU and TP, but of the runs those coefficients were fitted
+on, not of these; kvsched does not borrow them."""
 
 PEERS = ("vidur", "blis-evolved", "blis-roofline", "llm-optimizer-estimate", "aiconfigurator-estimate")
 """Peer simulators with predictions in ``sim_to_real/trainval_error_records.csv``."""
@@ -150,6 +169,11 @@ class StageMeasurement:
         failures: requests that failed (None when unknown).
         prompt_len: measured prompt-length statistics (mean, min, max, p10, p90) or None.
         peers_ms: metric -> {simulator: predicted ms} from the sim-to-real csv.
+        ttft_quantiles_ms: measured TTFT quantiles (those of :data:`QUANTILE_KEYS` the stage JSON
+            publishes -> ms; all of them in ``training_default_args``), else None (csv-only runs).
+        schedule_delay_ms: inference-perf's ``load_summary.schedule_delay`` quantiles
+            (:data:`QUANTILE_KEYS` -> ms: how late the client sent each request against its fixed
+            schedule), or None where not published in full.
     """
 
     stage: int
@@ -159,6 +183,8 @@ class StageMeasurement:
     failures: int | None = None
     prompt_len: Mapping[str, float] | None = None
     peers_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    ttft_quantiles_ms: Mapping[str, float] | None = None
+    schedule_delay_ms: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +219,8 @@ class Experiment:
         weight_dtype: ``InstanceSpec.weight_dtype`` of the run: "auto" (the checkpoint's, e.g.
             FP8 for RedHatAI's FP8-dynamic checkpoint) or the dtype the run's ``precision``
             column names for a 16-bit checkpoint (:func:`weight_dtype_for`).
+        vllm_version: the vLLM version the run used, or :data:`VLLM_VERSION_UNKNOWN`.
+        vllm_version_source: where it was read, or why it is unknown.
     """
 
     exp_id: str
@@ -216,6 +244,8 @@ class Experiment:
     precision: str = "BF16"
     workload_source: str = "run"
     weight_dtype: str = "auto"
+    vllm_version: str = VLLM_VERSION_UNKNOWN
+    vllm_version_source: str = ""
 
     @property
     def family(self) -> str:
@@ -224,6 +254,17 @@ class Experiment:
             if fam in self.exp_id:
                 return fam
         return "?"
+
+    @property
+    def model_family(self) -> str:
+        """Architecture family: the model name without its size and variant (``Llama-2-7B`` ->
+        ``Llama-2``, ``Llama-3.1-70B`` -> ``Llama-3.1``, ``Mistral-Nemo-12B`` -> ``Mistral-Nemo``,
+        ``Mixtral-8x7B-v0.1`` -> ``Mixtral``)."""
+        import re
+
+        name = self.preset or self.model_id.split("/")[-1]
+        m = re.match(r"^(.*?)-(\d+x)?\d+(\.\d+)?[bB]\b", name)
+        return m.group(1) if m else name
 
     @property
     def label(self) -> str:
@@ -311,10 +352,21 @@ def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
             "e2e_mean": e2e["mean"] * 1e3, "e2e_p90": e2e["p90"] * 1e3, "e2e_p99": e2e["p99"] * 1e3}
     vals["itl_mean"] = (vals["e2e_mean"] - vals["ttft_mean"]) / (out_mean - 1.0)
     pl = s["prompt_len"]
+    sd = d["load_summary"].get("schedule_delay")
     return StageMeasurement(
         stage=k, values_ms=vals, output_len_mean=out_mean, count=int(d["load_summary"]["count"]),
         failures=int(d["failures"]["count"]),
-        prompt_len={key: float(pl[key]) for key in ("mean", "min", "max", "p10", "p90")})
+        prompt_len={key: float(pl[key]) for key in ("mean", "min", "max", "p10", "p90")},
+        ttft_quantiles_ms=_quantiles_ms(ttft), schedule_delay_ms=_quantiles_ms(sd, complete=True) if sd else None)
+
+
+def _quantiles_ms(dist: Mapping[str, Any], complete: bool = False) -> dict[str, float] | None:
+    """The :data:`QUANTILE_KEYS` a stage-JSON distribution (s) publishes, in ms; None when it
+    publishes none of them, or (``complete``) misses one."""
+    got = {k: float(dist[k]) * 1e3 for k in QUANTILE_KEYS if k in dist}
+    if not got or (complete and len(got) < len(QUANTILE_KEYS)):
+        return None
+    return got
 
 
 def _csv_rows(gt: Path) -> pd.DataFrame:
@@ -599,7 +651,8 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
         cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=cpu_offload,
         workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
         stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
-        precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype)
+        precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype,
+        vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"])
     spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
     return exp, spec
 
@@ -680,4 +733,5 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         cpu_offload=cpu_offload,
         workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
         notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
-        workload_source=chosen.source, weight_dtype=weight_dtype)
+        workload_source=chosen.source, weight_dtype=weight_dtype,
+        vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"])

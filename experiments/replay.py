@@ -38,6 +38,12 @@ client's send time (``arrival_s``) -- kvsched adds the front-end overheads of
 linear interpolation), and ``itl_mean = (E2E_mean − TTFT_mean) / (n − 1)`` with ``n`` the
 measurement's client-counted mean output length (see :mod:`kvsched.experiments.groundtruth`).
 
+**Seeds and the client's jitter.** ``seed`` seeds the workload generator and the simulation
+(the step-time noise of :mod:`kvsched.envs.sim.step_noise`, when the cost parameters turn it
+on). With ``client_jitter`` every request is sent late by a draw from inference-perf's measured
+``schedule_delay`` distribution of its stage (:func:`send_delays_s`), so arrivals are no longer
+exactly periodic; TTFT and E2E are still timed from the actual send, as the client times them.
+
 ``stage_cap_s`` shortens every stage to its first ``stage_cap_s`` seconds after an unscored
 warm-up (calibration uses this to stay fast; the steady state of these open-loop runs is
 reached within a few request lifetimes once the prefix cache holds every prompt).
@@ -45,7 +51,7 @@ reached within a few request lifetimes once the prefix cache holds every prompt)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -56,10 +62,26 @@ from kvsched.envs.sim.metrics import MetricsConfig
 from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig, generate, stage_of
 
-from .groundtruth import METRICS, Experiment
+from .groundtruth import METRICS, QUANTILE_KEYS, Experiment
 
-__all__ = ["CALIBRATED_GPU", "GPU_OF_HARDWARE", "ReplayResult", "ape", "cost_source", "gpu_preset_of",
-           "instance_spec_for", "replay", "workload_config"]
+__all__ = ["CALIBRATED_GPU", "GPU_OF_HARDWARE", "POOLED_SCHEDULE_DELAY_MS", "TTFT_QUANTILES", "ReplayResult",
+           "ape", "cost_source", "gpu_preset_of", "instance_spec_for", "replay", "send_delays_s",
+           "workload_config"]
+
+TTFT_QUANTILES: tuple[tuple[str, float], ...] = (
+    ("p1", 1.0), ("p10", 10.0), ("median", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p99.9", 99.9))
+"""TTFT quantiles a replay reports per stage (stage-JSON key, percent), for the tail fit."""
+
+QUANTILE_LEVELS: tuple[float, ...] = (0.0, 0.001, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 0.999, 1.0)
+"""Cumulative probability of each of :data:`~kvsched.experiments.groundtruth.QUANTILE_KEYS`."""
+
+POOLED_SCHEDULE_DELAY_MS: dict[str, float] = {
+    "min": -1.203, "p0.1": -1.03, "p1": -0.771, "p5": -0.448, "p10": -0.259, "p25": 0.062, "median": 0.44,
+    "p75": 0.82, "p90": 1.153, "p95": 1.346, "p99": 1.714, "p99.9": 2.805, "max": 6.862}
+"""inference-perf's send lateness (ms) where a run does not publish its own: the median, per
+quantile, of ``load_summary.schedule_delay`` over the 18 published stage JSONs of
+``training_default_args`` (negative: sent up to ~1 ms early). Every stage's distribution is close
+to it (p99 1.6-1.9 ms, max 2.9-21 ms)."""
 
 GPU_OF_HARDWARE = {"H100": "H100-SXM", "A100-80GB": "A100-80GB", "A100-80": "A100-80GB", "A100-SXM": "A100-80GB",
                    "L40S": "L40S"}
@@ -104,12 +126,14 @@ class ReplayResult:
         stages_ms: stage index -> metric (:data:`METRICS`) -> predicted ms.
         n_requests: stage index -> requests scored.
         per_token_itl_ms: stage index -> kvsched's own (E2E−TTFT)/(output_len−1) mean, ms.
+        ttft_quantiles_ms: stage index -> :data:`TTFT_QUANTILES` key -> predicted TTFT ms.
     """
 
     exp_id: str
     stages_ms: Mapping[int, Mapping[str, float]]
     n_requests: Mapping[int, int]
     per_token_itl_ms: Mapping[int, float]
+    ttft_quantiles_ms: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
 
 
 def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
@@ -176,15 +200,44 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
+def send_delays_s(exp: Experiment, stage: np.ndarray, seed: int) -> np.ndarray:
+    """Per-request send lateness (s) drawn from the measured ``schedule_delay`` of its stage.
+
+    The inverse CDF is the piecewise-linear interpolation of the published quantiles
+    (:data:`~kvsched.experiments.groundtruth.QUANTILE_KEYS` at :data:`QUANTILE_LEVELS`); a stage
+    without them (csv-only runs) uses :data:`POOLED_SCHEDULE_DELAY_MS`, a warm-up stage (index -1)
+    its first stage's. Uniforms come from ``numpy.random.default_rng([seed, 0x5E4D])``.
+
+    Args:
+        exp: the experiment.
+        stage: measured-stage index of every request (-1: an unscored warm-up stage).
+        seed: the replay seed.
+    """
+    u = np.random.default_rng([int(seed), 0x5E4D]).random(len(stage))
+    out = np.empty(len(stage), dtype=np.float64)
+    by_stage = {s.stage: s.schedule_delay_ms for s in exp.stages}
+    levels = np.asarray(QUANTILE_LEVELS)
+    for k in np.unique(stage):
+        q = by_stage.get(max(int(k), 0)) or POOLED_SCHEDULE_DELAY_MS
+        values = np.asarray([q[key] for key in QUANTILE_KEYS]) * 1e-3
+        m = stage == k
+        out[m] = np.interp(u[m], levels, values)
+    return out
+
+
 def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float | None = None,
-           seed: int = 0) -> ReplayResult:
+           seed: int = 0, client_jitter: bool = False) -> ReplayResult:
     """Simulate ``exp`` and compute its per-stage metrics (ms).
 
     Args:
         exp: a replayable experiment.
         cost: cost parameters (None: the GPU default).
         stage_cap_s: cut every stage to this many seconds (None: full length).
-        seed: workload seed (group permutation, re-tokenisation noise, hashes).
+        seed: workload seed (group permutation, re-tokenisation noise, hashes) and simulation
+            seed (step-time noise when ``cost`` turns it on).
+        client_jitter: send each request late by a draw from its stage's measured
+            ``schedule_delay`` (:func:`send_delays_s`); arrivals stay in send order (a request
+            is never sent before the one scheduled ahead of it) and at or after 0.
 
     Raises:
         ConfigError: the experiment cannot be replayed.
@@ -193,11 +246,16 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
     spec = instance_spec_for(exp, cost)
     cfg, skip = workload_config(exp, stage_cap_s)
     wl = generate(cfg, seed=seed)
+    scheduled = wl.arrival_s
+    if client_jitter:
+        late = wl.arrival_s + send_delays_s(exp, stage_of(cfg, wl.arrival_s) - skip, seed)
+        wl = wl.with_arrivals(np.maximum.accumulate(np.maximum(late, 0.0)),
+                              "client send lateness from the measured schedule_delay (kvsched.experiments.replay)")
     if exp.dp > 1:  # vLLM's DP load balancer: fewest waiting + running requests
         res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions(), n_instances=exp.dp,
                        router="least-loaded", router_params={"queue_weight": 1.0, "kv_weight": 0.0}, seed=seed)
     else:
-        res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions())
+        res = simulate(wl, spec, "fcfs", MetricsConfig(), InstanceOptions(), seed=seed)
     rec = res.records
     if (rec["status"] != "finished").any():
         bad = rec[rec["status"] != "finished"]
@@ -207,8 +265,9 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
     ttft = (rec["first_token_s"].to_numpy() - arrival) * 1e3
     e2e = (rec["finish_s"].to_numpy() - arrival) * 1e3
     out_tokens = rec["output_tokens"].to_numpy()
-    stage = stage_of(cfg, arrival) - skip
-    stages, counts, per_tok = {}, {}, {}
+    # a request belongs to the stage it was scheduled in (request ids are 0..n-1 in schedule order)
+    stage = stage_of(cfg, scheduled[rec["request_id"].to_numpy()]) - skip
+    stages, counts, per_tok, quant = {}, {}, {}, {}
     meas = {s.stage: s for s in exp.stages}
     for k in range(len(cfg.stages) - skip):
         m = stage == k
@@ -220,7 +279,8 @@ def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float |
         stages[k] = {name: vals[name] for name in METRICS}
         counts[k] = int(m.sum())
         per_tok[k] = float(((e - t) / np.maximum(out_tokens[m] - 1, 1)).mean())
-    return ReplayResult(exp.exp_id, stages, counts, per_tok)
+        quant[k] = {key: _pct(t, q) for key, q in TTFT_QUANTILES}
+    return ReplayResult(exp.exp_id, stages, counts, per_tok, quant)
 
 
 def ape(pred: float, actual: float) -> float:

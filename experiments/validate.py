@@ -12,6 +12,16 @@ listed with the reason.
 
 Rows are per load stage (``stage_index >= 0`` of the csv); the csv's whole-run rows
 (``stage_index = -1``) repeat the single-stage runs and are not scored.
+
+**Generalisation tables** (:func:`breakdown_table`): the MAPE per metric over held-out and over
+training rows, per model family, TP degree and GPU. **Sim-to-real csv** (:func:`csv_coverage`,
+:func:`peer_comparison`): which csv experiments kvsched replays (and why not the others), and per
+peer its MAPE beside kvsched's on exactly the rows the peer predicted.
+
+**Seeds** (``seeds`` > 1): every experiment is replayed with seeds 0..N-1 (workload generator,
+step-time noise when the cost parameters turn it on, the client's send jitter when asked). A
+row's prediction is the mean over seeds, with its standard deviation; the summary gives the
+MAPE of the mean prediction and the mean and standard deviation over seeds of each seed's MAPE.
 """
 
 from __future__ import annotations
@@ -33,7 +43,11 @@ from .groundtruth import METRICS, PEERS, Experiment
 from .replay import ape
 from kvsched import atomic_files
 
-__all__ = ["ValidationReport", "peer_comparison", "plot_predicted_vs_measured", "score", "summary_table"]
+__all__ = ["BREAKDOWNS", "ValidationReport", "breakdown_table", "csv_coverage", "peer_comparison",
+           "plot_predicted_vs_measured", "runs_table", "score", "summary_table"]
+
+BREAKDOWNS = (("model_family", "model family"), ("tp", "TP degree"), ("gpu", "GPU"))
+"""Row columns the generalisation tables group by, with their display names."""
 
 
 @dataclass(frozen=True)
@@ -42,21 +56,45 @@ class ValidationReport:
 
     Attributes:
         rows: one row per (experiment, stage, metric): exp_id, label, split ("train" /
-            "held-out"), stage, metric, measured_ms, kvsched_ms, kvsched_ape, and
-            ``<peer>_ms`` / ``<peer>_ape`` per peer (NaN where the csv has no prediction).
+            "held-out"), source, model_family, tp, gpu, stage, metric, measured_ms, kvsched_ms
+            (mean over seeds), kvsched_ape (of that mean), kvsched_ms_sd, kvsched_ape_seed_mean,
+            kvsched_ape_seed_sd (over seeds; NaN sd with one seed), and ``<peer>_ms`` /
+            ``<peer>_ape`` per peer (NaN where the csv has no prediction).
         skipped: (exp_id, reason) of the experiments not replayed.
         cost: the cost parameters used.
         train: training experiment ids.
+        per_seed: one row per (exp_id, stage, metric, seed): kvsched_ms, kvsched_ape.
+        runs: one row per experiment (replayed or not): :func:`runs_table`.
+        seeds: replay seeds 0..seeds-1.
+        client_jitter: whether the client's send jitter was replayed.
     """
 
     rows: pd.DataFrame
     skipped: tuple[tuple[str, str], ...]
     cost: CostParams
     train: tuple[str, ...]
+    per_seed: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    runs: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    seeds: int = 1
+    client_jitter: bool = False
 
+
+def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame:
+    """One row per experiment: exp_id, label, source, model_family, model_id, tp, gpu, split
+    ("train" / "held-out" / "not replayed"), vllm_version and where it was looked for, whether the
+    sim-to-real csv scores it, skip reason."""
+    train_set = set(train)
+    return pd.DataFrame.from_records([
+        {"exp_id": e.exp_id, "label": e.label, "source": e.source, "model_family": e.model_family,
+         "model_id": e.model_id, "tp": e.tp, "gpu": e.hardware,
+         "split": "not replayed" if e.skip_reason else ("train" if e.exp_id in train_set else "held-out"),
+         "vllm_version": e.vllm_version, "vllm_version_source": e.vllm_version_source,
+         "in_sim_to_real_csv": e.source == "sim_to_real" or any(bool(st.peers_ms) for st in e.stages),
+         "skip_reason": e.skip_reason or ""} for e in exps])
 
 def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (), jobs: int = 2,
-          groundtruth: str | None = None, stage_cap_s: float | None = None) -> ValidationReport:
+          groundtruth: str | None = None, stage_cap_s: float | None = None, seeds: int = 1,
+          client_jitter: bool = False, only: Sequence[str] | None = None) -> ValidationReport:
     """Replay every replayable experiment with ``cost`` and score it (see the module docstring).
 
     Args:
@@ -66,11 +104,27 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         jobs: worker processes.
         groundtruth: ground-truth directory (for the workers).
         stage_cap_s: cut every stage to this many seconds (None: full runs; tests use a cap).
+        seeds: replay every experiment with seeds 0..seeds-1 (>= 1).
+        client_jitter: replay the client's measured send lateness
+            (:func:`~kvsched.experiments.replay.replay`).
+        only: replay only these experiment ids (None: all); the others are not listed.
+
+    Raises:
+        ConfigError: ``seeds`` below 1, or an id of ``only`` that is not an experiment.
     """
     from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError
 
     from .replay import instance_spec_for
 
+    if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or seeds < 1:
+        raise ConfigError(f"validate: seeds={bounded_repr(seeds)}; expected an integer >= 1")
+    if only is not None:
+        known = {e.exp_id for e in exps}
+        unknown = [i for i in only if i not in known]
+        if unknown:
+            raise ConfigError(f"validate: unknown experiment id {bounded_repr(unknown[0])}; known: "
+                              f"{bounded_repr(sorted(known))}")
+        exps = [e for e in exps if e.exp_id in set(only)]
     ok, skipped_l = [], []
     for e in exps:
         if e.skip_reason:
@@ -85,55 +139,99 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
     skipped = tuple(skipped_l)
     train_set = set(train)
     try:
-        with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth) as obj:
-            results = obj.results(cost)
+        with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth, client_jitter=client_jitter) as obj:
+            by_seed = [obj.results(cost, seed=k) for k in range(int(seeds))]
     except (RuntimeError, KvschedError):
         # one run failed in a worker (e.g. requests a configuration cannot serve): replay them one
         # by one here, skip the failing ones with their error, keep the others
         from .replay import replay
 
-        kept, results = [], []
+        kept, per_exp = [], []
         for e in ok:
             try:
-                results.append(replay(e, cost, stage_cap_s=stage_cap_s))
+                per_exp.append([replay(e, cost, stage_cap_s=stage_cap_s, seed=k, client_jitter=client_jitter)
+                                for k in range(int(seeds))])
             except (RuntimeError, KvschedError) as err:
                 skipped_l.append((e.exp_id, f"replay failed: {bounded_repr(str(err), 300)}"))
                 continue
             kept.append(e)
         ok, skipped = kept, tuple(skipped_l)
-    recs = []
-    for e, r in zip(ok, results):
+        by_seed = [[r[k] for r in per_exp] for k in range(int(seeds))]
+    recs, seed_recs = [], []
+    for i, e in enumerate(ok):
         for s in e.stages:
             for m in METRICS:
-                meas, pred = s.values_ms[m], r.stages_ms[s.stage][m]
+                meas = s.values_ms[m]
+                preds = np.array([res[i].stages_ms[s.stage][m] for res in by_seed])
+                apes = np.array([ape(float(p), meas) for p in preds])
+                for k, (p, a) in enumerate(zip(preds, apes)):
+                    seed_recs.append({"exp_id": e.exp_id, "stage": s.stage, "metric": m, "seed": k,
+                                      "kvsched_ms": float(p), "kvsched_ape": float(a)})
+                pred = float(preds.mean())
                 row = {"exp_id": e.exp_id, "label": e.label, "split": "train" if e.exp_id in train_set else "held-out",
+                       "source": e.source, "model_family": e.model_family, "tp": e.tp, "gpu": e.hardware,
                        "stage": s.stage, "metric": m, "measured_ms": meas, "kvsched_ms": pred,
-                       "kvsched_ape": ape(pred, meas)}
+                       "kvsched_ape": ape(pred, meas),
+                       "kvsched_ms_sd": float(preds.std(ddof=1)) if len(preds) > 1 else float("nan"),
+                       "kvsched_ape_seed_mean": float(apes.mean()),
+                       "kvsched_ape_seed_sd": float(apes.std(ddof=1)) if len(apes) > 1 else float("nan")}
                 for p in PEERS:
                     v = s.peers_ms.get(m, {}).get(p, float("nan"))
                     row[f"{p}_ms"] = v
                     row[f"{p}_ape"] = ape(v, meas) if np.isfinite(v) else float("nan")
                 recs.append(row)
-    return ValidationReport(pd.DataFrame.from_records(recs), skipped, cost, tuple(train))
+    return ValidationReport(pd.DataFrame.from_records(recs), skipped, cost, tuple(train),
+                            pd.DataFrame.from_records(seed_recs), runs_table(exps, train), int(seeds),
+                            bool(client_jitter))
+
+
+def _seed_mapes(report: ValidationReport, rows: pd.DataFrame) -> np.ndarray:
+    """Per seed, the MAPE of kvsched over ``rows`` (keys exp_id, stage, metric)."""
+    ps = report.per_seed
+    if not len(ps) or not len(rows):
+        return np.array([])
+    keyed = ps.merge(rows[["exp_id", "stage", "metric"]], on=["exp_id", "stage", "metric"])
+    return keyed.groupby("seed")["kvsched_ape"].mean().to_numpy()
 
 
 def summary_table(report: ValidationReport) -> pd.DataFrame:
-    """MAPE per metric: kvsched on held-out and on train rows, with the row counts."""
+    """MAPE per metric: kvsched on held-out and on train rows, with the row counts; with several
+    seeds also the mean and standard deviation over seeds of each seed's held-out and train MAPE."""
     rows = report.rows
     out = []
     for m in METRICS:
         r = rows[rows["metric"] == m]
         ho, tr = r[r["split"] == "held-out"], r[r["split"] == "train"]
-        out.append({"metric": m, "held_out_mape": ho["kvsched_ape"].mean(), "held_out_rows": len(ho),
-                    "held_out_max_ape": ho["kvsched_ape"].max(), "train_mape": tr["kvsched_ape"].mean(),
-                    "train_rows": len(tr)})
+        row = {"metric": m, "held_out_mape": ho["kvsched_ape"].mean(), "held_out_rows": len(ho),
+               "held_out_max_ape": ho["kvsched_ape"].max(), "train_mape": tr["kvsched_ape"].mean(),
+               "train_rows": len(tr)}
+        for name, part in (("held_out", ho), ("train", tr)):
+            per = _seed_mapes(report, part)
+            row[f"{name}_mape_seed_mean"] = float(per.mean()) if len(per) else float("nan")
+            row[f"{name}_mape_seed_sd"] = float(per.std(ddof=1)) if len(per) > 1 else float("nan")
+        out.append(row)
     return pd.DataFrame(out)
 
 
-def peer_comparison(report: ValidationReport, split: str = "held-out") -> pd.DataFrame:
+def breakdown_table(report: ValidationReport, by: str) -> pd.DataFrame:
+    """kvsched's MAPE per metric for each value of row column ``by`` (:data:`BREAKDOWNS`) and
+    split: one row per (value, split) with the number of load stages, the experiments, and a
+    column per metric."""
+    rows = report.rows
+    out = []
+    for (value, split), g in rows.groupby([by, "split"], sort=True):
+        row = {by: value, "split": split, "stages": int(g[["exp_id", "stage"]].drop_duplicates().shape[0]),
+               "experiments": int(g["exp_id"].nunique())}
+        for m in METRICS:
+            row[m] = g.loc[g["metric"] == m, "kvsched_ape"].mean()
+        out.append(row)
+    return pd.DataFrame(out, columns=[by, "split", "stages", "experiments", *METRICS])
+
+
+def peer_comparison(report: ValidationReport, split: str | None = "held-out") -> pd.DataFrame:
     """For each peer and metric: the peer's MAPE and kvsched's MAPE on exactly the rows of
-    ``split`` the peer predicted (NaN-free), with the row count."""
-    rows = report.rows[report.rows["split"] == split]
+    ``split`` (None: every split) the peer predicted (NaN-free), with the row count."""
+    rows = report.rows if split is None else report.rows[report.rows["split"] == split]
     out = []
     for p in PEERS:
         for m in METRICS:
@@ -142,6 +240,26 @@ def peer_comparison(report: ValidationReport, split: str = "held-out") -> pd.Dat
                 out.append({"peer": p, "metric": m, "rows": len(r), "peer_mape": r[f"{p}_ape"].mean(),
                             "kvsched_mape": r["kvsched_ape"].mean()})
     return pd.DataFrame(out, columns=["peer", "metric", "rows", "peer_mape", "kvsched_mape"])
+
+
+def csv_coverage(report: ValidationReport) -> pd.DataFrame:
+    """The experiments of the sim-to-real csv: replayed (with the split and the load stages
+    scored) or not (with the reason), and how many of the csv's per-stage peer predictions fall
+    on the replayed rows."""
+    runs = report.runs
+    if not len(runs):
+        return pd.DataFrame(columns=["exp_id", "label", "split", "stages_scored", "peer_rows", "reason"])
+    rows = report.rows
+    out = []
+    for r in runs.itertuples(index=False):
+        if not r.in_sim_to_real_csv:
+            continue
+        mine = rows[rows["exp_id"] == r.exp_id] if len(rows) else rows
+        out.append({"exp_id": r.exp_id, "label": r.label, "split": r.split,
+                    "stages_scored": int(mine["stage"].nunique()) if len(mine) else 0,
+                    "peer_rows": int(sum(mine[f"{p}_ms"].notna().sum() for p in PEERS)) if len(mine) else 0,
+                    "reason": r.skip_reason})
+    return pd.DataFrame(out, columns=["exp_id", "label", "split", "stages_scored", "peer_rows", "reason"])
 
 
 def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Path:
@@ -229,19 +347,49 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
     return CostParams(), (), "literature defaults (no calibration file)"
 
 
+def _with_tail(path: str | Path | None, cost: CostParams, gpu: str = "H100-SXM") -> tuple[CostParams, str]:
+    """``cost`` with the fitted tail of the calibration file (``path`` or the GPU's shipped one).
+
+    Raises:
+        ConfigError: no calibration file, or one without ``tail_params``.
+    """
+    from kvsched.envs.sim.calibration import calibration_path, load_calibration
+    from kvsched.envs.sim.errors import ConfigError
+
+    p = Path(path) if path is not None else calibration_path(gpu)
+    if not p.is_file():
+        raise ConfigError(f"--tail: no calibration file {bounded_repr(str(p), MAX_PATH_CHARS)} to take the tail from")
+    cal = load_calibration(p)
+    if not cal.tail_params:
+        raise ConfigError(f"--tail: {bounded_repr(str(p), MAX_PATH_CHARS)} has no tail_params; fit them with "
+                          "kvsched calibrate --tail-only")
+    return (dataclasses.replace(cost, **cal.tail_params),
+            "tail on: " + ", ".join(f"{k} {v:g}" for k, v in cal.tail_params.items()))
+
+
 # ------------------------------------------------------------------------------------------------
 # command line
 
 
 def add_arguments(p) -> None:
     """Arguments of ``kvsched validate`` (an argparse sub-parser)."""
+    from .cli_types import count
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--calibration", type=Path, help="calibration file (default: the shipped H100-SXM one)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
-    p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv and plot.png into this directory")
+    p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "
+                                            "csv_coverage.csv, per_seed.csv and plot.png into this directory")
     p.add_argument("--stage-cap-s", type=float, help="cut every stage to this many seconds (default: full runs)")
+    p.add_argument("--seeds", type=count, default=1, help="replay every run with seeds 0..N-1 and report the mean "
+                                                          "prediction and its spread over seeds (default 1)")
+    p.add_argument("--tail", action="store_true",
+                   help="turn on the calibration's fitted stochastic tail (its tail_params: step-time noise, "
+                        "front-end hiccups); use with --seeds")
+    p.add_argument("--client-jitter", action="store_true",
+                   help="send each request late by a draw from the client's measured schedule_delay")
+    p.add_argument("--only", nargs="+", metavar="EXP_ID", help="replay only these experiments (default: all)")
     p.add_argument("--json", action="store_true", help="print rows and summaries as JSON")
 
 
@@ -260,17 +408,21 @@ def cmd_validate(a, console) -> int:
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
     cost, train, desc = calibration_or_default(a.calibration)
-    report = score(exps, cost, train, a.jobs, gt, a.stage_cap_s)
+    if a.tail:
+        cost, tail_desc = _with_tail(a.calibration, cost)
+        desc += f"; {tail_desc}"
+    report = score(exps, cost, train, a.jobs, gt, a.stage_cap_s, a.seeds, a.client_jitter, a.only)
     summ = summary_table(report)
     peers = peer_comparison(report)
+    breakdown = pd.concat([breakdown_table(report, col).rename(columns={col: "value"}).assign(by=col)
+                           for col, _ in BREAKDOWNS], ignore_index=True)
+    coverage = csv_coverage(report)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        with atomic_files.replacing(a.out / "rows.csv") as tmp:
-            report.rows.to_csv(tmp, index=False)
-        with atomic_files.replacing(a.out / "summary.csv") as tmp:
-            summ.to_csv(tmp, index=False)
-        with atomic_files.replacing(a.out / "peers.csv") as tmp:
-            peers.to_csv(tmp, index=False)
+        for name, frame in (("rows", report.rows), ("summary", summ), ("peers", peers), ("breakdown", breakdown),
+                            ("runs", report.runs), ("csv_coverage", coverage), ("per_seed", report.per_seed)):
+            with atomic_files.replacing(a.out / f"{name}.csv") as tmp:
+                frame.to_csv(tmp, index=False)
     plot_path = a.plot or (a.out / "plot.png" if a.out else None)
     if plot_path is not None:
         plot_predicted_vs_measured(report, plot_path)
@@ -279,7 +431,11 @@ def cmd_validate(a, console) -> int:
                           "cost_notes": cost_notes(exps), "skipped": [list(s) for s in report.skipped],
                           "rows": json.loads(report.rows.to_json(orient="records")),
                           "summary": json.loads(summ.to_json(orient="records")),
-                          "peers": json.loads(peers.to_json(orient="records"))}, indent=1))
+                          "peers": json.loads(peers.to_json(orient="records")),
+                          "breakdown": json.loads(breakdown.to_json(orient="records")),
+                          "runs": json.loads(report.runs.to_json(orient="records")),
+                          "csv_coverage": json.loads(coverage.to_json(orient="records")),
+                          "seeds": report.seeds, "client_jitter": report.client_jitter}, indent=1))
         return 0
     console.print(f"cost parameters: {desc}", highlight=False)
     for line in cost_notes(exps):
@@ -303,10 +459,25 @@ def cmd_validate(a, console) -> int:
     t2 = Table(title="MAPE per metric (%): kvsched over held-out and training experiments")
     for col in ("metric", "held-out MAPE", "held-out rows", "held-out max APE", "train MAPE", "train rows"):
         t2.add_column(col, justify="left" if col == "metric" else "right")
+    multi = report.seeds > 1
+    if multi:
+        t2.title += f"; {report.seeds} seeds: per-seed MAPE mean ± sd"
+        t2.add_column("held-out per seed", justify="right")
+        t2.add_column("train per seed", justify="right")
     for r in summ.itertuples(index=False):
+        extra = ([f"{_fmt(r.held_out_mape_seed_mean)} ± {_fmt(r.held_out_mape_seed_sd)}",
+                  f"{_fmt(r.train_mape_seed_mean)} ± {_fmt(r.train_mape_seed_sd)}"] if multi else [])
         t2.add_row(r.metric, _fmt(r.held_out_mape), str(r.held_out_rows), _fmt(r.held_out_max_ape), _fmt(r.train_mape),
-                   str(r.train_rows))
+                   str(r.train_rows), *extra)
     console.print(t2)
+    for col, title in BREAKDOWNS:
+        bt = breakdown_table(report, col)
+        tb = Table(title=f"MAPE per metric (%) per {title} and split (generalisation)")
+        for c in (title, "split", "stages", *METRICS):
+            tb.add_column(c, justify="left" if c in (title, "split") else "right")
+        for r in bt.to_dict("records"):
+            tb.add_row(str(r[col]), r["split"], str(r["stages"]), *[_fmt(r[m]) for m in METRICS])
+        console.print(tb)
     if len(peers):
         t3 = Table(title="held-out rows a peer predicted: peer MAPE vs kvsched MAPE on the same rows (%)")
         for col in ("peer", "metric", "rows", "peer MAPE", "kvsched MAPE"):
@@ -314,6 +485,18 @@ def cmd_validate(a, console) -> int:
         for r in peers.itertuples(index=False):
             t3.add_row(r.peer, r.metric, str(r.rows), _fmt(r.peer_mape), _fmt(r.kvsched_mape))
         console.print(t3)
+    if len(coverage):
+        t4 = Table(title="sim-to-real csv experiments: replayed (split, stages scored, peer predictions "
+                         "on them) or not")
+        for c in ("experiment", "split", "stages", "peer rows", "reason"):
+            t4.add_column(c, justify="right" if c in ("stages", "peer rows") else "left")
+        for r in coverage.itertuples(index=False):
+            t4.add_row(r.label, r.split, str(r.stages_scored), str(r.peer_rows), r.reason)
+        console.print(t4)
+    versions = sorted(set(report.runs["vllm_version"])) if len(report.runs) else []
+    if versions:
+        console.print("vLLM version of the runs: " + ", ".join(versions) + " (runs.csv says where it was looked for)",
+                      highlight=False)
     console.print("training experiments: " + (", ".join(train) or "none"), highlight=False)
     console.print("held-out experiments: " + ", ".join(held), highlight=False)
     for exp_id, reason in report.skipped:

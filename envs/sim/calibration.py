@@ -30,7 +30,7 @@ import numpy as np
 
 from . import strict_json
 from .errors import MAX_PATH_CHARS, ConfigError, bounded_repr
-from .cost_params import CostParams
+from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "CalibrationFile", "FitParam", "FitResult",
@@ -118,6 +118,10 @@ class CalibrationFile:
             when unknown.
         kvsched_version: version that wrote the file.
         notes: free-text provenance lines.
+        tail_params: fitted values of the stochastic tail's fields (:data:`TAIL_FIELDS`), kept
+            apart from :attr:`cost` so that the GPU's default parameters stay deterministic:
+            applied by :meth:`cost_with_tail` (``kvsched validate --tail``) or by setting the
+            fields in a scenario's ``cost``. Empty when no tail was fitted.
 
     Raises:
         ConfigError: a bad GPU name, version, or ``fitted`` naming an unknown field.
@@ -135,6 +139,7 @@ class CalibrationFile:
     wall_s: float | None = None
     kvsched_version: str = ""
     notes: tuple[str, ...] = ()
+    tail_params: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpu, str) and self.gpu):
@@ -149,19 +154,38 @@ class CalibrationFile:
             if name not in _COST_FIELDS:
                 raise ConfigError(f"CalibrationFile.fitted has {bounded_repr(name)}: expected CostParams fields "
                                   f"({', '.join(_COST_FIELDS)})")
+        if not isinstance(self.tail_params, Mapping):
+            raise ConfigError(f"CalibrationFile.tail_params={bounded_repr(self.tail_params)} is not allowed: "
+                              "expected a mapping of tail fields")
+        for name in self.tail_params:
+            if name not in TAIL_FIELDS:
+                raise ConfigError(f"CalibrationFile.tail_params has {bounded_repr(name)}: expected tail fields "
+                                  f"({', '.join(TAIL_FIELDS)})")
+        try:
+            CostParams(**{k: float(v) for k, v in self.tail_params.items()})  # validates the values
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"CalibrationFile.tail_params: {e}") from None
+        object.__setattr__(self, "tail_params", {k: float(v) for k, v in self.tail_params.items()})
         object.__setattr__(self, "fitted", tuple(self.fitted))
         object.__setattr__(self, "train", tuple(self.train))
         object.__setattr__(self, "notes", tuple(self.notes))
 
+    def cost_with_tail(self) -> CostParams:
+        """:attr:`cost` with the fitted stochastic tail (:attr:`tail_params`) turned on."""
+        return dataclasses.replace(self.cost, **self.tail_params)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (the file content)."""
-        return {
+        """JSON-ready dict (the file content; ``tail_params`` only when there are some)."""
+        out = {
             "format": CALIBRATION_FORMAT, "gpu": self.gpu, "version": self.version,
             "cost_params": dataclasses.asdict(self.cost), "fitted": list(self.fitted),
             "train_experiments": list(self.train), "objective": self.objective,
             "loss": self.loss, "n_residuals": self.n_residuals, "n_evaluations": self.n_evaluations,
             "wall_s": self.wall_s, "kvsched_version": self.kvsched_version, "notes": list(self.notes),
         }
+        if self.tail_params:
+            out["tail_params"] = dict(self.tail_params)
+        return out
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], source: str = "<dict>") -> "CalibrationFile":
@@ -176,7 +200,7 @@ class CalibrationFile:
             raise ConfigError(f"{source}: format={bounded_repr(d.get('format'))} is not allowed: "
                               f"expected {bounded_repr(CALIBRATION_FORMAT)}")
         allowed = {"format", "gpu", "version", "cost_params", "fitted", "train_experiments", "objective", "loss",
-                   "n_residuals", "n_evaluations", "wall_s", "kvsched_version", "notes"}
+                   "n_residuals", "n_evaluations", "wall_s", "kvsched_version", "notes", "tail_params"}
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise ConfigError(f"{source}: unknown key {bounded_repr(unknown[0])}; "
@@ -199,7 +223,8 @@ class CalibrationFile:
                 loss=None if d.get("loss") is None else float(d["loss"]), n_residuals=int(d.get("n_residuals", 0)),
                 n_evaluations=int(d.get("n_evaluations", 0)),
                 wall_s=None if d.get("wall_s") is None else float(d["wall_s"]),
-                kvsched_version=str(d.get("kvsched_version", "")), notes=tuple(d.get("notes", ())))
+                kvsched_version=str(d.get("kvsched_version", "")), notes=tuple(d.get("notes", ())),
+                tail_params=d.get("tail_params", {}))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{source}: {e}") from None
 

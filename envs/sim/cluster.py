@@ -37,6 +37,7 @@ from .request import RequestState, Workload, hash_block_mismatch
 from .policy_api import check_router
 from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
+from .step_noise import front_end_hiccups_s
 from .instance_spec import InstanceSpec
 
 
@@ -123,7 +124,9 @@ class Cluster:
         progress: optional callback ``progress(n_requests_done)`` called every 1,000 requests.
         router_delay_s: staleness of the state routers see (s, >= 0; :mod:`.routing`).
         shared_kv: the cluster KV tier shared by all instances (:mod:`.shared_kv`), or ``None``.
-        seed: handed to the router's ``bind`` (routers with a sampler seed it from their params).
+        seed: handed to the router's ``bind`` (routers with a sampler seed it from their params) and
+            to each instance, whose step-time noise it seeds (:mod:`.step_noise`; only when the
+            cost parameters turn noise on).
         observer: told of routing decisions, steps, preemptions and link copies while the run
             goes on (:mod:`.observer`), or ``None`` (the default: no event is built). It does not
             change the results.
@@ -151,21 +154,24 @@ class Cluster:
         if not isinstance(options, InstanceOptions):
             raise ConfigError(f"options={bounded_repr(options)} is not allowed: expected an InstanceOptions")
         front = {(s.cost_params.request_overhead_s, s.cost_params.prompt_token_overhead_s,
-                  s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens) for s in specs}
+                  s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens,
+                  s.cost_params.front_end_hiccup_probability, s.cost_params.front_end_hiccup_mean_s) for s in specs}
         if len(front) > 1:
             raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
-                              "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s and "
-                              f"first_chunk_delay_tokens; got {sorted(front)}")
+                              "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s, "
+                              "first_chunk_delay_tokens, front_end_hiccup_probability and front_end_hiccup_mean_s; "
+                              f"got {bounded_repr(sorted(front))}")
         self.front_end = specs[0].cost_params
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)
         self.metrics = metrics
-        self.instances = [Instance(spec, policy_factory(), self.recorder, i, options)
+        self.instances = [Instance(spec, policy_factory(), self.recorder, i, options, seed)
                           for i, spec in enumerate(specs)]
         if router is None:
             router = RoundRobinPlacement()
         check_router(router)
         router.bind(len(self.instances), seed)
+        self._seed = seed
         self.router = router
         self.state_provider = StateProvider(router_delay_s)
         if shared_kv is not None and not isinstance(shared_kv, SharedKVSpec):
@@ -240,6 +246,9 @@ class Cluster:
         instances = self.instances
         # when the engine sees each request (after the API front end), and in which order
         arrivals = workload.arrival_s + self.front_end.server_delay_s(workload.prompt_tokens)
+        hiccups = front_end_hiccups_s(self.front_end, self._seed, n)
+        if hiccups is not None:  # seeded API-server stalls (kvsched.envs.sim.step_noise)
+            arrivals = arrivals + hiccups
         order = None
         if n > 1 and np.any(np.diff(arrivals) < 0):  # per-token delays can reorder arrivals
             order = np.argsort(arrivals, kind="stable")

@@ -15,6 +15,12 @@ import numpy as np
 from .spec_validation import non_negative, real_in
 
 
+TAIL_FIELDS: tuple[str, ...] = ("step_time_sigma", "hiccup_probability", "hiccup_mean_s",
+                                 "front_end_hiccup_probability", "front_end_hiccup_mean_s")
+"""The :class:`CostParams` fields of the stochastic latency tail (:mod:`~.step_noise`); all 0 by
+default, which draws nothing."""
+
+
 @dataclass(frozen=True)
 class CostParams:
     """Efficiency parameters of the roofline step-time model (REFERENCE §5.2, §5.3) and the
@@ -59,6 +65,22 @@ class CostParams:
             decode step for every model and TP degree. Streaming detokenisation explains such a
             delay (vLLM's incremental detokeniser sends no text for a token that ends inside a
             multi-byte character, and the runs generate random-token text); a calibration measures it.
+        step_time_sigma: σ of the mean-one lognormal factor ``exp(σ·z − σ²/2)``, z ~ N(0, 1), that
+            multiplies every step's time, 0 <= σ <= 1 (:mod:`~.step_noise`; step-to-step variation
+            of kernel and CPU time). Default 0: deterministic step times.
+        hiccup_probability: probability that a step also stalls for an extra exponential delay
+            (a host hiccup: engine-core GC pause, detokenisation burst), 0 <= p < 1. Default 0.
+        hiccup_mean_s: mean of that extra delay, s, >= 0. Default 0 (no hiccup).
+        front_end_hiccup_probability: probability that a request's hand-off to the engine is
+            delayed by an extra exponential delay (API-server stall seen by that request only:
+            a GC pause or a burst of streaming work while it is tokenised / queued), 0 <= p < 1.
+            Default 0.
+        front_end_hiccup_mean_s: mean of that extra delay, s, >= 0. Default 0.
+
+    The step fields are drawn per step from a generator seeded by the simulation seed and the
+    instance index, the front-end ones per request from one seeded by the simulation seed
+    (:mod:`~.step_noise`); with their defaults nothing is drawn and the times are those of the
+    roofline and the fixed front end, byte for byte.
 
         seq_overhead_s: host (CPU) time per scheduled sequence per step, s, >= 0: vLLM V1's engine
             core runs scheduling, input preparation and output processing of every request in the
@@ -103,6 +125,11 @@ class CostParams:
     step_token_overhead_s: float = 0.0
     allreduce_hop_latency_s: float = 0.0
     moe_efficiency: float = 1.0
+    step_time_sigma: float = 0.0
+    hiccup_probability: float = 0.0
+    hiccup_mean_s: float = 0.0
+    front_end_hiccup_probability: float = 0.0
+    front_end_hiccup_mean_s: float = 0.0
 
     def __post_init__(self) -> None:
         real_in("CostParams", "mfu_max", self.mfu_max, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -120,6 +147,25 @@ class CostParams:
         non_negative("CostParams", "step_token_overhead_s", self.step_token_overhead_s)
         non_negative("CostParams", "allreduce_hop_latency_s", self.allreduce_hop_latency_s)
         real_in("CostParams", "moe_efficiency", self.moe_efficiency, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        real_in("CostParams", "step_time_sigma", self.step_time_sigma, lambda x: 0 <= x <= 1, "a number in [0, 1]")
+        real_in("CostParams", "hiccup_probability", self.hiccup_probability, lambda x: 0 <= x < 1,
+                "a number in [0, 1)")
+        non_negative("CostParams", "hiccup_mean_s", self.hiccup_mean_s)
+        real_in("CostParams", "front_end_hiccup_probability", self.front_end_hiccup_probability,
+                lambda x: 0 <= x < 1, "a number in [0, 1)")
+        non_negative("CostParams", "front_end_hiccup_mean_s", self.front_end_hiccup_mean_s)
+
+    @property
+    def step_noise_on(self) -> bool:
+        """True when the step times are noisy: ``step_time_sigma > 0`` or a hiccup of positive
+        probability and mean (:mod:`~.step_noise`)."""
+        return self.step_time_sigma > 0 or (self.hiccup_probability > 0 and self.hiccup_mean_s > 0)
+
+    @property
+    def front_end_noise_on(self) -> bool:
+        """True when requests draw front-end hiccups: ``front_end_hiccup_probability`` and
+        ``front_end_hiccup_mean_s`` both > 0 (:func:`~.step_noise.front_end_hiccups_s`)."""
+        return self.front_end_hiccup_probability > 0 and self.front_end_hiccup_mean_s > 0
 
     def server_delay_s(self, prompt_tokens: Any) -> Any:
         """Front-end delay (s) from the client's send to the engine seeing the request:

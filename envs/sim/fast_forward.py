@@ -138,7 +138,12 @@ class StretchPlanner:
         return self.single_step_end(start, dt)
 
     def single_step_end(self, start: float, dt: float) -> float:
-        """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``."""
+        """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``; a
+        step that runs (``dt > 0``) takes the instance's step noise when it has one
+        (:mod:`.step_noise`)."""
+        noise = self.inst.step_noise
+        if noise is not None and dt > 0.0:
+            dt = noise.apply(dt)
         self.ends = None
         self.steps = None
         self.reserved = 0

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +66,7 @@ from .pnm_migration import PNMMigrator
 from .policy_api import PolicyContext
 from .preemption import Preemptor
 from .request import FINISHED, REJECTED, RUNNING, RequestState
+from .step_noise import step_noise_for
 from .step_plan import StepBuild, StepComposer
 
 TRANSFER_EVENT = "transfer"
@@ -130,6 +132,8 @@ class Instance:
         recorder: collects finished records, ITL samples and occupancy.
         instance_id: index within the cluster.
         options: simulation options.
+        seed: the simulation seed; seeds the instance's step-time noise (:mod:`.step_noise`,
+            with ``instance_id``) when its cost parameters turn noise on; unused otherwise.
 
     Raises:
         ConfigError: the policy gives a token budget below 1, or (chunked prefill off) one below
@@ -139,11 +143,17 @@ class Instance:
     effective_long_prefill_threshold = staticmethod(effective_long_prefill_threshold)
 
     def __init__(self, spec: InstanceSpec, policy, recorder, instance_id: int = 0,
-                 options: InstanceOptions = InstanceOptions()) -> None:
+                 options: InstanceOptions = InstanceOptions(), seed: int = 0) -> None:
         self.spec = spec
         self.policy = policy
         self.recorder = recorder
         self.instance_id = instance_id
+        #: per-step time noise and hiccups (:mod:`.step_noise`), or None (deterministic steps)
+        self.step_noise = step_noise_for(spec.cost_params, seed, instance_id)
+        if self.step_noise is not None and options.fast_forward:
+            # stretches assume deterministic, non-decreasing step times: step one by one
+            # (the results fast-forward would give; see kvsched.envs.sim.step_noise)
+            options = dataclasses.replace(options, fast_forward=False)
         self.options = options
         self.cost = CostModel(spec)
         self.bs = spec.block_size_tokens
