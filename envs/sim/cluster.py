@@ -37,6 +37,8 @@ from .request import RequestState, Workload, hash_block_mismatch
 from .policy_api import check_router
 from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
+from .disagg import KV_LANDED_EVENT, REMOTE_PREFILL_EVENT, DisaggRuntime, DisaggSpec
+from .routing import InstanceStateView
 from .instance_spec import InstanceSpec
 
 
@@ -127,10 +129,18 @@ class Cluster:
         observer: told of routing decisions, steps, preemptions and link copies while the run
             goes on (:mod:`.observer`), or ``None`` (the default: no event is built). It does not
             change the results.
+        disagg: prefill/decode disaggregation (:mod:`.disagg`: roles, KV-transfer link, modes), or
+            ``None`` (every instance mixed, the default). With it, ``router`` picks the decode
+            instance among the decode and mixed instances (its rows are theirs, in instance
+            order) and ``prefill_router`` the prefill instance among the prefill instances.
+        prefill_router: the prefill side's router object (default round-robin); only with
+            ``disagg``.
 
     Raises:
         ConfigError: front-end parameters that differ between instances, a router without
-            ``bind``/``route``, a negative delay, instances that cannot share a KV tier.
+            ``bind``/``route``, a negative delay, instances that cannot share a KV tier; with
+            ``disagg``: roles not one per instance, instances that cannot exchange KV, a router
+            delay (routers see live state), a shared KV tier, or a ``prefill_router`` without it.
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], policy_factory: Callable[[], object],
@@ -138,7 +148,8 @@ class Cluster:
                  options: InstanceOptions = InstanceOptions(),
                  progress: Callable[[int], None] | None = None,
                  router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0,
-                 observer: SimObserver | None = None) -> None:
+                 observer: SimObserver | None = None, disagg: DisaggSpec | None = None,
+                 prefill_router=None) -> None:
         if not specs:
             raise ConfigError("specs is empty: a cluster needs at least one InstanceSpec")
         bad_spec = next((s for s in specs if not isinstance(s, InstanceSpec)), None)
@@ -167,6 +178,26 @@ class Cluster:
         check_router(router)
         router.bind(len(self.instances), seed)
         self.router = router
+        self.disagg: DisaggRuntime | None = None
+        self.prefill_router = None
+        if disagg is not None:
+            if not isinstance(disagg, DisaggSpec):
+                raise ConfigError(f"disagg={bounded_repr(disagg)} is not allowed: expected a DisaggSpec or None")
+            if router_delay_s:
+                raise ConfigError(f"router_delay_s={bounded_repr(router_delay_s)} is not allowed with disaggregation: "
+                                  "its routers see live state (give 0)")
+            if shared_kv is not None:
+                raise ConfigError("shared_kv and disagg cannot be combined (give one of them)")
+            self.disagg = DisaggRuntime(disagg, self.instances)
+            router.bind(len(self.disagg.decode_ids), seed)
+            if prefill_router is None:
+                prefill_router = RoundRobinPlacement()
+            check_router(prefill_router)
+            prefill_router.bind(max(1, len(self.disagg.prefill_ids)), seed)
+            self.prefill_router = prefill_router
+        elif prefill_router is not None:
+            raise ConfigError("prefill_router needs disagg (prefill/decode roles)")
+        self._step_end = [0.0] * len(self.instances)
         self.state_provider = StateProvider(router_delay_s)
         if shared_kv is not None and not isinstance(shared_kv, SharedKVSpec):
             raise ConfigError(f"shared_kv={bounded_repr(shared_kv)} is not allowed: expected a SharedKVSpec or None")
@@ -259,11 +290,13 @@ class Cluster:
         self._check_pool = self.shared_kv is not None and instances[0].options.check_invariants
         # round-robin look-ahead only when the router (not a caller) places every arrival
         self._ahead = (getattr(self.router, "arrivals_until", None)
-                       if len(instances) > 1 and self.shared_kv is None and not (watch is not None and watch.route)
+                       if len(instances) > 1 and self.shared_kv is None and self.disagg is None
+                       and not (watch is not None and watch.route)
                        else None)
         # stretches may run through completions when nothing outside an instance looks at it
         # between its own events (no router reading instance state, no watched decisions)
-        through = watch is None and self.shared_kv is None and (len(instances) == 1 or self._ahead is not None)
+        through = (watch is None and self.shared_kv is None and self.disagg is None
+                   and (len(instances) == 1 or self._ahead is not None))
         for inst in instances:
             inst.stretch_through_finishes = through
         if n:
@@ -358,6 +391,25 @@ class Cluster:
             return
         if inst.bs != self.instances[0].bs:  # heterogeneous block sizes: segments in its blocks
             st = RequestState(st.req, inst.bs, st.length_class)
+        rt = self.disagg
+        if rt is not None and rt.goes_remote(inst, st):
+            p = self.instances[self._route_among(self.prefill_router, rt.prefill_ids, st, t, "prefill_router")]
+            if rt.fits_prefill(p, st):
+                st.instance_id = inst.instance_id
+                reason = inst.reject_reason(st)
+                if reason:  # the decode instance can never serve it: rejected there, as vLLM's would
+                    inst._reject(st, reason)
+                    return
+                h = rt.start(st, inst, p)
+                if rt.spec.transfer == "whole":  # prefill first, the decode instance gets it afterwards
+                    if p.add_request(rt.prefill_copy(h), t):
+                        self._wake(p, t)
+                else:  # layerwise: the decode instance allocates first (its admission queues the prefill)
+                    inst.waiting.append(st)
+                    self._wake(inst, t)
+                return
+        if rt is not None:
+            rt.counters.local_prefills += 1
         if inst.add_request(st, t):
             self._wake(inst, t)
 
@@ -376,16 +428,64 @@ class Cluster:
             # a "time" decision point lets the caller look at the instance (Knobs-v0 observes HBM
             # in use): a stretch running past it would show blocks of steps not yet started
             horizon = self._until_s
+        rt = self.disagg
+        if rt is not None and rt.spec.transfer == "whole" and rt.roles[inst.instance_id] == "decode":
+            # a prefilled request joins this instance's queue when its prefill instance's step
+            # ends: no stretch may run past the step containing the next such end
+            for pid in rt.prefill_ids:
+                if rt.live_prefills[pid]:
+                    p = self.instances[pid]
+                    h = self._step_end[pid] if p.busy else t
+                    if h < horizon:
+                        horizon = h
         end = inst.schedule(t, horizon)
         if end is not None:
             ev.push(end, STEP_END, inst)
+            self._step_end[inst.instance_id] = end
         if inst.pending_events:
-            for when, what, st in inst.pending_events:
-                if what == TRANSFER_EVENT:
-                    ev.push(when, TRANSFER_DONE, (inst, st))
-                elif what == FETCH_EVENT:
-                    ev.push(when, TRANSFER_DONE, (inst, None))
-            inst.pending_events.clear()
+            self._drain_events(inst, t)
+
+    def _drain_events(self, inst: Instance, t: float) -> None:
+        """Queue the copies and hand-offs ``inst`` started (its ``pending_events``)."""
+        ev = self.events
+        rt = self.disagg
+        for when, what, st in inst.pending_events:
+            if what == TRANSFER_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, st))
+            elif what == FETCH_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, None))
+            elif what == KV_LANDED_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, st, KV_LANDED_EVENT))
+            elif what == REMOTE_PREFILL_EVENT:  # layerwise: the decode side holds the blocks, prefill now
+                assert rt is not None
+                h = rt.landing[id(st)]
+                p = h.p_inst
+                if p.add_request(rt.prefill_copy(h), t):
+                    self._wake(p, t)
+        inst.pending_events.clear()
+        if rt is not None and rt.wake:
+            for p in rt.wake:
+                self._wake(p, t)
+            rt.wake.clear()
+
+    def _handoffs(self, t: float) -> None:
+        """Carry out the hand-offs of the prefill-phase copies that finished at ``t``."""
+        rt = self.disagg
+        assert rt is not None
+        done = rt.prefilled
+        rt.prefilled = []
+        for h in done:
+            rt.on_handoff(h, t)
+            d = h.d_inst
+            if rt.spec.transfer == "whole":
+                d.waiting.append(h.dst)  # already checked by d.reject_reason at routing
+                self._wake(d, t)
+            elif d.pending_events:
+                self._drain_events(d, t)
+        if rt.wake:
+            for p in rt.wake:
+                self._wake(p, t)
+            rt.wake.clear()
 
     def _loop(self, until_s: float = math.inf) -> DecisionPoint | None:
         """The event loop; returns at a watched decision point, at ``until_s`` or at the end."""
@@ -405,6 +505,8 @@ class Cluster:
         sched_inst = None if watch is None or watch.schedule_instance is None else instances[watch.schedule_instance]
         sched_filter = None if watch is None else watch.schedule_filter
         retention = self._retention
+        # disaggregation moves blocks between instances: check every instance at every event (tests)
+        check_all = self.disagg is not None and any_inst.options.check_invariants
         while len(ev):
             if retention:
                 return self._retention_point()
@@ -417,6 +519,8 @@ class Cluster:
                 inst.complete_step(t)
                 if check_pool and self.shared_kv is not None:
                     self.shared_kv.check()
+                if self.disagg is not None and self.disagg.prefilled:
+                    self._handoffs(t)
                 self._wake(inst, t)
             elif kind == ARRIVAL:
                 next_idx = self._next_idx
@@ -431,8 +535,12 @@ class Cluster:
                     return DecisionPoint("route", t, None, st)
                 self._place(st, self._route(st, t), t)
             elif kind == TRANSFER_DONE:
-                inst, st = payload
-                if st is not None:  # None: a shared-tier fetch landed (nothing to free)
+                inst, st = payload[0], payload[1]
+                if len(payload) == 3:  # disaggregation: a KV transfer landed on decode instance `inst`
+                    p = self.disagg.on_landed(st, t) if self.disagg is not None else None
+                    if p is not None:
+                        self._wake(p, t)
+                elif st is not None:  # None: a shared-tier fetch landed (nothing to free)
                     inst.complete_transfer(st, t)
                 self._wake(inst, t)
             else:  # SCHEDULE
@@ -443,6 +551,9 @@ class Cluster:
                     self._pending = (t, SCHEDULE, inst)
                     return DecisionPoint("schedule", t, inst.instance_id, None)
                 self._schedule(inst, t)
+            if check_all:
+                for inst in instances:
+                    inst.check()
             if self.progress is not None and len(rec.rows) - self._done_reported >= 1000:
                 self._done_reported = len(rec.rows)
                 self.progress(self._done_reported)
@@ -487,7 +598,9 @@ class Cluster:
     def _route(self, st: RequestState, t: float) -> int:
         """Index of the instance an arriving request goes to (the router's choice, checked)."""
         instances = self.instances
-        if len(instances) == 1:
+        if self.disagg is not None:
+            idx = self._route_among(self.router, self.disagg.decode_ids, st, t, "router")
+        elif len(instances) == 1:
             idx = 0
         else:
             view = self.state_provider.view(instances, t, self.shared_kv)
@@ -501,6 +614,20 @@ class Cluster:
                 self.observer.on_route(RouteEvent(t, st.rid, idx, "router", st.prompt_tokens))
         self.routed_requests[idx] += 1
         self.routed_prompt_tokens[idx] += st.prompt_tokens
+        return idx
+
+    def _route_among(self, router, ids: Sequence[int], st: RequestState, t: float, who: str) -> int:
+        """The instance ``router`` picks among ``ids`` (its table's rows are those instances, live)."""
+        if len(ids) == 1:
+            return ids[0]
+        subset = [self.instances[i] for i in ids]
+        row = router.route(RouterTable(InstanceStateView(subset, t), st, t))
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(ids):
+            raise ConfigError(f"{who} {bounded_repr(getattr(router, 'name', router))} returned {bounded_repr(row)} "
+                              f"for request {st.rid}; expected a row 0..{len(ids) - 1}")
+        idx = ids[int(row)]
+        if self.observer is not None:
+            self.observer.on_route(RouteEvent(t, st.rid, idx, who, st.prompt_tokens))
         return idx
 
     def routing_summary(self) -> dict:
@@ -612,6 +739,9 @@ class Cluster:
         }
         if self.shared_kv is not None:
             stats["shared_kv"] = self.shared_kv.stats()
+        if self.disagg is not None:
+            summary["disaggregation"] = self.disagg.stats(self._now_s)
+            stats["link_bytes"]["kv_transfer"] = self.disagg.counters.bytes_moved
         return SimulationResult(records=records, summary=summary, occupancy=occupancy, stats=stats)
 
 
