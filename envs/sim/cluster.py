@@ -636,9 +636,12 @@ class Cluster:
         ``router``: the router's name, or ``"caller (apply route_to)"`` when the caller placed every
         request (a Routing-v0 agent); ``requests`` / ``prompt_tokens``: routed to each instance; ``load_share``: each
         instance's fraction of the requests; ``load_imbalance``: max over mean of the requests per
-        instance (1.0 = perfectly even, N = everything on one of N instances).
+        instance (1.0 = perfectly even, N = everything on one of N instances). With prefill/decode
+        roles they count the decode and mixed instances only (where the router places requests).
         """
         n = self.routed_requests
+        if self.disagg is not None:  # the router places requests on the decode and mixed instances only
+            n = n[self.disagg.decode_ids]
         total = int(n.sum())
         mean = total / len(n) if len(n) else 0.0
         return {
