@@ -212,6 +212,10 @@ class Cluster:
                 pool = self.shared_kv
                 for q in (*pool.net_out, *pool.net_in, pool.pool_read, pool.pool_write):
                     q.watch = LinkWatch(observer, -1)
+            if self.disagg is not None:  # KV transfers: the prefill instance's send port, the decode's receive port
+                for i in range(len(self.instances)):
+                    self.disagg.send[i].watch = LinkWatch(observer, i)
+                    self.disagg.recv[i].watch = LinkWatch(observer, i)
         self.routed_requests = np.zeros(len(self.instances), dtype=np.int64)
         #: requests placed by the caller (``apply(route_to=...)``, e.g. a Routing-v0 agent), not the router
         self.caller_routes = 0

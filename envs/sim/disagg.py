@@ -355,8 +355,10 @@ class DisaggRuntime:
             inst._reject(st, "decode_kv_no_room")
             return True
         del self.by_dst[id(st)]
-        if hit:
+        if hit:  # decode-side hits shorten the transfer; the record's hits are the prefill instance's
+            counted = st.prefix_hit_tokens, st.self_hit_tokens
             kv.acquire_prefix(st, hit_hashes)
+            st.prefix_hit_tokens, st.self_hit_tokens = counted
             c.decode_hit_tokens += hit_tokens
         ok = kv.allocate(need)
         assert ok, "disagg: decode allocation failed after the availability check"
