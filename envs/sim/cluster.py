@@ -446,7 +446,7 @@ class Cluster:
         if end is not None:
             ev.push(end, STEP_END, inst)
             self._step_end[inst.instance_id] = end
-        if inst.pending_events:
+        if inst.pending_events or (rt is not None and rt.wake):
             self._drain_events(inst, t)
 
     def _drain_events(self, inst: Instance, t: float) -> None:
@@ -541,9 +541,12 @@ class Cluster:
             elif kind == TRANSFER_DONE:
                 inst, st = payload[0], payload[1]
                 if len(payload) == 3:  # disaggregation: a KV transfer landed on decode instance `inst`
-                    p = self.disagg.on_landed(st, t) if self.disagg is not None else None
-                    if p is not None:
+                    rt = self.disagg
+                    assert rt is not None
+                    rt.on_landed(st, t)
+                    for p in rt.wake:  # the prefill instance freed the KV it held
                         self._wake(p, t)
+                    rt.wake.clear()
                 elif st is not None:  # None: a shared-tier fetch landed (nothing to free)
                     inst.complete_transfer(st, t)
                 self._wake(inst, t)

@@ -426,8 +426,7 @@ class DisaggRuntime:
         if h is None or h.land_s != now:
             return None
         del self.landing[id(st)]
-        self.free_prefill(h)
-        self.wake.clear()  # the cluster wakes the returned instance itself
+        self.free_prefill(h)  # the cluster wakes the prefill instance (``wake``)
         self.counters.decode_wait_s.append(now - h.prefilled_s)
         return h.p_inst
 

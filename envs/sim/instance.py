@@ -378,8 +378,8 @@ class Instance:
 
     def _check_progress(self, now: float) -> None:
         """Guard against a stuck instance: work queued but nothing runnable or in flight."""
-        if self.running or not (self.waiting or self.swapped):
-            return
+        if self.running or self.sending or not (self.waiting or self.swapped):
+            return  # (sending: blocks held for a decode instance's read free up when it lands, .disagg)
         hbm = self.kv.hbm
         raise RuntimeError(
             f"instance {self.instance_id} cannot make progress at t={now:.6f}s: "
