@@ -498,7 +498,8 @@ def rich_table(agg: pd.DataFrame, title: str):
         cols += [("GB shared→hbm", "shared_kv_bytes_fetched", 1e-9, 1)]
     if key == "cluster" or agg["kv_transfer_bytes"].notna().any():
         cols += [("GPUs", "gpus", 1.0, 0), ("GB kv link", "kv_transfer_bytes", 1e-9, 2),
-                 ("link util %", "kv_link_utilisation", 100.0, 1), ("remote prefill %", "remote_prefill_share", 100.0, 1)]
+                 ("link util %", "kv_link_utilisation", 100.0, 1),
+                 ("remote prefill %", "remote_prefill_share", 100.0, 1)]
     t = Table(title=title)
     t.add_column(key, no_wrap=True)
     t.add_column("class", no_wrap=True)

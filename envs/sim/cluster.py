@@ -42,6 +42,10 @@ from .routing import InstanceStateView
 from .instance_spec import InstanceSpec
 
 
+#: ``Cluster.apply(prefill_to=LOCAL_PREFILL)``: prefill on the decode instance (prefill/decode roles).
+LOCAL_PREFILL = -1
+
+
 @dataclass(frozen=True)
 class DecisionWatch:
     """Which decision points :meth:`Cluster.run_until_decision` stops at.
@@ -345,17 +349,22 @@ class Cluster:
             raise RuntimeError("a decision is pending: call Cluster.apply() first")
         return self._loop(until_s)
 
-    def apply(self, route_to: int | None = None) -> None:
+    def apply(self, route_to: int | None = None, prefill_to: int | None = None) -> None:
         """Carry out the pending decision point's event.
 
         Args:
             route_to: at a ``"route"`` point, the instance index that gets the request
                 (``None``: ask the cluster's router, as :meth:`run` does). Must be ``None`` at a
-                ``"schedule"`` point: the instance's policy decides inside its step.
+                ``"schedule"`` point: the instance's policy decides inside its step. With
+                prefill/decode roles it is the decode instance (a decode or mixed one).
+            prefill_to: with roles, at a ``"route"`` point: the prefill instance's index,
+                :data:`LOCAL_PREFILL` (prefill on the decode instance), or ``None`` (the cluster
+                decides: :meth:`disagg_choice`). A remote prefill needs a ``decode`` target.
 
         Raises:
             RuntimeError: when no decision is pending.
-            ValueError: ``route_to`` out of range, or given at a ``"schedule"`` point.
+            ValueError: ``route_to`` or ``prefill_to`` out of range or of the wrong role, or
+                given at a ``"schedule"`` point.
         """
         if self._pending is None:
             raise RuntimeError("no decision is pending")
@@ -365,6 +374,22 @@ class Cluster:
             if route_to is not None and (isinstance(route_to, bool) or not isinstance(route_to, (int, np.integer))
                                          or not 0 <= route_to < n_inst):
                 raise ValueError(f"route_to={bounded_repr(route_to)} must be an instance index in [0, {n_inst})")
+            rt = self.disagg
+            if rt is None and prefill_to is not None:
+                raise ValueError(f"prefill_to={bounded_repr(prefill_to)} needs prefill/decode roles (disagg)")
+            if rt is not None:
+                if route_to is not None and rt.roles[int(route_to)] == "prefill":
+                    raise ValueError(f"route_to={bounded_repr(route_to)} is a prefill instance; expected one of the "
+                                     f"decode or mixed instances {rt.decode_ids}")
+                if prefill_to is not None and prefill_to != LOCAL_PREFILL:
+                    if isinstance(prefill_to, bool) or not isinstance(prefill_to, (int, np.integer)) \
+                            or int(prefill_to) not in rt.prefill_ids:
+                        raise ValueError(f"prefill_to={bounded_repr(prefill_to)} must be a prefill instance "
+                                         f"{rt.prefill_ids} or LOCAL_PREFILL (-1)")
+                    target = route_to if route_to is not None else None
+                    if target is not None and rt.roles[int(target)] != "decode":
+                        raise ValueError(f"prefill_to={bounded_repr(prefill_to)}: a remote prefill needs a decode "
+                                         f"instance as route_to (got mixed instance {int(target)})")
             self._pending = None
             if route_to is None:
                 idx = self._route(payload, t)
@@ -375,14 +400,23 @@ class Cluster:
                 self.routed_prompt_tokens[idx] += payload.prompt_tokens
                 if self.observer is not None:
                     self.observer.on_route(RouteEvent(t, payload.rid, idx, "caller", payload.prompt_tokens))
-            self._place(payload, idx, t)
+            self._place(payload, idx, t, None if prefill_to is None else int(prefill_to))
         else:
             if route_to is not None:
                 raise ValueError(f"route_to={bounded_repr(route_to)} is only allowed at a 'route' decision point")
             self._pending = None
             self._schedule(payload, t)
 
-    def _place(self, st: RequestState, idx: int, t: float) -> None:
+    def disagg_choice(self, st: RequestState, decode_idx: int, t: float) -> int:
+        """The cluster's own prefill decision for ``st`` going to decode instance ``decode_idx``:
+        a prefill instance's index (Dynamo's threshold said remote; the prefill router chose it)
+        or :data:`LOCAL_PREFILL`. Calls the prefill router (its state advances)."""
+        rt = self.disagg
+        if rt is None or not rt.goes_remote(self.instances[decode_idx], st):
+            return LOCAL_PREFILL
+        return self._route_among(self.prefill_router, rt.prefill_ids, st, t, "prefill_router")
+
+    def _place(self, st: RequestState, idx: int, t: float, prefill_to: int | None = None) -> None:
         inst = self.instances[idx]
         if st.req.n > 1:  # parallel sampling: every child goes where the parent was routed
             children = st.req.children(self._next_child_id)
@@ -396,8 +430,11 @@ class Cluster:
         if inst.bs != self.instances[0].bs:  # heterogeneous block sizes: segments in its blocks
             st = RequestState(st.req, inst.bs, st.length_class)
         rt = self.disagg
-        if rt is not None and rt.goes_remote(inst, st):
-            p = self.instances[self._route_among(self.prefill_router, rt.prefill_ids, st, t, "prefill_router")]
+        if rt is not None and prefill_to is None:
+            prefill_to = self.disagg_choice(st, idx, t)
+        if rt is not None and prefill_to is not None and prefill_to != LOCAL_PREFILL \
+                and st.req.n == 1 and st.prompt_tokens > 1:
+            p = self.instances[prefill_to]
             if rt.fits_prefill(p, st):
                 st.instance_id = inst.instance_id
                 reason = inst.reject_reason(st)
@@ -732,7 +769,7 @@ class Cluster:
             summary["prefix_tiers"] = self.prefix_tier_summary(summary)
         if "parent_id" in records.columns:
             summary["parallel_sampling"] = parallel_sampling_summary(records)
-        stats = {
+        stats: dict = {
             "events": self.events.popped,
             "steps": sum(i.steps for i in self.instances),
             "fast_forward_stretches": sum(i.stretches for i in self.instances),

@@ -529,7 +529,8 @@ def _check_counts(counts: Mapping[str, int], source: str) -> None:
             raise ConfigError(f"{source}.{r}.count={bounded_repr(n)} must be an integer >= 0")
     if counts.get("decode", 0) + counts.get("mixed", 0) < 1:
         raise ConfigError(f"{source}: needs at least one decode or mixed instance (got prefill "
-                          f"{counts.get('prefill', 0)}, decode {counts.get('decode', 0)}, mixed {counts.get('mixed', 0)})")
+                          f"{counts.get('prefill', 0)}, decode {counts.get('decode', 0)}, "
+                          f"mixed {counts.get('mixed', 0)})")
 
 
 def cluster_layout_from_dict(d: Any, source: str = "cluster") -> ClusterLayout:
