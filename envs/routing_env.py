@@ -47,7 +47,10 @@ class RoutingEnv(gym.Env):
     ===========================  =============================================================
 
     **Action** ``Discrete(N)``: the instance index. Every instance is valid (mask all True;
-    ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API).
+    ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API). With a scenario
+    giving prefill/decode roles (``cluster:``) the action is the decode instance: prefill
+    instances are masked (a masked action raises ``ConfigError``) and the cluster decides the
+    prefill (``kvsched/PDRouting-v0`` lets the agent decide that too).
 
     **Reward**: as ``kvsched/Scheduling-v0`` (SLO attainment per recorded request, over all
     instances; :mod:`kvsched.envs.reward`).
@@ -94,6 +97,9 @@ class RoutingEnv(gym.Env):
                                             np.float32)
         self.action_space = spaces.Discrete(n)
         self._mask = np.ones(n, dtype=bool)
+        layout = sc.cluster_layout()
+        if layout is not None:  # prefill/decode roles: the action picks the decode instance only
+            self._mask = np.array([r != "prefill" for r in layout.roles], dtype=bool)
         self.cluster = None
         self._timelines = EpisodeTimelines(timeline)
         self._heuristic = None
@@ -169,10 +175,13 @@ class RoutingEnv(gym.Env):
 
     def _route(self, a: int) -> None:
         """Carry out action ``a`` at the pending arrival."""
+        if not self._mask[a]:
+            require(False, "action", a, "a decode or mixed instance (a prefill instance takes no request; "
+                    "see action_masks(), or kvsched/PDRouting-v0 to place the prefill too)")
         self.cluster.apply(route_to=a)
 
     def action_masks(self) -> np.ndarray:
-        """All instances are valid targets."""
+        """All instances are valid targets (with prefill/decode roles: the decode and mixed ones)."""
         return self._mask.copy()
 
     def _info(self, extra: dict) -> dict:
