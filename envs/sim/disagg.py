@@ -199,6 +199,7 @@ class Handoff:
     kv_tokens: int = 0  # tokens whose KV is moved
     land_s: float = math.nan
     p_freed: bool = False
+    waited: bool = False  # the decode instance had no room for it at least once
 
 
 @dataclass
@@ -344,7 +345,9 @@ class DisaggRuntime:
         if need > kv.hbm.available_blocks - (kv.evictable_hit_blocks(hit_hashes) if hit else 0):
             policy = self.spec.on_no_room
             if policy == "wait":
-                c.waits_for_room += 1
+                if not h.waited:  # requests that waited (not attempts: those depend on fast-forwarding)
+                    h.waited = True
+                    c.waits_for_room += 1
                 return False
             del self.by_dst[id(st)]
             self._drop(h)
@@ -447,6 +450,7 @@ class DisaggRuntime:
         (busy seconds over the run's makespan, per instance port that moved bytes)."""
         c = self.counters
         ts = sorted(c.transfer_s)
+        hs = sorted(c.decode_wait_s)
 
         def q(xs: list, p: float) -> float | None:
             if not xs:
@@ -467,6 +471,8 @@ class DisaggRuntime:
             "remote_prefills": c.remote_prefills, "local_prefills": c.local_prefills,
             "transfers": c.transfers, "bytes_moved": c.bytes_moved,
             "transfer_s": {"mean": (sum(ts) / len(ts)) if ts else None, "p50": q(ts, 0.5), "p99": q(ts, 0.99)},
+            # from the end of the prefill to the landing: decode-side admission wait + port queue + transfer
+            "handoff_s": {"mean": (sum(hs) / len(hs)) if hs else None, "p50": q(hs, 0.5), "p99": q(hs, 0.99)},
             "waits_for_room": c.waits_for_room, "recomputed": c.recomputed, "rejected": c.rejected,
             "preempted_receiving": c.preempted_receiving, "decode_hit_tokens": c.decode_hit_tokens,
             "port_utilisation": util,

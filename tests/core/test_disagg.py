@@ -159,6 +159,17 @@ def test_fast_forward_equals_step_by_step(transfer, roles):
     assert fast.stats["fast_forward_steps"] > 0  # stretches did run on the decode side
 
 
+@pytest.mark.parametrize("no_room", ["wait", "recompute", "reject"])
+def test_fast_forward_equals_step_by_step_when_the_decode_side_runs_out_of_blocks(no_room):
+    """A small decode instance (blocked heads, preemptions, the no-room options): still exact."""
+    w = workload(12, n=30, rate=30.0, prompt=(800, 2500), out=(50, 300))
+    specs = [make_spec(cost=NO_FRONT_END), make_spec(cost=NO_FRONT_END, hbm_kv_blocks=300)]
+    fast, c = run_pd(w, ("prefill", "decode"), specs=specs, ff=True, check=False, on_no_room=no_room)
+    slow, _ = run_pd(w, ("prefill", "decode"), specs=specs, ff=False, check=False, on_no_room=no_room)
+    assert_same(fast, slow)
+    assert c.disagg.counters.waits_for_room + c.disagg.counters.recomputed + c.disagg.counters.rejected > 0
+
+
 # ------------------------------------------------------------------- decisions and options
 def test_dynamo_threshold_prefills_short_prompts_locally():
     """max_local_prefill_tokens (Dynamo's max_local_prefill_length): prompts whose uncached part is
