@@ -162,14 +162,21 @@ class RoutingEnv(gym.Env):
         from kvsched.policies.routing import make_router
 
         key = (router, repr(sorted((params or {}).items())))
+        decode_ids = np.flatnonzero(self._mask)  # with prefill/decode roles: the decode and mixed instances
         if self._heuristic is None or self._heuristic[0] != key:
             r = make_router(router, dict(params or {}))
-            r.bind(self.n_instances, self.source.scenario.seed)
+            r.bind(len(decode_ids), self.source.scenario.seed)
             self._heuristic = (key, r)
         p = self._point
         if p is None or p.kind != "route":
             return 0
         c = self.cluster
+        if c.disagg is not None:
+            from kvsched.envs.sim.routing import InstanceStateView
+
+            subset = [c.instances[i] for i in decode_ids]
+            row = self._heuristic[1].route(RouterTable(InstanceStateView(subset, p.time_s), p.request, p.time_s))
+            return int(decode_ids[int(row)])
         view = c.state_provider.view(c.instances, p.time_s, c.shared_kv)
         return int(self._heuristic[1].route(RouterTable(view, p.request, p.time_s, c.shared_kv)))
 

@@ -57,3 +57,24 @@ def test_scenario_without_prefill_instances_is_refused():
 
 def test_routers_of_the_heuristic_are_registered():
     make_router("least-loaded")
+
+
+def test_routing_v0_with_roles_picks_the_decode_instance_only():
+    """Routing-v0 on a scenario with roles: prefill instances are masked (a masked action is a
+    ConfigError); its router heuristic equals the direct run with that router."""
+    env = gym.make("kvsched/Routing-v0", scenario=PD, window_s=10.0, max_requests=20, split="all").unwrapped
+    env.reset(seed=0)
+    assert env.action_masks().tolist() == [False, False, True, True]
+    with pytest.raises(ConfigError, match="decode or mixed"):
+        env.step(0)
+    env.reset(seed=0)
+    while True:
+        _, _, term, trunc, _ = env.step(env.heuristic_action("least-loaded"))
+        if term or trunc:
+            break
+    played = env.cluster.result()
+    src = EpisodeSource(EpisodeConfig(PD, window_s=10.0, split="all", max_requests=20))
+    direct = build_cluster(src, lambda i: reference(src.scenario.policy, None, src)).run(env.workload)
+    played.summary["routing"].pop("router")
+    direct.summary["routing"].pop("router")
+    assert summary_to_json(played.summary) == summary_to_json(direct.summary)
