@@ -62,8 +62,10 @@ Links: ``t = latency + bytes / (bandwidth x ports)``; ``ports = min(tp_prefill, 
 has one send port queue and one receive port queue; a transfer occupies the prefill instance's
 send port and the decode instance's receive port for its whole duration, in FIFO order of
 reservation (**serialised, not bandwidth-shared**: a transfer starts when both ports are free.
-Serialising gives the last transfer of a burst the same finish time as fair sharing and every
-earlier one an earlier finish, and NIXL posts one RDMA read per request [inferred]).
+Serialising gives the last transfer of a burst the same finish time as fair sharing and those
+ahead of it earlier finishes, but a short transfer queued behind a long prompt's waits for all of
+it (head-of-line blocking that fair sharing would avoid); NIXL posts one RDMA read per request,
+and a known end time per transfer keeps the event loop exact [inferred]).
 
 **No room on the decode side** (``on_no_room``), when the decode instance cannot allocate the
 received blocks at its admission attempt:
