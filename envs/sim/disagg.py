@@ -352,7 +352,7 @@ class DisaggRuntime:
                     c.waits_for_room += 1
                 return False
             del self.by_dst[id(st)]
-            self._drop(h)
+            self.free_prefill(h)  # the remote KV is dropped: the prefill instance frees it now
             if policy == "recompute":
                 c.recomputed += 1
                 return None  # a plain request now: prefilled here when it can be
@@ -379,10 +379,6 @@ class DisaggRuntime:
             st.ready_s = math.inf
             inst.pending_events.append((now, REMOTE_PREFILL_EVENT, st))
         return True
-
-    def _drop(self, h: Handoff) -> None:
-        """Forget ``h``'s remote KV (recompute or reject): the prefill instance frees it now."""
-        self.free_prefill(h)
 
     def on_handoff(self, h: Handoff, now: float) -> None:
         """Called by the cluster after the prefill-phase copy of ``h`` finished (at ``now``)."""
