@@ -229,13 +229,14 @@ def run_heuristic(policy: str, source, episodes, env_id: str = "kvsched/Scheduli
     rows, ttfts = [], []
     for wseed, widx, seed in episodes:
         w = source.workload(wseed, widx)
-        if env_id == "kvsched/Routing-v0":
+        if env_id in ("kvsched/Routing-v0", "kvsched/PDRouting-v0"):
             sc = source.scenario
             pol = kw.get("policy") or sc.policy
             n = kw.get("n_instances") or max(2, sc.n_instances)
             cluster = build_cluster(source, lambda i: reference(pol, None, source), n_instances=n)
             cluster.router = make_router(policy)
-            cluster.router.bind(n, sc.seed)
+            # with prefill/decode roles the router picks among the decode and mixed instances
+            cluster.router.bind(n if cluster.disagg is None else len(cluster.disagg.decode_ids), sc.seed)
         else:
             cluster = build_cluster(source, lambda i: reference(policy, None, source))
         res = cluster.run(w)
@@ -439,7 +440,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
     if env_ids and env_id is not None and env_id != env_ids[0]:
         raise ConfigError(f"--env {env_id} but the checkpoints were trained on {env_ids[0]}")
     env_id = env_ids[0] if env_ids else (env_id or "kvsched/Scheduling-v0")
-    if env_id == "kvsched/Routing-v0":
+    if env_id in ("kvsched/Routing-v0", "kvsched/PDRouting-v0"):
         from kvsched.policies.routing import router_names
 
         known, what = set(router_names()), "router"

@@ -35,7 +35,8 @@ import numpy as np
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 #: ``heuristic_role`` of each kvsched environment class -> the ids registered for it
-ROLES = {"scheduling": "kvsched/Scheduling-v0, kvsched/Scheduling-v1", "routing": "kvsched/Routing-v0",
+ROLES = {"scheduling": "kvsched/Scheduling-v0, kvsched/Scheduling-v1",
+         "routing": "kvsched/Routing-v0, kvsched/PDRouting-v0",
          "knobs": "kvsched/Knobs-v0", "residency": "kvsched/Residency-v0"}
 
 

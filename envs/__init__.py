@@ -8,6 +8,8 @@ Gymnasium nor any policy. The environments are registered with Gymnasium as entr
 - ``kvsched/Scheduling-v1`` (the same class, observation version 1:
   :mod:`kvsched.envs.observation_v1`)
 - ``kvsched/Routing-v0`` (:class:`kvsched.envs.routing_env.RoutingEnv`)
+- ``kvsched/PDRouting-v0`` (:class:`kvsched.envs.routing_env.PDRoutingEnv`): decode instance and
+  prefill placement with prefill/decode roles
 - ``kvsched/Knobs-v0`` (:class:`kvsched.envs.knob_env.KnobEnv`)
 - ``kvsched/Residency-v0`` (:class:`kvsched.envs.residency_env.ResidencyEnv`)
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import sys
 
 ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1", "kvsched/Routing-v0", "kvsched/Knobs-v0",
-           "kvsched/Residency-v0")
+           "kvsched/Residency-v0", "kvsched/PDRouting-v0")
 
 #: the ids of the scheduling environment (one class; the observation version differs)
 SCHEDULING_IDS = ("kvsched/Scheduling-v0", "kvsched/Scheduling-v1")
@@ -45,6 +47,7 @@ ENTRY_POINTS: dict[str, str] = {
     "kvsched/Routing-v0": "kvsched.envs.routing_env:RoutingEnv",
     "kvsched/Knobs-v0": "kvsched.envs.knob_env:KnobEnv",
     "kvsched/Residency-v0": "kvsched.envs.residency_env:ResidencyEnv",
+    "kvsched/PDRouting-v0": "kvsched.envs.routing_env:PDRoutingEnv",
 }
 
 

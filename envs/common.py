@@ -10,7 +10,7 @@ import numpy as np
 
 from kvsched.envs.episodes import EpisodeConfig, EpisodeSource
 from kvsched.envs.sim.cluster import Cluster
-from kvsched.envs.sim.errors import require
+from kvsched.envs.sim.errors import ConfigError, require
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.policies.base import make_policy
 
@@ -32,14 +32,23 @@ def build_cluster(source: EpisodeSource, policy_for: Callable[[int], object], n_
     ``spec`` replaces the scenario's instance spec (an environment's override)."""
     sc = source.scenario
     n = sc.n_instances if n_instances is None else n_instances
+    layout = sc.cluster_layout()  # prefill/decode roles (kvsched.envs.sim.disagg), or None
+    if layout is not None and (n != sc.n_instances or spec is not None):
+        raise ConfigError(f"scenario {sc.source} sets cluster roles ({sc.n_instances} instances): an environment "
+                          f"cannot override its instance count (n_instances={n}) or instance spec")
     spec = sc.instance_spec() if spec is None else spec
     counter = iter(range(n))
     from kvsched.policies.routing import make_router
 
-    return Cluster([spec] * n, lambda: policy_for(next(counter)), metrics=sc.metrics_config(),
+    roles: dict = {}
+    if layout is not None:
+        roles = {"disagg": layout.disagg_spec(),
+                 "prefill_router": make_router(layout.prefill_router, dict(layout.prefill_router_params))}
+    return Cluster([spec] * n if layout is None else sc.instance_specs(), lambda: policy_for(next(counter)),
+                   metrics=sc.metrics_config(),
                    router=make_router(sc.router, dict(sc.router_params)), router_delay_s=sc.router_delay_s,
                    shared_kv=sc.shared_kv_spec(), seed=sc.seed if seed is None else seed,
-                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths), observer=observer)
+                   options=InstanceOptions(oracle_lengths=sc.oracle_lengths), observer=observer, **roles)
 
 
 class EpisodeTimelines:

@@ -47,7 +47,10 @@ class RoutingEnv(gym.Env):
     ===========================  =============================================================
 
     **Action** ``Discrete(N)``: the instance index. Every instance is valid (mask all True;
-    ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API).
+    ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API). With a scenario
+    giving prefill/decode roles (``cluster:``) the action is the decode instance: prefill
+    instances are masked (a masked action raises ``ConfigError``) and the cluster decides the
+    prefill (``kvsched/PDRouting-v0`` lets the agent decide that too).
 
     **Reward**: as ``kvsched/Scheduling-v0`` (SLO attainment per recorded request, over all
     instances; :mod:`kvsched.envs.reward`).
@@ -94,6 +97,9 @@ class RoutingEnv(gym.Env):
                                             np.float32)
         self.action_space = spaces.Discrete(n)
         self._mask = np.ones(n, dtype=bool)
+        layout = sc.cluster_layout()
+        if layout is not None:  # prefill/decode roles: the action picks the decode instance only
+            self._mask = np.array([r != "prefill" for r in layout.roles], dtype=bool)
         self.cluster = None
         self._timelines = EpisodeTimelines(timeline)
         self._heuristic = None
@@ -156,19 +162,33 @@ class RoutingEnv(gym.Env):
         from kvsched.policies.routing import make_router
 
         key = (router, repr(sorted((params or {}).items())))
+        decode_ids = np.flatnonzero(self._mask)  # with prefill/decode roles: the decode and mixed instances
         if self._heuristic is None or self._heuristic[0] != key:
             r = make_router(router, dict(params or {}))
-            r.bind(self.n_instances, self.source.scenario.seed)
+            r.bind(len(decode_ids), self.source.scenario.seed)
             self._heuristic = (key, r)
         p = self._point
         if p is None or p.kind != "route":
             return 0
         c = self.cluster
+        if c.disagg is not None:
+            from kvsched.envs.sim.routing import InstanceStateView
+
+            subset = [c.instances[i] for i in decode_ids]
+            row = self._heuristic[1].route(RouterTable(InstanceStateView(subset, p.time_s), p.request, p.time_s))
+            return int(decode_ids[int(row)])
         view = c.state_provider.view(c.instances, p.time_s, c.shared_kv)
         return int(self._heuristic[1].route(RouterTable(view, p.request, p.time_s, c.shared_kv)))
 
+    def _route(self, a: int) -> None:
+        """Carry out action ``a`` at the pending arrival."""
+        if not self._mask[a]:
+            require(False, "action", a, "a decode or mixed instance (a prefill instance takes no request; "
+                    "see action_masks(), or kvsched/PDRouting-v0 to place the prefill too)")
+        self.cluster.apply(route_to=a)
+
     def action_masks(self) -> np.ndarray:
-        """All instances are valid targets."""
+        """All instances are valid targets (with prefill/decode roles: the decode and mixed ones)."""
         return self._mask.copy()
 
     def _info(self, extra: dict) -> dict:
@@ -178,10 +198,10 @@ class RoutingEnv(gym.Env):
         if self.cluster is None or self._over:
             check_steppable(self)  # raises
         a = action if type(action) is int else integer_action(action, 1, self._action_allowed)[0]
-        if not 0 <= a < self.n_instances:
+        if not 0 <= a < self.action_space.n:
             require(False, "action", action, self._action_allowed)
         if self._point is not None and self._point.kind == "route":
-            self.cluster.apply(route_to=a)
+            self._route(a)
             self.decisions += 1
             self._point = self.cluster.run_until_decision(self.horizon_s)
         comps = self.slo_reward.collect(self.cluster.recorder.rows)
@@ -201,3 +221,109 @@ class RoutingEnv(gym.Env):
                 extra["summary"] = self.cluster.result().summary
         extra["reward_components"] = comps
         return self._observe(), float(sum(comps.values())), terminated, truncated, self._info(extra)
+
+
+class PDRoutingEnv(RoutingEnv):
+    """``kvsched/PDRouting-v0``: with prefill/decode roles, the agent picks each arriving
+    request's decode instance **and** where its prompt is prefilled (a prefill instance, or
+    locally on the decode instance). Routing-v0's ``Discrete(N)`` action names one instance, so it
+    cannot carry the pair; this id keeps Routing-v0 unchanged.
+
+    Needs a scenario with a ``cluster:`` section (docs/disaggregation.md) and at least one
+    prefill instance; default: the bundled ``mixed-long-short-pd``.
+
+    **Observation**: Routing-v0's, plus two features per instance: ``is_prefill`` (1 for a
+    prefill-only instance) and ``kv_sending`` (HBM blocks a prefill instance holds for decode
+    instances still to read them, over its capacity). ``Box(0, 1, (3 + 9 N,), float32)``.
+
+    **Action** ``Discrete(D * (P + 1))`` over the D decode-capable (decode and mixed) instances
+    and the P prefill instances, in instance order: ``a = d * (P + 1) + k``; ``k = 0`` prefills
+    on the decode instance, ``k >= 1`` on the k-th prefill instance. ``action_masks()``: a mixed
+    decode target only takes ``k = 0``. A masked action raises ``ConfigError``.
+
+    **Reward** and **episodes**: as Routing-v0. Args as Routing-v0 (``n_instances`` must be left
+    out: the scenario's roles fix the instances).
+    """
+
+    def __init__(self, scenario: str | None = None, window_s: float = 60.0, split: str = "train",
+                 heldout_fraction: float = 0.25, max_requests: int | None = None, n_instances: int | None = None,
+                 policy: str | None = None, horizon_s: float | None = None,
+                 reward: RewardConfig = RewardConfig(), timeline: str | None = None) -> None:
+        if scenario is None:
+            from importlib.resources import files
+
+            scenario = str(files("kvsched.experiments") / "scenarios" / "mixed-long-short-pd.yaml")
+        source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
+        sc = source.scenario
+        layout = sc.cluster_layout()
+        require(layout is not None and layout.counts["prefill"] > 0, "scenario", scenario,
+                "a scenario with a cluster: section holding at least one prefill instance (docs/disaggregation.md)")
+        assert layout is not None
+        require(n_instances is None or n_instances == sc.n_instances, "n_instances", n_instances,
+                f"None (the scenario's roles fix {sc.n_instances} instances)")
+        super().__init__(scenario, window_s, split, heldout_fraction, max_requests, sc.n_instances, policy,
+                         horizon_s, reward, timeline)
+        self.roles = layout.roles
+        self.decode_ids = [i for i, r in enumerate(self.roles) if r != "prefill"]
+        self.prefill_ids = [i for i, r in enumerate(self.roles) if r == "prefill"]
+        k = len(self.prefill_ids) + 1
+        n_act = len(self.decode_ids) * k
+        self.action_space = spaces.Discrete(n_act)
+        self._action_allowed = f"an action in [0, {n_act}): decode row * {k} + prefill choice"
+        self._mask = np.array([self.roles[self.decode_ids[a // k]] == "decode" or a % k == 0 for a in range(n_act)])
+        n = self.n_instances
+        self.observation_space = spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES) + n * (len(INSTANCE_FEATURES) + 2),),
+                                            np.float32)
+
+    def _observe(self) -> np.ndarray:
+        base = super()._observe()
+        p = self._point
+        if p is None or p.kind != "route":
+            return np.zeros(self.observation_space.shape, dtype=np.float32)
+        extra = []
+        for inst in self.cluster.instances:
+            cap = float(max(inst.hbm.capacity_blocks, 1))
+            sending = sum(s.hbm_blocks for s in inst.sending)
+            extra += (1.0 if self.roles[inst.instance_id] == "prefill" else 0.0, min(1.0, sending / cap))
+        return np.concatenate([base, np.array(extra, dtype=np.float32)])
+
+    def decode_action(self, a: int) -> tuple[int, int]:
+        """``(decode instance, prefill instance or LOCAL_PREFILL)`` of action ``a``."""
+        from kvsched.envs.sim.cluster import LOCAL_PREFILL
+
+        k = len(self.prefill_ids) + 1
+        d, j = divmod(int(a), k)
+        return self.decode_ids[d], (LOCAL_PREFILL if j == 0 else self.prefill_ids[j - 1])
+
+    def _route(self, a: int) -> None:
+        if not self._mask[a]:
+            require(False, "action", a, "a remote prefill only for a decode-only target (see action_masks())")
+        d, pf = self.decode_action(a)
+        self.cluster.apply(route_to=d, prefill_to=pf)
+
+    def heuristic_action(self, router: str, params: dict | None = None) -> int:
+        """The action the named router (over the decode and mixed instances) and the cluster's own
+        prefill decision (Dynamo's threshold, the scenario's prefill router) take: an episode so
+        played equals the direct run with that router (tested). 0 when no request is pending.
+
+        Raises:
+            ConfigError: an unknown router or invalid parameters.
+        """
+        from kvsched.envs.sim.cluster import LOCAL_PREFILL
+        from kvsched.envs.sim.routing import InstanceStateView, RouterTable
+        from kvsched.policies.routing import make_router
+
+        key = (router, repr(sorted((params or {}).items())))
+        if self._heuristic is None or self._heuristic[0] != key:
+            r = make_router(router, dict(params or {}))
+            r.bind(len(self.decode_ids), self.source.scenario.seed)
+            self._heuristic = (key, r)
+        p = self._point
+        if p is None or p.kind != "route":
+            return 0
+        c = self.cluster
+        subset = [c.instances[i] for i in self.decode_ids]
+        row = int(self._heuristic[1].route(RouterTable(InstanceStateView(subset, p.time_s), p.request, p.time_s)))
+        pf = c.disagg_choice(p.request, self.decode_ids[row], p.time_s)
+        k = len(self.prefill_ids) + 1
+        return row * k + (0 if pf == LOCAL_PREFILL else self.prefill_ids.index(pf) + 1)

@@ -11,18 +11,22 @@ from rich.table import Table
 
 def cmd_presets(a: argparse.Namespace, console: Console) -> int:
     """Print the model, GPU and link presets, one table each."""
+    from kvsched.envs.sim.disagg import DISAGG_LINK_PRESETS
     from kvsched.envs.sim.shared_kv import CMX_400G
     from kvsched.envs.sim.specs import presets_rows
 
     tables = presets_rows()
-    # the cluster KV tier's default network is a link name too (`shared_kv: {network: cmx-400g}`)
-    tables["links"].append({"name": CMX_400G.name, "GB_per_s": round(CMX_400G.bytes_per_s / 1e9, 2),
-                            "latency_us": round(CMX_400G.latency_s * 1e6, 1)})
+    # the cluster KV tier's default network is a link name too (`shared_kv: {network: cmx-400g}`), and
+    # so are the links between instances of prefill/decode roles (`cluster: {link: ib_ndr_400g}`)
+    for lk in (CMX_400G, *DISAGG_LINK_PRESETS.values()):
+        tables["links"].append({"name": lk.name, "GB_per_s": round(lk.bytes_per_s / 1e9, 2),
+                                "latency_us": round(lk.latency_s * 1e6, 1)})
     for title, rows in tables.items():
         if not rows:
             continue
-        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)"
-                                            if title == "links" else None))
+        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)\n"
+                                            "nvlink4 ... ib_hdr_200g: only between prefill/decode instances "
+                                            "(cluster.link)" if title == "links" else None))
         for j, col in enumerate(rows[0]):
             # names never wrap; numeric headers may
             table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")

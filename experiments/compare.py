@@ -46,6 +46,7 @@ import pandas as pd
 from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 
+from kvsched.envs.sim.disagg import parse_layout_label
 from kvsched.runner.scenario import Scenario
 from kvsched import atomic_files
 
@@ -58,7 +59,14 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "n", "finished", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
     "slo_attainment", "goodput_rps", "preemptions",
 ) + LINK_COLUMNS + ("max_wait_s", "prefix_hit_rate", "load_imbalance", "load_share_max", "shared_kv_bytes_fetched",
-                    "shared_kv_hit_tokens")
+                    "shared_kv_hit_tokens", "gpus", "kv_transfer_bytes", "kv_link_utilisation", "remote_prefill_share")
+#: Label columns of a runs or aggregated frame, by what was compared.
+LABEL_COLUMNS: tuple[str, ...] = ("router", "cluster", "policy")
+
+
+def label_column(frame: pd.DataFrame) -> str:
+    """The label column of ``frame``: ``router``, ``cluster`` or ``policy``."""
+    return next(c for c in LABEL_COLUMNS if c in frame.columns or c == "policy")
 
 
 @dataclass
@@ -75,7 +83,8 @@ class CompareResult:
             ``axis == "router"``).
         windows: how many windows the workload was cut into.
         params: ``policy -> parameters given`` (before the per-seed ``seed`` injection).
-        axis: ``"policy"`` or ``"router"``: what the compared names are, and the label column.
+        axis: ``"policy"``, ``"router"`` or ``"cluster"`` (layouts such as ``2P2D``): what the
+            compared names are, and the label column.
     """
 
     runs: pd.DataFrame
@@ -220,7 +229,42 @@ def _cluster_row(summary: Mapping[str, Any]) -> dict[str, float]:
     return {"load_imbalance": 1.0 if not r else (math.nan if imb is None else float(imb)),
             "load_share_max": float(max(share)),
             "shared_kv_bytes_fetched": float(k["bytes_fetched"]) if k else math.nan,
-            "shared_kv_hit_tokens": float(k["hit_tokens"]) if k else math.nan}
+            "shared_kv_hit_tokens": float(k["hit_tokens"]) if k else math.nan,
+            **_disagg_row(summary)}
+
+
+def _disagg_row(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Prefill/decode disaggregation metrics of a run (NaN without roles): bytes moved over the
+    KV-transfer link, the busiest port's utilisation (busy seconds / makespan) and the share of
+    requests prefilled remotely."""
+    d = summary.get("disaggregation")
+    if not d:
+        return {"kv_transfer_bytes": math.nan, "kv_link_utilisation": math.nan, "remote_prefill_share": math.nan}
+    n = d["remote_prefills"] + d["local_prefills"]
+    return {"kv_transfer_bytes": float(d["bytes_moved"]), "kv_link_utilisation": float(d["link_utilisation_max"]),
+            "remote_prefill_share": d["remote_prefills"] / n if n else math.nan}
+
+
+def parse_clusters(text: str | Sequence[str]) -> list[str]:
+    """Cluster layout labels from ``"2P2D,4M,1P3D"`` (or a list), each checked.
+
+    Raises:
+        ConfigError: an empty list, an empty or malformed label, or a layout given twice.
+    """
+    from kvsched.envs.sim.disagg import parse_layout_label
+
+    from .cli_types import comma_list
+
+    names = comma_list(text, "--clusters") if isinstance(text, str) else [str(s).strip() for s in text]
+    if not names or not all(names):
+        raise ConfigError(f"--clusters={bounded_repr(text)}: give layouts such as 2P2D,4M,1P3D (no empty item)")
+    seen: dict[tuple, str] = {}
+    for n in names:
+        key = tuple(sorted(parse_layout_label(n).items()))
+        if key in seen:
+            raise ConfigError(f"--clusters={bounded_repr(text)}: {n} and {seen[key]} are the same layout")
+        seen[key] = n
+    return names
 
 
 def parse_routers(text: str | Sequence[str]) -> list[str]:
@@ -256,8 +300,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
                 routers: Sequence[str] | None = None,
                 router_params: Mapping[str, Mapping[str, Any]] | None = None,
                 timeline_dir: str | Path | None = None,
-                timeline_window_s: tuple[float, float] | None = None) -> CompareResult:
-    """Serve ``scenario`` with every policy (or every router), seed and window.
+                timeline_window_s: tuple[float, float] | None = None,
+                clusters: Sequence[str] | None = None) -> CompareResult:
+    """Serve ``scenario`` with every policy (or every router, or every cluster layout), seed and window.
 
     Args:
         scenario: the scenario (workload, instance, metrics, base seed, router options).
@@ -276,6 +321,9 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
         timeline_dir: write each run's schedule (:mod:`kvsched.runner.timeline`) into this folder
             as ``timeline-<policy or router>-seed<seed>[-window<k>].json.gz``; ``None``: none.
         timeline_window_s: the timelines' ``(start_s, end_s)`` window (``None``: all of each run).
+        clusters: compare these cluster layouts, ``xPyD`` labels such as ``2P2D``, ``1P3D``, ``4M``
+            (:func:`kvsched.envs.sim.disagg.parse_layout_label`), each with the scenario's policy
+            and its ``cluster:`` section's role specs and link (docs/disaggregation.md).
 
     Returns:
         A :class:`CompareResult`; ``runs`` has a row per (policy, seed, window, class).
@@ -297,7 +345,17 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     axis = "policy"
     rgiven: dict[str, dict] = {}
     names: list[str] = []
-    if routers is not None:
+    layouts: dict[str, Scenario] = {}
+    if clusters is not None:
+        if policies is not None or routers is not None:
+            raise ConfigError("compare cluster layouts under the scenario's policy and router: give only `clusters`")
+        if router_params:
+            raise ConfigError("router_params only apply when comparing routers")
+        axis = "cluster"
+        names = parse_clusters(clusters)
+        layouts = {lab: scenario.with_layout(parse_layout_label(lab)) for lab in names}
+        policies = [scenario.policy]
+    elif routers is not None:
         if policies is not None:
             raise ConfigError("compare either policies or routers: give one of `policies` and `routers`")
         if scenario.n_instances < 2:
@@ -325,7 +383,7 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
     for name in policies:  # validate every parameter set before the first run
         make_policy(name, _params_for(name, given.get(name, {}), scenario.seed))
     seed_list = [scenario.seed + k for k in range(seeds)]
-    labels = names if axis == "router" else policies
+    labels = names if axis in ("router", "cluster") else policies
     cells, cell_labels = [], []
     for seed in seed_list:
         sc = scenario.with_overrides(seed=seed)
@@ -334,6 +392,8 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
                 csc, name = sc, label
                 if axis == "router":
                     csc, name = sc.with_overrides(router=label, router_params=rgiven.get(label, {})), sc.policy
+                elif axis == "cluster":
+                    csc, name = layouts[label].with_overrides(seed=seed), sc.policy
                 tl = None if timeline_dir is None else str(Path(timeline_dir) / timeline_file_name(label, seed, k,
                                                                                                    windows))
                 cells.append(Cell(csc, name, _params_for(name, given.get(name, {}), seed), window=k,
@@ -349,6 +409,7 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
         result.records[key] = res.records
         result.occupancy[key] = res.occupancy
         cluster_row = _cluster_row(res.summary)
+        cluster_row["gpus"] = float(sum(s.tp for s in cell.scenario.instance_specs()))
         for cls in CLASS_ORDER:
             c = res.summary["classes"].get(cls)
             if c is None:
@@ -379,7 +440,7 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
     ("all", "short", "long"). ``seeds`` counts the runs averaged (seeds x windows). NaN values
     (undefined metrics) are skipped; a metric undefined in every run stays NaN.
     """
-    key = "router" if "router" in runs.columns else "policy"
+    key = label_column(runs)
     if policies is None:
         policies = list(dict.fromkeys(runs[key]))
     metrics = [*METRIC_COLUMNS, *extra_link_columns(runs)]
@@ -421,7 +482,7 @@ def rich_table(agg: pd.DataFrame, title: str):
     """
     from rich.table import Table
 
-    key = "router" if "router" in agg.columns else "policy"
+    key = label_column(agg)
     spread = bool((agg["seeds"] > 1).any()) if len(agg) else False
     links = [c for c in (*LINK_COLUMNS, *extra_link_columns(agg)) if (agg[c].fillna(0) > 0).any()]
     cols = [("TTFT p50 ms", "ttft_p50_s", 1e3, 0), ("TTFT p99 ms", "ttft_p99_s", 1e3, 0),
@@ -435,6 +496,10 @@ def rich_table(agg: pd.DataFrame, title: str):
         cols += [("imbalance", "load_imbalance", 1.0, 2), ("max share %", "load_share_max", 100.0, 1)]
     if agg["shared_kv_bytes_fetched"].notna().any():
         cols += [("GB shared→hbm", "shared_kv_bytes_fetched", 1e-9, 1)]
+    if key == "cluster" or agg["kv_transfer_bytes"].notna().any():
+        cols += [("GPUs", "gpus", 1.0, 0), ("GB kv link", "kv_transfer_bytes", 1e-9, 2),
+                 ("link util %", "kv_link_utilisation", 100.0, 1),
+                 ("remote prefill %", "remote_prefill_share", 100.0, 1)]
     t = Table(title=title)
     t.add_column(key, no_wrap=True)
     t.add_column("class", no_wrap=True)
@@ -541,7 +606,7 @@ def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = "router" if "router" in agg.columns else "policy"
+    key = label_column(agg)
     classes = [c for c in CLASS_ORDER if (agg["class"] == c).any()]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(classes) * max(len(policies), 1) / 2), 4))
     width = 0.8 / max(len(policies), 1)
@@ -590,6 +655,8 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
             "windows": result.windows}
     if result.axis == "router":
         meta.update(routers=result.policies, router_params=result.params, policy=scenario.policy)
+    elif result.axis == "cluster":
+        meta.update(clusters=result.policies, policy=scenario.policy)
     else:
         meta.update(policies=result.policies, policy_params=result.params)
     atomic_files.write_text(out / "compare.json", json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")

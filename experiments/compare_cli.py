@@ -30,6 +30,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--policies", help="comma-separated policy names (default: every registered policy)")
     c.add_argument("--routers", help="compare these cluster routers instead (comma-separated, e.g. "
                                      "rr,least-loaded,cache-affinity), each with the scenario's policy")
+    c.add_argument("--clusters", help="compare these cluster layouts instead (comma-separated xPyD labels, e.g. "
+                                      "2P2D,4M,1P3D: prefill, decode, mixed instance counts), each with the scenario's "
+                                      "policy, router and `cluster:` role specs (docs/disaggregation.md)")
     c.add_argument("--instances", type=cli_types.count, help="override the scenario's n_instances")
     c.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests of the workload "
                                                     "(overrides the scenario's max_requests)")
@@ -62,12 +65,22 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     write ``--out``; returns the exit code."""
     from kvsched.policies.base import policy_names
 
-    from .compare import (aggregate, parse_policies, parse_policy_params, parse_router_params, parse_routers,
-                          rich_table, run_compare, write_outputs)
+    from .compare import (aggregate, parse_clusters, parse_policies, parse_policy_params, parse_router_params,
+                          parse_routers, rich_table, run_compare, write_outputs)
 
     routers = None
+    clusters = None
     rparams: dict = {}
-    if a.routers is not None:
+    if a.clusters is not None:
+        if a.policies is not None or a.policy_params is not None or a.routers is not None \
+                or a.router_params is not None or a.instances is not None:
+            raise KvschedError("--clusters compares cluster layouts under the scenario's policy and router; drop "
+                               "--policies / --policy-params / --routers / --router-params / --instances")
+        clusters = parse_clusters(a.clusters)
+        policies = None
+        params = {}
+        names = clusters
+    elif a.routers is not None:
         if a.policies is not None or a.policy_params is not None:
             raise KvschedError("--routers compares routers under the scenario's policy; drop --policies / "
                                "--policy-params (set `policy:` in the scenario)")
@@ -100,7 +113,7 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     run = lambda progress=None: run_compare(sc, policies, a.seeds, params, progress=progress,  # noqa: E731
                                             windows=a.windows, backend=a.backend, address=a.address,
                                             routers=routers, router_params=rparams, timeline_dir=a.timeline,
-                                            timeline_window_s=a.timeline_window)
+                                            timeline_window_s=a.timeline_window, clusters=clusters)
     if show:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
@@ -110,18 +123,25 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         result = run(progress_lines.counter("runs", n_runs))
     agg = aggregate(result.runs, result.policies)
     seeds = result.seeds
-    what = (f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else "") + ", ".join(names)
+    what = ((f"routers on {sc.n_instances} instances, policy {sc.policy}: " if routers else
+             f"cluster layouts, policy {sc.policy}, router {sc.router}: " if clusters else "") + ", ".join(names))
     per = len(seeds) * max(a.windows, 1)  # runs per policy (or router), which the ± is over
     where = f"seeds {seeds[0]}..{seeds[-1]}" + (f" x {a.windows} windows" if a.windows > 1 else "")
     console.print(rich_table(agg, f"{sc.name}: {what}; {where} "
                                   f"({f'mean ± std over {per} runs' if per > 1 else 'one run'})"))
+    if clusters is not None:
+        gpus = {str(r["cluster"]): r["gpus"] for _, r in agg.iterrows() if r["class"] == "all"}
+        if len(set(gpus.values())) > 1:
+            err.print("note: the layouts use different GPU counts ("
+                      + ", ".join(f"{k}: {v:.0f}" for k, v in gpus.items()) + "); compare at equal GPU count",
+                      highlight=False)
     if sc.trace is not None and len(seeds) > 1:
         err.print("note: a trace scenario serves the same requests for every seed; seeds only change seeded "
                   "policy internals (e.g. EWSJF's Optuna sampler)", highlight=False)
     def count(n: int, one: str, many: str) -> str:
         return f"{n} {one if n == 1 else many}"
 
-    what = ("router", "routers") if routers else ("policy", "policies")
+    what = ("router", "routers") if routers else ("layout", "layouts") if clusters else ("policy", "policies")
     console.print(f"{count(n_runs, 'run', 'runs')} ({count(len(names), *what)} x {count(len(seeds), 'seed', 'seeds')}"
                   f" x {count(a.windows, 'window', 'windows')}, backend {a.backend})"
                   f" in {time.perf_counter() - t0:.1f} s wall", highlight=False)

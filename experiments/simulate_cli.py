@@ -290,6 +290,17 @@ def _print_routing(summary: dict, console: Console) -> None:
                       f"{k['hit_tokens']:,} hit tokens, {k['recompute_chosen']:,} recomputed instead, "
                       f"{k['bytes_written'] / 1e9:,.1f} GB written, {k['evicted_segments']:,} segments evicted",
                       highlight=False)
+    d = summary.get("disaggregation")
+    if d:  # prefill/decode roles (docs/disaggregation.md)
+        roles = d["roles"]
+        t = d["transfer_s"]["mean"]
+        console.print(f"prefill/decode: {roles.count('prefill')}P{roles.count('decode')}D"
+                      + (f"{roles.count('mixed')}M" if "mixed" in roles else "")
+                      + f", {d['remote_prefills']:,} remote / {d['local_prefills']:,} local prefills, "
+                      f"{d['bytes_moved'] / 1e9:,.1f} GB over {d['link']['name']} ({d['transfer']}), mean transfer "
+                      f"{1e3 * (t or 0):.2f} ms, busiest port {100 * d['link_utilisation_max']:.1f} % busy; "
+                      f"no room: {d['waits_for_room']:,} waited, {d['recomputed']:,} recomputed, "
+                      f"{d['rejected']:,} rejected", highlight=False)
 
 
 def _run_identity(sc: Scenario, workload, spec) -> dict:

@@ -438,10 +438,15 @@ def run_scenario(scenario: Scenario, window: tuple[float, float], seed: int, pol
         router, rparams = sc.router, dict(sc.router_params)
     else:
         rparams = full_router_params(router, router_params or {}, seed)
-    cluster = build_cluster([spec] * sc.n_instances, policy, dict(params), metrics=sc.metrics_config(),
+    layout = sc.cluster_layout()  # prefill/decode roles (docs/disaggregation.md), or None
+    roles = {} if layout is None else {
+        "disagg": layout.disagg_spec(), "prefill_router": layout.prefill_router,
+        "prefill_router_params": dict(layout.prefill_router_params)}
+    cluster = build_cluster([spec] * sc.n_instances if layout is None else sc.instance_specs(), policy, dict(params),
+                            metrics=sc.metrics_config(),
                             options=InstanceOptions(fast_forward=True, oracle_lengths=sc.oracle_lengths),
                             router=router, router_params=rparams,
-                            router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed)
+                            router_delay_s=sc.router_delay_s, shared_kv=sc.shared_kv_spec(), seed=sc.seed, **roles)
     res = cluster.run(workload)
     res.summary["workload_sha256"] = workload.content_sha256()
     return res.summary

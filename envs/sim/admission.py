@@ -121,6 +121,10 @@ class Admitter:
         while len(inst.running) >= inst.spec.max_seqs:
             if not (inst.head_preemption and inst.preemptor.preempt_for_head(st, "seats", step, now)):
                 return STOP
+        if inst.remote_kv is not None:  # prefill/decode disaggregation: a request whose KV comes from another instance
+            received = inst.remote_kv.try_admit(inst, st, now)
+            if received is not None:
+                return ADMITTED if received else STOP
         kv = inst.kv
         total_tokens = st.prompt_tokens + st.generated
         hit, max_seg = kv.cached_prefix(st, total_tokens)

@@ -37,8 +37,14 @@ from .request import RequestState, Workload, hash_block_mismatch
 from .policy_api import check_router
 from .routing import RoundRobinPlacement, RouterTable, StateProvider
 from .shared_kv import FETCH_EVENT, SharedKVPool, SharedKVSpec
+from .disagg import KV_LANDED_EVENT, REMOTE_PREFILL_EVENT, DisaggRuntime, DisaggSpec
+from .routing import InstanceStateView
 from .step_noise import front_end_hiccups_s
 from .instance_spec import InstanceSpec
+
+
+#: ``Cluster.apply(prefill_to=LOCAL_PREFILL)``: prefill on the decode instance (prefill/decode roles).
+LOCAL_PREFILL = -1
 
 
 @dataclass(frozen=True)
@@ -130,10 +136,18 @@ class Cluster:
         observer: told of routing decisions, steps, preemptions and link copies while the run
             goes on (:mod:`.observer`), or ``None`` (the default: no event is built). It does not
             change the results.
+        disagg: prefill/decode disaggregation (:mod:`.disagg`: roles, KV-transfer link, modes), or
+            ``None`` (every instance mixed, the default). With it, ``router`` picks the decode
+            instance among the decode and mixed instances (its rows are theirs, in instance
+            order) and ``prefill_router`` the prefill instance among the prefill instances.
+        prefill_router: the prefill side's router object (default round-robin); only with
+            ``disagg``.
 
     Raises:
         ConfigError: front-end parameters that differ between instances, a router without
-            ``bind``/``route``, a negative delay, instances that cannot share a KV tier.
+            ``bind``/``route``, a negative delay, instances that cannot share a KV tier; with
+            ``disagg``: roles not one per instance, instances that cannot exchange KV, a router
+            delay (routers see live state), a shared KV tier, or a ``prefill_router`` without it.
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], policy_factory: Callable[[], object],
@@ -141,7 +155,8 @@ class Cluster:
                  options: InstanceOptions = InstanceOptions(),
                  progress: Callable[[int], None] | None = None,
                  router_delay_s: float = 0.0, shared_kv: SharedKVSpec | None = None, seed: int = 0,
-                 observer: SimObserver | None = None) -> None:
+                 observer: SimObserver | None = None, disagg: DisaggSpec | None = None,
+                 prefill_router=None) -> None:
         if not specs:
             raise ConfigError("specs is empty: a cluster needs at least one InstanceSpec")
         bad_spec = next((s for s in specs if not isinstance(s, InstanceSpec)), None)
@@ -173,6 +188,26 @@ class Cluster:
         router.bind(len(self.instances), seed)
         self._seed = seed
         self.router = router
+        self.disagg: DisaggRuntime | None = None
+        self.prefill_router = None
+        if disagg is not None:
+            if not isinstance(disagg, DisaggSpec):
+                raise ConfigError(f"disagg={bounded_repr(disagg)} is not allowed: expected a DisaggSpec or None")
+            if router_delay_s:
+                raise ConfigError(f"router_delay_s={bounded_repr(router_delay_s)} is not allowed with disaggregation: "
+                                  "its routers see live state (give 0)")
+            if shared_kv is not None:
+                raise ConfigError("shared_kv and disagg cannot be combined (give one of them)")
+            self.disagg = DisaggRuntime(disagg, self.instances)
+            router.bind(len(self.disagg.decode_ids), seed)
+            if prefill_router is None:
+                prefill_router = RoundRobinPlacement()
+            check_router(prefill_router)
+            prefill_router.bind(max(1, len(self.disagg.prefill_ids)), seed)
+            self.prefill_router = prefill_router
+        elif prefill_router is not None:
+            raise ConfigError("prefill_router needs disagg (prefill/decode roles)")
+        self._step_end = [0.0] * len(self.instances)
         self.state_provider = StateProvider(router_delay_s)
         if shared_kv is not None and not isinstance(shared_kv, SharedKVSpec):
             raise ConfigError(f"shared_kv={bounded_repr(shared_kv)} is not allowed: expected a SharedKVSpec or None")
@@ -187,6 +222,10 @@ class Cluster:
                 pool = self.shared_kv
                 for q in (*pool.net_out, *pool.net_in, pool.pool_read, pool.pool_write):
                     q.watch = LinkWatch(observer, -1)
+            if self.disagg is not None:  # KV transfers: the prefill instance's send port, the decode's receive port
+                for i in range(len(self.instances)):
+                    self.disagg.send[i].watch = LinkWatch(observer, i)
+                    self.disagg.recv[i].watch = LinkWatch(observer, i)
         self.routed_requests = np.zeros(len(self.instances), dtype=np.int64)
         #: requests placed by the caller (``apply(route_to=...)``, e.g. a Routing-v0 agent), not the router
         self.caller_routes = 0
@@ -268,11 +307,13 @@ class Cluster:
         self._check_pool = self.shared_kv is not None and instances[0].options.check_invariants
         # round-robin look-ahead only when the router (not a caller) places every arrival
         self._ahead = (getattr(self.router, "arrivals_until", None)
-                       if len(instances) > 1 and self.shared_kv is None and not (watch is not None and watch.route)
+                       if len(instances) > 1 and self.shared_kv is None and self.disagg is None
+                       and not (watch is not None and watch.route)
                        else None)
         # stretches may run through completions when nothing outside an instance looks at it
         # between its own events (no router reading instance state, no watched decisions)
-        through = watch is None and self.shared_kv is None and (len(instances) == 1 or self._ahead is not None)
+        through = (watch is None and self.shared_kv is None and self.disagg is None
+                   and (len(instances) == 1 or self._ahead is not None))
         for inst in instances:
             inst.stretch_through_finishes = through
         if n:
@@ -317,17 +358,22 @@ class Cluster:
             raise RuntimeError("a decision is pending: call Cluster.apply() first")
         return self._loop(until_s)
 
-    def apply(self, route_to: int | None = None) -> None:
+    def apply(self, route_to: int | None = None, prefill_to: int | None = None) -> None:
         """Carry out the pending decision point's event.
 
         Args:
             route_to: at a ``"route"`` point, the instance index that gets the request
                 (``None``: ask the cluster's router, as :meth:`run` does). Must be ``None`` at a
-                ``"schedule"`` point: the instance's policy decides inside its step.
+                ``"schedule"`` point: the instance's policy decides inside its step. With
+                prefill/decode roles it is the decode instance (a decode or mixed one).
+            prefill_to: with roles, at a ``"route"`` point: the prefill instance's index,
+                :data:`LOCAL_PREFILL` (prefill on the decode instance), or ``None`` (the cluster
+                decides: :meth:`disagg_choice`). A remote prefill needs a ``decode`` target.
 
         Raises:
             RuntimeError: when no decision is pending.
-            ValueError: ``route_to`` out of range, or given at a ``"schedule"`` point.
+            ValueError: ``route_to`` or ``prefill_to`` out of range or of the wrong role, or
+                given at a ``"schedule"`` point.
         """
         if self._pending is None:
             raise RuntimeError("no decision is pending")
@@ -337,6 +383,22 @@ class Cluster:
             if route_to is not None and (isinstance(route_to, bool) or not isinstance(route_to, (int, np.integer))
                                          or not 0 <= route_to < n_inst):
                 raise ValueError(f"route_to={bounded_repr(route_to)} must be an instance index in [0, {n_inst})")
+            rt = self.disagg
+            if rt is None and prefill_to is not None:
+                raise ValueError(f"prefill_to={bounded_repr(prefill_to)} needs prefill/decode roles (disagg)")
+            if rt is not None:
+                if route_to is not None and rt.roles[int(route_to)] == "prefill":
+                    raise ValueError(f"route_to={bounded_repr(route_to)} is a prefill instance; expected one of the "
+                                     f"decode or mixed instances {rt.decode_ids}")
+                if prefill_to is not None and prefill_to != LOCAL_PREFILL:
+                    if isinstance(prefill_to, bool) or not isinstance(prefill_to, (int, np.integer)) \
+                            or int(prefill_to) not in rt.prefill_ids:
+                        raise ValueError(f"prefill_to={bounded_repr(prefill_to)} must be a prefill instance "
+                                         f"{rt.prefill_ids} or LOCAL_PREFILL (-1)")
+                    target = route_to if route_to is not None else None
+                    if target is not None and rt.roles[int(target)] != "decode":
+                        raise ValueError(f"prefill_to={bounded_repr(prefill_to)}: a remote prefill needs a decode "
+                                         f"instance as route_to (got mixed instance {int(target)})")
             self._pending = None
             if route_to is None:
                 idx = self._route(payload, t)
@@ -347,14 +409,23 @@ class Cluster:
                 self.routed_prompt_tokens[idx] += payload.prompt_tokens
                 if self.observer is not None:
                     self.observer.on_route(RouteEvent(t, payload.rid, idx, "caller", payload.prompt_tokens))
-            self._place(payload, idx, t)
+            self._place(payload, idx, t, None if prefill_to is None else int(prefill_to))
         else:
             if route_to is not None:
                 raise ValueError(f"route_to={bounded_repr(route_to)} is only allowed at a 'route' decision point")
             self._pending = None
             self._schedule(payload, t)
 
-    def _place(self, st: RequestState, idx: int, t: float) -> None:
+    def disagg_choice(self, st: RequestState, decode_idx: int, t: float) -> int:
+        """The cluster's own prefill decision for ``st`` going to decode instance ``decode_idx``:
+        a prefill instance's index (Dynamo's threshold said remote; the prefill router chose it)
+        or :data:`LOCAL_PREFILL`. Calls the prefill router (its state advances)."""
+        rt = self.disagg
+        if rt is None or not rt.goes_remote(self.instances[decode_idx], st):
+            return LOCAL_PREFILL
+        return self._route_among(self.prefill_router, rt.prefill_ids, st, t, "prefill_router")
+
+    def _place(self, st: RequestState, idx: int, t: float, prefill_to: int | None = None) -> None:
         inst = self.instances[idx]
         if st.req.n > 1:  # parallel sampling: every child goes where the parent was routed
             children = st.req.children(self._next_child_id)
@@ -367,6 +438,28 @@ class Cluster:
             return
         if inst.bs != self.instances[0].bs:  # heterogeneous block sizes: segments in its blocks
             st = RequestState(st.req, inst.bs, st.length_class)
+        rt = self.disagg
+        if rt is not None and prefill_to is None:
+            prefill_to = self.disagg_choice(st, idx, t)
+        if rt is not None and prefill_to is not None and prefill_to != LOCAL_PREFILL \
+                and st.req.n == 1 and st.prompt_tokens > 1:
+            p = self.instances[prefill_to]
+            if rt.fits_prefill(p, st):
+                st.instance_id = inst.instance_id
+                reason = inst.reject_reason(st)
+                if reason:  # the decode instance can never serve it: rejected there, as vLLM's would
+                    inst._reject(st, reason)
+                    return
+                h = rt.start(st, inst, p)
+                if rt.spec.transfer == "whole":  # prefill first, the decode instance gets it afterwards
+                    if p.add_request(rt.prefill_copy(h), t):
+                        self._wake(p, t)
+                else:  # layerwise: the decode instance allocates first (its admission queues the prefill)
+                    inst.waiting.append(st)
+                    self._wake(inst, t)
+                return
+        if rt is not None:
+            rt.counters.local_prefills += 1
         if inst.add_request(st, t):
             self._wake(inst, t)
 
@@ -385,16 +478,64 @@ class Cluster:
             # a "time" decision point lets the caller look at the instance (Knobs-v0 observes HBM
             # in use): a stretch running past it would show blocks of steps not yet started
             horizon = self._until_s
+        rt = self.disagg
+        if rt is not None and rt.spec.transfer == "whole" and rt.roles[inst.instance_id] == "decode":
+            # a prefilled request joins this instance's queue when its prefill instance's step
+            # ends: no stretch may run past the step containing the next such end
+            for pid in rt.prefill_ids:
+                if rt.live_prefills[pid]:
+                    p = self.instances[pid]
+                    h = self._step_end[pid] if p.busy else t
+                    if h < horizon:
+                        horizon = h
         end = inst.schedule(t, horizon)
         if end is not None:
             ev.push(end, STEP_END, inst)
-        if inst.pending_events:
-            for when, what, st in inst.pending_events:
-                if what == TRANSFER_EVENT:
-                    ev.push(when, TRANSFER_DONE, (inst, st))
-                elif what == FETCH_EVENT:
-                    ev.push(when, TRANSFER_DONE, (inst, None))
-            inst.pending_events.clear()
+            self._step_end[inst.instance_id] = end
+        if inst.pending_events or (rt is not None and rt.wake):
+            self._drain_events(inst, t)
+
+    def _drain_events(self, inst: Instance, t: float) -> None:
+        """Queue the copies and hand-offs ``inst`` started (its ``pending_events``)."""
+        ev = self.events
+        rt = self.disagg
+        for when, what, st in inst.pending_events:
+            if what == TRANSFER_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, st))
+            elif what == FETCH_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, None))
+            elif what == KV_LANDED_EVENT:
+                ev.push(when, TRANSFER_DONE, (inst, st, KV_LANDED_EVENT))
+            elif what == REMOTE_PREFILL_EVENT:  # layerwise: the decode side holds the blocks, prefill now
+                assert rt is not None
+                h = rt.landing[id(st)]
+                p = h.p_inst
+                if p.add_request(rt.prefill_copy(h), t):
+                    self._wake(p, t)
+        inst.pending_events.clear()
+        if rt is not None and rt.wake:
+            for p in rt.wake:
+                self._wake(p, t)
+            rt.wake.clear()
+
+    def _handoffs(self, t: float) -> None:
+        """Carry out the hand-offs of the prefill-phase copies that finished at ``t``."""
+        rt = self.disagg
+        assert rt is not None
+        done = rt.prefilled
+        rt.prefilled = []
+        for h in done:
+            rt.on_handoff(h, t)
+            d = h.d_inst
+            if rt.spec.transfer == "whole":
+                d.waiting.append(h.dst)  # already checked by d.reject_reason at routing
+                self._wake(d, t)
+            elif d.pending_events:
+                self._drain_events(d, t)
+        if rt.wake:
+            for p in rt.wake:
+                self._wake(p, t)
+            rt.wake.clear()
 
     def _loop(self, until_s: float = math.inf) -> DecisionPoint | None:
         """The event loop; returns at a watched decision point, at ``until_s`` or at the end."""
@@ -414,6 +555,8 @@ class Cluster:
         sched_inst = None if watch is None or watch.schedule_instance is None else instances[watch.schedule_instance]
         sched_filter = None if watch is None else watch.schedule_filter
         retention = self._retention
+        # disaggregation moves blocks between instances: check every instance at every event (tests)
+        check_all = self.disagg is not None and any_inst.options.check_invariants
         while len(ev):
             if retention:
                 return self._retention_point()
@@ -426,6 +569,8 @@ class Cluster:
                 inst.complete_step(t)
                 if check_pool and self.shared_kv is not None:
                     self.shared_kv.check()
+                if self.disagg is not None and self.disagg.prefilled:
+                    self._handoffs(t)
                 self._wake(inst, t)
             elif kind == ARRIVAL:
                 next_idx = self._next_idx
@@ -440,8 +585,15 @@ class Cluster:
                     return DecisionPoint("route", t, None, st)
                 self._place(st, self._route(st, t), t)
             elif kind == TRANSFER_DONE:
-                inst, st = payload
-                if st is not None:  # None: a shared-tier fetch landed (nothing to free)
+                inst, st = payload[0], payload[1]
+                if len(payload) == 3:  # disaggregation: a KV transfer landed on decode instance `inst`
+                    rt = self.disagg
+                    assert rt is not None
+                    rt.on_landed(st, t)
+                    for p in rt.wake:  # the prefill instance freed the KV it held
+                        self._wake(p, t)
+                    rt.wake.clear()
+                elif st is not None:  # None: a shared-tier fetch landed (nothing to free)
                     inst.complete_transfer(st, t)
                 self._wake(inst, t)
             else:  # SCHEDULE
@@ -452,6 +604,9 @@ class Cluster:
                     self._pending = (t, SCHEDULE, inst)
                     return DecisionPoint("schedule", t, inst.instance_id, None)
                 self._schedule(inst, t)
+            if check_all:
+                for inst in instances:
+                    inst.check()
             if self.progress is not None and len(rec.rows) - self._done_reported >= 1000:
                 self._done_reported = len(rec.rows)
                 self.progress(self._done_reported)
@@ -496,7 +651,9 @@ class Cluster:
     def _route(self, st: RequestState, t: float) -> int:
         """Index of the instance an arriving request goes to (the router's choice, checked)."""
         instances = self.instances
-        if len(instances) == 1:
+        if self.disagg is not None:
+            idx = self._route_among(self.router, self.disagg.decode_ids, st, t, "router")
+        elif len(instances) == 1:
             idx = 0
         else:
             view = self.state_provider.view(instances, t, self.shared_kv)
@@ -512,15 +669,32 @@ class Cluster:
         self.routed_prompt_tokens[idx] += st.prompt_tokens
         return idx
 
+    def _route_among(self, router, ids: Sequence[int], st: RequestState, t: float, who: str) -> int:
+        """The instance ``router`` picks among ``ids`` (its table's rows are those instances, live)."""
+        if len(ids) == 1:
+            return ids[0]
+        subset = [self.instances[i] for i in ids]
+        row = router.route(RouterTable(InstanceStateView(subset, t), st, t))
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(ids):
+            raise ConfigError(f"{who} {bounded_repr(getattr(router, 'name', router))} returned {bounded_repr(row)} "
+                              f"for request {st.rid}; expected a row 0..{len(ids) - 1}")
+        idx = ids[int(row)]
+        if self.observer is not None:
+            self.observer.on_route(RouteEvent(t, st.rid, idx, who, st.prompt_tokens))
+        return idx
+
     def routing_summary(self) -> dict:
         """Per-instance load share of the run (JSON-ready).
 
         ``router``: the router's name, or ``"caller (apply route_to)"`` when the caller placed every
         request (a Routing-v0 agent); ``requests`` / ``prompt_tokens``: routed to each instance; ``load_share``: each
         instance's fraction of the requests; ``load_imbalance``: max over mean of the requests per
-        instance (1.0 = perfectly even, N = everything on one of N instances).
+        instance (1.0 = perfectly even, N = everything on one of N instances). With prefill/decode
+        roles they count the decode and mixed instances only (where the router places requests).
         """
         n = self.routed_requests
+        if self.disagg is not None:  # the router places requests on the decode and mixed instances only
+            n = n[self.disagg.decode_ids]
         total = int(n.sum())
         mean = total / len(n) if len(n) else 0.0
         return {
@@ -604,7 +778,7 @@ class Cluster:
             summary["prefix_tiers"] = self.prefix_tier_summary(summary)
         if "parent_id" in records.columns:
             summary["parallel_sampling"] = parallel_sampling_summary(records)
-        stats = {
+        stats: dict = {
             "events": self.events.popped,
             "steps": sum(i.steps for i in self.instances),
             "fast_forward_stretches": sum(i.stretches for i in self.instances),
@@ -621,6 +795,9 @@ class Cluster:
         }
         if self.shared_kv is not None:
             stats["shared_kv"] = self.shared_kv.stats()
+        if self.disagg is not None:
+            summary["disaggregation"] = self.disagg.stats(self._now_s)
+            stats["link_bytes"]["kv_transfer"] = self.disagg.counters.bytes_moved
         return SimulationResult(records=records, summary=summary, occupancy=occupancy, stats=stats)
 
 

@@ -175,6 +175,11 @@ class Instance:
         self.schedule_pending = False
         self.pending_events: list[tuple[float, str, RequestState]] = []
         self._shared_kv = None  # the cluster KV tier (kvsched.envs.sim.shared_kv), set by the cluster
+        #: prefill/decode disaggregation (:class:`~.disagg.DisaggRuntime`), set by the cluster; None: off
+        self.remote_kv = None
+        #: prefill-phase copies that produced their token and keep their KV blocks until the decode
+        #: instance has read them (:mod:`.disagg`); empty without disaggregation
+        self.sending: list[RequestState] = []
         # the step (or stretch) in flight: its plan, when it started, when it may start (copies),
         # how many known decodes lead it, and a blocked waiting head's cached prefix
         self._plan: list[tuple[RequestState, int]] = []
@@ -291,13 +296,20 @@ class Instance:
         Returns ``True`` when queued.
         """
         st.instance_id = self.instance_id
-        total = st.prompt_tokens + st.output_tokens
-        if total > self.spec.model_len_limit:
-            return self._reject(st, "exceeds_max_model_len")
-        if -(-(total - 1) // self.bs) > self.kv.hbm.capacity_blocks:
-            return self._reject(st, "kv_exceeds_hbm_capacity")
+        reason = self.reject_reason(st)
+        if reason:
+            return self._reject(st, reason)
         self.waiting.append(st)
         return True
+
+    def reject_reason(self, st: RequestState) -> str:
+        """Why this instance can never serve ``st`` (:meth:`add_request`'s reasons), or ``""``."""
+        total = st.prompt_tokens + st.output_tokens
+        if total > self.spec.model_len_limit:
+            return "exceeds_max_model_len"
+        if -(-(total - 1) // self.bs) > self.kv.hbm.capacity_blocks:
+            return "kv_exceeds_hbm_capacity"
+        return ""
 
     def _reject(self, st: RequestState, reason: str) -> bool:
         st.status = REJECTED
@@ -379,8 +391,8 @@ class Instance:
 
     def _check_progress(self, now: float) -> None:
         """Guard against a stuck instance: work queued but nothing runnable or in flight."""
-        if self.running or not (self.waiting or self.swapped):
-            return
+        if self.running or self.sending or not (self.waiting or self.swapped):
+            return  # (sending: blocks held for a decode instance's read free up when it lands, .disagg)
         hbm = self.kv.hbm
         raise RuntimeError(
             f"instance {self.instance_id} cannot make progress at t={now:.6f}s: "
@@ -466,8 +478,16 @@ class Instance:
         rec = self.recorder
         kv = self.kv
         policy = self.policy
+        remote = self.remote_kv
         for st in finished:
             self.running.remove(st)
+            if remote is not None and remote.is_prefill_copy(st):
+                # a prefill-phase copy (disaggregation): its token is not the client's; its KV
+                # blocks stay held until the decode instance has read them (.disagg)
+                st.status = FINISHED
+                st.finish_s = st.last_token_s
+                remote.on_prefilled(self, st, self._step_start)
+                continue
             kv.free(st)
             if self._prefix_tiers is not None:
                 self._prefix_tiers.on_finished(st, st.last_token_s)

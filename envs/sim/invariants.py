@@ -3,7 +3,8 @@
 
 - **Conservation** in every tier: ``free + evictable + used == capacity``
   (:meth:`~.kv_cache.BlockPool.check`).
-- **HBM holdings**: blocks in use = running requests' private blocks + referenced prefix
+- **HBM holdings**: blocks in use = running requests' (and, with prefill/decode disaggregation,
+  the sending prefill-phase copies', :mod:`.disagg`) private blocks + referenced prefix
   segments; segment reference counts = the holders' references.
 - **Lower tiers**: each tier's blocks in use = the ``lower_blocks`` of the running and swapped
   requests whose ``lower_tier`` it is; PNM's = the running requests' ``pnm_blocks`` (waiting and
@@ -41,10 +42,11 @@ def check_instance(inst: Instance) -> None:
 def _check_hbm(inst: Instance) -> None:
     hbm = inst.kv.hbm
     seg_used = hbm.referenced_blocks()
-    private = sum(s.private_blocks for s in inst.running)
+    # prefill-phase copies whose KV awaits the decode instance's read hold blocks too (.disagg)
+    private = sum(s.private_blocks for s in inst.running) + sum(s.private_blocks for s in inst.sending)
     if private + seg_used != hbm.used_blocks:
         raise AssertionError(f"HBM used {hbm.used_blocks} != private {private} + referenced segments {seg_used}")
-    if hbm.total_refs() != sum(len(s.shared) for s in inst.running):
+    if hbm.total_refs() != sum(len(s.shared) for s in inst.running) + sum(len(s.shared) for s in inst.sending):
         raise AssertionError("segment reference counts do not match holders")
 
 

@@ -41,7 +41,7 @@ PHASES: tuple[str, ...] = ("prefill", "recompute", "decode")
 #: (:mod:`.pnm_migration`); ``shared_write`` / ``shared_fetch`` -- the cluster KV tier
 #: (:mod:`.shared_kv`).
 TRANSFER_KINDS: tuple[str, ...] = ("swap_out", "swap_in", "prefix_write", "prefix_load", "pnm_migration",
-                                   "shared_write", "shared_fetch")
+                                   "shared_write", "shared_fetch", "kv_transfer")
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,8 @@ class Preemptor:
         ``cause`` and ``for_request_id`` (why, and for whom) only label it for an observer
         (:class:`~.observer.PreemptionEvent`, told after the fact with the mode the victim got).
         """
+        if self.inst.remote_kv is not None:  # a victim receiving KV abandons its transfer (.disagg)
+            self.inst.remote_kv.on_preempted(victim, now)
         obs = self.observer
         if obs is None:
             self._preempt(victim, now, mode)

@@ -20,6 +20,8 @@ router: round-robin            # cluster router (kvsched.policies.routing), used
 router_params: {}              # the router's parameters, e.g. {cache_threshold: 0.5}
 router_delay_s: 0.0            # staleness of the state routers see (s)
 shared_kv: null                # cluster KV tier: {capacity_bytes: 2e12, network: {...}, fetch_policy: cost}
+cluster: null                  # prefill/decode roles (docs/disaggregation.md): {prefill: {count: 2,
+                               #   instance: {...}}, decode: {count: 2}, link: ib_ndr_400g, transfer: whole}
 oracle_lengths: false          # show true output lengths to the policy
 metrics:                       # MetricsConfig fields
   long_prompt_tokens: 8192
@@ -77,6 +79,7 @@ class Scenario:
     router_params: dict = field(default_factory=dict)
     router_delay_s: float = 0.0
     shared_kv: dict | None = None
+    cluster: dict | None = None
     oracle_lengths: bool = False
     metrics: dict = field(default_factory=dict)
     seed: int = 0
@@ -125,6 +128,25 @@ class Scenario:
         object.__setattr__(self, "router", router.name)  # the registered name ("RR" finds "round-robin")
         if self.shared_kv is not None:
             self.shared_kv_spec()
+        if self.cluster is not None:
+            layout = self.cluster_layout()
+            assert layout is not None
+            total = sum(layout.counts.values())
+            n = self.n_instances
+            if n != total and not (n == 1 and isinstance(n, int) and not isinstance(n, bool)):
+                raise ConfigError(f"{where}: n_instances={bounded_repr(n)} disagrees with cluster ({total} instances: "
+                                  f"{layout.counts['prefill']} prefill, {layout.counts['decode']} decode, "
+                                  f"{layout.counts['mixed']} mixed); leave n_instances out")
+            object.__setattr__(self, "n_instances", total)
+            if self.shared_kv is not None:
+                raise ConfigError(f"{where}: shared_kv and cluster cannot be combined (give one of them)")
+            if self.router_delay_s:
+                raise ConfigError(f"{where}: router_delay_s={bounded_repr(self.router_delay_s)} is not allowed with "
+                                  "cluster roles (their routers see live state); give 0")
+            try:
+                make_router(layout.prefill_router, dict(layout.prefill_router_params))
+            except ConfigError as e:
+                raise type(e)(f"{where}: cluster.prefill_router: {e}") from None
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
@@ -156,12 +178,59 @@ class Scenario:
                               "must be a mapping of MetricsConfig fields")
         # build once to validate early (errors name the scenario file)
         self.instance_spec()
+        if self.cluster is not None:
+            self.instance_specs()
         self.metrics_config()
 
     # ------------------------------------------------------------------------------ builders
     def instance_spec(self) -> InstanceSpec:
         """The :class:`InstanceSpec` this scenario serves on."""
         return instance_spec_from_dict(self.instance, source=f"{self.source}: instance")
+
+    def cluster_layout(self):
+        """The :class:`~kvsched.envs.sim.disagg.ClusterLayout` of ``cluster`` (roles), or ``None``."""
+        from kvsched.envs.sim.disagg import cluster_layout_from_dict
+
+        if self.cluster is None:
+            return None
+        return cluster_layout_from_dict(self.cluster, source=f"scenario {self.source}: cluster")
+
+    def instance_specs(self) -> list[InstanceSpec]:
+        """One :class:`InstanceSpec` per instance: ``n_instances`` copies of ``instance``, or with
+        ``cluster`` the prefill, decode and mixed instances in that order, each role's ``instance``
+        fields merged over the scenario's ``instance``."""
+        layout = self.cluster_layout()
+        if layout is None:
+            return [self.instance_spec()] * self.n_instances
+        out: list[InstanceSpec] = []
+        for role in ("prefill", "decode", "mixed"):
+            if layout.counts[role]:
+                spec = instance_spec_from_dict({**self.instance, **layout.overrides[role]},
+                                               source=f"{self.source}: cluster.{role}.instance")
+                out += [spec] * layout.counts[role]
+        return out
+
+    def disagg_spec(self):
+        """The :class:`~kvsched.envs.sim.disagg.DisaggSpec` of ``cluster``, or ``None``."""
+        layout = self.cluster_layout()
+        return None if layout is None else layout.disagg_spec()
+
+    def with_layout(self, counts: dict[str, int]) -> "Scenario":
+        """A copy whose ``cluster`` has these instance counts per role (e.g. from ``2P2D``); a role
+        it gains takes the scenario's ``instance`` unless ``cluster`` already configures it.
+
+        Raises:
+            ConfigError: the scenario has no ``cluster`` section, or the counts are invalid.
+        """
+        if self.cluster is None:
+            raise ConfigError(f"scenario {self.source}: comparing cluster layouts needs a `cluster:` section "
+                              "(prefill/decode roles; docs/disaggregation.md)")
+        new = dict(self.cluster)
+        for role in ("prefill", "decode", "mixed"):
+            sec = dict(new.get(role) or {})
+            sec["count"] = int(counts.get(role, 0))
+            new[role] = sec
+        return replace(self, cluster=new, n_instances=1)
 
     def shared_kv_spec(self):
         """The :class:`~kvsched.envs.sim.shared_kv.SharedKVSpec` of ``shared_kv``, or ``None``."""
@@ -272,7 +341,7 @@ class Scenario:
         # routing fields at their defaults are left out, so scenarios written before routing
         # existed keep their hash
         for key, default in (("router", "round-robin"), ("router_params", {}), ("router_delay_s", 0.0),
-                             ("shared_kv", None)):
+                             ("shared_kv", None), ("cluster", None)):
             if d[key] == default:
                 del d[key]
         return d

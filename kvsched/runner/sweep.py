@@ -136,10 +136,14 @@ def run_cell(cell: Cell) -> CellResult:
                 meta["router"] = sc.router
             observer = stack.enter_context(TimelineWriter(cell.timeline, instance_labels(sc.n_instances, spec),
                                                           cell.timeline_window_s, meta))
-        cluster = build_cluster([spec] * sc.n_instances, cell.policy, dict(cell.params),
+        layout = sc.cluster_layout()
+        roles = {} if layout is None else {
+            "disagg": layout.disagg_spec(), "prefill_router": layout.prefill_router,
+            "prefill_router_params": dict(layout.prefill_router_params)}
+        cluster = build_cluster(sc.instance_specs(), cell.policy, dict(cell.params),
                                 metrics=sc.metrics_config(), options=options, router=sc.router,
                                 router_params=dict(sc.router_params), router_delay_s=sc.router_delay_s,
-                                shared_kv=sc.shared_kv_spec(), seed=sc.seed, observer=observer)
+                                shared_kv=sc.shared_kv_spec(), seed=sc.seed, observer=observer, **roles)
         res = cluster.run(workload)
         if observer is not None:
             observer.add_records(res.records)

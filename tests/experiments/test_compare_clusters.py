@@ -1,0 +1,111 @@
+"""`kvsched compare --clusters` (xPyD layouts) and the scenario's `cluster:` section
+(prefill/decode roles, docs/disaggregation.md). Small synthetic workloads keep it fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments.cli import main
+from kvsched.experiments.compare import aggregate, parse_clusters, run_compare
+from kvsched.runner.scenario import load_scenario
+from kvsched.runner.simulate import scenario_cluster_kwargs, simulate
+
+SCENARIO = """\
+name: tiny-pd
+synthetic: {rate_per_s: 8.0, duration_s: 8, long_fraction: 0.05, long_min_tokens: 9000, long_max_tokens: 12000}
+instance: {model: Llama-3.1-8B, gpu: H100-SXM}
+policy: fcfs
+router: least-loaded
+cluster:
+  prefill: {count: 1, instance: {max_num_batched_tokens: 4096}}
+  decode: {count: 1}
+  link: nvlink4
+seed: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("sc") / "tiny-pd.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def test_cluster_section_builds_role_specs_in_instance_order(scenario_file):
+    sc = load_scenario(scenario_file)
+    assert sc.n_instances == 2 and sc.disagg_spec().roles == ("prefill", "decode")
+    specs = sc.instance_specs()
+    assert specs[0].max_num_batched_tokens == 4096 and specs[1].max_num_batched_tokens != 4096
+    w = sc.workload()
+    res = simulate(w, sc.instance_spec(), sc.policy, sc.metrics_config(), n_instances=sc.n_instances,
+                   **scenario_cluster_kwargs(sc))
+    d = res.summary["disaggregation"]
+    assert d["link"]["name"] == "nvlink4" and d["remote_prefills"] == len(w) and d["bytes_moved"] > 0
+
+
+def test_compare_layouts_at_equal_gpu_count(scenario_file):
+    """2M vs 1P1D: one row set per layout, the same GPU count, KV bytes only with a prefill instance."""
+    res = run_compare(load_scenario(scenario_file), clusters=["1P1D", "2M"])
+    assert res.axis == "cluster" and res.policies == ["1P1D", "2M"]
+    agg = aggregate(res.runs, res.policies)
+    allrow = agg[agg["class"] == "all"].set_index("cluster")
+    assert allrow.loc["1P1D", "gpus"] == allrow.loc["2M", "gpus"] == 2
+    assert allrow.loc["1P1D", "kv_transfer_bytes"] > 0 and allrow.loc["2M", "kv_transfer_bytes"] == 0
+    assert allrow.loc["1P1D", "remote_prefill_share"] == 1.0 and allrow.loc["2M", "remote_prefill_share"] == 0.0
+    assert 0 < allrow.loc["1P1D", "kv_link_utilisation"] < 1
+
+
+def test_compare_clusters_cli_writes_outputs(scenario_file, tmp_path, capsys):
+    assert main(["compare", "--scenario", str(scenario_file), "--clusters", "1P1D,2M", "--no-progress",
+                 "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "1P1D" in out and "GPUs" in out and (tmp_path / "o" / "compare.csv").is_file()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--clusters", "2P2D,2p2d"], "same layout"),
+    (["--clusters", "2P2X"], "cluster layout"),
+    (["--clusters", "2P"], "at least one decode or mixed"),
+    (["--clusters", "1P1D", "--policies", "fcfs"], "--clusters compares"),
+    (["--clusters", ","], "--clusters"),
+])
+def test_bad_clusters_flag_is_a_one_line_error(scenario_file, argv, needle, capsys):
+    code = main(["compare", "--scenario", str(scenario_file), "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert code != 0 and needle in err
+
+
+def test_clusters_need_a_cluster_section(tmp_path):
+    p = tmp_path / "plain.yaml"
+    p.write_text(SCENARIO.split("cluster:")[0])
+    with pytest.raises(ConfigError, match="cluster:"):
+        run_compare(load_scenario(p), clusters=["1P1D"])
+    with pytest.raises(ConfigError, match="same layout"):
+        parse_clusters("1P1D,1D1P")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("n_instances: 3\n", "disagrees with cluster"),
+    ("shared_kv: {capacity_bytes: 1.0e12}\n", "shared_kv and cluster"),
+    ("router_delay_s: 1.0\n", "router_delay_s"),
+])
+def test_scenario_cluster_conflicts_are_one_line_errors(tmp_path, extra, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(SCENARIO + extra)
+    with pytest.raises(ConfigError) as e:
+        load_scenario(p)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cluster, needle", [
+    ("  prefill: {count: 1, instance: {tp: 3}}\n  decode: {count: 1}\n", "cluster.prefill.instance"),
+    ("  prefill: {count: 1}\n  decode: {count: 1}\n  link: warp\n", "warp"),
+    ("  prefill: {count: 1}\n  decode: {count: 1}\n  prefill_router: nearest\n", "prefill_router"),
+])
+def test_scenario_bad_cluster_values_are_one_line_errors(tmp_path, cluster, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(SCENARIO.split("cluster:")[0] + "cluster:\n" + cluster + "seed: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_scenario(p)
+    assert needle in str(e.value) and "\n" not in str(e.value)
