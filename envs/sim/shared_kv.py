@@ -50,8 +50,9 @@ with an 8,192-token budget, idle links and nothing cached, a 512- or 1,024-token
 recomputed (18 vs 20 ms, 32 vs 33 ms), from 1,536 tokens on it is fetched, and at 64k tokens
 the fetch path takes 1.6 s against 3.6 s (REFERENCE §5.4: "about break-even with recompute for
 short contexts and much better for long ones"). With the calibrated H100 parameters (an
-``InstanceSpec`` without ``cost``; MFU 0.76) recomputing is cheaper per token and the fetch
-wins only from about 13k tokens (26 segments of 512; 64k: 2.8 s recompute vs 1.6 s fetch).
+``InstanceSpec`` without ``cost``; calibration version 2, MFU 0.78) recomputing is cheaper per
+token and the fetch wins only from about 15k tokens (29 segments of 512; 64k: 2.8 s recompute vs
+1.6 s fetch).
 
 Limits: one network link per instance whatever its TP degree; the pool's NVMe read and write
 queues are shared by the cluster; reads are charged when reserved (a segment evicted while a

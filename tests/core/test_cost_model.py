@@ -133,7 +133,9 @@ def test_tp_allreduce_term() -> None:
     m, g, c = spec4.model, spec4.gpu, spec4.cost
     link = g.nvlink_bytes_per_s * c.allreduce_bw_efficiency  # the calibrated H100 default is < 1
     assert c.allreduce_bw_efficiency < 1.0
-    expected = 2 * m.n_layers * (2 * 3 / 4 * 100 * m.hidden_size * 2 / link + c.allreduce_latency_s)
+    # ring: 2(tp-1)/tp of the payload per rank, a fixed latency and 2(tp-1) hops per all-reduce
+    expected = 2 * m.n_layers * (2 * 3 / 4 * 100 * m.hidden_size * 2 / link + c.allreduce_latency_s
+                                 + 2 * 3 * c.allreduce_hop_latency_s)
     comm = cm4.step_breakdown(100, 1000, 1000)["comm_s"]
     assert comm > 0
     assert comm == pytest.approx(expected, rel=1e-12)
@@ -242,14 +244,14 @@ def test_fast_scalar_and_array_paths_are_bitwise_equal_to_step_time_s():
         # decode-only steps (pairs = kv = context tokens), as fast-forwarded stretches time them
         for b in (1, 40, 256):
             ctx = rng.integers(0, 10**7, 300).astype(float)
-            ref = cm.step_time_s(np.full(300, float(b)), ctx, ctx)
+            ref = cm.step_time_s(np.full(300, float(b)), ctx, ctx, n_seqs=float(b))  # b sequences
             assert np.array_equal(ref, cm.decode_step_times_fast(b, ctx))
-            assert np.array_equal(ref, [cm.step_time_fast(float(b), c, c) for c in ctx])
+            assert np.array_equal(ref, [cm.step_time_fast(float(b), c, c, float(b)) for c in ctx])
         # a stretch's step ends, timed in one loop: the same sums as adding step_time_fast one by one
         for b, c0, start in ((1, 0, 0.0), (37, 123_457, 12.345678), (256, 9_999_991, 1e5 / 3)):
             e, ref_ends = start, []
             for j in range(40):
-                e += cm.step_time_fast(float(b), float(c0 + b * j), float(c0 + b * j))
+                e += cm.step_time_fast(float(b), float(c0 + b * j), float(c0 + b * j), float(b))
                 ref_ends.append(e)
             assert cm.decode_step_ends(start, b, c0, 40) == ref_ends
             cut = cm.decode_step_ends(start, b, c0, 40, horizon_s=ref_ends[16])

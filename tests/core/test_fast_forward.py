@@ -25,7 +25,7 @@ def sequential_ends(cost, start, n, s0, k):
     ends, e = [], start
     for j in range(k):
         ctx = float(s0 + n * j)
-        e = e + cost.step_time_fast(float(n), ctx, ctx)
+        e = e + cost.step_time_fast(float(n), ctx, ctx, float(n))  # n decodes: n sequences
         ends.append(e)
     return ends
 

@@ -24,22 +24,28 @@ GUARDED = ("ttft_mean", "itl_mean", "e2e_mean", "e2e_p90")
 server's cold start, which a capped replay leaves out by design)."""
 
 
-@pytest.mark.parametrize(("exp_id", "bound"), [
-    # largest APE of the guarded metrics today, at a 60 s stage cap: Mixtral codegen 11.9 (ITL),
-    # Scout codegen 5.6, Scout general 11.0 (its 2.5 req/s stage: CUDA-graph padding, cost_model.py)
-    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", 15.0),
-    ("20-llama-4-scout-17b-16e-tp2-codegen-2", 10.0),
-    ("17-llama-4-scout-17b-16e-tp2-general-lite-2-1", 15.0),
+@pytest.mark.parametrize(("exp_id", "bounds"), [
+    # largest APE of the guarded metrics per stage with the shipped calibration (version 2, fitted
+    # with Mixtral in its training runs; Scout held out), at a 60 s stage cap, plus ~3 points:
+    # Mixtral codegen 6.5 / 7.1; Scout codegen 8.2 / 13.4; Scout general 38.1 / 10.2. Scout general
+    # stage 0 (2.5 req/s) is bistable under calibration 2: at <= 8 running requests its MoE decode
+    # steps pad to 8 tokens, at 9-16 to 16 (CUDA-graph capture sizes, cost_model.py), and the
+    # replay settles in the fast state the real run did not (docs/fidelity.md, "Mixture of experts
+    # and FP8"); its bound guards that state, not an accuracy.
+    ("20260218-120914-mixtral-8x7b-v0-1-tp2-codegen", {0: 10.0, 1: 10.0}),
+    ("20-llama-4-scout-17b-16e-tp2-codegen-2", {0: 11.0, 1: 16.0}),
+    ("17-llama-4-scout-17b-16e-tp2-general-lite-2-1", {0: 41.0, 1: 13.0}),
 ])
-def test_moe_replay_stays_within_the_error_it_reaches(real, exp_id: str, bound: float) -> None:
+def test_moe_replay_stays_within_the_error_it_reaches(real, exp_id: str, bounds: dict) -> None:
     from kvsched.experiments.replay import ape, replay
 
     e = real[exp_id]
     assert e.skip_reason is None and e.preset is not None
     res = replay(e, stage_cap_s=60.0)
+    assert sorted(bounds) == [s.stage for s in e.stages]
     for s in e.stages:
         apes = {m: round(ape(res.stages_ms[s.stage][m], s.values_ms[m]), 1) for m in GUARDED}
-        assert max(apes.values()) < bound, (exp_id, s.stage, apes)
+        assert max(apes.values()) < bounds[s.stage], (exp_id, s.stage, apes)
 
 
 def test_every_ground_truth_run_is_replayed_or_skipped_for_a_reason_other_than_its_model(real) -> None:
