@@ -6,8 +6,8 @@ residency heuristic ``lru``, ``lfu``, ``session`` or ``session:<s>`` for a resid
 uniform random agent over the masked actions, on the task's reference; seeded per episode), or a
 checkpoint ``.zip`` written by ``kvsched train`` (Stable-Baselines3 / sb3-contrib; its metadata
 ``<stem>.json`` or ``train.json`` beside it names the environment it was trained on, which must be
-the task's, with the same observation and action spaces). Learned agents act deterministically, with their action masks
-when they are maskable.
+the task's, with the same observation and action spaces). Learned agents act deterministically,
+with their action masks when they are maskable.
 """
 
 from __future__ import annotations
@@ -251,6 +251,8 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
     Scheduling-v0, the reference policy and its tuned parameters. Empty when it was trained on
     the task's environment (``split`` aside). Such a checkpoint is still evaluated (a transfer
     experiment is legitimate); the leaderboard notes the differences."""
+    import json
+
     from kvsched.envs.sim.errors import KvschedError
     from kvsched.runner.scenario import bundled_scenario_dir, scenario_path
 
@@ -270,7 +272,7 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
         if trained.get(name, default) != want[name]:
             out.append(f"trained with {name}={bounded_repr(trained.get(name, default))}, the task's is {want[name]}")
     for name, value in task.env_kwargs:  # the task's own environment arguments (Residency-v0: its tier order)
-        if name in trained and trained[name] != value:
+        if name in trained and json.dumps(trained[name]) != json.dumps(value):  # a tuple is a list in train.json
             out.append(f"trained with {name}={bounded_repr(trained[name])}, the task's is {bounded_repr(value)}")
     if trained.get("output_signal") is not None:
         out.append(f"trained with output_signal={bounded_repr(trained['output_signal'])} (an oracle or predictor "

@@ -36,7 +36,6 @@ from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from .episodes import Episode
 from .tasks import BenchTask
 
-ENV_ID = "kvsched/Residency-v0"
 #: the tier orders among the heuristics (action 0 of the environment made with that order)
 TIER_ORDERS = ("lru", "lfu")
 #: the task's bound: the clairvoyant tier order (a reference, never an agent)
@@ -44,11 +43,6 @@ BOUND = "clairvoyant"
 #: the session keep's default keep time (s): the ``session`` tier order's ``session_keep_s`` default
 #: (:class:`kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`), as ``kvsched evaluate``'s ``session``
 DEFAULT_KEEP_S = 30.0
-
-
-def is_residency(task: BenchTask) -> bool:
-    """Whether ``task`` acts in ``kvsched/Residency-v0``."""
-    return task.env_id == ENV_ID
 
 
 def task_order(task: BenchTask) -> str:
@@ -85,7 +79,9 @@ def play_of(task: BenchTask, heuristic: str, params: Mapping[str, Any] | None = 
 
 class Player:
     """Plays constant actions on one episode, each (tier order, action) once: an environment per
-    tier order (held-out split, the task's keyword arguments), the scores memoised."""
+    tier order (``split``, the task's keyword arguments), the scores memoised. ``seed`` seeds the
+    environments' resets; an episode's result does not depend on it (the episode is chosen by its
+    options, the simulator is deterministic: a replay with seed 0 equals the baseline, tested)."""
 
     def __init__(self, task: BenchTask, episode: Episode, seed: int, split: str = "heldout") -> None:
         self.task, self.episode, self.seed, self.split = task, episode, seed, split

@@ -104,10 +104,10 @@ def test_the_bound_is_the_clairvoyant_order_replayable_and_at_least_every_baseli
 
 
 def test_a_heuristic_agent_gets_the_scores_of_the_baseline_whose_decisions_it_plays(computed):
-    """session:15 keeps every conversation 15 s: the constant keep=15s baseline; lru is the tier
-    order's own decision: the lru baseline; random reproduces the random baseline (the same seeds)."""
+    """session:15 keeps every conversation 15 s: the constant keep=15s baseline; random
+    reproduces the random baseline (the same seeds)."""
     t, tr, _, _ = computed
-    for agent, label in (("session:15", "constant keep=15s"), ("lru", "lru (default)"), ("random", "random")):
+    for agent, label in (("session:15", "constant keep=15s"), ("random", "random")):
         got = evaluate_agent(t, tr, agent)
         for stratum, keys in tr["strata"].items():
             assert got[stratum] == [tr["episodes"][k]["scores"][label] for k in keys], (agent, stratum)
