@@ -41,9 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``kvsched leaderboard`` options."""
     p.add_argument("--suite", default="v1", help="suite version (default v1)")
     p.add_argument("--tasks", help="comma-separated task ids (default: every task of the suite)")
-    p.add_argument("--agents", help="comma-separated agents to evaluate: checkpoint .zip files, heuristic names, "
-                                    "random (not when the results hold a random baseline row, as the committed "
-                                    "ones do)")
+    p.add_argument("--agents", help="comma-separated agents to evaluate: checkpoint .zip files, heuristic names "
+                                    "(residency tasks: lru, lfu, session, session:<s>), random (not when the results "
+                                    "hold a random baseline row, as the committed ones do)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="load --agents checkpoints kvsched did not write (no valid .sha256 beside them); loading "
                         "unpickles them, which can run code: only for files you trust")
@@ -156,19 +156,24 @@ def cmd_leaderboard(a: argparse.Namespace, console: Console) -> int:
             "" if shown else f" (the leaderboard shows the shipped agents of <results folder>/{a.suite}-agents.json: "
             f"this file is shown when it is that file of the folder given to --results)"),
             highlight=False, markup=False)
+    unshipped: list[str] = []
+    every: dict = {}
     if not a.no_shipped:
         from .suite.shipped import load_shipped, shipped_scores
 
-        agents = {**shipped_scores(load_shipped(a.suite, folder), chosen, results), **agents}
+        every = load_shipped(a.suite, folder)
+        if every:  # the suite ships agents: the tasks none of them covers are named, not left blank
+            unshipped = [t for t in chosen if not any(t in e["scores"] for e in every.values())]
+        agents = {**shipped_scores(every, chosen, results), **agents}
     rows = leaderboard(results, agents)
     if a.json:
         print(json.dumps(rows, indent=1, default=_jsonable))
     elif a.markdown:
         from .suite.results import format_suite_markdown, suite_table
 
-        print(format_suite_markdown(suite_table(rows)), end="")
+        print(format_suite_markdown(suite_table(rows), shipped_column=True if every else None), end="")
     else:
-        _print(rows, results, console)
+        _print(rows, results, console, unshipped)
     if a.out is not None:
         _write(rows, a.out, console)
     return 0
@@ -203,10 +208,23 @@ def _compute(a: argparse.Namespace, tasks, console: Console) -> None:
         res = compute_task(t, out / a.suite / t.task_id, jobs=a.jobs or 1,
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
         res["provenance"] = provenance("kvsched " + " ".join(sys.argv[1:]))
-        data["tasks"][t.task_id] = res
-        data["provenance"] = res["provenance"]
+        data["tasks"][t.task_id] = res  # the other tasks' results stay as they were, byte for byte
+        data["provenance"] = merged_provenance(data) if len(data["tasks"]) > 1 else res["provenance"]
         write_json(results_path(a.suite, out), data)  # after every task: a long run keeps what it finished
     console.print(f"wrote {results_path(a.suite, out)}", highlight=False, markup=False)
+
+
+#: the command of a results file whose tasks were computed by separate runs
+MERGED_COMMAND = ("kvsched leaderboard --suite v1 --compute, one run per task group (each task's own command, "
+                  "versions and commit are in its provenance)")
+
+
+def merged_provenance(data: dict) -> dict:
+    """The top-level provenance of a results file holding tasks computed by separate runs (an
+    ``--out`` that held results already): :data:`MERGED_COMMAND` and each task's own provenance.
+    (It was the last run's alone, which named one task's command for all.)"""
+    return {"command": MERGED_COMMAND.replace("--suite v1", f"--suite {data.get('suite', 'v1')}"),
+            "tasks": {tid: tr["provenance"] for tid, tr in sorted(data["tasks"].items()) if "provenance" in tr}}
 
 
 def _datasets(a: argparse.Namespace, tasks, results, console: Console) -> int:
@@ -302,7 +320,7 @@ def _fmt(x, digits: int = 3, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
-def _print(rows: list[dict], results, console: Console) -> None:
+def _print(rows: list[dict], results, console: Console, unshipped: list[str] | None = None) -> None:
     by_task: dict = {}
     for r in rows:
         by_task.setdefault((r["task"], r["stratum"]), []).append(r)
@@ -322,6 +340,9 @@ def _print(rows: list[dict], results, console: Console) -> None:
                           _fmt(r["diff"], signed=True), f"[{_fmt(r['diff_lo'], signed=True)}, "
                           f"{_fmt(r['diff_hi'], signed=True)}]", _fmt(r["normalised"], 2), str(r["worse"]))
         console.print(table)
+    if unshipped:
+        console.print(f"no shipped agent on {', '.join(unshipped)} (docs/bench.md says what was tried)",
+                      highlight=False, markup=False)
     prov = results.get("provenance", {})
     if prov:
         version = prov.get("kvsched_version")  # the committed file's top level names none ("kvsched None")

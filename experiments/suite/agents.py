@@ -1,12 +1,13 @@
 """Evaluating an agent on a task's strata: the same episodes as every baseline.
 
-An agent is a heuristic name (a policy for a scheduling task, a router for a routing task; with
-its defaults; run in the simulator), ``random`` (the uniform random agent over the masked
-actions, on the task's reference; seeded per episode), or a checkpoint ``.zip`` written by
-``kvsched train`` (Stable-Baselines3 / sb3-contrib; its metadata ``<stem>.json`` or ``train.json``
-beside it names the environment it was trained on, which must be the task's, with the same
-observation and action spaces). Learned agents act deterministically, with their action masks
-when they are maskable.
+An agent is a heuristic name (a policy for a scheduling task, a router for a routing task, a
+residency heuristic ``lru``, ``lfu``, ``session`` or ``session:<s>`` for a residency task -- not
+``clairvoyant``, the task's bound; with its defaults; run in the simulator), ``random`` (the
+uniform random agent over the masked actions, on the task's reference; seeded per episode), or a
+checkpoint ``.zip`` written by ``kvsched train`` (Stable-Baselines3 / sb3-contrib; its metadata
+``<stem>.json`` or ``train.json`` beside it names the environment it was trained on, which must be
+the task's, with the same observation and action spaces). Learned agents act deterministically,
+with their action masks when they are maskable.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
         scores: list[float | None] = []
         for ep in stratum_episodes(task_result, stratum, limit):
             if kind == "heuristic":
-                scores.append(score(run_heuristic(task, ep, agent, {}).summary))
+                scores.append(score(run_heuristic(task, ep, *_heuristic_args(task, agent)).summary))
             else:
                 j = index[ep.key()]  # the episode's seed, as the random baseline's
                 scores.append(score(run_env(env, ep, act_for(j), seed=episode_seed(j))))
@@ -168,6 +169,18 @@ def evaluate_agent(task: BenchTask, task_result: Mapping[str, Any], agent: str, 
     if env is not None:
         env.close()
     return out
+
+
+def _heuristic_args(task: BenchTask, agent: str) -> tuple[str, dict]:
+    """``(heuristic, params)`` of a heuristic agent name (``session:<s>`` is ``session`` with
+    ``keep_s``; other names have their defaults)."""
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import agent_heuristic
+
+        parsed = agent_heuristic(agent)
+        assert parsed is not None  # check_agent refused the others
+        return parsed
+    return agent, {}
 
 
 def check_agent(task: BenchTask, agent: str) -> dict | None:
@@ -189,6 +202,19 @@ def check_agent(task: BenchTask, agent: str) -> dict | None:
             raise ConfigError(f"checkpoint {bounded_repr(agent)} was trained on {bounded_repr(meta['env_id'])}; task "
                               f"{task.name} is {task.env_id}")
         return meta
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import BOUND, agent_heuristic, keep_bins
+
+        if agent == BOUND:
+            raise ConfigError(f"agent {BOUND!r} is task {task.name}'s bound (it reads the episode's future), not an "
+                              "agent; its scores are the bound's")
+        parsed = agent_heuristic(agent)
+        bins = keep_bins(task)
+        if parsed is not None and parsed[1].get("keep_s", bins[0]) in bins:
+            return None
+        raise ConfigError(f"agent {bounded_repr(agent)} is not a checkpoint (.zip), 'random' or a residency heuristic "
+                          f"(lru, lfu, session, or session:<seconds> with seconds one of the keep bins "
+                          f"{', '.join(f'{b:g}' for b in bins)})")
     known = router_names() if task.env_id == "kvsched/Routing-v0" else policy_names()
     if agent in known:
         return None
@@ -225,6 +251,8 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
     Scheduling-v0, the reference policy and its tuned parameters. Empty when it was trained on
     the task's environment (``split`` aside). Such a checkpoint is still evaluated (a transfer
     experiment is legitimate); the leaderboard notes the differences."""
+    import json
+
     from kvsched.envs.sim.errors import KvschedError
     from kvsched.runner.scenario import bundled_scenario_dir, scenario_path
 
@@ -243,6 +271,9 @@ def checkpoint_mismatches(task: BenchTask, meta: Mapping[str, Any], ref: str,
     for name, default in (("window_s", 60.0), ("heldout_fraction", 0.25)):
         if trained.get(name, default) != want[name]:
             out.append(f"trained with {name}={bounded_repr(trained.get(name, default))}, the task's is {want[name]}")
+    for name, value in task.env_kwargs:  # the task's own environment arguments (Residency-v0: its tier order)
+        if name in trained and json.dumps(trained[name]) != json.dumps(value):  # a tuple is a list in train.json
+            out.append(f"trained with {name}={bounded_repr(trained[name])}, the task's is {bounded_repr(value)}")
     if trained.get("output_signal") is not None:
         out.append(f"trained with output_signal={bounded_repr(trained['output_signal'])} (an oracle or predictor "
                    "track); the task's environment gives no output-length signal")

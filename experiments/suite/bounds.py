@@ -16,6 +16,14 @@ together cannot all run alone.
   alive at one moment would hold, each holding ``prompt + output`` tokens from its alone start to
   its alone finish shifted to its arrival.
 
+And from the workload's prefix hashes alone (no run; :func:`reuse_pressure`):
+
+- ``reuse_pressure``: the mean share of the prefix cache (HBM and the lower tiers that cache
+  prefixes, all instances) that blocks awaiting their next use would fill over the window, each
+  block held from its first use to its last (the live set Belady's order keeps to hit every
+  reuse). Below 1 a cache that keeps everything hits every reuse; above 1 it cannot, and which
+  blocks stay decides the hits.
+
 The achievable hindsight bound is :mod:`.search`.
 """
 
@@ -40,12 +48,15 @@ class IsolationStats:
         offered_load: summed alone prefill time / (window_s x instances).
         kv_pressure: peak share of the HBM KV capacity held by requests alive at once.
         requests: requests in the episode.
+        reuse_pressure: mean share of the prefix cache that blocks awaiting reuse would fill
+            (:func:`reuse_pressure`; 0 without prefix hashes).
     """
 
     attainment: float | None
     offered_load: float
     kv_pressure: float
     requests: int
+    reuse_pressure: float = 0.0
 
 
 #: spacing of the alone-runs in their one simulation (s): the first try; doubled while a run is
@@ -54,7 +65,8 @@ ALONE_SPACING_S = 600.0
 
 
 def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataFrame], metrics: MetricsConfig,
-                    window_s: float, instances: int, hbm_capacity_tokens: int) -> IsolationStats:
+                    window_s: float, instances: int, hbm_capacity_tokens: int,
+                    prefix_cache_tokens: int | None = None) -> IsolationStats:
     """The alone-runs of ``workload``'s requests and what they give (see the module docstring).
 
     Args:
@@ -65,6 +77,8 @@ def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataF
         window_s: the episode's window (s).
         instances: instances of the task's cluster (the load is per instance).
         hbm_capacity_tokens: HBM KV capacity of one instance, tokens.
+        prefix_cache_tokens: what one instance can cache of prefixes, tokens (HBM and the lower
+            tiers caching prefixes); default ``hbm_capacity_tokens``.
 
     Requests with the same prompt length, output length and SLO class are run once.
     """
@@ -92,8 +106,30 @@ def isolation_stats(workload: Workload, run_alone: Callable[[Workload], pd.DataF
     start = records.loc[fin, "first_scheduled_s"].to_numpy(dtype=np.float64)
     end = records.loc[fin, "finish_s"].to_numpy(dtype=np.float64)
     tokens = (records.loc[fin, "prompt_tokens"] + records.loc[fin, "output_tokens"]).to_numpy(dtype=np.float64)
+    cache = hbm_capacity_tokens if prefix_cache_tokens is None else prefix_cache_tokens
     return IsolationStats(att, load, _peak_concurrent(start, end, tokens) / max(1, hbm_capacity_tokens * instances),
-                          n)
+                          n, reuse_pressure(workload, cache * max(1, instances), window_s))
+
+
+def reuse_pressure(workload: Workload, cache_tokens: int, window_s: float) -> float:
+    """Mean share of ``cache_tokens`` that the workload's blocks awaiting their next use fill over
+    ``window_s`` (see the module docstring): the sum over distinct prefix hashes of (last use -
+    first use) x ``hash_block_tokens``, over ``window_s`` and ``cache_tokens``. A use is a request's
+    arrival (its prompt reads the block; a turn's prompt holds the previous turn's output, so the
+    decoded blocks are counted from the next turn on). 0 for a workload without prefix hashes.
+
+    Raises:
+        ValueError: ``cache_tokens`` or ``window_s`` not > 0.
+    """
+    if cache_tokens <= 0 or not window_s > 0:
+        raise ValueError(f"cache_tokens {cache_tokens} and window_s {window_s} must be > 0")
+    if not len(workload.hashes):
+        return 0.0
+    uses = pd.DataFrame({"hash": workload.hashes,
+                         "t": np.repeat(workload.arrival_s, np.diff(workload.hash_offsets))})
+    span = uses.groupby("hash", sort=False)["t"].agg(["min", "max"])
+    live = float((span["max"] - span["min"]).sum()) * workload.hash_block_tokens
+    return live / window_s / cache_tokens
 
 
 def alone_records(keys: list[tuple[int, int, str]], run_alone: Callable[[Workload], pd.DataFrame],

@@ -18,6 +18,11 @@ For one :class:`~.tasks.BenchTask`:
 4. **bounds**: the isolation bound (from the pool's alone-runs) and the hindsight bound
    (:func:`.search.hindsight`, starting from the baselines; >= every baseline by construction).
 
+A residency task (``kvsched/Residency-v0``) does each step with the environment's vocabulary
+(:mod:`.residency`): its heuristics are tier orders and session keeps played through the
+environment, its tuning is the keep time over the keep bins, and its bound is the clairvoyant
+eviction order (no search).
+
 Episodes are independent: they run in ``jobs`` processes; results do not depend on ``jobs``.
 """
 
@@ -64,6 +69,10 @@ def tune_task(task: BenchTask, out_dir: Path, progress: Callable[[str], None] | 
         n_seeds = 2 if task.tune_episodes >= 4 else 1
         seeds = list(range(n_seeds))
         windows = windows[:max(1, task.tune_episodes // n_seeds)]
+    if task.env_id == "kvsched/Residency-v0":  # the session keep over its bins, on the same train episodes
+        from .residency import tune as tune_residency
+
+        return tune_residency(task, out_dir, windows, seeds, progress)
     scenario = load_scenario(task.scenario)
     out_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
@@ -134,11 +143,11 @@ def train_clone(task: BenchTask, tuned: dict[str, Any], out_dir: Path) -> Path |
     ref = tuned["reference"]
     ds = record(task, {"tuning": tuned}, CLONE_EPISODES, path=out_dir / "minari")
     env = make_env(task, ref, tuned[ref]["params"])
-    algo = "maskable_ppo" if task.env_id == "kvsched/Scheduling-v0" else "ppo"
+    algo = "ppo" if task.env_id == "kvsched/Routing-v0" else "maskable_ppo"  # Scheduling-v0, Residency-v0 mask
     model = behaviour_clone(ds, env.unwrapped, algo=algo, epochs=CLONE_EPOCHS, seed=0)
     path = out_dir / "clone.zip"
     kw = task.env_kwargs_for("train", ref, tuned[ref]["params"]) if task.env_id == "kvsched/Scheduling-v0" \
-        else task.env_kwargs_for("train")
+        else task.env_kwargs_for("train")  # routing, residency: no reference behind action 0
     save_clone(model, path, task.env_id, kw, dataset_id(task, ref), episodes=CLONE_EPISODES, epochs=CLONE_EPOCHS)
     env.close()
     return path
@@ -148,8 +157,13 @@ def episode_baselines(task: BenchTask, episode: Episode, index: int, tuned: dict
                       clone: Path | None = None) -> dict[str, Any]:
     """Every baseline and the hindsight bound on one held-out episode (one process's work).
 
-    Returns ``{"scores": {label: score}, "bound": {...}}`` (see :func:`.search.hindsight`).
+    Returns ``{"scores": {label: score}, "bound": {...}}`` (see :func:`.search.hindsight`; for a
+    residency task the bound is the clairvoyant order's, :func:`.residency.episode_baselines`).
     """
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import episode_baselines as residency_baselines
+
+        return residency_baselines(task, episode, index, tuned, clone)
     ref = tuned["reference"]
     ref_params = tuned[ref]["params"]
     scores: dict[str, float | None] = {}
@@ -229,6 +243,7 @@ def compute_task(task: BenchTask, out_dir: Path, jobs: int = 1, progress: Callab
         per_episode[ep.key()]["isolation"] = stats[ep.key()].attainment
         per_episode[ep.key()]["offered_load"] = stats[ep.key()].offered_load
         per_episode[ep.key()]["kv_pressure"] = stats[ep.key()].kv_pressure
+        per_episode[ep.key()]["reuse_pressure"] = stats[ep.key()].reuse_pressure
         per_episode[ep.key()]["requests"] = stats[ep.key()].requests
     return {"task": task_record(task), "tuning": tuned,
             "strata": {name: [ep.key() for ep in eps] for name, eps in st.items()},

@@ -2,7 +2,8 @@
 
 ``kvsched/<task>/<heuristic>-v1`` holds episodes of the task's environment (train split; the
 tuned best heuristic as its reference, acting through :class:`~kvsched.agents.heuristic.HeuristicAgent`,
-i.e. the reference's own action) recorded with Minari's ``DataCollector`` (observations,
+i.e. the reference's own action; on a residency task the tuned keep's action, or action 0 of a
+tier order) recorded with Minari's ``DataCollector`` (observations,
 actions, rewards, terminations, and with ``record_infos`` the action masks): for behaviour
 cloning (:mod:`kvsched.agents.bc`) and offline RL. Minari writes under ``MINARI_DATASETS_PATH``
 (default ``~/.minari/datasets``); pass ``path`` to choose a folder (the variable is set for the
@@ -85,8 +86,15 @@ def _record(task: BenchTask, task_result: Mapping[str, Any], episodes: int, seed
 
     tuning = task_result["tuning"]
     ref = tuning["reference"]
-    env = make_env(task, ref, tuning[ref]["params"], split="train")
-    agent = HeuristicAgent(ref, env)
+    if task.env_id == "kvsched/Residency-v0":  # a tier order, or a keep with its tuned time (.residency)
+        from .residency import play_of
+
+        order, name, keep = play_of(task, ref, tuning[ref]["params"])
+        env = make_env(task, split="train", eviction=order)
+        agent = HeuristicAgent(name, env, params=None if keep is None else {"keep_s": keep})
+    else:
+        env = make_env(task, ref, tuning[ref]["params"], split="train")
+        agent = HeuristicAgent(ref, env)
     collector = DataCollector(env, step_data_callback=_mask_only_callback(), record_infos=True,
                               data_format="arrow")
     for i in range(episodes):

@@ -10,7 +10,7 @@ that the strata do not favour or disfavour any agent:
 - ``all``: ``stratum_episodes`` episodes drawn uniformly from the pool (seed 0, without
   replacement; the whole pool when it is smaller);
 - ``hard``: the ``stratum_episodes`` episodes of the pool with the highest ``hard_by`` measure
-  (offered load or KV pressure; ties broken by pool order).
+  (offered load, KV pressure or reuse pressure, :data:`.tasks.HARD_BY`; ties broken by pool order).
 
 Every agent is evaluated on the same episodes; the episode seed (for stochastic agents, and the
 hindsight search's) comes from the episode's index among the strata's episodes
@@ -91,13 +91,29 @@ def measure_pool(task: BenchTask, episodes: list[Episode], progress=None) -> dic
         return build_cluster(src, lambda i: make_policy("fcfs"), n_instances=1).run(w).records
 
     out = {}
+    cache = prefix_cache_tokens(task)
     for i, ep in enumerate(episodes):
         w = src.workload(ep.workload_seed, ep.window_index)
         out[ep.key()] = isolation_stats(w, run_alone, metrics, task.window_s, instances,
-                                        spec.num_hbm_blocks * spec.block_size_tokens)
+                                        spec.num_hbm_blocks * spec.block_size_tokens, cache)
         if progress is not None:
             progress(i + 1, len(episodes))
     return out
+
+
+def prefix_cache_tokens(task: BenchTask) -> int:
+    """Tokens of prefixes one instance of the task can cache: its HBM KV capacity plus the
+    capacity of every lower tier that caches prefixes (``instance.prefix_offload``), read from the
+    instance the simulator builds."""
+    from kvsched.envs.common import build_cluster
+    from kvsched.policies.base import make_policy
+
+    src = task_source(task, "heldout")
+    inst = build_cluster(src, lambda i: make_policy("fcfs"), n_instances=1).instances[0]
+    blocks = inst.hbm.capacity_blocks
+    if inst.kv.prefix_tiers is not None:
+        blocks += sum(s.pool.capacity_blocks for s in inst.kv.prefix_tiers.stores)
+    return int(blocks * src.scenario.instance_spec().block_size_tokens)
 
 
 def strata(task: BenchTask, episodes: list[Episode], stats: dict[str, IsolationStats]) -> dict[str, list[Episode]]:

@@ -246,8 +246,10 @@ def suite_table(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
-    """:func:`suite_table` as a Markdown table (SLO attainment; headroom in points with its 95 % CI)."""
+def format_suite_markdown(table: list[Mapping[str, Any]], shipped_column: bool | None = None) -> str:
+    """:func:`suite_table` as a Markdown table (SLO attainment; headroom in points with its 95 % CI).
+    ``shipped_column``: whether it has the shipped agents' column (default: when a row has shipped
+    agents); a task without one says "none shipped" there."""
     def f(x):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
@@ -255,7 +257,7 @@ def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
         return "-" if x is None else f"{100 * x:+.1f}"
 
     agents = sorted({k for r in table for k in r if k.startswith("agent ")})
-    shipped = any("shipped" in r for r in table)
+    shipped = any("shipped" in r for r in table) if shipped_column is None else shipped_column
     head = ["task", "stratum", "episodes", "isolation bound", "hindsight bound", "tuned best",
             "headroom (pts, 95 % CI)", "best default", "best constant", "random", "behaviour clone",
             *(["shipped agents: mean (normalised [95 % CI])"] if shipped else []),
@@ -269,9 +271,9 @@ def format_suite_markdown(table: list[Mapping[str, Any]]) -> str:
                  f"{bd[0].removesuffix(' (default)')} {f(bd[1])}" if bd else "-",
                  f"{bc[0].removeprefix('constant ')} {f(bc[1])}" if bc else "-",
                  f(r.get("random")), f(r.get("behaviour clone"))]
-        if shipped:
+        if shipped:  # a task no shipped agent covers says so (not "-", which reads as a missing number)
             cells.append("<br>".join(f"{name} {f(m)} ({f(n)} [{f(lo)}, {f(hi)}])"
-                                     for name, m, n, lo, hi in r.get("shipped", [])) or "-")
+                                     for name, m, n, lo, hi in r.get("shipped", [])) or "none shipped")
         for a in agents:
             v = r.get(a)
             cells.append("-" if v is None else f"{f(v[0])} ({f(v[1])} [{f(v[2])}, {f(v[3])}])")

@@ -5,7 +5,8 @@ A heuristic runs directly in the simulator on the episode's requests, with the c
 environment builds (its router, delay, shared tier): for a scheduling task the heuristic is every
 instance's policy; for a routing task it is the router (the instances keep the scenario's
 policy). That equals acting through the environment with the heuristic as its reference and the
-reference action (tested). Agents (a constant action, the random agent, a learned checkpoint)
+reference action (tested). A residency heuristic is a tier order and a constant retention action,
+played through the environment (:mod:`.residency`). Agents (a constant action, the random agent, a learned checkpoint)
 act through the environment, with ``horizon_s = inf`` so every request is judged.
 
 Every function returns the run's metrics summary (``summarize``'s dict); :func:`score` reads the
@@ -58,7 +59,13 @@ def heuristic_cluster(task: BenchTask, heuristic: str, params: Mapping[str, Any]
 
 
 def run_heuristic(task: BenchTask, episode: Episode, heuristic: str, params: Mapping[str, Any] | None = None):
-    """Serve ``episode`` with ``heuristic`` in the simulator; returns the :class:`SimulationResult`."""
+    """Serve ``episode`` with ``heuristic`` in the simulator; returns the :class:`SimulationResult`.
+    A residency heuristic is a tier order and a constant action, played through the environment
+    (:func:`.residency.run`)."""
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import run
+
+        return run(task, episode, heuristic, params)
     w = task_source(task).workload(episode.workload_seed, episode.window_index)
     return heuristic_cluster(task, heuristic, params).run(w)
 
@@ -119,15 +126,20 @@ def model_actor(model, masked: bool, deterministic: bool = True) -> Actor:
     return lambda obs, info, env: model.predict(obs, deterministic=deterministic)[0]
 
 
-def constant_actions(task: BenchTask, env) -> list[tuple[str, np.ndarray]]:
+def constant_actions(task: BenchTask, env) -> list[tuple[str, Any]]:
     """The constant-action baselines of a task: ``(label, action)`` pairs.
 
     Scheduling-v0 (``MultiDiscrete([K, 7, 5, 4])``, 2,240 actions for K = 16): the documented
     sample is every value of one part with the other parts at the reference's (0): slots 0-3,
     the 7 chunk bins, the 5 victim rules, the 4 preemption modes (17 distinct actions; a slot
     beyond the candidates or a masked mode falls back to the reference's decision). Routing-v0:
-    every instance index.
+    every instance index. Residency-v0: every allowed retention decision
+    (:func:`.residency.constant_actions`).
     """
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import constant_actions as residency_actions
+
+        return [(label, np.int64(a)) for label, a in residency_actions(env)]
     space = env.action_space
     if not hasattr(space, "nvec"):
         return [(f"instance={i}", np.int64(i)) for i in range(int(space.n))]

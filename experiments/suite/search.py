@@ -23,6 +23,9 @@ Routing tasks, from the best baseline router: a greedy search over reassigning s
 requests to another instance (:class:`FixedAssignment`), the other requests keeping the
 router's choice.
 
+Residency tasks (``kvsched/Residency-v0``) have no search: their bound is the clairvoyant
+eviction order, a schedule that also knows the episode (:mod:`.residency`).
+
 Deterministic: seeded samplers, requests tried in a seeded order.
 """
 
@@ -152,6 +155,10 @@ def run_schedule(task: BenchTask, episode: Episode, schedule: Schedule, workload
     """Serve ``episode`` with ``schedule``; returns the :class:`SimulationResult`."""
     from kvsched.policies.routing import make_router
 
+    if task.env_id == "kvsched/Residency-v0":  # a tier order and a constant retention action (the workload is
+        from .residency import run  # the episode's)
+
+        return run(task, episode, schedule.heuristic, schedule.params)
     w = workload if workload is not None else task_source(task).workload(episode.workload_seed,
                                                                         episode.window_index)
     if task.env_id == "kvsched/Scheduling-v0":
@@ -277,8 +284,14 @@ def hindsight(task: BenchTask, episode: Episode, baselines: Mapping[str, tuple[f
 
     Returns ``{"score", "schedule", "from", "param_score", "evals"}``: the best score over the
     baselines and the search (so it is >= every baseline), the schedule that reached it when the
-    search found it (None when a baseline is best), which baseline it started from.
+    search found it (None when a baseline is best), which baseline it started from. A residency
+    task has no search: its bound is the clairvoyant eviction order (:func:`.residency.bound`).
     """
+    if task.env_id == "kvsched/Residency-v0":
+        from .residency import BOUND, bound
+
+        clair = score(run_schedule(task, episode, Schedule(BOUND)).summary)
+        return bound({label: s for label, (s, _) in baselines.items()}, clair)
     w = task_source(task).workload(episode.workload_seed, episode.window_index)
     scored = [(s, label, sch) for label, (s, sch) in baselines.items() if s is not None]
     best_score, best_label, _ = max(scored, key=lambda x: x[0])

@@ -9,6 +9,10 @@ stores them, with the study, in the suite's results file (:mod:`.results`); the 
 agent is evaluated in has that tuned heuristic as its reference policy (:meth:`BenchTask.env_kwargs_for`).
 
 Changing a task after its suite is released means a new suite version (a new task record).
+Adding a task to a released suite changes no other task: each task's record and results are its
+own (``results/<suite>.json`` holds them per task, computed by separate runs), so the released
+tasks' records and results stay byte for byte what they were (``tests/experiments/test_suite_results.py``
+pins them), and a new task is computed alone (``kvsched leaderboard --tasks <new> --compute``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,23 @@ from typing import Any, Mapping
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, require
 
 #: environments a task may use
-ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0")
-#: what the hard stratum is chosen by (:mod:`.episodes`)
-HARD_BY = ("offered_load", "kv_pressure")
+ENV_IDS = ("kvsched/Scheduling-v0", "kvsched/Routing-v0", "kvsched/Residency-v0")
+#: what the hard stratum is chosen by (:mod:`.episodes`; each measured from the episode's workload
+#: alone, :mod:`.bounds`):
+#:
+#: - ``offered_load``: the requests' alone prefill time summed over the window and the instances
+#:   (how much of the GPU the prompts ask for: ordering and admission tasks);
+#: - ``kv_pressure``: the peak share of the HBM KV capacity the requests alive at once would hold
+#:   (preemption and swap tasks);
+#: - ``reuse_pressure``: the mean share of the prefix cache (HBM and the lower tiers that cache
+#:   prefixes) that blocks awaiting their next use would fill, each held from its first use to its
+#:   last (Belady's live set; residency tasks: above 1 not every reuse can hit, and what to keep
+#:   is a choice).
+HARD_BY = ("offered_load", "kv_pressure", "reuse_pressure")
+#: Residency-v0's heuristics: the tier eviction orders ``lru`` and ``lfu`` (action 0 of the
+#: environment made with that order) and ``session`` (keep every finished request's conversation
+#: ``keep_s`` seconds: a constant keep action); :mod:`.residency`
+RESIDENCY_HEURISTICS = ("lru", "lfu", "session")
 
 
 @dataclass(frozen=True)
@@ -63,11 +81,11 @@ class BenchTask:
         heldout_fraction: share of the scenario's span held out (``EpisodeConfig``), in (0, 1).
         env_kwargs: other keyword arguments of the environment (e.g. ``k`` for Scheduling-v0),
             as ``(name, value)`` pairs.
-        heuristics: baseline heuristics with their defaults: distinct policy names (Scheduling-v0)
-            or router names (Routing-v0).
+        heuristics: baseline heuristics with their defaults: distinct policy names (Scheduling-v0),
+            router names (Routing-v0) or :data:`RESIDENCY_HEURISTICS` (Residency-v0).
         tuned: the heuristics tuned on train episodes (a subset of ``heuristics``, each with a
-            search space, or any policy with ``tune_residency``); the best of them on the train
-            episodes is the task's reference.
+            search space, or any policy with ``tune_residency``; on Residency-v0 ``session``, its
+            keep time); the best of them on the train episodes is the task's reference.
         tune_trials: Optuna trials per tuned heuristic (TPE, defaults enqueued first), >= 1.
         tune_residency: also tune the KV-residency knobs every policy has (``kvsched tune
             --tune-residency``); lets a heuristic without parameters of its own be tuned.
@@ -76,7 +94,8 @@ class BenchTask:
             one), >= 1.
         stratum_episodes: episodes per stratum, >= 1 (the protocol asks >= 24).
         hard_by: what ranks the pool for the hard stratum (:data:`HARD_BY`).
-        search: the hindsight search's budget per episode.
+        search: the hindsight search's budget per episode. Residency-v0 has no search: its bound
+            is the clairvoyant eviction order (:mod:`.residency`), so its budget is 0 and 0.
         instances: for Routing-v0, the cluster's instances (>= 2); ignored otherwise.
     """
 
@@ -115,14 +134,16 @@ class BenchTask:
         require(isinstance(self.heldout_fraction, float) and 0 < self.heldout_fraction < 1,
                 "BenchTask.heldout_fraction", self.heldout_fraction, "a number in (0, 1)")
         routing = self.env_id == "kvsched/Routing-v0"
+        residency = self.env_id == "kvsched/Residency-v0"
         require(isinstance(self.instances, int) and not isinstance(self.instances, bool) and self.instances >= 0
                 and (not routing or self.instances >= 2), "BenchTask.instances", self.instances,
                 "an integer >= 2 for a routing task (>= 0, ignored, otherwise)")
-        known = _heuristic_names(routing)
+        known = _heuristic_names(self.env_id)
+        kind = "routers" if routing else "residency heuristics" if residency else "policies"
         require(isinstance(self.heuristics, tuple) and bool(self.heuristics)
                 and all(isinstance(h, str) and h in known for h in self.heuristics)
                 and len(set(self.heuristics)) == len(self.heuristics), "BenchTask.heuristics", self.heuristics,
-                f"a non-empty tuple of distinct {'routers' if routing else 'policies'} of {tuple(known)}")
+                f"a non-empty tuple of distinct {kind} of {tuple(known)}")
         require(isinstance(self.tuned, tuple) and bool(self.tuned) and set(self.tuned) <= set(self.heuristics)
                 and len(set(self.tuned)) == len(self.tuned), "BenchTask.tuned", self.tuned,
                 f"a non-empty tuple of distinct heuristics of {self.heuristics}")
@@ -132,15 +153,18 @@ class BenchTask:
                 and not {kv[0] for kv in self.env_kwargs} & set(TASK_SET_ENV_KWARGS), "BenchTask.env_kwargs",
                 self.env_kwargs, f"a tuple of distinct (name, value) pairs, none of {TASK_SET_ENV_KWARGS}")
         require(isinstance(self.search, SearchBudget), "BenchTask.search", self.search, "a SearchBudget")
+        require(not residency or self.search == SearchBudget(0, 0), "BenchTask.search", self.search,
+                "SearchBudget(0, 0) on kvsched/Residency-v0 (its bound is the clairvoyant eviction order, no search)")
         for name in ("tune_trials", "tune_episodes", "pool_seeds", "stratum_episodes"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"BenchTask.{name}", v,
                     "an integer >= 1")
         require(isinstance(self.tune_residency, bool), "BenchTask.tune_residency", self.tune_residency, "true or false")
         require(self.hard_by in HARD_BY, "BenchTask.hard_by", self.hard_by, f"one of {HARD_BY}")
-        untunable = [h for h in self.tuned if not _tunable(h, routing, self.tune_residency)]
+        untunable = [h for h in self.tuned if not _tunable(h, self.env_id, self.tune_residency)]
         require(not untunable, "BenchTask.tuned", self.tuned, f"heuristics with something to tune ({untunable} have "
-                "no search space" + ("" if routing else "; tune_residency=True tunes the residency knobs") + ")")
+                "no search space" + ("; on Residency-v0 only session (its keep time)" if residency else "" if routing
+                                     else "; tune_residency=True tunes the residency knobs") + ")")
 
     @property
     def name(self) -> str:
@@ -151,7 +175,9 @@ class BenchTask:
                        reference_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Keyword arguments of the task's environment for ``split`` ("train", "heldout"), with the
         given reference heuristic (Scheduling-v0: ``reference_policy`` / ``reference_params``;
-        Routing-v0: the instances' policy stays the scenario's, the router is the agent)."""
+        Routing-v0: the instances' policy stays the scenario's, the router is the agent;
+        Residency-v0: the tiers keep the order of ``env_kwargs`` (or the scenario's), the
+        retention decisions are the agent's, no reference behind action 0)."""
         kw: dict[str, Any] = {"scenario": self.scenario, "window_s": float(self.window_s), "split": split,
                               "heldout_fraction": self.heldout_fraction, "horizon_s": math.inf}
         kw.update(dict(self.env_kwargs))
@@ -159,7 +185,7 @@ class BenchTask:
             if reference is not None:
                 kw["reference_policy"] = reference
                 kw["reference_params"] = dict(reference_params or {})
-        else:
+        elif self.env_id == "kvsched/Routing-v0":
             kw["n_instances"] = self.instances
         return kw
 
@@ -169,19 +195,25 @@ TASK_SET_ENV_KWARGS = ("scenario", "window_s", "split", "heldout_fraction", "hor
                        "reference_params", "n_instances")
 
 
-def _heuristic_names(routing: bool) -> list[str]:
-    """The heuristics a task may name: routers (Routing-v0) or policies (Scheduling-v0)."""
+def _heuristic_names(env_id: str) -> list[str]:
+    """The heuristics a task of ``env_id`` may name: routers (Routing-v0), residency heuristics
+    (Residency-v0) or policies (Scheduling-v0)."""
     from kvsched.policies.base import policy_names
     from kvsched.policies.routing import router_names
 
-    return router_names() if routing else policy_names()
+    if env_id == "kvsched/Residency-v0":
+        return list(RESIDENCY_HEURISTICS)
+    return router_names() if env_id == "kvsched/Routing-v0" else policy_names()
 
 
-def _tunable(heuristic: str, routing: bool, residency: bool) -> bool:
-    """Whether tuning ``heuristic`` has a search space (its own, or the residency knobs)."""
+def _tunable(heuristic: str, env_id: str, residency: bool) -> bool:
+    """Whether tuning ``heuristic`` has a search space (its own, or the residency knobs; on
+    Residency-v0 only the session keep has one: its keep time)."""
     from kvsched.policies.routing import tunable_router_names
 
-    if routing:
+    if env_id == "kvsched/Residency-v0":
+        return heuristic == "session"
+    if env_id == "kvsched/Routing-v0":
         return heuristic in tunable_router_names()
     from kvsched.policies.base import make_policy
 
@@ -196,8 +228,8 @@ V1_SEARCH = SearchBudget(param_trials=8, local_evals=48)
 def _v1_tasks() -> tuple[BenchTask, ...]:
     """The tasks of suite v1 (see docs/bench.md for why each is in, its measured headroom, and the
     candidates dropped for having none)."""
-    common = dict(suite="v1", env_id="kvsched/Scheduling-v0", tune_trials=24, tune_episodes=6,
-                  stratum_episodes=24, search=V1_SEARCH)
+    common: dict[str, Any] = dict(suite="v1", env_id="kvsched/Scheduling-v0", tune_trials=24, tune_episodes=6,
+                                  stratum_episodes=24, search=V1_SEARCH)
     return (
         BenchTask(task_id="kv-burst-tiers", lever="admission, chunking and preemption tier under KV pressure",
                   description="Bursty mixed traffic (Gamma CV 4, 3 % long contexts) at 10 req/s with a 0.5 s "
@@ -230,6 +262,18 @@ def _v1_tasks() -> tuple[BenchTask, ...]:
                   heuristics=("round-robin", "least-loaded", "session-affinity", "cache-affinity", "prefix",
                               "llm-d", "dynamo"), tuned=("cache-affinity", "llm-d", "dynamo"),
                   **{**common, "env_id": "kvsched/Routing-v0"}),
+        # added after v1's release (issue #21); the tasks above are unchanged
+        BenchTask(task_id="residency-sessions",
+                  lever="how long each conversation's cached prefix stays in host DRAM (retention)",
+                  description="Multi-turn sessions (96 concurrent conversations behind shared 2k-token system "
+                              "prompts, bursty at 2 req/s) on one H100 with a 30 % KV cache and 16 GiB of DRAM "
+                              "caching prefixes (LRU); at each finished request the agent keeps, drops or demotes "
+                              "its conversation's DRAM entries; the bound is the clairvoyant eviction order; hard = "
+                              "the windows of highest reuse pressure.",
+                  scenario="bench-v1-residency-sessions", window_s=300.0, env_kwargs=(("eviction", "lru"),),
+                  pool_seeds=16, hard_by="reuse_pressure", heuristics=("lru", "lfu", "session"),
+                  tuned=("session",), **{**common, "env_id": "kvsched/Residency-v0", "tune_trials": 7,
+                                         "search": SearchBudget(0, 0)}),
     )
 
 
