@@ -86,7 +86,7 @@ class StretchPlanner:
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             return self.plan_stretch(start, horizon_s)
-        if n_decodes and not step.preempted:
+        if n_decodes and not step.preempted and inst.cost.parallel is None:
             # the step's counters already hold the batch (no PNM with the decode fast path)
             end = self.single_step_end(start, inst.cost.step_time_fast(float(step.n_tokens), step.attn2 / 2.0,
                                                                        float(step.kv_tokens)))
@@ -113,6 +113,8 @@ class StretchPlanner:
     def plan_single(self, start: float) -> float:
         """End time of a single step of ``inst._plan`` (PNM residents' attention near memory)."""
         inst = self.inst
+        if inst.cost.parallel is not None:  # long-context parallelism: priced from the batch's parts
+            return self.single_step_end(start, self._parallel_step_s())
         n_tokens = 0
         attn2 = 0  # twice the attention work: integers stay exact
         kv = 0
@@ -135,6 +137,23 @@ class StretchPlanner:
         else:
             dt = inst.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv))
         return self.single_step_end(start, dt)
+
+    def _parallel_step_s(self) -> float:
+        """Seconds of the planned step under ``spec.parallel``: its decodes (count, context) and its
+        prefill chunks (tokens, cached before, whether the chunk completes the prompt) in plan order
+        (:meth:`~.cost_model.CostModel.plan_step_time_s`)."""
+        n_dec = 0
+        ctx = 0
+        chunks: list[tuple[int, int, bool]] = []
+        for st, n in self.inst._plan:
+            p = st.computed
+            todo = st.prompt_tokens + st.generated
+            if n == 1 and st.generated > 0 and p == todo - 1:
+                n_dec += 1
+                ctx += p
+            else:
+                chunks.append((n, p, p + n == todo))
+        return self.inst.cost.plan_step_time_s(n_dec, ctx, chunks)
 
     def single_step_end(self, start: float, dt: float) -> float:
         """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``."""
