@@ -2,12 +2,16 @@
 adaptive chunking) against LoongServe's non-preemptive elastic sequence parallelism on the same
 GPUs and the same 1M-10M-token mixed workload (docs/long-context.md).
 
-    python -m kvsched.experiments.long_context [--scenarios A,B] [--seeds N] [--out DIR]
+    python -m kvsched.experiments.long_context [--scenarios A,B] [--seeds N] [--rate-scales X,Y,...]
+        [--attainment F] [--out DIR]
 
 Runs each scenario (default ``long-context-medha`` and ``long-context-esp``, bundled names or
 paths) on the same seeds and prints one row per scenario (short requests' TTFT and end-to-end
 latency at p50/p99, the long requests' TTFT, throughput, goodput, makespan) and the ratio of the
-baseline (the last scenario) to the first. ``--out`` writes ``long_context.csv`` and
+baseline (the last scenario) to the first. With several ``--rate-scales`` (the scenarios'
+arrivals compressed by each factor, the same requests) it also prints each scenario's capacity:
+the highest scale at which at least ``--attainment`` of all requests meet their SLOs (DistServe's
+goodput definition, REFERENCE §0), and the capacity ratio. ``--out`` writes ``long_context.csv`` and
 ``long_context.json`` (each whole or not at all).
 
 Every request must fit the instance's KV: a longer one is refused before any run with a one-line
@@ -27,14 +31,15 @@ from typing import Any
 import numpy as np
 
 from kvsched.atomic_files import replacing
-from kvsched.envs.sim.errors import ConfigError, KvschedError
+from kvsched.envs.sim.errors import ConfigError, KvschedError, bounded_repr
 from kvsched.runner.scenario import load_scenario
 from kvsched.runner.simulate import simulate
 
 DEFAULT_SCENARIOS = ("long-context-medha", "long-context-esp")
-COLUMNS = ("scenario", "seed", "gpus", "layout", "policy", "requests", "long_requests", "short_ttft_p50_s",
+COLUMNS = ("scenario", "seed", "rate_scale", "gpus", "layout", "policy", "requests", "long_requests",
+           "short_ttft_p50_s",
            "short_ttft_p99_s", "short_e2e_p50_s", "short_e2e_p99_s", "short_tpot_p50_s", "long_ttft_p50_s",
-           "requests_per_s", "goodput_rps", "makespan_s")
+           "requests_per_s", "goodput_rps", "slo_attainment", "makespan_s")
 
 
 def check_capacity(name: str, spec: Any, prompt: np.ndarray, output: np.ndarray) -> None:
@@ -54,9 +59,10 @@ def check_capacity(name: str, spec: Any, prompt: np.ndarray, output: np.ndarray)
             "pipeline stages, or lower long_max_tokens")
 
 
-def run_one(path: str, seed: int) -> dict[str, Any]:
-    """One scenario at ``seed``: the comparison's row."""
-    sc = load_scenario(path).with_overrides(seed=seed)
+def run_one(path: str, seed: int, rate_scale: float = 1.0) -> dict[str, Any]:
+    """One scenario at ``seed`` with its arrivals compressed by ``rate_scale``: the comparison's row."""
+    sc = load_scenario(path)
+    sc = sc.with_overrides(seed=seed, rate_scale=sc.rate_scale * rate_scale)
     spec = sc.instance_spec()
     w = sc.workload()
     prompt = np.asarray(w.prompt_tokens)
@@ -67,14 +73,14 @@ def run_one(path: str, seed: int) -> dict[str, Any]:
     every = s["classes"]["all"]
     short, long_ = s["classes"].get("short", every), s["classes"].get("long", none)
     par = spec.parallel
-    return {"scenario": sc.name, "seed": seed, "gpus": spec.num_gpus,
+    return {"scenario": sc.name, "seed": seed, "rate_scale": rate_scale, "gpus": spec.num_gpus,
             "layout": f"TP{spec.tp}" + ("" if par is None else " x " + par.describe()), "policy": sc.policy,
             "requests": int(len(prompt)), "long_requests": int(long_["counts"]["arrived"]),
             "short_ttft_p50_s": short["ttft_s"]["p50"], "short_ttft_p99_s": short["ttft_s"]["p99"],
             "short_e2e_p50_s": short["e2e_s"]["p50"], "short_e2e_p99_s": short["e2e_s"]["p99"],
             "short_tpot_p50_s": short["tpot_s"]["p50"], "long_ttft_p50_s": long_["ttft_s"]["p50"],
             "requests_per_s": every["throughput"]["requests_per_s"], "goodput_rps": every["goodput_rps"],
-            "makespan_s": s["duration_s"]}
+            "slo_attainment": every["slo"]["attainment"], "makespan_s": s["duration_s"]}
 
 
 def ratios(first: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
@@ -97,19 +103,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
                     help="comma-separated scenarios, the baseline last (default: %(default)s)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds: the scenarios' seed, +1, ... (default 1)")
+    ap.add_argument("--rate-scales", default="1", help="comma-separated arrival-rate factors (default 1)")
+    ap.add_argument("--attainment", type=float, default=0.9,
+                    help="SLO attainment a rate must keep to count towards capacity (default 0.9)")
     ap.add_argument("--out", type=Path, help="write long_context.csv and long_context.json into this folder")
     a = ap.parse_args(argv)
     try:
         names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
         if len(names) < 2:
-            raise ConfigError(f"--scenarios={a.scenarios[:80]!r} is not allowed: expected at least two "
+            raise ConfigError(f"--scenarios={bounded_repr(a.scenarios)} is not allowed: expected at least two "
                               "comma-separated scenarios (the baseline last)")
         if a.seeds < 1:
             raise ConfigError(f"--seeds={a.seeds} is not allowed: expected an integer >= 1")
         if a.out is not None and not a.out.is_dir():
-            raise ConfigError(f"--out={str(a.out)[:200]!r} is not allowed: expected an existing folder")
+            raise ConfigError(f"--out={bounded_repr(str(a.out))} is not allowed: expected an existing folder")
+        try:
+            scales = [float(x) for x in a.rate_scales.split(",") if x.strip()]
+        except ValueError:
+            scales = []
+        if not scales or not all(0 < x < float("inf") for x in scales):
+            raise ConfigError(f"--rate-scales={bounded_repr(a.rate_scales)} is not allowed: expected comma-separated "
+                              "finite numbers > 0")
+        if not 0 < a.attainment <= 1:
+            raise ConfigError(f"--attainment={a.attainment} is not allowed: expected a number in (0, 1]")
         base_seed = load_scenario(names[0]).seed
-        rows = [run_one(n, base_seed + k) for k in range(a.seeds) for n in names]
+        rows = [run_one(n, base_seed + k, x) for x in scales for k in range(a.seeds) for n in names]
     except KvschedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,14 +140,27 @@ def main(argv: list[str] | None = None) -> int:
         rt = ratios(group[0], group[-1])
         summary.append({"seed": group[0]["seed"], "first": group[0]["scenario"], "baseline": group[-1]["scenario"],
                         **rt})
-        print(f"seed {group[0]['seed']}: {group[0]['scenario']} vs {group[-1]['scenario']}: "
-              + ", ".join(f"{k} x{v:.3g}" for k, v in rt.items()))
+        print(f"rate x{group[0]['rate_scale']:g} seed {group[0]['seed']}: {group[0]['scenario']} vs "
+              f"{group[-1]['scenario']}: " + ", ".join(f"{k} x{v:.3g}" for k, v in rt.items()))
+    capacity: dict[str, Any] = {}
+    if len(scales) > 1:
+        for n_i in range(len(names)):
+            mine = rows[n_i::len(names)]
+            best = None  # the highest scale up to which every scale (and seed) keeps the attainment
+            for x in sorted(set(scales)):
+                if any(r["slo_attainment"] < a.attainment for r in mine if r["rate_scale"] == x):
+                    break
+                best = x
+            capacity[mine[0]["scenario"]] = best
+        print(f"capacity (highest rate scale with >= {a.attainment:g} of requests within SLOs, every seed): "
+              + ", ".join(f"{k}: {v if v is not None else 'none'}" for k, v in capacity.items()))
     if a.out is not None:
         with replacing(a.out / "long_context.csv") as tmp:
             lines = [",".join(COLUMNS)] + [",".join(str(r[c]) for c in COLUMNS) for r in rows]
             tmp.write_text("\n".join(lines) + "\n")
         with replacing(a.out / "long_context.json") as tmp:
-            tmp.write_text(json.dumps({"rows": rows, "ratios": summary}, indent=2, sort_keys=True) + "\n")
+            tmp.write_text(json.dumps({"rows": rows, "ratios": summary, "capacity": capacity}, indent=2,
+                                      sort_keys=True) + "\n")
     return 0
 
 

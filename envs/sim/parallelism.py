@@ -33,7 +33,8 @@ mechanism** the abstracts name, as REFERENCE §1.4 sketches it:
   striped over the groups (capacity = K × one group's). Per step each group attends its shard:
   attention pairs and KV reads divide by K; a decode's linear layers run on the group that owns
   it (decodes balanced over the groups: their tokens divide by K, at least one whole decode on the
-  busiest group), a prefill chunk's on one group (not divided). The partial attention outputs and softmax statistics are combined per layer:
+  busiest group), a prefill chunk's on one group (not divided). The partial attention outputs and
+  softmax statistics are combined per layer:
   ``L · (latency + (K−1)/K · q · n_h/tp · d_h · 4 B / link bandwidth)`` per step for ``q`` query
   tokens (REFERENCE §1.4: "~n_h·d_h·4 B per query per layer plus the interconnect latency").
 - **Elastic sequence parallelism (ESP)**, ``esp_groups = E`` (LoongServe): E instances of ``tp``

@@ -41,7 +41,8 @@ def stage_s(c: float, p: float, stages: int, groups: int = 1, lin_groups: int = 
     flops = (2 * MODEL.matmul_params * c / lin_groups + MODEL.attn_flops_per_pair * c * (p + c / 2) / groups) * frac
     compute = flops / (GPU.bf16_flops_per_s * FLAT.mfu_max)
     kv_per_token = 2 * 32 * 8 * 128 * 2  # bytes, all layers
-    memory = (MODEL.weight_bytes(2.0) * frac + kv_per_token * frac * (p + c) / groups) / (GPU.hbm_bytes_per_s * FLAT.mbu)
+    memory = ((MODEL.weight_bytes(2.0) * frac + kv_per_token * frac * (p + c) / groups)
+              / (GPU.hbm_bytes_per_s * FLAT.mbu))
     return max(compute, memory)
 
 
@@ -125,7 +126,8 @@ def test_a_context_that_does_not_fit_is_refused_naming_the_limit():
     msg = str(e.value)
     assert "\n" not in msg and "max_model_len=10000000" in msg and "KV cache can hold only" in msg
     assert "PP stage" in msg and "kvp_groups" in msg
-    ok = InstanceSpec(model=m, gpu=GPU, tp=2, max_model_len=10_000_000, parallel=ParallelSpec(pp_stages=4, kvp_groups=4))
+    ok = InstanceSpec(model=m, gpu=GPU, tp=2, max_model_len=10_000_000,
+                      parallel=ParallelSpec(pp_stages=4, kvp_groups=4))
     assert ok.num_hbm_blocks * 16 >= 10_000_000
 
 
