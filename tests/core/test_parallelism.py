@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from kvsched.envs.sim.cost_model import CostModel
@@ -18,10 +19,12 @@ from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.instance import InstanceOptions
 from kvsched.envs.sim.metrics import summary_to_json
 from kvsched.envs.sim.parallelism import IB_NDR400_LINK, ParallelSpec
+from kvsched.envs.sim.policy_api import PolicyContext
 from kvsched.envs.sim.spec_io import instance_spec_from_dict, instance_spec_to_dict
 from kvsched.envs.sim.specs import CostParams, InstanceSpec
+from kvsched.policies.base import make_policy
 from kvsched.runner.simulate import simulate
-from simkit import GPU, MODEL, NO_FRONT_END, assert_identical, build_workload, short_only, with_longs
+from simkit import GPU, MODEL, NO_FRONT_END, assert_identical, build_workload, pnm_tier, short_only, with_longs
 
 #: no MFU ramp, no step overhead, no front end: the hand formulas stay short
 FLAT = CostParams(mfu_half_tokens=0.0, step_overhead_s=0.0, request_overhead_s=0.0, prompt_token_overhead_s=0.0,
@@ -147,7 +150,6 @@ def test_bad_parallel_input_is_a_one_line_error_naming_the_field(kw, field):
 def test_more_stages_than_layers_and_pnm_with_parallel_are_refused():
     with pytest.raises(ConfigError, match="n_layers=32"):
         spec(ParallelSpec(pp_stages=33))
-    from simkit import pnm_tier
     with pytest.raises(ConfigError, match="PNM"):
         spec(ParallelSpec(kvp_groups=2), pnm=pnm_tier())
 
@@ -218,3 +220,21 @@ def test_dense_spec_prices_are_unchanged_by_an_absent_parallel_layout():
     assert c.step_time_fast(n, pairs, kv) == max(compute, memory) + 0.0 + 0.0
     assert c.plan_step_time_s(100, 100_000, [(200, 1000, True)]) == c.step_time_fast(
         300.0, (2 * 100_000 + 200 * (2 * 1000 + 200)) / 2.0, 100_000.0 + 1200.0)
+
+
+def test_lars_sees_spp_in_its_prefill_prediction_and_chunks_flow_faster():
+    """LARS on top: its T_hat of a long prompt is shorter with stream pipelining, and so is the
+    prompt's simulated time to first token (chunks of the same request flow through the stages)."""
+    def t_hat(par):
+        s = spec(par)
+        pol = make_policy("lars")
+        pol.bind(PolicyContext(spec=s, cost=CostModel(s), instance_id=0))
+        return float(pol.predicted_prefill_s(np.array([100_000]), np.array([0]))[0])
+
+    assert t_hat(ParallelSpec(pp_stages=4)) < t_hat(ParallelSpec(pp_stages=4, spp=False)) / 2
+    w = build_workload([(0.0, 100_000, 1, 0)])
+
+    def ttft(par):
+        return float(simulate(w, spec(par), "lars").records["first_token_s"].iloc[0])
+
+    assert ttft(ParallelSpec(pp_stages=4)) < ttft(ParallelSpec(pp_stages=4, spp=False)) / 2
