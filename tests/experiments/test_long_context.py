@@ -15,10 +15,10 @@ from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
 from kvsched.experiments import long_context
 
 TINY = """name: {name}
-synthetic: {{rate_per_s: 2.0, duration_s: 6, long_fraction: 0.15, long_min_tokens: 40000, long_max_tokens: 100000}}
+synthetic: {{rate_per_s: 2.0, duration_s: 6, long_fraction: 0.2, long_min_tokens: 60000, long_max_tokens: 120000}}
 instance: {{model: Llama-3.1-8B, gpu: H100-SXM, parallel: {parallel}}}
 policy: {policy}
-metrics: {{long_prompt_tokens: 30000}}
+metrics: {{long_prompt_tokens: 50000}}
 seed: 2
 """
 
