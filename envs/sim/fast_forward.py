@@ -70,6 +70,10 @@ class StretchPlanner:
         self.stretches = 0
         self.stretch_steps = 0
         self.folded_steps = 0
+        #: longest stage time of the SPP chunks earlier steps left in the pipeline (long-context
+        #: parallelism, :meth:`~.parallelism.ParallelCost.step_with_carry`); 0 when it drained. No
+        #: stretch is planned while it is > 0 (a stretch's steps are priced with an empty pipeline).
+        self.pipe_carry_s = 0.0
 
     # ------------------------------------------------------------------ the planned step
     def time_step(self, step: StepBuild, n_decodes: int, blocked_static: bool, horizon_s: float) -> float:
@@ -79,7 +83,7 @@ class StretchPlanner:
         running = inst.running
         start = inst._step_ready_s
         inst._plan = plan
-        if (inst.options.fast_forward and not step.preempted and not inst.swapped
+        if (inst.options.fast_forward and not step.preempted and not inst.swapped and not self.pipe_carry_s
                 and len(plan) == len(running)
                 and (not inst.waiting or (blocked_static and inst._shared_kv is None and inst._prefix_tiers is None
                                           and not inst.admission_preemption and not inst.head_preemption))
@@ -94,6 +98,7 @@ class StretchPlanner:
         else:
             end = self.plan_single(start)
         if (inst.stretch_through_finishes and end < horizon_s and inst.options.fast_forward
+                and not self.pipe_carry_s
                 and not step.preempted and not inst.waiting and not inst.swapped and not inst.pending_events
                 and not inst.kv.pnm.capacity_blocks and len(plan) == len(running) <= inst.budget):
             end = self.fold(start, end, horizon_s, n_decodes)
@@ -141,7 +146,8 @@ class StretchPlanner:
     def _parallel_step_s(self) -> float:
         """Seconds of the planned step under ``spec.parallel``: its decodes (count, context) and its
         prefill chunks (tokens, cached before, whether the chunk completes the prompt) in plan order
-        (:meth:`~.cost_model.CostModel.plan_step_time_s`)."""
+        (:meth:`~.parallelism.ParallelCost.step_with_carry`, behind the chunks earlier steps left in
+        the pipeline)."""
         n_dec = 0
         ctx = 0
         chunks: list[tuple[int, int, bool]] = []
@@ -153,7 +159,10 @@ class StretchPlanner:
                 ctx += p
             else:
                 chunks.append((n, p, p + n == todo))
-        return self.inst.cost.plan_step_time_s(n_dec, ctx, chunks)
+        par = self.inst.cost.parallel
+        assert par is not None
+        dt, self.pipe_carry_s = par.step_with_carry(n_dec, ctx, chunks, self.pipe_carry_s)
+        return dt
 
     def single_step_end(self, start: float, dt: float) -> float:
         """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``."""

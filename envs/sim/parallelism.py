@@ -24,10 +24,13 @@ mechanism** the abstracts name, as REFERENCE §1.4 sketches it:
 - **Stream pipeline parallelism (SPP)**, ``spp: true`` (Medha v5's "Stream Pipeline Parallel",
   v4's "Sequence Pipeline Parallelism": "pipelining prefill chunks" of the same request): a
   non-final prefill chunk emits nothing, so the step need not wait for it to drain: its next chunk
-  enters stage 1 as soon as this one leaves stage 1. A lone prefill of ``n`` chunks then takes
-  ``Σ_k τ(c_k) + (S−1)·(τ(c_n) + p2p_n)`` (≈ ``(n + S − 1)`` stage-times) instead of ``n·S``
-  stage-times without SPP, where a request's next chunk waits for the previous to leave the
-  pipeline (REFERENCE §1.4). Steps with decodes or a prompt's last chunk still drain.
+  enters stage 1 as soon as this one leaves stage 1; the chunks still in flight (their longest
+  stage time, the "carry") delay the next step's micro-batches at every stage, as in one flow shop.
+  A lone prefill of ``n`` chunks then takes ``Σ_k τ(c_k) + (S−1)·(max_k τ(c_k) + p2p_n)`` (≈
+  ``(n + S − 1)`` stage-times; REFERENCE §1.4 writes ``τ(c_n)``, the same when the last chunk is the
+  longest, as with equal chunks whose attention grows) instead of ``n·S`` stage-times without SPP,
+  where a request's next chunk waits for the previous to leave the pipeline. Steps with decodes or
+  a prompt's last chunk still drain.
 - **KV parallelism (KVP)**, ``kvp_groups = K`` (Medha: "distributing decoding across servers"):
   K groups of ``S × tp`` GPUs, each holding a replica of the weights; a long context's KV is
   striped over the groups (capacity = K × one group's). Per step each group attends its shard:
@@ -296,11 +299,22 @@ class ParallelCost:
     def step_s(self, n_decodes: int, decode_ctx: int, chunks: Sequence[tuple[int, int, bool]]) -> float:
         """Seconds of one step: ``n_decodes`` decodes with ``decode_ctx`` context tokens in all, and
         prefill ``chunks`` as ``(tokens, cached tokens before, emits)`` in plan order (``emits``:
-        the chunk completes its prompt). Decode-only steps equal :meth:`decode_step_s` bitwise."""
-        if not chunks:
-            return float(self.decode_step_s(float(n_decodes), float(decode_ctx)))
+        the chunk completes its prompt), with an empty pipeline at its start. Decode-only steps
+        equal :meth:`decode_step_s` bitwise."""
+        return self.step_with_carry(n_decodes, decode_ctx, chunks, 0.0)[0]
+
+    def step_with_carry(self, n_decodes: int, decode_ctx: int, chunks: Sequence[tuple[int, int, bool]],
+                        carry_s: float) -> tuple[float, float]:
+        """:meth:`step_s` after streaming steps: ``carry_s`` is the longest stage time of the
+        micro-batches earlier steps left in the pipeline (SPP chunks that did not drain), which the
+        step's micro-batches queue behind at every stage (the flow shop's running maximum starts
+        there). Returns ``(seconds, carry_s after the step)``: the longest stage time of the
+        non-emitting micro-batches after the step's last emitting one (with none emitting, the
+        larger of ``carry_s`` and all of the step's), 0 when the step drains."""
+        if not chunks and carry_s == 0.0:
+            return float(self.decode_step_s(float(n_decodes), float(decode_ctx))), 0.0
         if self.esp:
-            return self._esp_step(n_decodes, decode_ctx, chunks)
+            return self._esp_step(n_decodes, decode_ctx, chunks), 0.0
         G = float(self.G)
         q = float(n_decodes)
         if self.S == 1:  # one fused pass
@@ -312,7 +326,7 @@ class ParallelCost:
                 pairs += c * (p + c / 2.0) / G
                 kv += (p + c) / G
                 q += c
-            return float(self.stage_time(n, pairs, kv)) + self.overhead + float(self.combine_s(q))
+            return float(self.stage_time(n, pairs, kv)) + self.overhead + float(self.combine_s(q)), 0.0
         mbs: list[tuple[float, float, bool]] = []  # (stage time, tokens, emits)
         if n_decodes:
             g = float(min(n_decodes, self.microbatches))
@@ -324,23 +338,29 @@ class ParallelCost:
             tau = float(self.stage_time(float(c), c * (p + c / 2.0) / G, (p + c) / G))
             mbs.append((tau, float(c), emits or not self.spp))
             q += c
-        return self._pipeline(mbs) + self.overhead + float(self.combine_s(q))
+        span, carry = self._pipeline(mbs, carry_s)
+        return span + self.overhead + float(self.combine_s(q)), carry
 
-    def _pipeline(self, mbs: list[tuple[float, float, bool]]) -> float:
-        """Step span of micro-batches through S stages (proportionate flow shop, module docstring)."""
+    def _pipeline(self, mbs: list[tuple[float, float, bool]], carry_s: float = 0.0) -> tuple[float, float]:
+        """Step span of micro-batches through S stages (proportionate flow shop, module docstring),
+        behind ``carry_s`` left in flight by earlier steps; returns ``(span, carry after)``."""
         cum = 0.0
-        run_max = 0.0
+        run_max = carry_s
         span = 0.0
         s1 = self.S - 1
+        tail = carry_s  # longest stage time still in flight after the last emitting micro-batch
         for tau, n, emits in mbs:
             cum += tau
             if tau > run_max:
                 run_max = tau
+            if tau > tail:
+                tail = tau
             if emits:
+                tail = 0.0
                 exit_s = cum + s1 * (run_max + float(self.p2p_s(n)))
                 if exit_s > span:
                     span = exit_s
-        return cum if cum > span else span
+        return (cum if cum > span else span), tail
 
     def _esp_step(self, n_decodes: int, decode_ctx: int, chunks: Sequence[tuple[int, int, bool]]) -> float:
         n_p = 0.0
@@ -377,12 +397,15 @@ class ParallelCost:
     def prefill_s(self, prompt_tokens: int, cached_tokens: int, chunk_tokens: int) -> float:
         """Seconds of a lone prefill of ``prompt − cached`` tokens in chunks of ``chunk_tokens`` (the
         last takes the remainder), step by step as the simulator prices them (SPP: ``Σ_k τ(c_k) +
-        (S−1)·(τ(c_last) + p2p)`` plus per-step overheads and combines)."""
+        (S−1)·(max_k τ(c_k) + p2p)``, which is REFERENCE §1.4's ``(S−1)·τ(c_last)`` when the last
+        chunk is the longest, plus per-step overheads and combines)."""
         total = 0.0
+        carry = 0.0
         p = int(cached_tokens)
         end = int(prompt_tokens)
         while p < end:
             c = min(int(chunk_tokens), end - p)
-            total += self.step_s(0, 0, ((c, p, p + c == end),))
+            dt, carry = self.step_with_carry(0, 0, ((c, p, p + c == end),), carry)
+            total += dt
             p += c
         return total

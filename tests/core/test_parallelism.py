@@ -238,3 +238,13 @@ def test_lars_sees_spp_in_its_prefill_prediction_and_chunks_flow_faster():
         return float(simulate(w, spec(par), "lars").records["first_token_s"].iloc[0])
 
     assert ttft(ParallelSpec(pp_stages=4)) < ttft(ParallelSpec(pp_stages=4, spp=False)) / 2
+
+
+def test_spp_chunks_left_in_flight_delay_the_next_steps_micro_batches():
+    """A short last chunk after longer ones leaves the pipeline behind them: the prefill takes
+    Σ τ + (S−1)·(max τ + p2p), the flow shop's value (REFERENCE §1.4's τ(c_last) would be too
+    short here): 2 chunks of 4,096 and a last one of 512 tokens on 4 stages."""
+    taus = [stage_s(4096, 0, 4), stage_s(4096, 4096, 4), stage_s(512, 8192, 4)]
+    assert taus[2] < taus[1]
+    got = lone_prefill_ttft(spec(ParallelSpec(pp_stages=4)), 8704, 4096)
+    assert got == pytest.approx(sum(taus) + 3 * (max(taus) + p2p_s(512)), rel=1e-12)
