@@ -248,3 +248,20 @@ def test_spp_chunks_left_in_flight_delay_the_next_steps_micro_batches():
     assert taus[2] < taus[1]
     got = lone_prefill_ttft(spec(ParallelSpec(pp_stages=4)), 8704, 4096)
     assert got == pytest.approx(sum(taus) + 3 * (max(taus) + p2p_s(512)), rel=1e-12)
+
+
+def test_the_degenerate_layout_of_one_stage_and_one_group_prices_as_the_dense_instance():
+    """ParallelSpec() (1 stage, 1 group) is the dense instance: same capacity, and the same step,
+    decode and prefill times up to float rounding (the terms are added in another order)."""
+    dense, one = spec(cost=NO_FRONT_END), spec(ParallelSpec(), cost=NO_FRONT_END)
+    assert one.num_hbm_blocks == dense.num_hbm_blocks and one.num_gpus == 1
+    cd, co = CostModel(dense), CostModel(one)
+    assert float(co.decode_step_time_s(32, 32 * 3000)) == pytest.approx(float(cd.decode_step_time_s(32, 32 * 3000)),
+                                                                        rel=1e-12)
+    assert float(co.prefill_time_s(20_000, 0, 2048)) == pytest.approx(float(cd.prefill_time_s(20_000, 0, 2048)),
+                                                                      rel=1e-12)
+    assert co.plan_step_time_s(10, 9000, [(500, 100, True)]) == pytest.approx(
+        cd.plan_step_time_s(10, 9000, [(500, 100, True)]), rel=1e-12)
+    w = _mixed()
+    a, b = simulate(w, dense, "lars").records, simulate(w, one, "lars").records
+    assert np.allclose(a["first_token_s"], b["first_token_s"], rtol=1e-9, equal_nan=True)
