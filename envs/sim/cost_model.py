@@ -365,7 +365,7 @@ class CostModel:
         """Predicted seconds of the remaining prefill ``prompt − done`` as one pass (vectorised;
         LARS's T_hat before its per-chunk overheads): ``step_time_s(n, n·(p + n/2), p + n)``. With
         ``spec.parallel`` under SPP the pass streams through the stages: one stage's time of the
-        whole plus the drain of a last chunk of ``token_budget`` tokens (REFERENCE §1.4);
+        whole plus the drain of the last sub-chunk (``token_budget / S`` tokens, REFERENCE §1.4);
         without SPP (or S = 1) :meth:`step_time_s`'s one pass."""
         n = np.maximum(np.asarray(prompt_tokens, dtype=np.float64) - np.asarray(done_tokens, dtype=np.float64), 0.0)
         p = np.asarray(done_tokens, dtype=np.float64)
@@ -374,7 +374,7 @@ class CostModel:
             return self.step_time_s(n, n * (p + n / 2.0), p + n)
         G = float(par.G)
         safe = np.where(n > 0, n, 1.0)
-        last = np.minimum(safe, float(self.spec.token_budget))
+        last = np.maximum(np.minimum(safe, float(self.spec.token_budget)) / par.S, 1.0)  # the last sub-chunk
         p_last = p + safe - last
         t = (par.stage_time(safe, safe * (p + safe / 2.0) / G, (p + safe) / G)
              + (par.S - 1) * (par.stage_time(last, last * (p_last + last / 2.0) / G, (p_last + last) / G)

@@ -24,13 +24,17 @@ mechanism** the abstracts name, as REFERENCE §1.4 sketches it:
 - **Stream pipeline parallelism (SPP)**, ``spp: true`` (Medha v5's "Stream Pipeline Parallel",
   v4's "Sequence Pipeline Parallelism": "pipelining prefill chunks" of the same request): a
   non-final prefill chunk emits nothing, so the step need not wait for it to drain: its next chunk
-  enters stage 1 as soon as this one leaves stage 1; the chunks still in flight (their longest
+  enters stage 1 as soon as this one leaves stage 1. A step is one cycle of the S-deep pipeline
+  (the decodes need S stage-times to come back), in which the real system issues S iterations,
+  each with its own chunk of the long request; the simulator's chunk of the step is therefore
+  streamed as up to S equal sub-chunks, each a micro-batch, the last one emitting if the chunk
+  completes the prompt; the chunks still in flight (their longest
   stage time, the "carry") delay the next step's micro-batches at every stage, as in one flow shop.
-  A lone prefill of ``n`` chunks then takes ``Σ_k τ(c_k) + (S−1)·(max_k τ(c_k) + p2p_n)`` (≈
-  ``(n + S − 1)`` stage-times; REFERENCE §1.4 writes ``τ(c_n)``, the same when the last chunk is the
-  longest, as with equal chunks whose attention grows) instead of ``n·S`` stage-times without SPP,
-  where a request's next chunk waits for the previous to leave the pipeline. Steps with decodes or
-  a prompt's last chunk still drain.
+  A lone prefill of ``n`` pipelined units (sub-chunks) then takes ``Σ_k τ(c_k) + (S−1)·(max_k
+  τ(c_k) + p2p)`` (≈ ``(n + S − 1)`` stage-times; REFERENCE §1.4 writes ``τ(c_n)``, the same when
+  the last unit is the longest, as with equal units whose attention grows) instead of ``n·S``
+  stage-times without SPP, where a request's next chunk waits for the previous to leave the
+  pipeline (and is one micro-batch). Steps with decodes or a prompt's last chunk still drain.
 - **KV parallelism (KVP)**, ``kvp_groups = K`` (Medha: "distributing decoding across servers"):
   K groups of ``S × tp`` GPUs, each holding a replica of the weights; a long context's KV is
   striped over the groups (capacity = K × one group's). Per step each group attends its shard:
@@ -335,9 +339,20 @@ class ParallelCost:
             tau = float(self.stage_time(lin, decode_ctx / share, decode_ctx / share))
             mbs.extend([(tau, lin, True)] * int(g))
         for c, p, emits in chunks:
-            tau = float(self.stage_time(float(c), c * (p + c / 2.0) / G, (p + c) / G))
-            mbs.append((tau, float(c), emits or not self.spp))
             q += c
+            if not self.spp:  # plain PP: the chunk is one micro-batch and drains
+                tau = float(self.stage_time(float(c), c * (p + c / 2.0) / G, (p + c) / G))
+                mbs.append((tau, float(c), True))
+                continue
+            # SPP: the chunk streams as up to S sub-chunks (the pipeline's S in-flight iterations)
+            u = min(self.S, c)
+            base, extra = divmod(c, u)
+            at = p
+            for j in range(u):
+                cj = base + (1 if j < extra else 0)
+                tau = float(self.stage_time(float(cj), cj * (at + cj / 2.0) / G, (at + cj) / G))
+                mbs.append((tau, float(cj), emits and j == u - 1))
+                at += cj
         span, carry = self._pipeline(mbs, carry_s)
         return span + self.overhead + float(self.combine_s(q)), carry
 
@@ -383,15 +398,21 @@ class ParallelCost:
     # ------------------------------------------------------------------ predictions
     def one_pass_s(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any) -> Any:
         """Aggregate view for callers that only have batch totals (a policy's TBT check): the batch
-        as one micro-batch through every stage, ``S·τ + (S−1)·p2p``, attention and KV over the
-        groups (ESP: everything over the groups), plus overhead and combine. 0 where n = 0."""
+        as one micro-batch through every stage, ``S·τ + (S−1)·p2p`` (under SPP streamed as S
+        sub-batches: ``τ(all) + (S−1)·(τ(all/S) + p2p)``), attention and KV over the groups (ESP:
+        everything over the groups), plus overhead and combine. 0 where n = 0."""
         n = np.asarray(n_tokens, dtype=np.float64)
         pairs = np.asarray(attn_pairs, dtype=np.float64) / self.G
         kv = np.asarray(kv_tokens, dtype=np.float64) / self.G
         n_lin = n / self.G if self.esp else n
         safe = np.where(n_lin > 0, n_lin, 1.0)
-        t = self.S * self.stage_time(safe, pairs, kv) + (self.S - 1) * self.p2p_s(safe) + self.overhead \
-            + self.combine_s(n)
+        if self.spp:  # the batch streams as S sub-batches: one stage's time of all, then the last's drain
+            sub = np.maximum(safe / self.S, 1.0)
+            t = self.stage_time(safe, pairs, kv) + (self.S - 1) * (
+                self.stage_time(sub, pairs / self.S, kv) + self.p2p_s(sub))
+        else:
+            t = self.S * self.stage_time(safe, pairs, kv) + (self.S - 1) * self.p2p_s(safe)
+        t = t + self.overhead + self.combine_s(n)
         return np.where(n > 0, t, 0.0)[()]
 
     def prefill_s(self, prompt_tokens: int, cached_tokens: int, chunk_tokens: int) -> float:

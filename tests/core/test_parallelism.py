@@ -60,16 +60,20 @@ def lone_prefill_ttft(s: InstanceSpec, prompt: int, chunk: int) -> float:
     return float(r.records["first_token_s"].iloc[0])
 
 
-def test_spp_prefill_takes_chunks_plus_stages_minus_one_stage_times():
-    """4 chunks of 2,048 tokens on 4 stages: Σ τ(c_k) + 3·(τ(c_4) + p2p) with SPP, each chunk
-    draining the whole pipeline (4·τ + 3·p2p) without."""
-    taus = [stage_s(2048, 2048 * k, 4) for k in range(4)]
+def test_spp_prefill_takes_units_plus_stages_minus_one_stage_times():
+    """8,192 tokens in steps of 2,048 on 4 stages. SPP streams each step's chunk as 4 sub-chunks
+    of 512 (the pipeline's 4 in-flight iterations), unit k+1 entering stage 1 as unit k leaves it:
+    Σ τ(u_k) + 3·(τ(u_16) + p2p) over the 16 units, ≈ (16 + 3) stage-times of 512 tokens. Without
+    SPP each chunk is one micro-batch draining the pipeline: Σ (4·τ(c_k) + 3·p2p), 16 stage-times
+    of 2,048 tokens."""
+    units = [stage_s(512, 512 * k, 4) for k in range(16)]
     spp = lone_prefill_ttft(spec(ParallelSpec(pp_stages=4)), 8192, 2048)
-    assert spp == pytest.approx(sum(taus) + 3 * (taus[-1] + p2p_s(2048)), rel=1e-12)
+    assert spp == pytest.approx(sum(units) + 3 * (units[-1] + p2p_s(512)), rel=1e-12)
+    taus = [stage_s(2048, 2048 * k, 4) for k in range(4)]
     plain = lone_prefill_ttft(spec(ParallelSpec(pp_stages=4, spp=False)), 8192, 2048)
     assert plain == pytest.approx(sum(4 * t + 3 * p2p_s(2048) for t in taus), rel=1e-12)
-    # ≈ (chunks + S − 1) / (chunks · S) of the plain pipeline: 7/16 up to the attention growth
-    assert 0.4 < spp / plain < 0.5
+    # (16 + 3) units of a quarter chunk against 4 x 4 chunk-stage-times: ≈ 19/64
+    assert 0.25 < spp / plain < 0.35
 
 
 def test_cost_model_prefill_prediction_equals_the_simulated_lone_prefill():
@@ -243,11 +247,14 @@ def test_lars_sees_spp_in_its_prefill_prediction_and_chunks_flow_faster():
 def test_spp_chunks_left_in_flight_delay_the_next_steps_micro_batches():
     """A short last chunk after longer ones leaves the pipeline behind them: the prefill takes
     Σ τ + (S−1)·(max τ + p2p), the flow shop's value (REFERENCE §1.4's τ(c_last) would be too
-    short here): 2 chunks of 4,096 and a last one of 512 tokens on 4 stages."""
-    taus = [stage_s(4096, 0, 4), stage_s(4096, 4096, 4), stage_s(512, 8192, 4)]
-    assert taus[2] < taus[1]
+    short here): 2 steps of 4,096 tokens (4 units of 1,024 each) and a last one of 512 (4 units of
+    128) on 4 stages."""
+    sizes = [1024] * 8 + [128] * 4
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    units = [stage_s(c, p, 4) for c, p in zip(sizes, starts)]
+    assert units[-1] < max(units)
     got = lone_prefill_ttft(spec(ParallelSpec(pp_stages=4)), 8704, 4096)
-    assert got == pytest.approx(sum(taus) + 3 * (max(taus) + p2p_s(512)), rel=1e-12)
+    assert got == pytest.approx(sum(units) + 3 * (max(units) + p2p_s(128)), rel=1e-12)
 
 
 def test_the_degenerate_layout_of_one_stage_and_one_group_prices_as_the_dense_instance():
