@@ -143,6 +143,12 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     return sc.with_overrides(**over)
 
 
+def _layout(spec) -> str:
+    """The long-context layout beyond TP for the headers (docs/long-context.md), "" without one."""
+    par = spec.parallel
+    return "" if par is None else f" x {par.describe()} ({spec.num_gpus} GPUs)"
+
+
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     """``kvsched simulate``: run the scenario, print its summary (table or ``--json``) and write
     ``--out``; returns the exit code."""
@@ -175,7 +181,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if not a.json:
         err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
-        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp} "
+        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp}{_layout(spec)} "
         f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
         f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}"
         + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
@@ -213,7 +219,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     else:
         rows = format_summary_rows(summary)
         table = Table(title=f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
-                            f"{spec.gpu.name} TP{spec.tp}")
+                            f"{spec.gpu.name} TP{spec.tp}{_layout(spec)}")
         table.add_column("metric")
         for r in rows:  # one column per class (all, short, long): fits a narrow terminal
             table.add_column(r[0], justify="right")

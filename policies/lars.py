@@ -175,7 +175,11 @@ class LARS(SchedulerPolicy):
         """T_hat(len, done): seconds to finish the prefill of ``prompt - done`` tokens (arrays)."""
         n = np.maximum(prompt_tokens - done_tokens, 0).astype(np.float64)
         p = done_tokens.astype(np.float64)
-        t = self.ctx.cost.step_time_s(n, n * (p + n / 2.0), p + n)
+        cost = self.ctx.cost
+        if cost.parallel is None:
+            t = cost.step_time_s(n, n * (p + n / 2.0), p + n)
+        else:  # long-context parallelism: the pass streams through the stages (SPP)
+            t = cost.prefill_pass_time_s(prompt_tokens, done_tokens)
         extra_chunks = np.maximum(np.ceil(n / self._budget) - 1.0, 0.0)
         return t + extra_chunks * self._chunk_overhead_s
 

@@ -84,6 +84,14 @@ fp8 -> FP8 peak, W8A8; nvfp4 -> FP4 peak on GPUs that have one, else BF16). When
 quantized (``ModelSpec.quantized_weights == "mlp"``) the other matmuls and the attention run at the
 BF16 peak: their FLOPs are scaled by F/F_bf16 into the quantized-peak budget.
 
+**Long-context parallelism** (``InstanceSpec.parallel``: pipeline stages with Medha's stream
+pipelining, KV-parallel groups, LoongServe's elastic sequence parallelism): the step, decode and
+prefill prices come from :class:`~.parallelism.ParallelCost` (``CostModel.parallel``, None for a
+dense instance, whose prices are unchanged); the totals-only methods (:meth:`CostModel.step_time_s`
+and its fast variants) then price the batch as one pass through every stage
+(:meth:`~.parallelism.ParallelCost.one_pass_s`), the simulator's steps use
+:meth:`CostModel.plan_step_time_s` with the batch's decodes and chunks.
+
 All step functions accept scalars or equal-length float64 NumPy arrays and are computed once,
 elementwise, with +, −, ×, ÷ and ``np.maximum`` only, so a scalar call is bitwise identical to
 the same element of an array call. Scalar inputs return NumPy float64 scalars.
@@ -101,6 +109,7 @@ import numpy as np
 from .hardware import LinkSpec
 from .instance_spec import InstanceSpec
 from .model_spec import distinct_experts_table
+from .parallelism import ParallelCost
 
 ACTIVATION_BYTES = 2.0
 """Bytes per activation element in TP all-reduces (bf16 activations, also with fp8 weights)."""
@@ -203,6 +212,8 @@ class CostModel:
         else:
             self._comm_per_token = 0.0
             self._comm_fixed = 0.0
+        #: prices of a long-context parallel layout (``spec.parallel``), None for one TP group
+        self.parallel: ParallelCost | None = None if spec.parallel is None else ParallelCost(self)
 
     # ------------------------------------------------------------------ mixture of experts
 
@@ -343,6 +354,8 @@ class CostModel:
         """
         n, pairs, kv = self._inputs(n_tokens, attn_pairs, kv_tokens)
         seqs = _nonneg("n_seqs", n_seqs)
+        if self.parallel is not None:
+            return self.parallel.one_pass_s(n, pairs, kv)
         return np.where(n > 0, self._step(n, pairs, kv, seqs)["step_s"], 0.0)[()]
 
     def step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float, n_seqs: float = 1.0) -> float:
@@ -354,6 +367,8 @@ class CostModel:
         """
         if n_tokens <= 0.0:
             return 0.0
+        if self.parallel is not None:
+            return float(self.parallel.one_pass_s(n_tokens, attn_pairs, kv_tokens))
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
         compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
         if self._moe:
@@ -366,6 +381,24 @@ class CostModel:
         return ((compute if compute >= memory else memory) + self._overhead
                 + (self._comm_per_token * n_tokens + self._comm_fixed)
                 + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens))
+
+    def plan_step_time_s(self, n_decodes: int, decode_ctx_tokens: int,
+                         chunks: list[tuple[int, int, bool]]) -> float:
+        """Seconds of one step from its parts: ``n_decodes`` decodes reading ``decode_ctx_tokens``
+        context tokens in all and prefill ``chunks`` as ``(tokens, cached tokens before, completes
+        the prompt)`` in plan order. With ``spec.parallel`` the pipeline, SPP, KVP or ESP price
+        (:meth:`~.parallelism.ParallelCost.step_s`); otherwise :meth:`step_time_fast` of the totals.
+        """
+        if self.parallel is not None:
+            return self.parallel.step_s(n_decodes, decode_ctx_tokens, chunks)
+        n = n_decodes
+        attn2 = 2 * decode_ctx_tokens
+        kv = decode_ctx_tokens
+        for c, p, _ in chunks:
+            n += c
+            attn2 += c * (2 * p + c)
+            kv += p + c
+        return self.step_time_fast(float(n), attn2 / 2.0, float(kv))
 
     def pnm_step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float,
                            pnm_kv_tokens: float, n_pnm: float, n_seqs: float = 1.0) -> float:
@@ -435,6 +468,8 @@ class CostModel:
     def step_times_fast(self, n_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
                         n_seqs: Any = 1.0) -> np.ndarray:
         """:meth:`step_time_s` over float64 arrays with ``n_tokens > 0``, without input checks."""
+        if self.parallel is not None:
+            return self.parallel.one_pass_s(n_tokens, attn_pairs, kv_tokens)
         return self._step(n_tokens, attn_pairs, kv_tokens, n_seqs)["step_s"]
 
     def decode_step_ends(self, start_s: float, n_decodes: int, ctx0_tokens: int, max_steps: int,
@@ -448,6 +483,17 @@ class CostModel:
         operations in the same order (the per-call constants hoisted), so the ends are bitwise
         equal to adding its results one by one (a test checks it). ``n_decodes >= 1``.
         """
+        if self.parallel is not None:  # the parallel decode price, added one step at a time
+            ends_p: list[float] = []
+            e_p = start_s
+            ctx_p = ctx0_tokens
+            for _ in range(max_steps):
+                e_p += float(self.parallel.decode_step_s(float(n_decodes), float(ctx_p)))
+                ends_p.append(e_p)
+                if e_p >= horizon_s:
+                    break
+                ctx_p += n_decodes
+            return ends_p
         n = float(n_decodes)
         lin = self._lin_flops_per_token * n
         attn = self.attn_flops_per_pair_per_gpu
@@ -494,6 +540,8 @@ class CostModel:
         :meth:`step_time_fast` with those inputs, so bitwise equal to them (a test checks it);
         only the per-step arrays of the breakdown are not built. ``n_decodes > 0``.
         """
+        if self.parallel is not None:
+            return self.parallel.decode_step_s(float(n_decodes), ctx_tokens)
         n = float(n_decodes)
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * ctx_tokens
         compute = flops * (n + self._mfu_half) / (self._eff_flops * n)
@@ -530,6 +578,27 @@ class CostModel:
         out["bound"] = str(bound[()]) if bound.ndim == 0 else bound
         out["idle_hbm_bytes"] = idle[()]
         return out
+
+    def prefill_pass_time_s(self, prompt_tokens: Any, done_tokens: Any) -> Any:
+        """Predicted seconds of the remaining prefill ``prompt − done`` as one pass (vectorised;
+        LARS's T_hat before its per-chunk overheads): ``step_time_s(n, n·(p + n/2), p + n)``. With
+        ``spec.parallel`` under SPP the pass streams through the stages: one stage's time of the
+        whole plus the drain of the last sub-chunk (``token_budget / S`` tokens, REFERENCE §1.4);
+        without SPP (or S = 1) :meth:`step_time_s`'s one pass."""
+        n = np.maximum(np.asarray(prompt_tokens, dtype=np.float64) - np.asarray(done_tokens, dtype=np.float64), 0.0)
+        p = np.asarray(done_tokens, dtype=np.float64)
+        par = self.parallel
+        if par is None or not par.spp:
+            return self.step_time_s(n, n * (p + n / 2.0), p + n)
+        G = float(par.G)
+        safe = np.where(n > 0, n, 1.0)
+        last = np.maximum(np.minimum(safe, float(self.spec.token_budget)) / par.S, 1.0)  # the last sub-chunk
+        p_last = p + safe - last
+        t = (par.stage_time(safe, safe * (p + safe / 2.0) / G, (p + safe) / G)
+             + (par.S - 1) * (par.stage_time(last, last * (p_last + last / 2.0) / G, (p_last + last) / G)
+                              + par.p2p_s(last))
+             + par.overhead + par.combine_s(safe))
+        return np.where(n > 0, t, 0.0)[()]
 
     def chunk_time_s(self, chunk_tokens: Any, cached_tokens: Any) -> Any:
         """Seconds of a step running one prefill chunk alone (vectorised).
@@ -571,6 +640,11 @@ class CostModel:
                                              _nonneg("cached_tokens", cached_tokens))
         if np.any(cached > prompt):
             raise ValueError("cached_tokens must be <= prompt_tokens")
+        if self.parallel is not None:  # step by step as the simulator prices a lone prefill (SPP)
+            par = self.parallel
+            out = np.array([par.prefill_s(int(a), int(b), int(chunk_tokens))
+                            for a, b in zip(prompt.ravel(), cached.ravel())], dtype=np.float64)
+            return out.reshape(prompt.shape)[()]
         shape = prompt.shape
         prompt, cached = prompt.ravel(), cached.ravel()
         chunk = float(chunk_tokens)
@@ -588,8 +662,13 @@ class CostModel:
     def decode_step_time_s(self, batch: Any, total_context_tokens: Any) -> Any:
         """Seconds of a pure-decode step of ``batch`` requests holding ``total_context_tokens`` in cache.
 
-        ``step_time_s(batch, ctx, ctx, batch)`` (REFERENCE §5.3, "Pure decode step").
+        ``step_time_s(batch, ctx, ctx, batch)`` (REFERENCE §5.3, "Pure decode step"); with
+        ``spec.parallel`` the parallel decode price (:meth:`~.parallelism.ParallelCost.decode_step_s`).
         """
+        if self.parallel is not None:
+            b = _nonneg("batch", batch)
+            ctx = _nonneg("total_context_tokens", total_context_tokens)
+            return np.where(b > 0, self.parallel.decode_step_s(np.where(b > 0, b, 1.0), ctx), 0.0)[()]
         return self.step_time_s(batch, total_context_tokens, total_context_tokens, batch)
 
     # ------------------------------------------------------------------ transfers

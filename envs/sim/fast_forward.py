@@ -70,6 +70,10 @@ class StretchPlanner:
         self.stretches = 0
         self.stretch_steps = 0
         self.folded_steps = 0
+        #: longest stage time of the SPP chunks earlier steps left in the pipeline (long-context
+        #: parallelism, :meth:`~.parallelism.ParallelCost.step_with_carry`); 0 when it drained. No
+        #: stretch is planned while it is > 0 (a stretch's steps are priced with an empty pipeline).
+        self.pipe_carry_s = 0.0
 
     # ------------------------------------------------------------------ the planned step
     def time_step(self, step: StepBuild, n_decodes: int, blocked_static: bool, horizon_s: float) -> float:
@@ -79,14 +83,14 @@ class StretchPlanner:
         running = inst.running
         start = inst._step_ready_s
         inst._plan = plan
-        if (inst.options.fast_forward and not step.preempted and not inst.swapped
+        if (inst.options.fast_forward and not step.preempted and not inst.swapped and not self.pipe_carry_s
                 and len(plan) == len(running)
                 and (not inst.waiting or (blocked_static and inst._shared_kv is None and inst._prefix_tiers is None
                                           and not inst.admission_preemption and not inst.head_preemption))
                 and all(n == 1 and st.generated > 0 and st.computed == st.prompt_tokens + st.generated - 1
                         for st, n in (plan[n_decodes:] if n_decodes else plan))):  # the decodes are known
             return self.plan_stretch(start, horizon_s)
-        if n_decodes and not step.preempted:
+        if n_decodes and not step.preempted and inst.cost.parallel is None:
             # the step's counters already hold the batch (no PNM with the decode fast path)
             end = self.single_step_end(start, inst.cost.step_time_fast(float(step.n_tokens), step.attn2 / 2.0,
                                                                        float(step.kv_tokens), float(len(plan))))
@@ -94,6 +98,7 @@ class StretchPlanner:
         else:
             end = self.plan_single(start)
         if (inst.stretch_through_finishes and end < horizon_s and inst.options.fast_forward
+                and not self.pipe_carry_s
                 and not step.preempted and not inst.waiting and not inst.swapped and not inst.pending_events
                 and not inst.kv.pnm.capacity_blocks and len(plan) == len(running) <= inst.budget):
             end = self.fold(start, end, horizon_s, n_decodes)
@@ -113,6 +118,8 @@ class StretchPlanner:
     def plan_single(self, start: float) -> float:
         """End time of a single step of ``inst._plan`` (PNM residents' attention near memory)."""
         inst = self.inst
+        if inst.cost.parallel is not None:  # long-context parallelism: priced from the batch's parts
+            return self.single_step_end(start, self._parallel_step_s())
         n_tokens = 0
         attn2 = 0  # twice the attention work: integers stay exact
         kv = 0
@@ -136,6 +143,27 @@ class StretchPlanner:
         else:
             dt = inst.cost.step_time_fast(float(n_tokens), attn2 / 2.0, float(kv), float(len(inst._plan)))
         return self.single_step_end(start, dt)
+
+    def _parallel_step_s(self) -> float:
+        """Seconds of the planned step under ``spec.parallel``: its decodes (count, context) and its
+        prefill chunks (tokens, cached before, whether the chunk completes the prompt) in plan order
+        (:meth:`~.parallelism.ParallelCost.step_with_carry`, behind the chunks earlier steps left in
+        the pipeline)."""
+        n_dec = 0
+        ctx = 0
+        chunks: list[tuple[int, int, bool]] = []
+        for st, n in self.inst._plan:
+            p = st.computed
+            todo = st.prompt_tokens + st.generated
+            if n == 1 and st.generated > 0 and p == todo - 1:
+                n_dec += 1
+                ctx += p
+            else:
+                chunks.append((n, p, p + n == todo))
+        par = self.inst.cost.parallel
+        assert par is not None
+        dt, self.pipe_carry_s = par.step_with_carry(n_dec, ctx, chunks, self.pipe_carry_s)
+        return dt
 
     def single_step_end(self, start: float, dt: float) -> float:
         """End time of a single (not fast-forwarded) step of ``dt`` seconds from ``start``; a

@@ -349,6 +349,7 @@ class Instance:
         if not step.plan:
             if step.victims and self.running and self.spec.self_preemption == "ends_pass":
                 return self._empty_step(now)
+            self.stretch.pipe_carry_s = 0.0  # idle: the pipeline drains (long-context parallelism)
             self.recorder.occupancy_change(self, now)
             self._check_progress(now)
             return None

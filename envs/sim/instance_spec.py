@@ -20,6 +20,7 @@ from .cost_params import CostParams
 from .errors import ConfigError, require
 from .hardware import CXL_LINK, DEFAULT_LINK_LATENCY_S, GiB, LINK_PRESETS, GPUSpec, LinkSpec, PNMSpec
 from .model_spec import DTYPE_BYTES, KV_DTYPES, WEIGHT_DTYPES, ModelSpec
+from .parallelism import ParallelSpec
 from .spec_validation import int_at_least, is_int, non_negative, real_in
 from .prefix_offload import PrefixOffloadSpec
 from .tiers import STANDARD_TIERS, TierSpec, check_tier_list, tier_path
@@ -146,6 +147,12 @@ class InstanceSpec:
             ranks (expert parallelism, vLLM ``--enable-expert-parallel``) instead of sharding
             every expert over them (default False, vLLM's default); tokens then reach their experts'
             ranks by all-to-all dispatch and combine (:mod:`~kvsched.envs.sim.cost_model`).
+        parallel: long-context parallelism beyond TP (:class:`~.parallelism.ParallelSpec`: pipeline
+            stages with Medha's stream pipelining of prefill chunks, KV-parallel groups, or
+            LoongServe's elastic sequence parallelism), None (default) = one group of ``tp`` GPUs.
+            With it the instance spans ``tp × pp_stages × groups`` GPUs: weights and KV bytes per
+            GPU are the largest stage's share (``ceil(L/S)/L``), and the HBM KV blocks are the
+            groups' sum. Not with a PNM tier, nor with a mixture-of-experts or MLP-only-quantized model.
         cost: efficiency parameters of the cost model. None (default) means
             :func:`default_cost_params` of the GPU (the calibration file where one exists, else
             the literature defaults); after construction the field always holds a CostParams.
@@ -188,6 +195,7 @@ class InstanceSpec:
     extra_tiers: tuple[TierSpec, ...] = ()
     prefix_offload: PrefixOffloadSpec | None = None
     expert_parallel: bool = False
+    parallel: ParallelSpec | None = None
 
     # derived in __post_init__ (not init arguments, not compared)
     _pcie_auto: bool = field(init=False, repr=False, compare=False)
@@ -261,6 +269,16 @@ class InstanceSpec:
                 "a PNMSpec or None (no PNM tier)")
         require(self.cost is None or isinstance(self.cost, CostParams), f"{o}.cost", self.cost,
                 "a CostParams or None (the GPU's default)")
+        if self.parallel is not None:
+            require(isinstance(self.parallel, ParallelSpec), f"{o}.parallel", self.parallel,
+                    "a ParallelSpec or None (one group of tp GPUs)")
+            require(self.parallel.pp_stages <= m.n_layers, f"{o}.parallel.pp_stages", self.parallel.pp_stages,
+                    f"at most {m.name}'s n_layers={m.n_layers}")
+            require(self.pnm is None, f"{o}.parallel", self.parallel.describe(),
+                    "None with a PNM tier (pnm): the two are not modelled together")
+            require(not m.is_moe and m.quantized_weights != "mlp", f"{o}.parallel", self.parallel.describe(),
+                    f"None for {m.name}: long-context layouts price dense models with uniformly quantized "
+                    "weights only (parallelism.ParallelCost has no expert terms)")
         if isinstance(self.extra_tiers, list):
             self._set("extra_tiers", tuple(self.extra_tiers))
         require(isinstance(self.extra_tiers, tuple) and all(isinstance(t, TierSpec) for t in self.extra_tiers),
@@ -337,6 +355,10 @@ class InstanceSpec:
         else:
             self._set("_kv_bytes_per_block_per_gpu", kv_block / m.n_kv_heads * heads_per_gpu)
         self._set("_weight_bytes_per_gpu", m.weight_bytes(w_bytes) / self.tp)
+        if self.parallel is not None:  # the largest pipeline stage's share of the layers
+            frac = self.parallel.stage_fraction(m.n_layers)
+            self._set("_kv_bytes_per_block_per_gpu", self._kv_bytes_per_block_per_gpu * frac)
+            self._set("_weight_bytes_per_gpu", self._weight_bytes_per_gpu * frac)
 
     def _derive_tiers(self) -> None:
         """The ordered tier list (:mod:`kvsched.envs.sim.tiers`) and each tier's capacity in blocks."""
@@ -418,8 +440,9 @@ class InstanceSpec:
                 raise ConfigError(
                     f"{o}.max_model_len={self.max_model_len} is not allowed: the KV cache can hold only "
                     f"{capacity_tokens} tokens ({self._num_hbm_blocks} blocks x {self.block_size_tokens}) "
-                    f"for {m.name} on {self.tp}x {g.name}, and vLLM refuses to start; lower max_model_len, "
-                    "raise gpu_memory_utilization or tp, or use kv_dtype='fp8'")
+                    f"for {m.name} on {self._gpus_text()}, and vLLM refuses to start; lower max_model_len, "
+                    "raise gpu_memory_utilization or tp" + (", pp_stages or kvp_groups" if self.parallel else "")
+                    + ", or use kv_dtype='fp8'")
             model_len = int(self.max_model_len)
         else:
             model_len = min(m.max_context_tokens, capacity_tokens)
@@ -444,7 +467,7 @@ class InstanceSpec:
         m, g = self.model, self.gpu
         usable = self.gpu_memory_utilization * g.hbm_bytes
         weights = self._weight_bytes_per_gpu
-        where = f"{m.name} on {self.tp}x {g.name} (tp={self.tp}, weight_dtype={self._weight_dtype})"
+        where = f"{m.name} on {self._gpus_text()} (tp={self.tp}, weight_dtype={self._weight_dtype})"
         if weights >= usable:
             raise ConfigError(
                 f"weights of {where} do not fit: {weights / 1e9:.2f} GB per GPU >= "
@@ -456,6 +479,8 @@ class InstanceSpec:
         free = usable - weights - self.activation_reserve_bytes
         per_block = self._kv_bytes_per_block_per_gpu
         blocks = int(math.floor(free / per_block)) if free > 0 else 0
+        if self.parallel is not None:  # every KV group holds as many blocks (Medha KVP, LoongServe ESP)
+            blocks *= self.parallel.kv_groups
         if blocks < 1:
             raise ConfigError(
                 f"KV capacity of {where} is below one block: {usable / 1e9:.2f} GB usable - "
@@ -463,6 +488,19 @@ class InstanceSpec:
                 f"reserve = {free / 1e9:.3f} GB < {per_block / 1e9:.4f} GB per block per GPU; raise tp or "
                 "gpu_memory_utilization, lower activation_reserve_bytes, or use fp8 weights / KV")
         return blocks
+
+    def _gpus_text(self) -> str:
+        """The instance's GPUs in words, for messages ("8x H100-SXM" or with the parallel layout)."""
+        if self.parallel is None:
+            return f"{self.tp}x {self.gpu.name}"
+        return f"{self.num_gpus}x {self.gpu.name} (TP{self.tp} x {self.parallel.describe()})"
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the instance: ``tp``, times ``pp_stages × kv_groups`` with :attr:`parallel`."""
+        if self.parallel is None:
+            return self.tp
+        return self.tp * self.parallel.pp_stages * self.parallel.kv_groups
 
     # ---------------------------------------------------------------- derived, read-only
 

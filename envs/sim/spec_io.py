@@ -22,6 +22,7 @@ from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
 from .model_spec import DTYPE_BYTES, MODEL_PRESETS, ModelSpec, get_model
+from .parallelism import ParallelSpec
 from .prefix_offload import PrefixOffloadSpec
 from .spec_validation import as_float, is_int, known_keys
 from .tiers import TierSpec
@@ -88,6 +89,8 @@ def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
         elif name == "extra_tiers":
             out[name] = [_tier_dict(t) for t in value]
         elif name == "prefix_offload":
+            out[name] = None if value is None else value.to_dict()
+        elif name == "parallel":
             out[name] = None if value is None else value.to_dict()
         elif dataclasses.is_dataclass(value):
             out[name] = _spec_dict(value)
@@ -238,7 +241,7 @@ def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The spec objects of ``d``: model, gpu, links, PNM device and extra tiers (those given).
 
     ``pcie: null`` is left out (the link then follows the GPU), as are ``pnm``,
-    ``prefix_offload`` and ``extra_tiers`` when null.
+    ``prefix_offload``, ``parallel`` and ``extra_tiers`` when null.
 
     Raises:
         ConfigError: a malformed inline spec or tier list; UnknownPresetError: an unknown preset.
@@ -254,6 +257,8 @@ def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         kw["pnm"] = _pnm_from(d["pnm"], f"{source}: pnm")
     if "prefix_offload" in d and d["prefix_offload"] is not None:
         kw["prefix_offload"] = PrefixOffloadSpec.from_dict(d["prefix_offload"], f"{source}: prefix_offload")
+    if "parallel" in d and d["parallel"] is not None:
+        kw["parallel"] = ParallelSpec.from_dict(d["parallel"], f"{source}: parallel", get_link)
     if "extra_tiers" in d and d["extra_tiers"] is not None:
         tiers = d["extra_tiers"]
         if not isinstance(tiers, (list, tuple)):

@@ -206,7 +206,7 @@ def check_agent(task: BenchTask, agent: str) -> dict | None:
         from .residency import BOUND, agent_heuristic, keep_bins
 
         if agent == BOUND:
-            raise ConfigError(f"agent {BOUND!r} is task {task.name}'s bound (it reads the episode's future), not an "
+            raise ConfigError(f"agent '{BOUND}' is task {task.name}'s bound (it reads the episode's future), not an "
                               "agent; its scores are the bound's")
         parsed = agent_heuristic(agent)
         bins = keep_bins(task)

@@ -328,6 +328,8 @@ class Scenario:
         # metadata says which simulator served it)
         if d["instance"]["prefix_offload"] is None:
             del d["instance"]["prefix_offload"]
+        if d["instance"].get("parallel") is None:  # and before long-context parallelism (issue #25)
+            d["instance"].pop("parallel", None)
         if d["instance"]["kv_free_order"] == "tail_first":
             del d["instance"]["kv_free_order"]
         if d["instance"]["self_preemption"] == "ends_pass":  # likewise (issue #23)

@@ -1,0 +1,54 @@
+"""The long-context comparison tool (``python -m kvsched.experiments.long_context``): bad input is one
+line and exit status 2, a request longer than the instance's KV is refused before any run naming
+the limit, and a small comparison writes its table and ratios."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.envs.sim.parallelism import ParallelSpec
+from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
+from kvsched.experiments import long_context
+
+TINY = """name: {name}
+synthetic: {{rate_per_s: 2.0, duration_s: 6, long_fraction: 0.2, long_min_tokens: 60000, long_max_tokens: 120000}}
+instance: {{model: Llama-3.1-8B, gpu: H100-SXM, parallel: {parallel}}}
+policy: {policy}
+metrics: {{long_prompt_tokens: 50000}}
+seed: 2
+"""
+
+
+def test_a_request_longer_than_the_kv_is_refused_naming_the_limit():
+    spec = InstanceSpec(model=get_model("Llama-3.1-8B"), gpu=get_gpu("H100-SXM"), parallel=ParallelSpec(pp_stages=2))
+    with pytest.raises(ConfigError) as e:
+        long_context.check_capacity("s", spec, np.array([10, spec.model_len_limit]), np.array([5, 1]))
+    msg = str(e.value)
+    assert "\n" not in msg and "request 1" in msg and f"{spec.model_len_limit:,} tokens" in msg
+    long_context.check_capacity("s", spec, np.array([10, spec.model_len_limit - 1]), np.array([5, 1]))
+
+
+@pytest.mark.parametrize("argv, text", [(["--scenarios", "only-one"], "--scenarios"),
+                                        (["--seeds", "0"], "--seeds"),
+                                        (["--scenarios", "no-such-file,long-context-esp"], "no-such-file")])
+def test_bad_input_is_one_line_and_exit_status_2(argv, text, capsys):
+    assert long_context.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and text in err
+
+
+def test_a_small_comparison_writes_its_rows_and_ratios(tmp_path, capsys):
+    a = tmp_path / "medha.yaml"
+    b = tmp_path / "esp.yaml"
+    a.write_text(TINY.format(name="m", parallel="{pp_stages: 2, kvp_groups: 2}", policy="lars"))
+    b.write_text(TINY.format(name="e", parallel="{esp_groups: 4}", policy="nonpreemptive"))
+    assert long_context.main(["--scenarios", f"{a},{b}", "--out", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "long_context.json").read_text())
+    assert [r["scenario"] for r in out["rows"]] == ["m", "e"]
+    assert out["rows"][0]["gpus"] == out["rows"][1]["gpus"] == 4
+    assert out["ratios"][0]["short_ttft_p99_s"] > 1  # the non-preemptive baseline makes short requests wait
+    assert (tmp_path / "long_context.csv").read_text().count("\n") == 3
