@@ -11,7 +11,9 @@ policy lets it preempt a running request (:meth:`~.preemption.Preemptor.preempt_
 stops too (vLLM V1 breaks out of its waiting loop), unless the policy preempts for the head
 (``preempts_for_head``: vLLM V0's priority preemption, which also frees seats).
 A request whose chunk would leave one partial prefill too many is skipped for this step and
-later ones may go.
+later ones may go. Without chunked prefill, so is a prompt longer than the token budget left
+(vLLM V1 up to 0.11); with ``InstanceSpec.unchunked_overflow`` "stop" admission stops there
+instead (vLLM 0.32, :meth:`Admitter.try_admit`).
 
 Children of a parallel-sampling request (``n > 1``, :meth:`~.request.Request.children`) admitted in
 the step a sibling is scheduled find the sibling's full prompt blocks already cached, as in vLLM
@@ -51,6 +53,7 @@ class Admitter:
 
     def __init__(self, inst: Instance) -> None:
         self.inst = inst
+        self.stop_at_unchunked_overflow = inst.spec.unchunked_overflow == "stop"
 
     def admit_in_order(self, cands: list, step: StepBuild, now: float, keep_queue_order: bool) -> None:
         """Admit waiting requests in the given order until budget, seats or KV run out."""
@@ -114,6 +117,12 @@ class Admitter:
         Returns ``ADMITTED``, ``SKIP`` (not now; later requests may go) or ``STOP`` (allocation
         failed: vLLM stops admitting, head-of-line). With no seat left, a policy that preempts for
         the head is asked for a victim first (cause ``"seats"``).
+
+        Without chunked prefill, a request whose tokens to compute exceed the budget left is
+        ``SKIP`` under ``InstanceSpec.unchunked_overflow`` "skip" (vLLM V1 up to 0.11:
+        ``skipped_waiting_requests.appendleft(request); continue``) and ``STOP`` under "stop"
+        (vLLM 0.32, ``vllm/v1/core/sched/scheduler.py`` lines 1158-1167: ``if not
+        enable_chunked_prefill and num_new_tokens > request_token_budget: break``).
         """
         inst = self.inst
         if step.budget <= 0:
@@ -149,6 +158,8 @@ class Admitter:
             return STOP
         leaves_partial = n < to_compute
         if inst.composer.partial_blocked(st, leaves_partial, step, admitting=True):
+            if self.stop_at_unchunked_overflow and not inst.chunked and to_compute > step.budget:
+                return STOP  # vLLM 0.32: admission ends at a prompt over the budget left
             return SKIP
         hit_hashes = st.hashes[:hit]
         hit_blocks = hit * (st.seg_tokens // kv.bs) if hit else 0

@@ -31,6 +31,12 @@ KV_FREE_ORDERS = ("tail_first", "head_first")
 """Orders a request's HBM prefix segments become evictable in (``InstanceSpec.kv_free_order``)."""
 SELF_PREEMPTION = ("ends_pass", "continues")
 """What a running request that preempts itself does to the step (``InstanceSpec.self_preemption``)."""
+UNCHUNKED_OVERFLOW = ("skip", "stop")
+"""What admission does at a waiting prompt longer than the budget left without chunked prefill
+(``InstanceSpec.unchunked_overflow``)."""
+LONG_PREFILL_THRESHOLD_ALONE = ("cap", "lift")
+"""Whether ``long_prefill_token_threshold`` caps the chunk of a request that is the only one running
+or waiting (``InstanceSpec.long_prefill_threshold_alone``)."""
 TP_DEGREES = (1, 2, 4, 8)
 #: Most KV blocks one tier may hold: 2**53 (exact as a float, fits the int64 columns of router and
 #: feature tables; 2**53 blocks of the smallest KV block are far beyond any real memory).
@@ -131,6 +137,21 @@ class InstanceSpec:
             the victim is the last running request, so only a victim rule that picks from the
             middle of the running list (priority scheduling, Scheduling-v0's victim actions) sees
             a difference.
+        unchunked_overflow: without chunked prefill, what admission does at a waiting prompt
+            whose tokens to compute exceed the token budget left in the step: ``"skip"``
+            (default: it waits and later, shorter prompts may still be admitted, as vLLM V1 up to
+            0.11 -- ``Scheduler.schedule`` put it in ``skipped_waiting_requests`` and went on,
+            ``continue`` -- the releases of kvsched's reference runs) or ``"stop"`` (vLLM 0.32:
+            ``vllm/v1/core/sched/scheduler.py`` lines 1158-1167, ``if not
+            enable_chunked_prefill and num_new_tokens > request_token_budget: break``, so no later
+            request is admitted in that step). Changes nothing with chunked prefill.
+        long_prefill_threshold_alone: whether ``long_prefill_token_threshold`` caps the chunk of
+            a request that is alone (at the step's start one request running, waiting or swapped
+            out, itself): ``"cap"`` (default: every chunk is capped, as vLLM V1 up to 0.11) or
+            ``"lift"`` (vLLM 0.32: ``Scheduler.schedule``, ``vllm/v1/core/sched/scheduler.py``
+            lines 640-649, uses the threshold only ``if num_eligible_reqs > 1`` with
+            ``num_eligible_reqs = len(running) + len(waiting)``, "nobody to starve"). Only the
+            chunk cap is lifted; which prompts count as long (the partial-prefill limit) stays.
         preemption_mode: "recompute" (vLLM V1, §4.1), "swap" (to DRAM; needs dram_kv_bytes > 0)
             or "offload" (to NVMe; needs nvme_kv_bytes > 0).
         pnm: an optional processing-near-memory KV tier (:class:`PNMSpec`), None (default) =
@@ -189,6 +210,8 @@ class InstanceSpec:
     cache_decode_blocks: bool = False
     kv_free_order: str = "tail_first"
     self_preemption: str = "ends_pass"
+    unchunked_overflow: str = "skip"
+    long_prefill_threshold_alone: str = "cap"
     preemption_mode: str = "recompute"
     cost: CostParams | None = None
     pnm: PNMSpec | None = None
@@ -321,6 +344,10 @@ class InstanceSpec:
                 f"one of {', '.join(KV_FREE_ORDERS)}")
         require(self.self_preemption in SELF_PREEMPTION, f"{o}.self_preemption", self.self_preemption,
                 f"one of {', '.join(SELF_PREEMPTION)}")
+        require(self.unchunked_overflow in UNCHUNKED_OVERFLOW, f"{o}.unchunked_overflow", self.unchunked_overflow,
+                f"one of {', '.join(UNCHUNKED_OVERFLOW)}")
+        require(self.long_prefill_threshold_alone in LONG_PREFILL_THRESHOLD_ALONE, f"{o}.long_prefill_threshold_alone",
+                self.long_prefill_threshold_alone, f"one of {', '.join(LONG_PREFILL_THRESHOLD_ALONE)}")
         modes = PREEMPTION_MODES + tuple(t.preemption_mode for t in self.extra_tiers if t.preemption_mode)
         require(self.preemption_mode in modes, f"{o}.preemption_mode", self.preemption_mode,
                 f"one of {', '.join(modes)}")

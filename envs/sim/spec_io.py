@@ -105,7 +105,8 @@ _INT_FIELDS = ("tp", "block_size_tokens", "long_prefill_token_threshold", "max_l
 _OPT_INT_FIELDS = ("hbm_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                    "max_num_partial_prefills")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "activation_reserve_bytes", "dram_kv_bytes", "nvme_kv_bytes")
-_STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode", "kv_free_order", "self_preemption")
+_STR_FIELDS = ("weight_dtype", "kv_dtype", "preemption_mode", "kv_free_order", "self_preemption",
+               "unchunked_overflow", "long_prefill_threshold_alone")
 _BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "cache_decode_blocks", "expert_parallel")
 
 

@@ -9,7 +9,9 @@ prices (tokens, attention pairs, KV tokens read); :class:`StepComposer` fills it
   in the policy's order (Sarathi-Serve's stall-free batching, OSDI '24 §4);
 - a prefill's chunk is capped by ``long_prefill_token_threshold``, the per-prefill share of the
   budget with several partial prefills (``partial_prefill_budget_lookup_list``), the policy's
-  ``chunk_limit`` and the budget left;
+  ``chunk_limit`` and the budget left; with ``InstanceSpec.long_prefill_threshold_alone`` "lift"
+  the threshold caps nothing in a step that starts with one request running, waiting or swapped
+  out (vLLM 0.32, :meth:`StepComposer.long_cap_lifted`);
 - with a partial-prefill limit ``max_num_partial_prefills = k`` at most ``k`` requests
   (``max_long_partial_prefills`` long ones) may be left with an unfinished prefill by one step
   (vLLM V0 ``PartialPrefillMetadata``); ``None`` limits nothing (vLLM V1);
@@ -58,6 +60,8 @@ class StepBuild:
     Attributes:
         budget: tokens left in the step's token budget.
         prefill_slot: the most tokens one prefill may take (per-prefill share of the budget).
+        long_cap_lifted: the long-prefill threshold caps no chunk in this step (a request alone
+            under ``long_prefill_threshold_alone`` "lift": :meth:`StepComposer.long_cap_lifted`).
         plan: ``(request, tokens)`` in batch order; ``planned``: their request ids.
         partial, long_partial: requests (long ones) this step leaves with an unfinished prefill.
         preempted: a running request was preempted while composing (vLLM then admits nobody).
@@ -70,11 +74,12 @@ class StepBuild:
         victims: requests preempted in this step's running pass (for lack of KV blocks).
     """
 
-    __slots__ = ("budget", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
+    __slots__ = ("budget", "long_cap_lifted", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
                  "kv_tokens", "prefill_slot", "admission_order", "displaced", "victims")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, long_cap_lifted: bool = False) -> None:
         self.budget = budget
+        self.long_cap_lifted = long_cap_lifted
         self.prefill_slot = budget
         self.plan: list[tuple[RequestState, int]] = []
         self.planned: set[int] = set()
@@ -110,6 +115,22 @@ class StepComposer:
     def __init__(self, inst: Instance) -> None:
         self.inst = inst
         self.self_preemption_ends_pass = inst.spec.self_preemption == "ends_pass"
+        self.lift_long_cap_alone = inst.spec.long_prefill_threshold_alone == "lift"
+
+    def long_cap_lifted(self) -> bool:
+        """Whether the instance's long-prefill threshold caps no chunk in the step about to be
+        planned.
+
+        With ``InstanceSpec.long_prefill_threshold_alone`` "lift": when at most one request is
+        running, waiting or swapped out at the step's start: vLLM 0.32 ``Scheduler.schedule``
+        (``vllm/v1/core/sched/scheduler.py`` lines 640-649) applies the threshold only ``if
+        num_eligible_reqs > 1``, ``num_eligible_reqs`` being its running plus waiting requests
+        counted before the running pass ("nobody to starve"); vLLM V1 up to 0.11 capped every
+        chunk ("cap", the default). kvsched's swapped-out requests count as waiting ones (vLLM
+        0.32 has no swapping; a preempted request waits).
+        """
+        inst = self.inst
+        return self.lift_long_cap_alone and len(inst.running) + len(inst.waiting) + len(inst.swapped) <= 1
 
     # --------------------------------------------------------------------- whole step
     def compose(self, step: StepBuild, now: float) -> tuple[int, bool]:
@@ -233,7 +254,7 @@ class StepComposer:
         if to_compute > 1 and n > step.prefill_slot:
             n = step.prefill_slot
         long_threshold = self.inst.long_threshold
-        if long_threshold > 0 and n > long_threshold:
+        if long_threshold > 0 and n > long_threshold and not step.long_cap_lifted:
             n = long_threshold
         if to_compute > 1:
             lim = self.inst.policy.chunk_limit(st.prompt_tokens, st.computed, step.n_tokens, step.attn2 / 2.0,

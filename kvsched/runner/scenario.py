@@ -334,6 +334,11 @@ class Scenario:
             del d["instance"]["kv_free_order"]
         if d["instance"]["self_preemption"] == "ends_pass":  # likewise (issue #23)
             del d["instance"]["self_preemption"]
+        # and before the vLLM 0.32 scheduling options existed (admission at an unchunked prompt over
+        # the budget left, the long-prefill threshold of a request alone): left out at their defaults
+        for key, default in (("unchunked_overflow", "skip"), ("long_prefill_threshold_alone", "cap")):
+            if d["instance"][key] == default:
+                del d["instance"][key]
         _drop_moe_defaults(d["instance"], self.instance_spec())
         partial = d["instance"]["max_num_partial_prefills"]
         if partial is None:
