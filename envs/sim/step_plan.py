@@ -74,8 +74,8 @@ class StepBuild:
         victims: requests preempted in this step's running pass (for lack of KV blocks).
     """
 
-    __slots__ = ("budget", "long_cap_lifted", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens", "attn2",
-                 "kv_tokens", "prefill_slot", "admission_order", "displaced", "victims")
+    __slots__ = ("budget", "long_cap_lifted", "plan", "planned", "partial", "long_partial", "preempted", "n_tokens",
+                 "attn2", "kv_tokens", "prefill_slot", "admission_order", "displaced", "victims")
 
     def __init__(self, budget: int, long_cap_lifted: bool = False) -> None:
         self.budget = budget

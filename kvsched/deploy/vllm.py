@@ -243,8 +243,11 @@ class LARSScheduler(KvschedPolicyScheduler):
             pairs += p
             kv += p
         threshold = self.scheduler_config.long_prefill_token_threshold
-        if len(self.running) + len(self.waiting) <= 1:
-            threshold = 0  # vLLM: nobody to starve
+        if sum(self.get_request_counts()) <= 1:
+            # vLLM 0.32 lifts the threshold for a request alone ("nobody to starve",
+            # Scheduler.schedule, vllm/v1/core/sched/scheduler.py lines 640-649): the plugin plans
+            # as the engine it runs on (kvsched's InstanceSpec.long_prefill_threshold_alone: lift)
+            threshold = 0
         shares: dict[str, int] = {}
         for r in ordered:
             if budget <= 0:
