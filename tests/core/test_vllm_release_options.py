@@ -136,3 +136,21 @@ def test_scenario_hash_leaves_the_options_out_at_their_defaults_only():
 
     assert sha() == sha(unchunked_overflow="skip", long_prefill_threshold_alone="cap")
     assert len({sha(), sha(unchunked_overflow="stop"), sha(long_prefill_threshold_alone="lift")}) == 3
+
+
+# ------------------------------------------------------------------ the parity harness's choice
+def test_parity_runs_kvsched_with_the_options_of_the_vllm_release_compared_with():
+    """Up to 0.11 kvsched's defaults, after it vLLM 0.32's options; a -v0.11 case pins the
+    defaults whatever the release (no vLLM needed: the spec only)."""
+    from kvsched.deploy import parity
+
+    assert parity.kvsched_options_for("0.11.2") == {} == parity.kvsched_options_for("0.8.5.post1")
+    later = {"unchunked_overflow": "stop", "long_prefill_threshold_alone": "lift"}
+    assert parity.kvsched_options_for("0.32.0+cpu") == later == parity.kvsched_options_for("0.12.0")
+    cases = {c.name: c for c in parity.cases()}
+    spec = cases["budget-unchunked"].instance_spec("0.32.0")
+    assert (spec.unchunked_overflow, spec.long_prefill_threshold_alone) == ("stop", "lift")
+    assert cases["budget-unchunked-v0.11"].instance_spec("0.32.0").unchunked_overflow == "skip"
+    assert cases["long-alone-threshold-v0.11"].instance_spec("0.32.0").long_prefill_threshold_alone == "cap"
+    with pytest.raises(ConfigError, match="vLLM version 'dev' is not allowed"):
+        parity.kvsched_options_for("dev")
