@@ -37,6 +37,8 @@ SHIPPED_SHA256: dict[str, str] = {
         "c36613c59a75e7d5927d915e1ab287137f9e0ee89b57dddaf245bc4eee8f64be",
     "experiments/suite/results/v1/overload-burst/clone.zip":
         "e7a325bbfedd18654a005e358c12a54b646174eeb3d190044a85eb084a0d3b94",
+    "experiments/suite/results/v1/residency-sessions/clone.zip":
+        "1c2535871ceb0ec7b3637a2e28d93f90624c5d47561b44b0133cab29ee95a7f1",
     "experiments/suite/results/v1/routing-stale/clone.zip":
         "b4f03d48c0b91862cdac79fbe06a42e6bb3266d3a1f3d0151bb70ac0d5e56ba9",
     "experiments/suite/results/v1/sessions-small-kv/clone.zip":

@@ -50,7 +50,7 @@ from kvsched.envs.sim.errors import ConfigError, bounded_repr
 from kvsched.envs.sim.instance import Instance, InstanceOptions
 from kvsched.envs.sim.observer import PreemptionEvent
 from kvsched.envs.sim.request import Request, RequestState
-from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
+from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
 from kvsched.policies.base import make_policy
 
 #: Model and GPU of the kvsched side. Decisions do not depend on them when the policy reads no
@@ -58,6 +58,15 @@ from kvsched.policies.base import make_policy
 #: read predicted prefill times from the cost model of this served system.
 MODEL = "Llama-3.1-8B"
 GPU = "H100-SXM"
+#: The cost parameters every case prices its steps with: the H100 calibration version 1 (the
+#: documented parity tables' values), fixed here so a recalibration does not move what depends on
+#: predicted times (LARS's slack order and adaptive chunks, EWSJF's scores) on either side; vLLM's
+#: own step composition does not depend on them.
+PARITY_COST = CostParams(mfu_max=0.7608553202500176, mfu_half_tokens=64.0, mbu=0.7589988699067229,
+                         step_overhead_s=0.0006961629717036043, allreduce_latency_s=1e-05,
+                         allreduce_bw_efficiency=0.19143190333850899, request_overhead_s=0.002878829116361304,
+                         prompt_token_overhead_s=4.2e-06, output_token_overhead_s=4.59e-05,
+                         first_chunk_delay_tokens=1.1316788778325044)
 #: Token-id bases of the synthetic prompts (see the module docstring); far apart so that shared
 #: blocks, a request's own prompt tokens and its output tokens never collide.
 SHARED_BASE, PROMPT_BASE, OUTPUT_BASE = 1_000_000, 100_000_000, 900_000_000
@@ -146,7 +155,7 @@ class ParityCase:
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                             long_prefill_token_threshold=self.long_prefill_token_threshold,
                             enable_chunked_prefill=self.enable_chunked_prefill,
-                            enable_prefix_caching=self.enable_prefix_caching, **options)
+                            enable_prefix_caching=self.enable_prefix_caching, cost=PARITY_COST, **options)
 
 
 #: The last vLLM release (major, minor) whose V1 scheduler kvsched's defaults mirror.
