@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvsched.envs.sim.errors import ConfigError
@@ -109,3 +111,35 @@ def test_scenario_bad_cluster_values_are_one_line_errors(tmp_path, cluster, need
     with pytest.raises(ConfigError) as e:
         load_scenario(p)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", ["{gpu: H200-SXM}", "{gpu: A100-80GB, tp: 2}", "{gpu: H200-SXM, cost: {}}"])
+def test_role_on_another_gpu_shares_the_scenario_front_end(tmp_path, override):
+    """A role on another GPU (whose default cost parameters differ from the calibrated H100's)
+    builds and runs: it takes the scenario instance's API front-end fields, its own step costs."""
+    from kvsched.envs.sim.calibration import default_cost_params
+    from kvsched.envs.sim.cost_params import FRONT_END_FIELDS
+
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}", f"decode: {{count: 1, instance: {override}}}"))
+    sc = load_scenario(p)
+    pre, dec = sc.instance_specs()
+    assert dec.gpu.name != "H100-SXM"
+    for f in FRONT_END_FIELDS:
+        assert getattr(dec.cost_params, f) == getattr(pre.cost_params, f)
+    own = default_cost_params(dec.gpu)
+    assert (dec.cost_params.mfu_max, dec.cost_params.mbu) == (own.mfu_max, own.mbu)
+    sc = replace(sc, max_requests=6)
+    res = simulate(sc.workload(), sc.instance_spec(), sc.policy, sc.metrics_config(),
+                   n_instances=sc.n_instances, **scenario_cluster_kwargs(sc))
+    assert res.summary["disaggregation"]["remote_prefills"] == 6
+
+
+def test_role_cost_giving_another_front_end_is_a_one_line_error(tmp_path):
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}",
+                                  "decode: {count: 1, instance: {gpu: H200-SXM, cost: {request_overhead_s: 0.5}}}"))
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.instance: cost\.request_overhead_s=0\.5 is not allowed"
+                                          r".*share the API front end") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
