@@ -176,3 +176,21 @@ def test_evaluate_plays_residency_heuristics_on_the_same_episodes(tmp_path):
         evaluate(["session:7"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
     with pytest.raises(ConfigError, match="residency heuristic"):
         evaluate(["fcfs"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
+
+
+def test_made_without_a_scenario_it_serves_the_bundled_residency_scenario_and_passes_the_env_checker():
+    """``gym.make("kvsched/Residency-v0")`` with no scenario must build (the generic default
+    scenario has no prefix tier below HBM) and pass Gymnasium's checker."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = ResidencyEnv(window_s=60.0, max_requests=40)
+    assert env.source.scenario.name == "residency-mooncake"
+    check_env(env, skip_render_check=True)
+
+
+def test_a_scenario_with_cluster_roles_is_refused_when_made(tmp_path):
+    p = tmp_path / "roles.yaml"
+    p.write_text(Path(SCENARIO).read_text() + "cluster: {prefill: {count: 1}, decode: {count: 1}}\n")
+    with pytest.raises(ConfigError, match=r"scenario=.*cluster: section") as e:
+        ResidencyEnv(scenario=str(p), window_s=60.0, max_requests=40)
+    assert "\n" not in str(e.value)
