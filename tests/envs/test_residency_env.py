@@ -194,3 +194,15 @@ def test_a_scenario_with_cluster_roles_is_refused_when_made(tmp_path):
     with pytest.raises(ConfigError, match=r"scenario=.*cluster: section") as e:
         ResidencyEnv(scenario=str(p), window_s=60.0, max_requests=40)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("agent", ["session:", "session:0", "session:-5", "session:abc", "session:nan", "session:7"])
+def test_evaluate_refuses_a_session_keep_outside_the_keep_bins_naming_them(tmp_path, monkeypatch, agent):
+    """Every malformed ``session:<s>`` is refused before any episode with the same message naming
+    the keep bins (session:0 and session:abc were a generic 'neither a checkpoint' error)."""
+    from kvsched.agents import evaluate as ev
+
+    monkeypatch.setattr(ev, "_run_residency_heuristic", lambda *a, **k: pytest.fail("an episode ran"))
+    with pytest.raises(ConfigError, match=r"is not allowed: expected session:<seconds> .*keep bins 5, 15") as e:
+        ev.evaluate([agent], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
+    assert "\n" not in str(e.value)
