@@ -89,6 +89,24 @@ def _registered(registry, name: str) -> str:
         return name
 
 
+def _check_role_overrides(sc: Scenario, given: dict) -> None:
+    """A flag that sets an instance field a ``cluster:`` role sets too would reach only the other
+    roles (a role's own fields win over ``instance``): refused rather than half applied.
+
+    Raises:
+        KvschedError: ``given`` (``flag -> (field, value)``) names a field a role overrides.
+    """
+    roles = sc.cluster if isinstance(sc.cluster, dict) else {}
+    for flag, (key, val) in given.items():
+        for role in ("prefill", "decode", "mixed"):
+            sec = roles.get(role)
+            inst = sec.get("instance") if isinstance(sec, dict) else None
+            if isinstance(inst, dict) and key in inst and inst[key] != val:
+                raise KvschedError(f"{flag}={bounded_repr(val)} is not allowed: the scenario's "
+                                   f"cluster.{role}.instance sets {key}={bounded_repr(inst[key])}, which a flag does "
+                                   f"not override; edit the scenario's {role} role or drop the flag")
+
+
 def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     """The scenario to run: the ``--scenario`` file (or the defaults) with the flags given applied over it."""
     sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
@@ -100,6 +118,8 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         if val is not None:
             inst[key] = val
     over["instance"] = inst
+    _check_role_overrides(sc, {f"--{k}": (k, v) for k, v in (("model", a.model), ("gpu", a.gpu), ("tp", a.tp))
+                               if v is not None})
     from kvsched.policies.base import POLICIES
     from kvsched.policies.routing import ROUTERS
 
@@ -127,6 +147,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
                                f"(policy {bounded_repr(pf['policy'])}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
+        _check_role_overrides(sc, {f"--policy-file engine field {k}": (k, v) for k, v in pf["engine"].items()})
         if pf["router"] is not None:  # a router study's file: its tuned router and every parameter
             from kvsched.policies.routing import ROUTERS
 

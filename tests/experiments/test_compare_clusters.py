@@ -143,3 +143,15 @@ def test_role_cost_giving_another_front_end_is_a_one_line_error(tmp_path):
                                           r".*share the API front end") as e:
         load_scenario(p)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag, value", [("--tp", "2"), ("--gpu", "H200-SXM")])
+def test_an_instance_flag_a_role_also_sets_is_refused_not_half_applied(tmp_path, capsys, flag, value):
+    """`--tp`/`--gpu`/`--model` change the scenario's `instance`; a role that sets the same field keeps
+    its own, so the flag would reach only the other roles: refused in one line naming both."""
+    p = tmp_path / "roles.yaml"
+    p.write_text(SCENARIO.replace("instance: {max_num_batched_tokens: 4096}",
+                                  "instance: {max_num_batched_tokens: 4096, tp: 4, gpu: A100-80GB}"))
+    assert main(["simulate", "--scenario", str(p), flag, value, "--max-requests", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{flag}=" in err and "cluster.prefill.instance sets" in err
