@@ -308,7 +308,10 @@ def _print_routing(summary: dict, console: Console) -> None:
     r = summary.get("routing")
     if r:
         hit = summary["classes"]["all"]["prefix"]["hit_rate"]
-        share = ", ".join(f"{100 * x:.0f}" for x in r["load_share"])
+        ls = r["load_share"]  # bounded: a cluster may have thousands of instances
+        shown = ls if len(ls) <= 16 else [*ls[:8], None, *ls[-4:]]
+        share = ", ".join("..." if x is None else f"{100 * x:.0f}" for x in shown) \
+            + ("" if len(ls) <= 16 else f" ({len(ls):,} instances)")
         console.print(f"router {r['router']}: prefix hit rate {100 * (hit or 0):.1f} %, load share % per instance "
                       f"[{share}], imbalance (max/mean) {r['load_imbalance']:.2f}", highlight=False)
     k = summary.get("shared_kv")

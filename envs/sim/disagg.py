@@ -526,11 +526,16 @@ class ClusterLayout:
         return replace(self, counts=new)
 
 
+MAX_ROLE_INSTANCES = 9999
+"""Most instances of one role in a ``cluster:`` section or an ``xPyD`` label (a bound on memory
+and run time: every instance holds its own pools and state) [kvsched choice]."""
+
+
 def _check_counts(counts: Mapping[str, int], source: str) -> None:
     for r in ROLES:
         n = counts.get(r, 0)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"{source}.{r}.count={bounded_repr(n)} must be an integer >= 0")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_ROLE_INSTANCES:
+            raise ConfigError(f"{source}.{r}.count={bounded_repr(n)} must be an integer in [0, {MAX_ROLE_INSTANCES}]")
     if counts.get("decode", 0) + counts.get("mixed", 0) < 1:
         raise ConfigError(f"{source}: needs at least one decode or mixed instance (got prefill "
                           f"{counts.get('prefill', 0)}, decode {counts.get('decode', 0)}, "
@@ -611,16 +616,19 @@ def parse_layout_label(label: str) -> dict[str, int]:
     """
     import re
 
-    if not isinstance(label, str) or not re.fullmatch(r"(\d{1,4}[PpDdMm])+", label.strip()):
+    if not isinstance(label, str) or not re.fullmatch(r"(\d+[PpDdMm])+", label.strip()):
         raise ConfigError(f"cluster layout {bounded_repr(label)} is not allowed: expected <n>P<n>D and/or <n>M, "
                           "e.g. 2P2D, 1P3D, 4M")
     counts: dict[str, int] = {r: 0 for r in ROLES}
     seen: set[str] = set()
-    for n, r in re.findall(r"(\d{1,4})([PpDdMm])", label.strip()):
+    for n, r in re.findall(r"(\d+)([PpDdMm])", label.strip()):
         role = _LABEL_PART[r.upper()]
         if role in seen:
             raise ConfigError(f"cluster layout {bounded_repr(label)}: role {r.upper()} given twice")
         seen.add(role)
+        if len(n.lstrip("0")) > len(str(MAX_ROLE_INSTANCES)):
+            raise ConfigError(f"cluster layout {bounded_repr(label, 60)}: {role} count {bounded_repr(n, 20)} is not allowed: "
+                              f"expected an integer in [0, {MAX_ROLE_INSTANCES}]")
         counts[role] = int(n)
     _check_counts(counts, f"cluster layout {bounded_repr(label)}")
     return counts
