@@ -206,7 +206,13 @@ class Scenario:
         base = self.instance_spec()
         for role in ("prefill", "decode", "mixed"):
             if layout.counts[role]:
-                out += [self._role_spec(role, base, layout.overrides[role])] * layout.counts[role]
+                spec = self._role_spec(role, base, layout.overrides[role])
+                if out and (spec.model, spec.kv_dtype_bytes) != (out[0].model, out[0].kv_dtype_bytes):
+                    raise ConfigError(
+                        f"{self.source}: cluster.{role}.instance serves {spec.model.name} with {spec.kv_dtype_bytes:g}-"
+                        f"byte KV, the first role {out[0].model.name} with {out[0].kv_dtype_bytes:g}-byte KV: expected "
+                        "one model and KV dtype on every instance (KV moves between them)")
+                out += [spec] * layout.counts[role]
         return out
 
     def _role_spec(self, role: str, base: InstanceSpec, override: Mapping[str, Any]) -> InstanceSpec:

@@ -155,3 +155,14 @@ def test_an_instance_flag_a_role_also_sets_is_refused_not_half_applied(tmp_path,
     assert main(["simulate", "--scenario", str(p), flag, value, "--max-requests", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{flag}=" in err and "cluster.prefill.instance sets" in err
+
+
+@pytest.mark.parametrize("override", ["{kv_dtype: fp8}", "{model: Qwen2.5-7B}"])
+def test_roles_serving_another_model_or_kv_dtype_are_refused_when_the_scenario_loads(tmp_path, override):
+    """KV moves between the roles: a role with another model or KV dtype is a one-line error when
+    the scenario loads (it was found only when the cluster was built, after the run's header)."""
+    p = tmp_path / "mixed-models.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}", f"decode: {{count: 1, instance: {override}}}"))
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.instance serves .*expected one model and KV dtype") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
