@@ -577,7 +577,8 @@ def cluster_layout_from_dict(d: Any, source: str = "cluster") -> ClusterLayout:
         if "count" not in sec:
             raise ConfigError(f"{source}.{role}: missing key 'count' (instances of this role)")
         counts[role] = sec["count"]
-        inst = sec.get("instance") or {}
+        inst = sec.get("instance")
+        inst = {} if inst is None else inst  # (an empty list, 0 or "" is a wrong type, not "no fields")
         if not isinstance(inst, Mapping):
             raise ConfigError(f"{source}.{role}.instance must be a mapping of InstanceSpec fields, "
                               f"got {type(inst).__name__}")
@@ -588,7 +589,8 @@ def cluster_layout_from_dict(d: Any, source: str = "cluster") -> ClusterLayout:
     router = d.get("prefill_router", "least-loaded")
     if not isinstance(router, str):
         raise ConfigError(f"{source}.prefill_router={bounded_repr(router)} must be a router name")
-    rparams = d.get("prefill_router_params", {}) or {}
+    rparams = d.get("prefill_router_params")
+    rparams = {} if rparams is None else rparams
     if not isinstance(rparams, Mapping):
         raise ConfigError(f"{source}.prefill_router_params={bounded_repr(rparams)} must be a mapping of the "
                           "router's parameters")

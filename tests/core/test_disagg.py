@@ -270,6 +270,10 @@ def test_bad_disagg_spec_is_a_one_line_error(kw, field):
     ("2P2D", "must be a mapping"),
     ({"prefill": {"count": 1}, "decode": {"count": 100_000}}, "decode.count=100000 must be an integer in [0, 9999]"),
     ({"mixed": {"count": 10 ** 400}}, "mixed.count="),
+    ({"decode": {"count": 1, "instance": []}}, "decode.instance must be a mapping"),
+    ({"decode": {"count": 1, "instance": 0}}, "decode.instance must be a mapping"),
+    ({"decode": {"count": 1}, "prefill_router_params": []}, "prefill_router_params=[] must be a mapping"),
+    ({"decode": {"count": 1}, "prefill_router_params": ""}, "prefill_router_params='' must be a mapping"),
 ])
 def test_bad_cluster_section_is_a_one_line_error(d, needle):
     with pytest.raises(ConfigError) as e:
