@@ -109,8 +109,8 @@ class ResidencyEnv(gym.Env):
             ``{episode}`` field (docs/timeline.md), or None.
 
     Raises:
-        ConfigError: a scenario without ``prefix_offload`` or with a ``cluster:`` section (roles), an unknown eviction order, bad keep
-            bins, a bad horizon or reward.
+        ConfigError: a scenario without ``prefix_offload`` or with a ``cluster:`` section (roles),
+            an unknown eviction order, bad keep bins, a bad horizon or reward.
     """
 
     metadata = {"render_modes": []}

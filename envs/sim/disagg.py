@@ -629,8 +629,8 @@ def parse_layout_label(label: str) -> dict[str, int]:
             raise ConfigError(f"cluster layout {bounded_repr(label)}: role {r.upper()} given twice")
         seen.add(role)
         if len(n.lstrip("0")) > len(str(MAX_ROLE_INSTANCES)):
-            raise ConfigError(f"cluster layout {bounded_repr(label, 60)}: {role} count {bounded_repr(n, 20)} is not allowed: "
-                              f"expected an integer in [0, {MAX_ROLE_INSTANCES}]")
+            raise ConfigError(f"cluster layout {bounded_repr(label, 60)}: {role} count {bounded_repr(n, 20)} is not "
+                              f"allowed: expected an integer in [0, {MAX_ROLE_INSTANCES}]")
         counts[role] = int(n)
     _check_counts(counts, f"cluster layout {bounded_repr(label)}")
     return counts

@@ -193,7 +193,8 @@ def test_esp_prefill_scales_over_the_instances_it_needs():
     """A prefill of 4 x esp_tokens_per_group tokens on 8 ESP instances uses 4 of them: faster than
     on one, no faster on 8 than on 4."""
     def step(groups):
-        c = CostModel(spec(ParallelSpec(esp_groups=groups, esp_tokens_per_group=4096) if groups > 1 else ParallelSpec()))
+        par = ParallelSpec(esp_groups=groups, esp_tokens_per_group=4096) if groups > 1 else ParallelSpec()
+        c = CostModel(spec(par))
         return c.plan_step_time_s(0, 0, [(16384, 0, True)])
     assert step(4) < step(1) / 2
     assert step(8) == step(4)
