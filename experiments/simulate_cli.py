@@ -170,6 +170,21 @@ def _layout(spec) -> str:
     return "" if par is None else f" x {par.describe()} ({spec.num_gpus} GPUs)"
 
 
+def _roles_line(sc: Scenario) -> str:
+    """Each role of a ``cluster:`` section: count, GPU, TP, layout, KV blocks and token budget."""
+    layout = sc.cluster_layout()
+    specs = sc.instance_specs()
+    parts, i = [], 0
+    for role in ("prefill", "decode", "mixed"):
+        n = layout.counts[role] if layout is not None else 0
+        if n:
+            s = specs[i]
+            parts.append(f"{n} {role} ({s.gpu.name} TP{s.tp}{_layout(s)}, {s.num_hbm_blocks:,} KV blocks, budget "
+                         f"{s.token_budget} tokens)")
+            i += n
+    return ", ".join(parts)
+
+
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     """``kvsched simulate``: run the scenario, print its summary (table or ``--json``) and write
     ``--out``; returns the exit code."""
@@ -208,6 +223,8 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
            + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
         highlight=False)
+        if sc.cluster is not None:  # the roles' own specs (the line above is the scenario's instance)
+            err.print("roles: " + _roles_line(sc), highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
     with _timeline(a, sc, workload, spec) as observer:

@@ -166,3 +166,16 @@ def test_roles_serving_another_model_or_kv_dtype_are_refused_when_the_scenario_l
     with pytest.raises(ConfigError, match=r"cluster\.decode\.instance serves .*expected one model and KV dtype") as e:
         load_scenario(p)
     assert "\n" not in str(e.value)
+
+
+def test_simulate_header_names_each_roles_own_spec(tmp_path, capsys):
+    """The run header's instance line is the scenario's `instance`; with roles a second line gives
+    each role's GPU, TP and budget (a TP2 prefill role on H100 and an H200 decode role were shown as
+    '2 x ... H100-SXM TP1')."""
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("instance: {max_num_batched_tokens: 4096}",
+                                  "instance: {max_num_batched_tokens: 4096, tp: 2}")
+                 .replace("decode: {count: 1}", "decode: {count: 1, instance: {gpu: H200-SXM}}"))
+    assert main(["simulate", "--scenario", str(p), "--max-requests", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "roles: 1 prefill (H100-SXM TP2" in err and "budget 4096 tokens), 1 decode (H200" in err
