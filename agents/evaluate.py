@@ -448,6 +448,15 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         known, what = {*RESIDENCY_HEURISTICS, "session:<seconds>"}, "residency heuristic"
     else:
         known, what = set(policy_names()), "policy"
+    if env_id == "kvsched/Residency-v0":  # session:<s> names a keep action: <s> must be one of its bins
+        from kvsched.envs.residency_env import KEEP_BINS_S
+
+        bins = tuple(float(b) for b in (metas[0]["env_kwargs"] if metas else {}).get("keep_bins_s", KEEP_BINS_S))
+        for a in agents:
+            parsed = residency_heuristic(a) if a.startswith("session:") else ("", None)
+            if parsed is None or (parsed[1] is not None and parsed[1] not in bins):
+                raise ConfigError(f"agent {bounded_repr(a)} is not allowed: expected session:<seconds> with seconds "
+                                  f"one of the keep bins {', '.join(f'{b:g}' for b in bins)}")
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known
                 or (env_id == "kvsched/Residency-v0" and residency_heuristic(a) is not None)):

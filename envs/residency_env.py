@@ -37,6 +37,8 @@ FEATURES: tuple[str, ...] = (
 )
 #: time constant of the eviction-rate and arrival-rate averages (s) [kvsched choice]
 RATE_TAU_S = 30.0
+#: The bundled scenario Residency-v0 serves when none is given (experiments/scenarios/).
+DEFAULT_SCENARIO = "residency-mooncake.yaml"
 
 
 class ResidencyEnv(gym.Env):
@@ -95,7 +97,8 @@ class ResidencyEnv(gym.Env):
 
     Args:
         scenario, window_s, split, heldout_fraction, max_requests: see ``Scheduling-v0``
-            (default window 300 s: retention acts over think times of minutes).
+            (default scenario the bundled ``residency-mooncake``, :data:`DEFAULT_SCENARIO`; default
+            window 300 s: retention acts over think times of minutes).
         eviction: the listed tiers' eviction order, one of ``lru``, ``lfu``, ``session``,
             ``clairvoyant`` (default: the scenario's).
         keep_bins_s: keep times of the keep actions (s), increasing, each > 0.
@@ -106,8 +109,8 @@ class ResidencyEnv(gym.Env):
             ``{episode}`` field (docs/timeline.md), or None.
 
     Raises:
-        ConfigError: a scenario without ``prefix_offload``, an unknown eviction order, bad keep
-            bins, a bad horizon or reward.
+        ConfigError: a scenario without ``prefix_offload`` or with a ``cluster:`` section (roles),
+            an unknown eviction order, bad keep bins, a bad horizon or reward.
     """
 
     metadata = {"render_modes": []}
@@ -118,8 +121,14 @@ class ResidencyEnv(gym.Env):
                  keep_bins_s: tuple[float, ...] | list[float] = KEEP_BINS_S, n_instances: int | None = None,
                  horizon_s: float | None = None, reward: RewardConfig = RewardConfig(),
                  timeline: str | None = None) -> None:
+        if scenario is None:
+            from importlib.resources import files
+
+            scenario = str(files("kvsched.experiments") / "scenarios" / DEFAULT_SCENARIO)
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         sc = self.source.scenario
+        require(sc.cluster is None, "scenario", sc.name, "a scenario without a cluster: section (Residency-v0 "
+                "serves the scenario's instance spec on every instance; prefill/decode roles are PDRouting-v0's)")
         spec = sc.instance_spec()
         po = spec.prefix_offload
         require(po is not None, "scenario", sc.name, "a scenario whose instance caches prefixes below HBM "

@@ -49,7 +49,8 @@ class RoutingEnv(gym.Env):
     **Action** ``Discrete(N)``: the instance index. Every instance is valid (mask all True;
     ``action_masks()`` and ``info["action_mask"]`` exist for a uniform API). With a scenario
     giving prefill/decode roles (``cluster:``) the action is the decode instance: prefill
-    instances are masked (a masked action raises ``ConfigError``) and the cluster decides the
+    instances are masked (a masked action is not an error: the cluster's router places the
+    request and ``info["invalid_action"]`` is True) and the cluster decides the
     prefill (``kvsched/PDRouting-v0`` lets the agent decide that too).
 
     **Reward**: as ``kvsched/Scheduling-v0`` (SLO attainment per recorded request, over all
@@ -180,12 +181,15 @@ class RoutingEnv(gym.Env):
         view = c.state_provider.view(c.instances, p.time_s, c.shared_kv)
         return int(self._heuristic[1].route(RouterTable(view, p.request, p.time_s, c.shared_kv)))
 
-    def _route(self, a: int) -> None:
-        """Carry out action ``a`` at the pending arrival."""
+    def _route(self, a: int) -> bool:
+        """Carry out action ``a`` at the pending arrival; True when ``a`` was masked (a prefill
+        instance: the cluster's router places the request, as Scheduling-v0's masked parts fall
+        back to the reference)."""
         if not self._mask[a]:
-            require(False, "action", a, "a decode or mixed instance (a prefill instance takes no request; "
-                    "see action_masks(), or kvsched/PDRouting-v0 to place the prefill too)")
+            self.cluster.apply(route_to=None)
+            return True
         self.cluster.apply(route_to=a)
+        return False
 
     def action_masks(self) -> np.ndarray:
         """All instances are valid targets (with prefill/decode roles: the decode and mixed ones)."""
@@ -200,14 +204,15 @@ class RoutingEnv(gym.Env):
         a = action if type(action) is int else integer_action(action, 1, self._action_allowed)[0]
         if not 0 <= a < self.action_space.n:
             require(False, "action", action, self._action_allowed)
+        invalid = False
         if self._point is not None and self._point.kind == "route":
-            self._route(a)
+            invalid = self._route(a)
             self.decisions += 1
             self._point = self.cluster.run_until_decision(self.horizon_s)
         comps = self.slo_reward.collect(self.cluster.recorder.rows)
         terminated = self._point is None
         truncated = self._point is not None and self._point.kind == "time"
-        extra = {"elapsed_s": self.cluster.now_s - self._decided_s}
+        extra = {"invalid_action": invalid, "elapsed_s": self.cluster.now_s - self._decided_s}
         self._decided_s = self.cluster.now_s
         states = unfinished(self.cluster)
         if truncated:
@@ -239,7 +244,8 @@ class PDRoutingEnv(RoutingEnv):
     **Action** ``Discrete(D * (P + 1))`` over the D decode-capable (decode and mixed) instances
     and the P prefill instances, in instance order: ``a = d * (P + 1) + k``; ``k = 0`` prefills
     on the decode instance, ``k >= 1`` on the k-th prefill instance. ``action_masks()``: a mixed
-    decode target only takes ``k = 0``. A masked action raises ``ConfigError``.
+    decode target only takes ``k = 0``. A masked action is not an error: its prefill part falls back
+    to the cluster's own decision (local for a mixed target) and ``info["invalid_action"]`` is True.
 
     **Reward** and **episodes**: as Routing-v0. Args as Routing-v0 (``n_instances`` must be left
     out: the scenario's roles fix the instances).
@@ -295,11 +301,13 @@ class PDRoutingEnv(RoutingEnv):
         d, j = divmod(int(a), k)
         return self.decode_ids[d], (LOCAL_PREFILL if j == 0 else self.prefill_ids[j - 1])
 
-    def _route(self, a: int) -> None:
-        if not self._mask[a]:
-            require(False, "action", a, "a remote prefill only for a decode-only target (see action_masks())")
+    def _route(self, a: int) -> bool:
         d, pf = self.decode_action(a)
+        if not self._mask[a]:  # a remote prefill for a mixed target: the cluster's own prefill decision
+            self.cluster.apply(route_to=d, prefill_to=None)
+            return True
         self.cluster.apply(route_to=d, prefill_to=pf)
+        return False
 
     def heuristic_action(self, router: str, params: dict | None = None) -> int:
         """The action the named router (over the decode and mixed instances) and the cluster's own

@@ -32,6 +32,7 @@ import numpy as np
 
 from kvsched.atomic_files import replacing
 from kvsched.envs.sim.errors import ConfigError, KvschedError, bounded_repr
+from kvsched.experiments.cli_types import comma_list
 from kvsched.runner.scenario import load_scenario
 from kvsched.runner.simulate import simulate
 
@@ -83,6 +84,27 @@ def run_one(path: str, seed: int, rate_scale: float = 1.0) -> dict[str, Any]:
             "slo_attainment": every["slo"]["attainment"], "makespan_s": s["duration_s"]}
 
 
+def check_scenarios(names: list[str]) -> None:
+    """Load every scenario before any run: each one serves one instance (:func:`run_one` runs its
+    ``instance`` alone), and no two share a name (rows and capacities are keyed by it).
+
+    Raises:
+        ConfigError: a scenario that does not load, has ``n_instances`` > 1, a ``cluster:`` section
+            or a shared KV tier, or a name given twice (one line naming it).
+    """
+    seen: dict[str, str] = {}
+    for given in names:
+        sc = load_scenario(given)
+        if sc.cluster is not None or sc.n_instances != 1 or sc.shared_kv is not None:
+            raise ConfigError(f"--scenarios: {bounded_repr(given)} is not allowed: expected a scenario of one "
+                              "instance (no n_instances > 1, cluster: roles or shared_kv; the comparison runs "
+                              "the scenario's instance alone)")
+        if sc.name in seen:
+            raise ConfigError(f"--scenarios: {bounded_repr(given)} and {bounded_repr(seen[sc.name])} are both named "
+                              f"{bounded_repr(sc.name)}: expected distinct scenarios (rows are keyed by name)")
+        seen[sc.name] = given
+
+
 def ratios(first: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     """Baseline over first for latencies (how many times lower the first's are), first over
     baseline for throughput and goodput (how many times higher)."""
@@ -109,21 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write long_context.csv and long_context.json into this folder")
     a = ap.parse_args(argv)
     try:
-        names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
+        names = comma_list(a.scenarios, "--scenarios")
         if len(names) < 2:
             raise ConfigError(f"--scenarios={bounded_repr(a.scenarios)} is not allowed: expected at least two "
                               "comma-separated scenarios (the baseline last)")
+        check_scenarios(names)
         if a.seeds < 1:
             raise ConfigError(f"--seeds={a.seeds} is not allowed: expected an integer >= 1")
         if a.out is not None and not a.out.is_dir():
             raise ConfigError(f"--out={bounded_repr(str(a.out))} is not allowed: expected an existing folder")
         try:
-            scales = [float(x) for x in a.rate_scales.split(",") if x.strip()]
+            scales = [float(x) for x in comma_list(a.rate_scales, "--rate-scales")]
         except ValueError:
             scales = []
-        if not scales or not all(0 < x < float("inf") for x in scales):
+        if not scales or not all(0 < x < float("inf") for x in scales) or len(set(scales)) < len(scales):
             raise ConfigError(f"--rate-scales={bounded_repr(a.rate_scales)} is not allowed: expected comma-separated "
-                              "finite numbers > 0")
+                              "distinct finite numbers > 0")
         if not 0 < a.attainment <= 1:
             raise ConfigError(f"--attainment={a.attainment} is not allowed: expected a number in (0, 1]")
         base_seed = load_scenario(names[0]).seed

@@ -89,6 +89,24 @@ def _registered(registry, name: str) -> str:
         return name
 
 
+def _check_role_overrides(sc: Scenario, given: dict) -> None:
+    """A flag that sets an instance field a ``cluster:`` role sets too would reach only the other
+    roles (a role's own fields win over ``instance``): refused rather than half applied.
+
+    Raises:
+        KvschedError: ``given`` (``flag -> (field, value)``) names a field a role overrides.
+    """
+    roles = sc.cluster if isinstance(sc.cluster, dict) else {}
+    for flag, (key, val) in given.items():
+        for role in ("prefill", "decode", "mixed"):
+            sec = roles.get(role)
+            inst = sec.get("instance") if isinstance(sec, dict) else None
+            if isinstance(inst, dict) and key in inst and inst[key] != val:
+                raise KvschedError(f"{flag}={bounded_repr(val)} is not allowed: the scenario's "
+                                   f"cluster.{role}.instance sets {key}={bounded_repr(inst[key])}, which a flag does "
+                                   f"not override; edit the scenario's {role} role or drop the flag")
+
+
 def _scenario_from_args(a: argparse.Namespace) -> Scenario:
     """The scenario to run: the ``--scenario`` file (or the defaults) with the flags given applied over it."""
     sc = load_scenario(a.scenario) if a.scenario else Scenario(source="command line")
@@ -100,6 +118,8 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
         if val is not None:
             inst[key] = val
     over["instance"] = inst
+    _check_role_overrides(sc, {f"--{k}": (k, v) for k, v in (("model", a.model), ("gpu", a.gpu), ("tp", a.tp))
+                               if v is not None})
     from kvsched.policies.base import POLICIES
     from kvsched.policies.routing import ROUTERS
 
@@ -127,6 +147,7 @@ def _scenario_from_args(a: argparse.Namespace) -> Scenario:
                                f"(policy {bounded_repr(pf['policy'])}); give one of them")
         over["policy"], over["policy_params"] = pf["policy"], pf["policy_params"]
         over["instance"] = {**over["instance"], **pf["engine"]}
+        _check_role_overrides(sc, {f"--policy-file engine field {k}": (k, v) for k, v in pf["engine"].items()})
         if pf["router"] is not None:  # a router study's file: its tuned router and every parameter
             from kvsched.policies.routing import ROUTERS
 
@@ -147,6 +168,21 @@ def _layout(spec) -> str:
     """The long-context layout beyond TP for the headers (docs/long-context.md), "" without one."""
     par = spec.parallel
     return "" if par is None else f" x {par.describe()} ({spec.num_gpus} GPUs)"
+
+
+def _roles_line(sc: Scenario) -> str:
+    """Each role of a ``cluster:`` section: count, GPU, TP, layout, KV blocks and token budget."""
+    layout = sc.cluster_layout()
+    specs = sc.instance_specs()
+    parts, i = [], 0
+    for role in ("prefill", "decode", "mixed"):
+        n = layout.counts[role] if layout is not None else 0
+        if n:
+            s = specs[i]
+            parts.append(f"{n} {role} ({s.gpu.name} TP{s.tp}{_layout(s)}, {s.num_hbm_blocks:,} KV blocks, budget "
+                         f"{s.token_budget} tokens)")
+            i += n
+    return ", ".join(parts)
 
 
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
@@ -187,6 +223,8 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
            + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
         highlight=False)
+        if sc.cluster is not None:  # the roles' own specs (the line above is the scenario's instance)
+            err.print("roles: " + _roles_line(sc), highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
     with _timeline(a, sc, workload, spec) as observer:
@@ -287,7 +325,10 @@ def _print_routing(summary: dict, console: Console) -> None:
     r = summary.get("routing")
     if r:
         hit = summary["classes"]["all"]["prefix"]["hit_rate"]
-        share = ", ".join(f"{100 * x:.0f}" for x in r["load_share"])
+        ls = r["load_share"]  # bounded: a cluster may have thousands of instances
+        shown = ls if len(ls) <= 16 else [*ls[:8], None, *ls[-4:]]
+        share = ", ".join("..." if x is None else f"{100 * x:.0f}" for x in shown) \
+            + ("" if len(ls) <= 16 else f" ({len(ls):,} instances)")
         console.print(f"router {r['router']}: prefix hit rate {100 * (hit or 0):.1f} %, load share % per instance "
                       f"[{share}], imbalance (max/mean) {r['load_imbalance']:.2f}", highlight=False)
     k = summary.get("shared_kv")

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from .cost_params import FRONT_END_FIELDS
 from .errors import ConfigError, bounded_repr
 from .events import ARRIVAL, SCHEDULE, STEP_END, TRANSFER_DONE, EventQueue
 from .instance import TRANSFER_EVENT, Instance, InstanceOptions
@@ -168,14 +169,10 @@ class Cluster:
                               "(e.g. MetricsConfig(long_prompt_tokens=8192))")
         if not isinstance(options, InstanceOptions):
             raise ConfigError(f"options={bounded_repr(options)} is not allowed: expected an InstanceOptions")
-        front = {(s.cost_params.request_overhead_s, s.cost_params.prompt_token_overhead_s,
-                  s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens,
-                  s.cost_params.front_end_hiccup_probability, s.cost_params.front_end_hiccup_mean_s) for s in specs}
+        front = {tuple(getattr(s.cost_params, f) for f in FRONT_END_FIELDS) for s in specs}
         if len(front) > 1:
             raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
-                              "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s, "
-                              "first_chunk_delay_tokens, front_end_hiccup_probability and front_end_hiccup_mean_s; "
-                              f"got {bounded_repr(sorted(front))}")
+                              f"{', '.join(FRONT_END_FIELDS)}; got {bounded_repr(sorted(front))}")
         self.front_end = specs[0].cost_params
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)

@@ -20,6 +20,12 @@ TAIL_FIELDS: tuple[str, ...] = ("step_time_sigma", "hiccup_probability", "hiccup
 """The :class:`CostParams` fields of the stochastic latency tail (:mod:`~.step_noise`); all 0 by
 default, which draws nothing."""
 
+FRONT_END_FIELDS: tuple[str, ...] = ("request_overhead_s", "prompt_token_overhead_s", "output_token_overhead_s",
+                                     "first_chunk_delay_tokens", "front_end_hiccup_probability",
+                                     "front_end_hiccup_mean_s")
+"""The :class:`CostParams` fields of the API front end, which every instance of one cluster shares
+(:class:`~.cluster.Cluster` refuses instances that disagree on them)."""
+
 
 @dataclass(frozen=True)
 class CostParams:

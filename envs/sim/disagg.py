@@ -526,11 +526,16 @@ class ClusterLayout:
         return replace(self, counts=new)
 
 
+MAX_ROLE_INSTANCES = 9999
+"""Most instances of one role in a ``cluster:`` section or an ``xPyD`` label (a bound on memory
+and run time: every instance holds its own pools and state) [kvsched choice]."""
+
+
 def _check_counts(counts: Mapping[str, int], source: str) -> None:
     for r in ROLES:
         n = counts.get(r, 0)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"{source}.{r}.count={bounded_repr(n)} must be an integer >= 0")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_ROLE_INSTANCES:
+            raise ConfigError(f"{source}.{r}.count={bounded_repr(n)} must be an integer in [0, {MAX_ROLE_INSTANCES}]")
     if counts.get("decode", 0) + counts.get("mixed", 0) < 1:
         raise ConfigError(f"{source}: needs at least one decode or mixed instance (got prefill "
                           f"{counts.get('prefill', 0)}, decode {counts.get('decode', 0)}, "
@@ -572,7 +577,8 @@ def cluster_layout_from_dict(d: Any, source: str = "cluster") -> ClusterLayout:
         if "count" not in sec:
             raise ConfigError(f"{source}.{role}: missing key 'count' (instances of this role)")
         counts[role] = sec["count"]
-        inst = sec.get("instance") or {}
+        inst = sec.get("instance")
+        inst = {} if inst is None else inst  # (an empty list, 0 or "" is a wrong type, not "no fields")
         if not isinstance(inst, Mapping):
             raise ConfigError(f"{source}.{role}.instance must be a mapping of InstanceSpec fields, "
                               f"got {type(inst).__name__}")
@@ -583,7 +589,8 @@ def cluster_layout_from_dict(d: Any, source: str = "cluster") -> ClusterLayout:
     router = d.get("prefill_router", "least-loaded")
     if not isinstance(router, str):
         raise ConfigError(f"{source}.prefill_router={bounded_repr(router)} must be a router name")
-    rparams = d.get("prefill_router_params", {}) or {}
+    rparams = d.get("prefill_router_params")
+    rparams = {} if rparams is None else rparams
     if not isinstance(rparams, Mapping):
         raise ConfigError(f"{source}.prefill_router_params={bounded_repr(rparams)} must be a mapping of the "
                           "router's parameters")
@@ -611,16 +618,19 @@ def parse_layout_label(label: str) -> dict[str, int]:
     """
     import re
 
-    if not isinstance(label, str) or not re.fullmatch(r"(\d{1,4}[PpDdMm])+", label.strip()):
+    if not isinstance(label, str) or not re.fullmatch(r"(\d+[PpDdMm])+", label.strip()):
         raise ConfigError(f"cluster layout {bounded_repr(label)} is not allowed: expected <n>P<n>D and/or <n>M, "
                           "e.g. 2P2D, 1P3D, 4M")
     counts: dict[str, int] = {r: 0 for r in ROLES}
     seen: set[str] = set()
-    for n, r in re.findall(r"(\d{1,4})([PpDdMm])", label.strip()):
+    for n, r in re.findall(r"(\d+)([PpDdMm])", label.strip()):
         role = _LABEL_PART[r.upper()]
         if role in seen:
             raise ConfigError(f"cluster layout {bounded_repr(label)}: role {r.upper()} given twice")
         seen.add(role)
+        if len(n.lstrip("0")) > len(str(MAX_ROLE_INSTANCES)):
+            raise ConfigError(f"cluster layout {bounded_repr(label, 60)}: {role} count {bounded_repr(n, 20)} is not "
+                              f"allowed: expected an integer in [0, {MAX_ROLE_INSTANCES}]")
         counts[role] = int(n)
     _check_counts(counts, f"cluster layout {bounded_repr(label)}")
     return counts

@@ -84,6 +84,8 @@ NVLINK4_LINK = LinkSpec("nvlink4", 375e9, 8e-6)
 GROUP_LINKS: dict[str, LinkSpec] = {IB_NDR400_LINK.name: IB_NDR400_LINK, NVLINK4_LINK.name: NVLINK4_LINK}
 """Link presets for ``ParallelSpec.link`` (any link preset of :mod:`.hardware` is accepted too)."""
 
+ESP_TOKENS_PER_GROUP = 8192
+"""Default prefill tokens per ESP instance before a prefill scales up to another [inferred]."""
 COMBINE_BYTES_PER_HEAD_DIM = 4.0
 """Bytes per query, head and head dimension in a KVP / ESP combine: fp32 partial outputs with
 their softmax statistics (REFERENCE §1.4: "~n_h·d_h·4 B per query per layer")."""
@@ -109,7 +111,9 @@ class ParallelSpec:
         link: the link between groups and stages (a :class:`LinkSpec`), default InfiniBand NDR.
 
     Raises:
-        ConfigError: a value out of range (one line naming the field, the value and what is allowed).
+        ConfigError: a value out of range, or a setting the layout ignores (``pp_microbatches``
+            with one stage, a non-default ``esp_tokens_per_group`` without ESP); one line naming
+            the field, the value and what is allowed.
     """
 
     pp_stages: int = 1
@@ -117,7 +121,7 @@ class ParallelSpec:
     spp: bool = True
     pp_microbatches: int | None = None
     esp_groups: int = 1
-    esp_tokens_per_group: int = 8192
+    esp_tokens_per_group: int = ESP_TOKENS_PER_GROUP
     link: LinkSpec = IB_NDR400_LINK
 
     def __post_init__(self) -> None:
@@ -134,6 +138,12 @@ class ParallelSpec:
         require(self.esp_groups == 1 or (self.pp_stages == 1 and self.kvp_groups == 1), f"{o}.esp_groups",
                 self.esp_groups, "1 when pp_stages or kvp_groups is > 1 (ESP is LoongServe's layout, the "
                 "alternative to Medha's PP/SPP/KVP, not combined with it)")
+        # a setting the layout ignores is refused, not dropped
+        require(self.pp_microbatches is None or self.pp_stages > 1, f"{o}.pp_microbatches", self.pp_microbatches,
+                "null unless pp_stages > 1 (it splits a pipeline step's decodes)")
+        require(self.esp_tokens_per_group == ESP_TOKENS_PER_GROUP or self.esp_groups > 1,
+                f"{o}.esp_tokens_per_group", self.esp_tokens_per_group,
+                f"the default {ESP_TOKENS_PER_GROUP} unless esp_groups > 1 (it sets LoongServe's elastic degree)")
 
     @property
     def kv_groups(self) -> int:

@@ -38,7 +38,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint, MAX_PATH_CHARS
 from kvsched.envs.sim.yaml_loading import load_yaml
@@ -203,12 +203,46 @@ class Scenario:
         if layout is None:
             return [self.instance_spec()] * self.n_instances
         out: list[InstanceSpec] = []
+        base = self.instance_spec()
         for role in ("prefill", "decode", "mixed"):
             if layout.counts[role]:
-                spec = instance_spec_from_dict({**self.instance, **layout.overrides[role]},
-                                               source=f"{self.source}: cluster.{role}.instance")
+                spec = self._role_spec(role, base, layout.overrides[role])
+                if out and (spec.model, spec.kv_dtype_bytes) != (out[0].model, out[0].kv_dtype_bytes):
+                    raise ConfigError(
+                        f"{self.source}: cluster.{role}.instance serves {spec.model.name} with {spec.kv_dtype_bytes:g}-"
+                        f"byte KV, the first role {out[0].model.name} with {out[0].kv_dtype_bytes:g}-byte KV: expected "
+                        "one model and KV dtype on every instance (KV moves between them)")
                 out += [spec] * layout.counts[role]
         return out
+
+    def _role_spec(self, role: str, base: InstanceSpec, override: Mapping[str, Any]) -> InstanceSpec:
+        """Instance spec of ``role``: its ``instance`` fields merged over the scenario's. The API
+        front end is the cluster's (:data:`~kvsched.envs.sim.cost_params.FRONT_END_FIELDS`): a role
+        on another GPU, whose default cost parameters differ, takes the front-end fields of the
+        scenario's ``instance`` unless its ``cost`` gives them.
+
+        Raises:
+            ConfigError: a bad field, or a role whose ``cost`` gives a front-end field other than
+                the scenario instance's (the instances of one cluster share one front end).
+        """
+        from kvsched.envs.sim.cost_params import FRONT_END_FIELDS
+
+        where = f"{self.source}: cluster.{role}.instance"
+        merged = {**self.instance, **override}
+        spec = instance_spec_from_dict(merged, source=where)
+        theirs, ours = spec.cost_params, base.cost_params
+        differ = [f for f in FRONT_END_FIELDS if getattr(theirs, f) != getattr(ours, f)]
+        if not differ:
+            return spec
+        given = merged.get("cost")
+        given = dict(given) if isinstance(given, Mapping) else {}
+        explicit = next((f for f in differ if f in given), None)
+        if explicit is not None:
+            raise ConfigError(f"{where}: cost.{explicit}={bounded_repr(given[explicit])} is not allowed: expected "
+                              f"{bounded_repr(getattr(ours, explicit))} as in the scenario's instance (the instances "
+                              "of one cluster share the API front end)")
+        return instance_spec_from_dict({**merged, "cost": {**{f: getattr(ours, f) for f in differ}, **given}},
+                                       source=where)
 
     def disagg_spec(self):
         """The :class:`~kvsched.envs.sim.disagg.DisaggSpec` of ``cluster``, or ``None``."""

@@ -268,6 +268,12 @@ def test_bad_disagg_spec_is_a_one_line_error(kw, field):
     ({"prefill": 2, "decode": {"count": 1}}, "prefill must be a mapping"),
     ({"decode": {"count": 1}, "transfer": "streamed"}, "transfer"),
     ("2P2D", "must be a mapping"),
+    ({"prefill": {"count": 1}, "decode": {"count": 100_000}}, "decode.count=100000 must be an integer in [0, 9999]"),
+    ({"mixed": {"count": 10 ** 400}}, "mixed.count="),
+    ({"decode": {"count": 1, "instance": []}}, "decode.instance must be a mapping"),
+    ({"decode": {"count": 1, "instance": 0}}, "decode.instance must be a mapping"),
+    ({"decode": {"count": 1}, "prefill_router_params": []}, "prefill_router_params=[] must be a mapping"),
+    ({"decode": {"count": 1}, "prefill_router_params": ""}, "prefill_router_params='' must be a mapping"),
 ])
 def test_bad_cluster_section_is_a_one_line_error(d, needle):
     with pytest.raises(ConfigError) as e:
@@ -276,11 +282,24 @@ def test_bad_cluster_section_is_a_one_line_error(d, needle):
     assert needle in msg and "\n" not in msg and len(msg) < 400
 
 
-@pytest.mark.parametrize("label", ["2P2", "P2D", "2X2D", "2P2D2P", "4P", "", "2P 2D", "9" * 40 + "D"])
+@pytest.mark.parametrize("label", ["2P2", "P2D", "2X2D", "2P2D2P", "4P", "", "2P 2D", "9" * 40 + "D", "10000D",
+                                   "1P" + "9" * 5000 + "D"])
 def test_bad_layout_label_is_a_one_line_error(label):
     with pytest.raises(ConfigError) as e:
         parse_layout_label(label)
     assert "\n" not in str(e.value) and len(str(e.value)) < 300
+
+
+def test_huge_role_counts_are_refused_in_labels_and_sections_alike():
+    """A role count above MAX_ROLE_INSTANCES is refused naming the bound (a 100,000-instance cluster
+    ran for a minute in 1.2 GB), in an xPyD label and a cluster: section; the bound itself is allowed."""
+    from kvsched.envs.sim.disagg import MAX_ROLE_INSTANCES
+
+    assert parse_layout_label(f"1P{MAX_ROLE_INSTANCES}D")["decode"] == MAX_ROLE_INSTANCES
+    for bad in (lambda: parse_layout_label(f"1P{MAX_ROLE_INSTANCES + 1}D"),
+                lambda: cluster_layout_from_dict({"decode": {"count": MAX_ROLE_INSTANCES + 1}})):
+        with pytest.raises(ConfigError, match=rf"\[0, {MAX_ROLE_INSTANCES}\]"):
+            bad()
 
 
 def test_layout_labels():

@@ -151,6 +151,18 @@ def test_bad_parallel_input_is_a_one_line_error_naming_the_field(kw, field):
     assert "\n" not in msg and field in msg and "s.yaml" in msg
 
 
+@pytest.mark.parametrize("kw, field", [
+    ({"pp_stages": 2, "esp_tokens_per_group": 100}, "esp_tokens_per_group"),
+    ({"kvp_groups": 4, "pp_microbatches": 2}, "pp_microbatches"),
+    ({"esp_groups": 2, "pp_microbatches": 3}, "pp_microbatches"),
+])
+def test_a_parallel_key_the_layout_ignores_is_refused_not_dropped(kw, field):
+    with pytest.raises(ConfigError) as e:
+        instance_spec_from_dict({"model": "Llama-3.1-8B", "gpu": "H100-SXM", "parallel": kw}, "s.yaml")
+    msg = str(e.value)
+    assert "\n" not in msg and f"{field}=" in msg and "unless" in msg and "s.yaml" in msg
+
+
 def test_more_stages_than_layers_and_pnm_with_parallel_are_refused():
     with pytest.raises(ConfigError, match="n_layers=32"):
         spec(ParallelSpec(pp_stages=33))
@@ -181,7 +193,8 @@ def test_esp_prefill_scales_over_the_instances_it_needs():
     """A prefill of 4 x esp_tokens_per_group tokens on 8 ESP instances uses 4 of them: faster than
     on one, no faster on 8 than on 4."""
     def step(groups):
-        c = CostModel(spec(ParallelSpec(esp_groups=groups, esp_tokens_per_group=4096)))
+        par = ParallelSpec(esp_groups=groups, esp_tokens_per_group=4096) if groups > 1 else ParallelSpec()
+        c = CostModel(spec(par))
         return c.plan_step_time_s(0, 0, [(16384, 0, True)])
     assert step(4) < step(1) / 2
     assert step(8) == step(4)

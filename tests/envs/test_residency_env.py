@@ -176,3 +176,33 @@ def test_evaluate_plays_residency_heuristics_on_the_same_episodes(tmp_path):
         evaluate(["session:7"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
     with pytest.raises(ConfigError, match="residency heuristic"):
         evaluate(["fcfs"], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
+
+
+def test_made_without_a_scenario_it_serves_the_bundled_residency_scenario_and_passes_the_env_checker():
+    """``gym.make("kvsched/Residency-v0")`` with no scenario must build (the generic default
+    scenario has no prefix tier below HBM) and pass Gymnasium's checker."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = ResidencyEnv(window_s=60.0, max_requests=40)
+    assert env.source.scenario.name == "residency-mooncake"
+    check_env(env, skip_render_check=True)
+
+
+def test_a_scenario_with_cluster_roles_is_refused_when_made(tmp_path):
+    p = tmp_path / "roles.yaml"
+    p.write_text(Path(SCENARIO).read_text() + "cluster: {prefill: {count: 1}, decode: {count: 1}}\n")
+    with pytest.raises(ConfigError, match=r"scenario=.*cluster: section") as e:
+        ResidencyEnv(scenario=str(p), window_s=60.0, max_requests=40)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("agent", ["session:", "session:0", "session:-5", "session:abc", "session:nan", "session:7"])
+def test_evaluate_refuses_a_session_keep_outside_the_keep_bins_naming_them(tmp_path, monkeypatch, agent):
+    """Every malformed ``session:<s>`` is refused before any episode with the same message naming
+    the keep bins (session:0 and session:abc were a generic 'neither a checkpoint' error)."""
+    from kvsched.agents import evaluate as ev
+
+    monkeypatch.setattr(ev, "_run_residency_heuristic", lambda *a, **k: pytest.fail("an episode ran"))
+    with pytest.raises(ConfigError, match=r"is not allowed: expected session:<seconds> .*keep bins 5, 15") as e:
+        ev.evaluate([agent], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
+    assert "\n" not in str(e.value)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvsched.envs.sim.errors import ConfigError
@@ -109,3 +111,71 @@ def test_scenario_bad_cluster_values_are_one_line_errors(tmp_path, cluster, need
     with pytest.raises(ConfigError) as e:
         load_scenario(p)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", ["{gpu: H200-SXM}", "{gpu: A100-80GB, tp: 2}", "{gpu: H200-SXM, cost: {}}"])
+def test_role_on_another_gpu_shares_the_scenario_front_end(tmp_path, override):
+    """A role on another GPU (whose default cost parameters differ from the calibrated H100's)
+    builds and runs: it takes the scenario instance's API front-end fields, its own step costs."""
+    from kvsched.envs.sim.calibration import default_cost_params
+    from kvsched.envs.sim.cost_params import FRONT_END_FIELDS
+
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}", f"decode: {{count: 1, instance: {override}}}"))
+    sc = load_scenario(p)
+    pre, dec = sc.instance_specs()
+    assert dec.gpu.name != "H100-SXM"
+    for f in FRONT_END_FIELDS:
+        assert getattr(dec.cost_params, f) == getattr(pre.cost_params, f)
+    own = default_cost_params(dec.gpu)
+    assert (dec.cost_params.mfu_max, dec.cost_params.mbu) == (own.mfu_max, own.mbu)
+    sc = replace(sc, max_requests=6)
+    res = simulate(sc.workload(), sc.instance_spec(), sc.policy, sc.metrics_config(),
+                   n_instances=sc.n_instances, **scenario_cluster_kwargs(sc))
+    assert res.summary["disaggregation"]["remote_prefills"] == 6
+
+
+def test_role_cost_giving_another_front_end_is_a_one_line_error(tmp_path):
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}",
+                                  "decode: {count: 1, instance: {gpu: H200-SXM, cost: {request_overhead_s: 0.5}}}"))
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.instance: cost\.request_overhead_s=0\.5 is not allowed"
+                                          r".*share the API front end") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag, value", [("--tp", "2"), ("--gpu", "H200-SXM")])
+def test_an_instance_flag_a_role_also_sets_is_refused_not_half_applied(tmp_path, capsys, flag, value):
+    """`--tp`/`--gpu`/`--model` change the scenario's `instance`; a role that sets the same field keeps
+    its own, so the flag would reach only the other roles: refused in one line naming both."""
+    p = tmp_path / "roles.yaml"
+    p.write_text(SCENARIO.replace("instance: {max_num_batched_tokens: 4096}",
+                                  "instance: {max_num_batched_tokens: 4096, tp: 4, gpu: A100-80GB}"))
+    assert main(["simulate", "--scenario", str(p), flag, value, "--max-requests", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{flag}=" in err and "cluster.prefill.instance sets" in err
+
+
+@pytest.mark.parametrize("override", ["{kv_dtype: fp8}", "{model: Qwen2.5-7B}"])
+def test_roles_serving_another_model_or_kv_dtype_are_refused_when_the_scenario_loads(tmp_path, override):
+    """KV moves between the roles: a role with another model or KV dtype is a one-line error when
+    the scenario loads (it was found only when the cluster was built, after the run's header)."""
+    p = tmp_path / "mixed-models.yaml"
+    p.write_text(SCENARIO.replace("decode: {count: 1}", f"decode: {{count: 1, instance: {override}}}"))
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.instance serves .*expected one model and KV dtype") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+
+
+def test_simulate_header_names_each_roles_own_spec(tmp_path, capsys):
+    """The run header's instance line is the scenario's `instance`; with roles a second line gives
+    each role's GPU, TP and budget (a TP2 prefill role on H100 and an H200 decode role were shown as
+    '2 x ... H100-SXM TP1')."""
+    p = tmp_path / "het.yaml"
+    p.write_text(SCENARIO.replace("instance: {max_num_batched_tokens: 4096}",
+                                  "instance: {max_num_batched_tokens: 4096, tp: 2}")
+                 .replace("decode: {count: 1}", "decode: {count: 1, instance: {gpu: H200-SXM}}"))
+    assert main(["simulate", "--scenario", str(p), "--max-requests", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "roles: 1 prefill (H100-SXM TP2" in err and "budget 4096 tokens), 1 decode (H200" in err

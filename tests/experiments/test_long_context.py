@@ -52,3 +52,25 @@ def test_a_small_comparison_writes_its_rows_and_ratios(tmp_path, capsys):
     assert out["rows"][0]["gpus"] == out["rows"][1]["gpus"] == 4
     assert out["ratios"][0]["short_ttft_p99_s"] > 1  # the non-preemptive baseline makes short requests wait
     assert (tmp_path / "long_context.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize("make, text", [
+    (lambda a, b, c: ["--scenarios", f"{a},{b},"], "empty item"),
+    (lambda a, b, c: ["--scenarios", f"{a},{b}", "--rate-scales", "1,,2"], "--rate-scales"),
+    (lambda a, b, c: ["--scenarios", f"{a},{b}", "--rate-scales", "1,1"], "--rate-scales"),
+    (lambda a, b, c: ["--scenarios", f"{a},{a}"], "both named"),
+    (lambda a, b, c: ["--scenarios", f"{a},{c}"], "one instance"),
+    (lambda a, b, c: ["--scenarios", f"{a},no-such-file"], "no-such-file"),
+])
+def test_bad_scenarios_or_scales_are_refused_before_any_run(tmp_path, capsys, monkeypatch, make, text):
+    """Malformed lists, duplicates, a scenario with several instances or roles (run_one would run
+    its instance alone) and a missing baseline are refused before the first scenario runs."""
+    monkeypatch.setattr(long_context, "run_one", lambda *a, **k: pytest.fail("a scenario ran"))
+    a, b, c = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "c.yaml"
+    a.write_text(TINY.format(name="a", parallel="{pp_stages: 2}", policy="lars"))
+    b.write_text(TINY.format(name="b", parallel="{esp_groups: 2}", policy="nonpreemptive"))
+    c.write_text(TINY.format(name="c", parallel="null", policy="fcfs")
+                 + "cluster: {prefill: {count: 1}, decode: {count: 1}}\n")
+    assert long_context.main(make(a, b, c)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and text in err
