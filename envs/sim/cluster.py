@@ -168,14 +168,20 @@ class Cluster:
                               "(e.g. MetricsConfig(long_prompt_tokens=8192))")
         if not isinstance(options, InstanceOptions):
             raise ConfigError(f"options={bounded_repr(options)} is not allowed: expected an InstanceOptions")
-        front = {(s.cost_params.request_overhead_s, s.cost_params.prompt_token_overhead_s,
-                  s.cost_params.output_token_overhead_s, s.cost_params.first_chunk_delay_tokens,
-                  s.cost_params.front_end_hiccup_probability, s.cost_params.front_end_hiccup_mean_s) for s in specs}
-        if len(front) > 1:
-            raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
-                              "request_overhead_s, prompt_token_overhead_s, output_token_overhead_s, "
-                              "first_chunk_delay_tokens, front_end_hiccup_probability and front_end_hiccup_mean_s; "
-                              f"got {bounded_repr(sorted(front))}")
+        front_fields = ("request_overhead_s", "prompt_token_overhead_s", "output_token_overhead_s",
+                        "first_chunk_delay_tokens", "front_end_hiccup_probability", "front_end_hiccup_mean_s")
+        first = specs[0].cost_params
+        for i, spec in enumerate(specs[1:], start=1):
+            differ = [f for f in front_fields if getattr(spec.cost_params, f) != getattr(first, f)]
+            if differ:  # e.g. a calibrated H100 beside a GPU on literature defaults (other front-end costs)
+                raise ConfigError(
+                    f"instances of one cluster share the API front end, so their CostParams must agree on "
+                    f"{', '.join(front_fields)}; instance {i} ({spec.gpu.name}) has "
+                    + ", ".join(f"{f}={getattr(spec.cost_params, f):.6g}" for f in differ)
+                    + f" where instance 0 ({specs[0].gpu.name}) has "
+                    + ", ".join(f"{f}={getattr(first, f):.6g}" for f in differ)
+                    + " (a GPU's default cost parameters come from its calibration, if any: give every instance "
+                    "the same values under `cost:`)")
         self.front_end = specs[0].cost_params
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)
