@@ -25,8 +25,10 @@ def cmd_presets(a: argparse.Namespace, console: Console) -> int:
         if not rows:
             continue
         table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)\n"
-                                            "nvlink4 ... ib_hdr_200g: only between prefill/decode instances "
-                                            "(cluster.link)" if title == "links" else None))
+                                            "nvlink4 ... ib_hdr_200g: between prefill/decode instances "
+                                            "(cluster.link) or GPU groups (instance.parallel.link, where "
+                                            "nvlink4 has 8 us and ib-ndr400 is ib_ndr_400g)" if title == "links"
+                                            else None))
         for j, col in enumerate(rows[0]):
             # names never wrap; numeric headers may
             table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-scales", default="1", help="comma-separated arrival-rate factors (default 1)")
     ap.add_argument("--attainment", type=float, default=0.9,
                     help="SLO attainment a rate must keep to count towards capacity (default 0.9)")
-    ap.add_argument("--out", type=Path, help="write long_context.csv and long_context.json into this folder")
+    ap.add_argument("--out", type=Path,
+                    help="write long_context.csv and long_context.json into this folder (created if missing)")
     a = ap.parse_args(argv)
     try:
         names = comma_list(a.scenarios, "--scenarios")
@@ -138,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         check_scenarios(names)
         if a.seeds < 1:
             raise ConfigError(f"--seeds={a.seeds} is not allowed: expected an integer >= 1")
-        if a.out is not None and not a.out.is_dir():
-            raise ConfigError(f"--out={bounded_repr(str(a.out))} is not allowed: expected an existing folder")
+        if a.out is not None and a.out.exists() and not a.out.is_dir():
+            raise ConfigError(f"--out={bounded_repr(str(a.out))} is not allowed: expected a folder (it is created "
+                              "if missing), not a file")
         try:
             scales = [float(x) for x in comma_list(a.rate_scales, "--rate-scales")]
         except ValueError:
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capacity (highest rate scale with >= {a.attainment:g} of requests within SLOs, every seed): "
               + ", ".join(f"{k}: {v if v is not None else 'none'}" for k, v in capacity.items()))
     if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
         with replacing(a.out / "long_context.csv") as tmp:
             lines = [",".join(COLUMNS)] + [",".join(str(r[c]) for c in COLUMNS) for r in rows]
             tmp.write_text("\n".join(lines) + "\n")

@@ -170,19 +170,26 @@ def _layout(spec) -> str:
     return "" if par is None else f" x {par.describe()} ({spec.num_gpus} GPUs)"
 
 
-def _roles_line(sc: Scenario) -> str:
-    """Each role of a ``cluster:`` section: count, GPU, TP, layout, KV blocks and token budget."""
+def _instances(sc, spec) -> str:
+    """The served instances for the header: ``N x model / GPU TPn (blocks, budget, seats)``, or with
+    prefill/decode roles one such part per role, each with its merged spec (docs/disaggregation.md)."""
+    def one(n: int, s, role: str = "") -> str:
+        return (f"{n} x {role}{s.model.name} / {s.gpu.name} TP{s.tp}{_layout(s)} ({s.num_hbm_blocks:,} KV blocks of "
+                f"{s.block_size_tokens} tokens, budget {s.token_budget} tokens, max {s.max_seqs} seqs)")
+
     layout = sc.cluster_layout()
-    specs = sc.instance_specs()
-    parts, i = [], 0
+    if layout is None:
+        return one(sc.n_instances, spec)
+    specs = iter(sc.instance_specs())
+    parts = []
     for role in ("prefill", "decode", "mixed"):
-        n = layout.counts[role] if layout is not None else 0
+        n = layout.counts[role]
         if n:
-            s = specs[i]
-            parts.append(f"{n} {role} ({s.gpu.name} TP{s.tp}{_layout(s)}, {s.num_hbm_blocks:,} KV blocks, budget "
-                         f"{s.token_budget} tokens)")
-            i += n
-    return ", ".join(parts)
+            role_spec = next(specs)
+            for _ in range(n - 1):
+                next(specs)
+            parts.append(one(n, role_spec, f"{role} "))
+    return " + ".join(parts)
 
 
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
@@ -217,14 +224,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     if not a.json:
         err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
-        f"{sc.n_instances} x {spec.model.name} / {spec.gpu.name} TP{spec.tp}{_layout(spec)} "
-        f"({spec.num_hbm_blocks:,} KV blocks of {spec.block_size_tokens} tokens, budget "
-        f"{spec.token_budget} tokens, max {spec.max_seqs} seqs), policy {sc.policy}"
+        f"{_instances(sc, spec)}, policy {sc.policy}"
         + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
            + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
         highlight=False)
-        if sc.cluster is not None:  # the roles' own specs (the line above is the scenario's instance)
-            err.print("roles: " + _roles_line(sc), highlight=False)
     t0 = time.perf_counter()
     show = not (a.no_progress or a.json) and sys.stderr.isatty()
     with _timeline(a, sc, workload, spec) as observer:

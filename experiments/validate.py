@@ -122,8 +122,13 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         known = {e.exp_id for e in exps}
         unknown = [i for i in only if i not in known]
         if unknown:
-            raise ConfigError(f"validate: unknown experiment id {bounded_repr(unknown[0])}; known: "
-                              f"{bounded_repr(sorted(known))}")
+            # the ids are long and dated: name those containing what was given (e.g. `--only mixtral`),
+            # else all of them, bounded either way
+            hint = sorted(k for k in known if str(unknown[0]).lower() in k.lower())
+            raise ConfigError(f"validate: unknown experiment id {bounded_repr(unknown[0])}; "
+                              + (f"ids containing it: {bounded_repr(hint, 600)}" if hint else
+                                 f"known ({len(known)}): {bounded_repr(sorted(known), 600)}")
+                              + " (runs.csv of --out lists every id)")
         exps = [e for e in exps if e.exp_id in set(only)]
     ok, skipped_l = [], []
     for e in exps:
@@ -389,7 +394,9 @@ def add_arguments(p) -> None:
                         "front-end hiccups); use with --seeds")
     p.add_argument("--client-jitter", action="store_true",
                    help="send each request late by a draw from the client's measured schedule_delay")
-    p.add_argument("--only", nargs="+", metavar="EXP_ID", help="replay only these experiments (default: all)")
+    p.add_argument("--only", nargs="+", metavar="EXP_ID",
+                   help="replay only these experiments, by full id (runs.csv's exp_id; part of an id is refused "
+                        "with the ids containing it) (default: all)")
     p.add_argument("--json", action="store_true", help="print rows and summaries as JSON")
 
 
@@ -501,6 +508,10 @@ def cmd_validate(a, console) -> int:
     console.print("held-out experiments: " + ", ".join(held), highlight=False)
     for exp_id, reason in report.skipped:
         console.print(f"skipped {exp_id}: {reason}", highlight=False)
+    written = [str(a.out / f"{n}.csv") for n in ("rows", "summary", "peers", "breakdown", "runs", "csv_coverage",
+                                                  "per_seed")] if a.out else []
     if plot_path is not None:
-        console.print(f"wrote {plot_path}", highlight=False)
+        written.append(str(plot_path))
+    if written:
+        console.print("wrote " + ", ".join(written), highlight=False)
     return 0

@@ -169,10 +169,18 @@ class Cluster:
                               "(e.g. MetricsConfig(long_prompt_tokens=8192))")
         if not isinstance(options, InstanceOptions):
             raise ConfigError(f"options={bounded_repr(options)} is not allowed: expected an InstanceOptions")
-        front = {tuple(getattr(s.cost_params, f) for f in FRONT_END_FIELDS) for s in specs}
-        if len(front) > 1:
-            raise ConfigError("instances of one cluster share the API front end: their CostParams must agree on "
-                              f"{', '.join(FRONT_END_FIELDS)}; got {bounded_repr(sorted(front))}")
+        first = specs[0].cost_params
+        for i, spec in enumerate(specs[1:], start=1):
+            differ = [f for f in FRONT_END_FIELDS if getattr(spec.cost_params, f) != getattr(first, f)]
+            if differ:  # e.g. a calibrated H100 beside a GPU on literature defaults (other front-end costs)
+                raise ConfigError(
+                    f"instances of one cluster share the API front end, so their CostParams must agree on "
+                    f"{', '.join(FRONT_END_FIELDS)}; instance {i} ({spec.gpu.name}) has "
+                    + ", ".join(f"{f}={getattr(spec.cost_params, f):.6g}" for f in differ)
+                    + f" where instance 0 ({specs[0].gpu.name}) has "
+                    + ", ".join(f"{f}={getattr(first, f):.6g}" for f in differ)
+                    + " (a GPU's default cost parameters come from its calibration, if any: give every instance "
+                    "the same values under `cost:`)")
         self.front_end = specs[0].cost_params
         self.recorder = Recorder(metrics, output_overhead_s=self.front_end.output_token_overhead_s,
                                  first_chunk_delay_tokens=self.front_end.first_chunk_delay_tokens)

@@ -496,10 +496,12 @@ class InstanceSpec:
         weights = self._weight_bytes_per_gpu
         where = f"{m.name} on {self._gpus_text()} (tp={self.tp}, weight_dtype={self._weight_dtype})"
         if weights >= usable:
+            # quantizing is a remedy only for 16-bit weights (an fp8 checkpoint, e.g. DeepSeek-V3, already is)
+            quantize = "use weight_dtype='fp8', " if DTYPE_BYTES[self._weight_dtype] > DTYPE_BYTES["fp8"] else ""
             raise ConfigError(
                 f"weights of {where} do not fit: {weights / 1e9:.2f} GB per GPU >= "
                 f"gpu_memory_utilization x HBM = {self.gpu_memory_utilization} x {g.hbm_bytes / 1e9:.2f} GB "
-                f"= {usable / 1e9:.2f} GB; raise tp, use weight_dtype='fp8', pick a GPU with more "
+                f"= {usable / 1e9:.2f} GB; raise tp, {quantize}pick a GPU with more "
                 "memory, or raise gpu_memory_utilization")
         if self.hbm_kv_blocks is not None:
             return int(self.hbm_kv_blocks)

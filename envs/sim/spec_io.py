@@ -259,7 +259,9 @@ def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "prefix_offload" in d and d["prefix_offload"] is not None:
         kw["prefix_offload"] = PrefixOffloadSpec.from_dict(d["prefix_offload"], f"{source}: prefix_offload")
     if "parallel" in d and d["parallel"] is not None:
-        kw["parallel"] = ParallelSpec.from_dict(d["parallel"], f"{source}: parallel", get_link)
+        from .disagg import get_disagg_link  # every link `kvsched presets` lists, host and between instances
+
+        kw["parallel"] = ParallelSpec.from_dict(d["parallel"], f"{source}: parallel", get_disagg_link)
     if "extra_tiers" in d and d["extra_tiers"] is not None:
         tiers = d["extra_tiers"]
         if not isinstance(tiers, (list, tuple)):

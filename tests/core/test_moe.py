@@ -330,3 +330,12 @@ def test_moe_instance_specs_round_trip_through_dicts_with_inline_models() -> Non
         instance_spec_from_dict({**d, "expert_parallel": "yes"})
     with pytest.raises(ConfigError, match=r"routing_skew"):
         instance_spec_from_dict({**d, "model": {**d["model"], "routing_skew": "lots"}})
+
+
+@pytest.mark.parametrize("model, tp, quantize_hint", [("DeepSeek-V3", 8, False), ("Llama-3.1-70B", 1, True)])
+def test_weights_that_do_not_fit_suggest_fp8_only_for_16_bit_weights(model, tp, quantize_hint):
+    """DeepSeek-V3's checkpoint is already FP8: the refusal must not tell the user to use FP8."""
+    with pytest.raises(ConfigError, match="do not fit") as e:
+        InstanceSpec(model=get_model(model), gpu=get_gpu("H100-SXM"), tp=tp)
+    msg = str(e.value)
+    assert "\n" not in msg and ("weight_dtype='fp8'" in msg) == quantize_hint and "raise tp" in msg

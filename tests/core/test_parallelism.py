@@ -177,6 +177,16 @@ def test_parallel_spec_round_trips_through_a_dict():
     assert instance_spec_from_dict(d) == s
 
 
+@pytest.mark.parametrize("name, bytes_per_s", [("ib_ndr_400g", 45e9), ("roce_400g", 45e9), ("nvlink5", 700e9),
+                                              ("pcie5", 50e9)])
+def test_parallel_link_takes_every_link_kvsched_presets_lists(name, bytes_per_s):
+    """`kvsched presets` lists the links between instances; the refusal of parallel.link named those
+    presets as allowed but refused them (ib_ndr_400g: the same NIC as the group default ib-ndr400)."""
+    d = instance_spec_to_dict(spec(ParallelSpec(pp_stages=2)))
+    d["parallel"]["link"] = name
+    assert instance_spec_from_dict(d).parallel.link.bytes_per_s == bytes_per_s
+
+
 def test_esp_runs_a_long_prefill_to_completion_while_a_short_request_waits():
     """LoongServe ESP is non-preemptive: a short request arriving during a long prefill gets its
     first token only after the long one; Medha's layout with LARS serves it first."""

@@ -136,6 +136,20 @@ def test_instances_of_one_cluster_must_share_the_front_end_hiccups():
     assert "\n" not in str(e.value)
 
 
+def test_a_calibrated_h100_beside_an_uncalibrated_gpu_names_the_instance_fields_and_the_fix():
+    """The H100's calibrated front-end costs differ from another GPU's literature defaults, so a
+    cluster mixing them (docs/disaggregation.md, Limits) is refused naming what differs and how to
+    align it; one line."""
+    from kvsched.envs.sim.cluster import Cluster
+    from kvsched.envs.sim.specs import get_gpu
+    from kvsched.policies.base import make_policy
+
+    with pytest.raises(ConfigError, match="request_overhead_s") as e:  # each GPU's default cost parameters
+        Cluster([make_spec(), make_spec(gpu=get_gpu("H200"))], lambda: make_policy("fcfs"))
+    msg = str(e.value)
+    assert "\n" not in msg and "instance 1 (H200)" in msg and "cost:" in msg
+
+
 def test_front_end_hiccups_keep_fast_forward_equal_to_stepping(workload):
     spec = _spec(**FRONT)
     assert_identical(_sim(workload, spec, seed=2, ff=True), _sim(workload, spec, seed=2, ff=False))

@@ -178,4 +178,4 @@ def test_simulate_header_names_each_roles_own_spec(tmp_path, capsys):
                  .replace("decode: {count: 1}", "decode: {count: 1, instance: {gpu: H200-SXM}}"))
     assert main(["simulate", "--scenario", str(p), "--max-requests", "2", "--no-progress"]) == 0
     err = capsys.readouterr().err
-    assert "roles: 1 prefill (H100-SXM TP2" in err and "budget 4096 tokens), 1 decode (H200" in err
+    assert "1 x prefill Llama-3.1-8B / H100-SXM TP2" in err and "1 x decode Llama-3.1-8B / H200 TP" in err

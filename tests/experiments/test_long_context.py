@@ -41,17 +41,26 @@ def test_bad_input_is_one_line_and_exit_status_2(argv, text, capsys):
     assert err.count("\n") == 1 and text in err
 
 
+def test_an_out_that_is_a_file_is_one_line_and_exit_status_2(tmp_path, capsys):
+    f = tmp_path / "results"
+    f.write_text("")
+    assert long_context.main(["--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "not a file" in err
+
+
 def test_a_small_comparison_writes_its_rows_and_ratios(tmp_path, capsys):
     a = tmp_path / "medha.yaml"
     b = tmp_path / "esp.yaml"
     a.write_text(TINY.format(name="m", parallel="{pp_stages: 2, kvp_groups: 2}", policy="lars"))
     b.write_text(TINY.format(name="e", parallel="{esp_groups: 4}", policy="nonpreemptive"))
-    assert long_context.main(["--scenarios", f"{a},{b}", "--out", str(tmp_path)]) == 0
-    out = json.loads((tmp_path / "long_context.json").read_text())
+    out_dir = tmp_path / "results"  # a missing --out folder is created, as kvsched's commands do
+    assert long_context.main(["--scenarios", f"{a},{b}", "--out", str(out_dir)]) == 0
+    out = json.loads((out_dir / "long_context.json").read_text())
     assert [r["scenario"] for r in out["rows"]] == ["m", "e"]
     assert out["rows"][0]["gpus"] == out["rows"][1]["gpus"] == 4
     assert out["ratios"][0]["short_ttft_p99_s"] > 1  # the non-preemptive baseline makes short requests wait
-    assert (tmp_path / "long_context.csv").read_text().count("\n") == 3
+    assert (out_dir / "long_context.csv").read_text().count("\n") == 3
 
 
 @pytest.mark.parametrize("make, text", [

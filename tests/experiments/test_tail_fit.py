@@ -123,6 +123,17 @@ def test_validate_only_names_an_unknown_experiment():
         score([_experiment()], CostParams(), only=["nope"], jobs=1)
 
 
+def test_validate_only_with_part_of_an_id_lists_the_ids_containing_it():
+    """`--only mixtral` is refused (ids are exact) but names the ids to pass, case-insensitively."""
+    from kvsched.experiments.validate import score
+
+    exp = _experiment()
+    part = exp.exp_id[1:-1].upper()
+    with pytest.raises(ConfigError, match="ids containing it") as e:
+        score([exp], CostParams(), only=[part], jobs=1)
+    assert exp.exp_id in str(e.value) and "\n" not in str(e.value)
+
+
 def test_calibrate_tail_only_without_a_calibration_file_is_a_one_line_error(tmp_path, capsys):
     from kvsched.experiments.cli import main
     from kvsched.experiments.groundtruth import GroundTruthMissing, find_groundtruth
