@@ -427,6 +427,11 @@ def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
 FAMILIES = ("general", "codegen", "roleplay", "reasoning")
 """The inference-perf workload families of the ground truth (csv ``workload`` column)."""
 
+MAX_DP = 64
+"""Most data-parallel replicas a run may declare (csv ``dp``, exp-config ``data_parallelism``): the
+replay simulates every replica, so a typo such as 10**9 would run for hours; 64 replicas of a
+TP group is far above any published run (all have dp 1)."""
+
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """vLLM's default ``--gpu-memory-utilization`` (``vllm/config/cache.py``), used when a run does not
 log it (the csv's ``gpu_mem_util`` is empty for every published run)."""
@@ -683,8 +688,10 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
         notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
     util = _csv_number(cfg, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
                        "a number in (0, 1]")
-    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: x >= 1 and x == int(x), "an integer >= 1")
-    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: x >= 1 and x == int(x), "an integer >= 1")
+    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: 1 <= x <= MAX_DP and x == int(x),
+                     f"an integer in [1, {MAX_DP}]")
+    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: 1 <= x <= MAX_DP and x == int(x),
+                     f"an integer in [1, {MAX_DP}]")
     offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
     cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
     exp = Experiment(
@@ -739,7 +746,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
                           lambda x: x >= 1 and x == int(x), "an integer >= 1"))
     util = _csv_number(first, "gpu_mem_util", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
                        "a number in (0, 1]")
-    dp = int(_csv_number(first, "dp", 1.0, lambda x: x >= 1 and x == int(x), "an integer >= 1"))
+    dp = int(_csv_number(first, "dp", 1.0, lambda x: 1 <= x <= MAX_DP and x == int(x), f"an integer in [1, {MAX_DP}]"))
     cpu_offload = _csv_flag(first, "cpu_offload")
     precision = str(_column(first, "precision") or "FP16").upper()
     if be is not None:

@@ -36,7 +36,7 @@ import pandas as pd
 
 from kvsched.envs.sim.calibration import CalibrationFile
 from kvsched.envs.sim.specs import CostParams
-from kvsched.envs.sim.errors import MAX_PATH_CHARS, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 
 from .calibrate import Objective
 from .groundtruth import METRICS, PEERS, Experiment
@@ -136,6 +136,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
             skipped_l.append((e.exp_id, f"cannot build its served system: {err}"))
             continue
         ok.append(e)
+    _require_replayable(ok, skipped_l)
     skipped = tuple(skipped_l)
     train_set = set(train)
     try:
@@ -155,6 +156,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
                 skipped_l.append((e.exp_id, f"replay failed: {bounded_repr(str(err), 300)}"))
                 continue
             kept.append(e)
+        _require_replayable(kept, skipped_l)
         ok, skipped = kept, tuple(skipped_l)
         by_seed = [[r[k] for r in per_exp] for k in range(int(seeds))]
     recs, seed_recs = [], []
@@ -183,6 +185,19 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
     return ValidationReport(pd.DataFrame.from_records(recs), skipped, cost, tuple(train),
                             pd.DataFrame.from_records(seed_recs), runs_table(exps, train), int(seeds),
                             bool(client_jitter))
+
+
+def _require_replayable(ok: list, skipped: list[tuple[str, str]]) -> None:
+    """Raise a one-line ConfigError when no experiment is left to replay (every selected one was
+    skipped): there is nothing to score, and the tables would have no rows.
+
+    Raises:
+        ConfigError: naming how many were skipped and the first one's reason (bounded).
+    """
+    if ok:
+        return
+    first = f"; first: {skipped[0][0]}: {bounded_repr(skipped[0][1], 300)[1:-1]}" if skipped else ""
+    raise ConfigError(f"validate: no experiment to replay: all {len(skipped)} selected were skipped{first}")
 
 
 def _seed_mapes(report: ValidationReport, rows: pd.DataFrame) -> np.ndarray:

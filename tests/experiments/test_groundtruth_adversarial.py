@@ -89,3 +89,21 @@ def test_a_malformed_index_file_is_one_config_error_naming_it(tmp_path, index, t
     with pytest.raises(ConfigError, match=r"trainval_error_records|trained_physics") as e:
         load_experiments(root)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validate_with_every_selected_run_skipped_is_one_config_error(tmp_path):
+    from kvsched.envs.sim.cost_params import CostParams
+    from kvsched.experiments.validate import score
+
+    exps = load_experiments(_write(tmp_path, stage_text=json.dumps(_stage_json(output_len_mean=1.0))))
+    with pytest.raises(ConfigError, match=rf"no experiment to replay: all 1 selected were skipped; first: {RUN}"):
+        score(exps, CostParams(), only=[RUN])  # the summary table used to fail with KeyError 'metric'
+
+
+@pytest.mark.parametrize("dp", [0, 65, 10 ** 9, 1.5])
+def test_data_parallel_replicas_outside_one_to_max_dp_skip_the_run(tmp_path, dp):
+    root = _write(tmp_path)
+    cfg = root / "training_default_args" / RUN / "exp-config.yaml"
+    cfg.write_text(cfg.read_text() + f"data_parallelism: {dp}\n")
+    reason = _reason(load_experiments(root), RUN)
+    assert "data_parallelism=" in reason and "[1, 64]" in reason  # 10**9 replicas used to run for hours
