@@ -367,26 +367,26 @@ def add_arguments(p) -> None:
     """Arguments of ``kvsched calibrate`` (an argparse sub-parser)."""
     from pathlib import Path
 
-    from .cli_types import count
+    from .cli_types import count, integer, number
 
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU preset to calibrate (default H100-SXM)")
     p.add_argument("--train", nargs="+", metavar="EXP_ID", help="training experiment ids (default: the "
                    "replayable inference-sim/training runs the sim-to-real table does not score)")
-    p.add_argument("--coarse-cap-s", type=float, default=COARSE_CAP_S,
+    p.add_argument("--coarse-cap-s", type=number(0, True), default=COARSE_CAP_S,
                    help=f"stage length of the coarse fit, s (default {COARSE_CAP_S:g})")
-    p.add_argument("--coarse-nfev", type=int, default=COARSE_NFEV,
+    p.add_argument("--coarse-nfev", type=count, default=COARSE_NFEV,
                    help=f"scipy max_nfev of the coarse fit (default {COARSE_NFEV})")
-    p.add_argument("--fine-cap-s", type=float, default=FINE_CAP_S,
+    p.add_argument("--fine-cap-s", type=number(0, True), default=FINE_CAP_S,
                    help=f"stage length of the fine fit, s (default {FINE_CAP_S:g})")
-    p.add_argument("--fine-nfev", type=int, default=FINE_NFEV,
+    p.add_argument("--fine-nfev", type=integer(0), default=FINE_NFEV,
                    help=f"scipy max_nfev of the fine fit, 0 = skip (default {FINE_NFEV})")
-    p.add_argument("--diff-step", type=float, default=0.02,
+    p.add_argument("--diff-step", type=number(0, True), default=0.02,
                    help="relative finite-difference step of the fit in log space (default 0.02; larger "
                         "sees through the step-like objective of short stages)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--version", type=int, default=1, help="calibration version to write (default 1)")
+    p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
+    p.add_argument("--version", type=count, default=1, help="calibration version to write (default 1)")
     p.add_argument("--out", type=Path, help="output file (default: the shipped calibration of the GPU, "
                                             "envs/sim/calibration/<GPU>.json)")
     p.add_argument("--tail-only", action="store_true",
@@ -394,7 +394,7 @@ def add_arguments(p) -> None:
                         "front_end_hiccup_mean_s) on top of the existing calibration file --out and store it in the "
                         "file's tail_params (kvsched validate --tail applies it; a full calibration keeps it)")
     p.add_argument("--tail-seeds", type=count, default=2, help="replay seeds per tail grid point (default 2)")
-    p.add_argument("--tail-cap-s", type=float, default=TAIL_CAP_S,
+    p.add_argument("--tail-cap-s", type=number(0, True), default=TAIL_CAP_S,
                    help=f"stage length of the tail fit's replays, s (default {TAIL_CAP_S:g})")
 
 

@@ -350,7 +350,12 @@ def cost_notes(exps: Sequence[Experiment]) -> list[str]:
 
 def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tuple[CostParams, tuple[str, ...], str]:
     """(cost, train ids, description) from a calibration file, else from the shipped one of
-    ``gpu``, else the literature defaults (no training set)."""
+    ``gpu``, else the literature defaults (no training set).
+
+    Raises:
+        ConfigError: ``path`` given but not a file (one line naming ``--calibration``), or a
+            calibration file that does not parse (:func:`~kvsched.envs.sim.calibration.load_calibration`).
+    """
     from kvsched.envs.sim.calibration import calibration_path, load_calibration
 
     p = Path(path) if path is not None else calibration_path(gpu)
@@ -358,7 +363,8 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
         cal: CalibrationFile = load_calibration(p)
         return cal.cost, cal.train, f"{p} (gpu {cal.gpu}, version {cal.version})"
     if path is not None:
-        raise FileNotFoundError(f"calibration file {bounded_repr(str(p), MAX_PATH_CHARS)} not found")
+        raise ConfigError(f"--calibration {bounded_repr(str(p), MAX_PATH_CHARS)} is not allowed: expected an existing "
+                          "calibration file (kvsched calibrate --out writes one)")
     return CostParams(), (), "literature defaults (no calibration file)"
 
 
@@ -388,15 +394,15 @@ def _with_tail(path: str | Path | None, cost: CostParams, gpu: str = "H100-SXM")
 
 def add_arguments(p) -> None:
     """Arguments of ``kvsched validate`` (an argparse sub-parser)."""
-    from .cli_types import count
+    from .cli_types import count, number
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--calibration", type=Path, help="calibration file (default: the shipped H100-SXM one)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "
                                             "csv_coverage.csv, per_seed.csv and plot.png into this directory")
-    p.add_argument("--stage-cap-s", type=float, help="cut every stage to this many seconds (default: full runs)")
+    p.add_argument("--stage-cap-s", type=number(0, True), help="cut every stage to this many seconds (default: full runs)")
     p.add_argument("--seeds", type=count, default=1, help="replay every run with seeds 0..N-1 and report the mean "
                                                           "prediction and its spread over seeds (default 1)")
     p.add_argument("--tail", action="store_true",
