@@ -323,15 +323,17 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     by_id = {e.exp_id: e for e in exps}
     missing = [t for t in train if t not in by_id]
     if missing:
-        raise ConfigError(f"calibrate: unknown training experiment(s) {missing}; known: {sorted(by_id)}")
+        raise ConfigError(f"calibrate: unknown training experiment(s) {bounded_repr(missing, 300)}; "
+                          f"known: {bounded_repr(sorted(by_id), 300)}")
     chosen = [by_id[t] for t in train]
     bad = [e.exp_id for e in chosen if e.skip_reason]
     if bad:
-        raise ConfigError(f"calibrate: training experiment(s) {bad} cannot be replayed: "
-                          + "; ".join(by_id[b].skip_reason for b in bad))
+        reasons = "; ".join(str(by_id[b].skip_reason) for b in bad[:3])
+        raise ConfigError(f"calibrate: training experiment(s) {bounded_repr(bad, 300)} cannot be replayed: "
+                          + bounded_repr(reasons, 600)[1:-1])
     other = [e.exp_id for e in chosen if GPU_OF_HARDWARE.get(e.hardware, e.hardware) != gpu]
     if other:
-        raise ConfigError(f"calibrate: experiment(s) {other} did not run on {gpu}")
+        raise ConfigError(f"calibrate: experiment(s) {bounded_repr(other, 300)} did not run on {bounded_repr(gpu)}")
     if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE

@@ -402,7 +402,8 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "
                                             "csv_coverage.csv, per_seed.csv and plot.png into this directory")
-    p.add_argument("--stage-cap-s", type=number(0, True), help="cut every stage to this many seconds (default: full runs)")
+    p.add_argument("--stage-cap-s", type=number(0, True),
+                   help="cut every stage to this many seconds (default: full runs)")
     p.add_argument("--seeds", type=count, default=1, help="replay every run with seeds 0..N-1 and report the mean "
                                                           "prediction and its spread over seeds (default 1)")
     p.add_argument("--tail", action="store_true",

@@ -107,3 +107,15 @@ def test_data_parallel_replicas_outside_one_to_max_dp_skip_the_run(tmp_path, dp)
     cfg.write_text(cfg.read_text() + f"data_parallelism: {dp}\n")
     reason = _reason(load_experiments(root), RUN)
     assert "data_parallelism=" in reason and "[1, 64]" in reason  # 10**9 replicas used to run for hours
+
+
+def test_calibrate_errors_bound_the_experiment_lists_they_print(tmp_path):
+    from kvsched.experiments.calibrate import calibrate
+
+    exps = load_experiments(_write(tmp_path, stage_text=json.dumps(_stage_json(output_len_mean=1.0))))
+    with pytest.raises(ConfigError, match="unknown training experiment") as e:
+        calibrate(exps, [f"no-such-run-{i}" for i in range(10_000)])
+    assert len(str(e.value)) < 800
+    with pytest.raises(ConfigError, match="cannot be replayed") as e:
+        calibrate(exps, [RUN])
+    assert len(str(e.value)) < 1000 and "\n" not in str(e.value)
