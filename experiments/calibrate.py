@@ -323,15 +323,17 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     by_id = {e.exp_id: e for e in exps}
     missing = [t for t in train if t not in by_id]
     if missing:
-        raise ConfigError(f"calibrate: unknown training experiment(s) {missing}; known: {sorted(by_id)}")
+        raise ConfigError(f"calibrate: unknown training experiment(s) {bounded_repr(missing, 300)}; "
+                          f"known: {bounded_repr(sorted(by_id), 300)}")
     chosen = [by_id[t] for t in train]
     bad = [e.exp_id for e in chosen if e.skip_reason]
     if bad:
-        raise ConfigError(f"calibrate: training experiment(s) {bad} cannot be replayed: "
-                          + "; ".join(by_id[b].skip_reason for b in bad))
+        reasons = "; ".join(str(by_id[b].skip_reason) for b in bad[:3])
+        raise ConfigError(f"calibrate: training experiment(s) {bounded_repr(bad, 300)} cannot be replayed: "
+                          + bounded_repr(reasons, 600)[1:-1])
     other = [e.exp_id for e in chosen if GPU_OF_HARDWARE.get(e.hardware, e.hardware) != gpu]
     if other:
-        raise ConfigError(f"calibrate: experiment(s) {other} did not run on {gpu}")
+        raise ConfigError(f"calibrate: experiment(s) {bounded_repr(other, 300)} did not run on {bounded_repr(gpu)}")
     if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE
@@ -367,26 +369,26 @@ def add_arguments(p) -> None:
     """Arguments of ``kvsched calibrate`` (an argparse sub-parser)."""
     from pathlib import Path
 
-    from .cli_types import count
+    from .cli_types import count, integer, number
 
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU preset to calibrate (default H100-SXM)")
     p.add_argument("--train", nargs="+", metavar="EXP_ID", help="training experiment ids (default: the "
                    "replayable inference-sim/training runs the sim-to-real table does not score)")
-    p.add_argument("--coarse-cap-s", type=float, default=COARSE_CAP_S,
+    p.add_argument("--coarse-cap-s", type=number(0, True), default=COARSE_CAP_S,
                    help=f"stage length of the coarse fit, s (default {COARSE_CAP_S:g})")
-    p.add_argument("--coarse-nfev", type=int, default=COARSE_NFEV,
+    p.add_argument("--coarse-nfev", type=count, default=COARSE_NFEV,
                    help=f"scipy max_nfev of the coarse fit (default {COARSE_NFEV})")
-    p.add_argument("--fine-cap-s", type=float, default=FINE_CAP_S,
+    p.add_argument("--fine-cap-s", type=number(0, True), default=FINE_CAP_S,
                    help=f"stage length of the fine fit, s (default {FINE_CAP_S:g})")
-    p.add_argument("--fine-nfev", type=int, default=FINE_NFEV,
+    p.add_argument("--fine-nfev", type=integer(0), default=FINE_NFEV,
                    help=f"scipy max_nfev of the fine fit, 0 = skip (default {FINE_NFEV})")
-    p.add_argument("--diff-step", type=float, default=0.02,
+    p.add_argument("--diff-step", type=number(0, True), default=0.02,
                    help="relative finite-difference step of the fit in log space (default 0.02; larger "
                         "sees through the step-like objective of short stages)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--version", type=int, default=1, help="calibration version to write (default 1)")
+    p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
+    p.add_argument("--version", type=count, default=1, help="calibration version to write (default 1)")
     p.add_argument("--out", type=Path, help="output file (default: the shipped calibration of the GPU, "
                                             "envs/sim/calibration/<GPU>.json)")
     p.add_argument("--tail-only", action="store_true",
@@ -394,7 +396,7 @@ def add_arguments(p) -> None:
                         "front_end_hiccup_mean_s) on top of the existing calibration file --out and store it in the "
                         "file's tail_params (kvsched validate --tail applies it; a full calibration keeps it)")
     p.add_argument("--tail-seeds", type=count, default=2, help="replay seeds per tail grid point (default 2)")
-    p.add_argument("--tail-cap-s", type=float, default=TAIL_CAP_S,
+    p.add_argument("--tail-cap-s", type=number(0, True), default=TAIL_CAP_S,
                    help=f"stage length of the tail fit's replays, s (default {TAIL_CAP_S:g})")
 
 

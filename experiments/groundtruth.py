@@ -174,6 +174,11 @@ class StageMeasurement:
         schedule_delay_ms: inference-perf's ``load_summary.schedule_delay`` quantiles
             (:data:`QUANTILE_KEYS` -> ms: how late the client sent each request against its fixed
             schedule), or None where not published in full.
+
+    Raises:
+        ConfigError: a measured value (:attr:`values_ms`, the TTFT quantiles) that is not a finite
+            number >= 0, or an ``output_len_mean`` that is not a finite number > 1 (the ITL
+            divides by ``output_len_mean − 1``); the run is then skipped with this reason.
     """
 
     stage: int
@@ -185,6 +190,22 @@ class StageMeasurement:
     peers_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     ttft_quantiles_ms: Mapping[str, float] | None = None
     schedule_delay_ms: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        where = f"stage {self.stage}"
+        _measured(f"{where} output_len_mean", self.output_len_mean, lambda x: x > 1.0, "a finite number > 1")
+        for m, v in self.values_ms.items():
+            _measured(f"{where} {m}", v, lambda x: x >= 0.0, "a finite number of ms >= 0")
+        for q, v in (self.ttft_quantiles_ms or {}).items():
+            _measured(f"{where} ttft {q}", v, lambda x: x >= 0.0, "a finite number of ms >= 0")
+
+
+def _measured(what: str, value: Any, ok: Any, allowed: str) -> None:
+    """Raise a one-line ConfigError unless ``value`` is a finite real number with ``ok(value)``."""
+    from kvsched.envs.sim.spec_validation import is_real
+
+    if not (is_real(value) and ok(float(value))):
+        raise ConfigError(f"measured {what}={bounded_repr(value)} is not allowed: expected {allowed}")
 
 
 @dataclass(frozen=True)
@@ -278,8 +299,9 @@ def _read_json(p: Path) -> Any:
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise GroundTruthMissing(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: missing") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: invalid JSON: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # malformed, or nested too deeply
+        raise ConfigError(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: invalid JSON: "
+                          f"{bounded_repr(str(e) or 'nested too deeply', 200)}") from None
 
 
 def _preset(model_id: str) -> str | None:
@@ -348,6 +370,7 @@ def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
     lat = s["latency"]
     ttft, e2e = lat["time_to_first_token"], lat["request_latency"]
     out_mean = float(s["output_len"]["mean"])
+    _measured(f"stage {k} successes.output_len.mean", out_mean, lambda x: x > 1.0, "a finite number > 1")
     vals = {"ttft_mean": ttft["mean"] * 1e3, "ttft_p90": ttft["p90"] * 1e3, "ttft_p99": ttft["p99"] * 1e3,
             "e2e_mean": e2e["mean"] * 1e3, "e2e_p90": e2e["p90"] * 1e3, "e2e_p99": e2e["p99"] * 1e3}
     vals["itl_mean"] = (vals["e2e_mean"] - vals["ttft_mean"]) / (out_mean - 1.0)
@@ -373,9 +396,25 @@ def _csv_rows(gt: Path) -> pd.DataFrame:
     p = gt / "sim_to_real" / "trainval_error_records.csv"
     if not p.is_file():
         raise GroundTruthMissing(f"{bounded_repr(str(p), MAX_PATH_CHARS)}: missing")
-    d = pd.read_csv(p)
+    where = bounded_repr(str(p), MAX_PATH_CHARS)
+    try:
+        d = pd.read_csv(p)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise ConfigError(f"{where}: not a readable csv: {bounded_repr(str(e), 200)}") from None
+    missing = [c for c in _CSV_COLUMNS if c not in d.columns]
+    if missing:
+        raise ConfigError(f"{where}: missing column(s) {', '.join(missing)} (needed: {', '.join(_CSV_COLUMNS)})")
+    try:
+        d["stage_index"] = pd.to_numeric(d["stage_index"], errors="raise")
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: column stage_index holds a value that is not a number") from None
     d["folder"] = d["experiment_folder"].astype(str).str.rstrip("/").str.split("/").str[-1]
     return d
+
+
+_CSV_COLUMNS = ("experiment_folder", "stage_index", "model", "workload", "metric_name", "simulator", "actual",
+                "predicted")
+"""Columns of ``sim_to_real/trainval_error_records.csv`` every run needs (others are optional)."""
 
 
 def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
@@ -387,6 +426,11 @@ def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
 
 FAMILIES = ("general", "codegen", "roleplay", "reasoning")
 """The inference-perf workload families of the ground truth (csv ``workload`` column)."""
+
+MAX_DP = 64
+"""Most data-parallel replicas a run may declare (csv ``dp``, exp-config ``data_parallelism``): the
+replay simulates every replica, so a typo such as 10**9 would run for hours; 64 replicas of a
+TP group is far above any published run (all have dp 1)."""
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """vLLM's default ``--gpu-memory-utilization`` (``vllm/config/cache.py``), used when a run does not
@@ -482,7 +526,8 @@ def _skipped(exp_id: str, source: str, reason: str, model_id: str = "?", hardwar
                       notes=notes, skip_reason=reason)
 
 
-_READ_ERRORS = (KvschedError, KeyError, TypeError, ValueError, IndexError, OSError, yaml.YAMLError)
+_READ_ERRORS = (KvschedError, KeyError, TypeError, ValueError, IndexError, OSError, yaml.YAMLError, ArithmeticError,
+                RecursionError)
 """Errors of one run's files that make that run unreadable (it is skipped with the message);
 a missing index file (the csv, the blis experiments file) still stops :func:`load_experiments`."""
 
@@ -515,7 +560,12 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
         ConfigError: an index file that does not parse.
     """
     gt = find_groundtruth(groundtruth)
-    blis = _read_json(gt / "blis" / "trained_physics_iter29_experiments.json")["experiments"]
+    blis_path = gt / "blis" / "trained_physics_iter29_experiments.json"
+    blis_doc = _read_json(blis_path)
+    blis = blis_doc.get("experiments") if isinstance(blis_doc, Mapping) else None
+    if not isinstance(blis, list) or not all(isinstance(e, Mapping) for e in blis):
+        raise ConfigError(f"{bounded_repr(str(blis_path), MAX_PATH_CHARS)}: expected an object whose "
+                          "'experiments' is a list of objects")
     csv = _csv_rows(gt)
     out: list[Experiment] = []
     seen_folders: set[str] = set()
@@ -638,8 +688,10 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
         notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
     util = _csv_number(cfg, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
                        "a number in (0, 1]")
-    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: x >= 1 and x == int(x), "an integer >= 1")
-    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: x >= 1 and x == int(x), "an integer >= 1")
+    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: 1 <= x <= MAX_DP and x == int(x),
+                     f"an integer in [1, {MAX_DP}]")
+    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: 1 <= x <= MAX_DP and x == int(x),
+                     f"an integer in [1, {MAX_DP}]")
     offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
     cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
     exp = Experiment(
@@ -680,6 +732,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         if missing:
             raise ConfigError(f"{folder} stage {k}: the csv has no measured {', '.join(missing)}")
         vals = {m: float(a[m]) for m in METRICS}
+        _measured(f"stage {k} itl_mean", vals["itl_mean"], lambda x: x > 0.0, "a finite number of ms > 0")
         out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
         stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
                                        peers_ms=peers.get(int(k), {})))
@@ -693,7 +746,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
                           lambda x: x >= 1 and x == int(x), "an integer >= 1"))
     util = _csv_number(first, "gpu_mem_util", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
                        "a number in (0, 1]")
-    dp = int(_csv_number(first, "dp", 1.0, lambda x: x >= 1 and x == int(x), "an integer >= 1"))
+    dp = int(_csv_number(first, "dp", 1.0, lambda x: 1 <= x <= MAX_DP and x == int(x), f"an integer in [1, {MAX_DP}]"))
     cpu_offload = _csv_flag(first, "cpu_offload")
     precision = str(_column(first, "precision") or "FP16").upper()
     if be is not None:

@@ -36,7 +36,7 @@ import pandas as pd
 
 from kvsched.envs.sim.calibration import CalibrationFile
 from kvsched.envs.sim.specs import CostParams
-from kvsched.envs.sim.errors import MAX_PATH_CHARS, bounded_repr
+from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 
 from .calibrate import Objective
 from .groundtruth import METRICS, PEERS, Experiment
@@ -141,6 +141,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
             skipped_l.append((e.exp_id, f"cannot build its served system: {err}"))
             continue
         ok.append(e)
+    _require_replayable(ok, skipped_l)
     skipped = tuple(skipped_l)
     train_set = set(train)
     try:
@@ -160,6 +161,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
                 skipped_l.append((e.exp_id, f"replay failed: {bounded_repr(str(err), 300)}"))
                 continue
             kept.append(e)
+        _require_replayable(kept, skipped_l)
         ok, skipped = kept, tuple(skipped_l)
         by_seed = [[r[k] for r in per_exp] for k in range(int(seeds))]
     recs, seed_recs = [], []
@@ -188,6 +190,19 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
     return ValidationReport(pd.DataFrame.from_records(recs), skipped, cost, tuple(train),
                             pd.DataFrame.from_records(seed_recs), runs_table(exps, train), int(seeds),
                             bool(client_jitter))
+
+
+def _require_replayable(ok: list, skipped: list[tuple[str, str]]) -> None:
+    """Raise a one-line ConfigError when no experiment is left to replay (every selected one was
+    skipped): there is nothing to score, and the tables would have no rows.
+
+    Raises:
+        ConfigError: naming how many were skipped and the first one's reason (bounded).
+    """
+    if ok:
+        return
+    first = f"; first: {skipped[0][0]}: {bounded_repr(skipped[0][1], 300)[1:-1]}" if skipped else ""
+    raise ConfigError(f"validate: no experiment to replay: all {len(skipped)} selected were skipped{first}")
 
 
 def _seed_mapes(report: ValidationReport, rows: pd.DataFrame) -> np.ndarray:
@@ -340,7 +355,12 @@ def cost_notes(exps: Sequence[Experiment]) -> list[str]:
 
 def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tuple[CostParams, tuple[str, ...], str]:
     """(cost, train ids, description) from a calibration file, else from the shipped one of
-    ``gpu``, else the literature defaults (no training set)."""
+    ``gpu``, else the literature defaults (no training set).
+
+    Raises:
+        ConfigError: ``path`` given but not a file (one line naming ``--calibration``), or a
+            calibration file that does not parse (:func:`~kvsched.envs.sim.calibration.load_calibration`).
+    """
     from kvsched.envs.sim.calibration import calibration_path, load_calibration
 
     p = Path(path) if path is not None else calibration_path(gpu)
@@ -348,7 +368,8 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
         cal: CalibrationFile = load_calibration(p)
         return cal.cost, cal.train, f"{p} (gpu {cal.gpu}, version {cal.version})"
     if path is not None:
-        raise FileNotFoundError(f"calibration file {bounded_repr(str(p), MAX_PATH_CHARS)} not found")
+        raise ConfigError(f"--calibration {bounded_repr(str(p), MAX_PATH_CHARS)} is not allowed: expected an existing "
+                          "calibration file (kvsched calibrate --out writes one)")
     return CostParams(), (), "literature defaults (no calibration file)"
 
 
@@ -378,15 +399,16 @@ def _with_tail(path: str | Path | None, cost: CostParams, gpu: str = "H100-SXM")
 
 def add_arguments(p) -> None:
     """Arguments of ``kvsched validate`` (an argparse sub-parser)."""
-    from .cli_types import count
+    from .cli_types import count, number
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--calibration", type=Path, help="calibration file (default: the shipped H100-SXM one)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "
                                             "csv_coverage.csv, per_seed.csv and plot.png into this directory")
-    p.add_argument("--stage-cap-s", type=float, help="cut every stage to this many seconds (default: full runs)")
+    p.add_argument("--stage-cap-s", type=number(0, True),
+                   help="cut every stage to this many seconds (default: full runs)")
     p.add_argument("--seeds", type=count, default=1, help="replay every run with seeds 0..N-1 and report the mean "
                                                           "prediction and its spread over seeds (default 1)")
     p.add_argument("--tail", action="store_true",

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import strict_json
 from .errors import MAX_PATH_CHARS, ConfigError, bounded_repr
+from .spec_validation import is_int, is_real
 from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
@@ -161,11 +162,12 @@ class CalibrationFile:
             if name not in TAIL_FIELDS:
                 raise ConfigError(f"CalibrationFile.tail_params has {bounded_repr(name)}: expected tail fields "
                                   f"({', '.join(TAIL_FIELDS)})")
+        tail = {k: _real(v, f"CalibrationFile.tail_params.{k}") for k, v in self.tail_params.items()}
         try:
-            CostParams(**{k: float(v) for k, v in self.tail_params.items()})  # validates the values
-        except (TypeError, ValueError) as e:
+            CostParams(**tail)  # validates the values
+        except ConfigError as e:
             raise ConfigError(f"CalibrationFile.tail_params: {e}") from None
-        object.__setattr__(self, "tail_params", {k: float(v) for k, v in self.tail_params.items()})
+        object.__setattr__(self, "tail_params", tail)
         object.__setattr__(self, "fitted", tuple(self.fitted))
         object.__setattr__(self, "train", tuple(self.train))
         object.__setattr__(self, "notes", tuple(self.notes))
@@ -215,18 +217,63 @@ class CalibrationFile:
         if bad:
             raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; "
                               f"allowed: {', '.join(_COST_FIELDS)}")
+        cost_values = {k: _real(v, f"{source}: cost_params.{k}") for k, v in cp.items()}
+        tail = d.get("tail_params", {})
+        if isinstance(tail, Mapping):
+            tail = {k: _real(v, f"{source}: tail_params.{k}") for k, v in tail.items()}
         try:
-            cost = CostParams(**{k: float(v) for k, v in cp.items()})
+            cost = CostParams(**cost_values)
             return CalibrationFile(
-                gpu=d["gpu"], version=d["version"], cost=cost, fitted=tuple(d.get("fitted", ())),
-                train=tuple(d.get("train_experiments", ())), objective=str(d.get("objective", "")),
-                loss=None if d.get("loss") is None else float(d["loss"]), n_residuals=int(d.get("n_residuals", 0)),
-                n_evaluations=int(d.get("n_evaluations", 0)),
-                wall_s=None if d.get("wall_s") is None else float(d["wall_s"]),
-                kvsched_version=str(d.get("kvsched_version", "")), notes=tuple(d.get("notes", ())),
-                tail_params=d.get("tail_params", {}))
-        except (TypeError, ValueError) as e:
+                gpu=d["gpu"], version=d["version"], cost=cost,
+                fitted=_strings(d.get("fitted", []), "fitted"),
+                train=_strings(d.get("train_experiments", []), "train_experiments"),
+                objective=_text(d.get("objective", ""), "objective"),
+                loss=_real_or_none(d.get("loss"), "loss"),
+                n_residuals=_count(d.get("n_residuals", 0), "n_residuals"),
+                n_evaluations=_count(d.get("n_evaluations", 0), "n_evaluations"),
+                wall_s=_real_or_none(d.get("wall_s"), "wall_s"),
+                kvsched_version=_text(d.get("kvsched_version", ""), "kvsched_version"),
+                notes=_strings(d.get("notes", []), "notes"),
+                tail_params=tail)
+        except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
+
+
+def _real(value: Any, where: str) -> float:
+    """A finite JSON number (not a bool, not text) as a float.
+
+    Raises:
+        ConfigError: anything else, naming ``where`` and the (bounded) value.
+    """
+    if not is_real(value):
+        raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a finite number")
+    return float(value)
+
+
+def _real_or_none(value: Any, where: str) -> float | None:
+    """:func:`_real`, or None for a JSON null."""
+    return None if value is None else _real(value, where)
+
+
+def _count(value: Any, where: str) -> int:
+    """An integer >= 0 (not a bool, not a float such as 3.7)."""
+    if not (is_int(value) and int(value) >= 0):
+        raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected an integer >= 0")
+    return int(value)
+
+
+def _text(value: Any, where: str) -> str:
+    """A JSON string."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a string")
+    return value
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    """A JSON list of strings (a lone string is not split into characters)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+        raise ConfigError(f"{where}={bounded_repr(value)} is not allowed: expected a list of strings")
+    return tuple(value)
 
 
 def load_calibration(path: str | Path) -> CalibrationFile:

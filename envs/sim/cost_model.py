@@ -99,7 +99,7 @@ the same element of an array call. Scalar inputs return NumPy float64 scalars.
 
 from __future__ import annotations
 
-from .errors import bounded_repr
+from .errors import ConfigError, bounded_repr
 
 import math
 from typing import Any
@@ -212,8 +212,49 @@ class CostModel:
         else:
             self._comm_per_token = 0.0
             self._comm_fixed = 0.0
+        self._check_finite(spec)
         #: prices of a long-context parallel layout (``spec.parallel``), None for one TP group
         self.parallel: ParallelCost | None = None if spec.parallel is None else ParallelCost(self)
+
+    def _check_finite(self, spec: InstanceSpec) -> None:
+        """Every per-GPU coefficient is a finite number and every rate is > 0.
+
+        Each :class:`CostParams` field and spec size is finite on its own, but their products and
+        quotients can overflow (``moe_efficiency = 1e-300`` divides the expert bytes into inf, and
+        inf·0 then makes an idle step NaN) or underflow (a rate of 0): the step times would be
+        inf or NaN and the simulation clock with them.
+
+        Raises:
+            ConfigError: naming the first non-finite coefficient and the fields it comes from.
+        """
+        checks: list[tuple[str, float, bool, str]] = [
+            ("linear FLOPs per token", self._lin_flops_per_token, False, "model sizes"),
+            ("attention FLOPs per pair", self.attn_flops_per_pair_per_gpu, False, "model sizes"),
+            ("weight bytes per GPU", self.weight_bytes_per_gpu, False, "n_params, weight_dtype"),
+            ("KV bytes per token", self.kv_bytes_per_token_per_gpu, False, "model sizes, kv_dtype"),
+            ("effective FLOP/s", self._eff_flops, True, "cost.mfu_max x the GPU's peak"),
+            ("effective HBM bytes/s", self._eff_bw, True, "cost.mbu x the GPU's HBM bandwidth"),
+            ("all-reduce time per token", self._comm_per_token, False,
+             "cost.allreduce_bw_efficiency, the GPU's NVLink rate"),
+            ("all-reduce time per step", self._comm_fixed, False, "cost.allreduce_*latency_s"),
+            ("step overhead", self._overhead + self._seq_overhead + self._tok_overhead, False,
+             "cost.step_overhead_s, seq_overhead_s, step_token_overhead_s"),
+        ]
+        if self._moe:
+            checks += [
+                ("expert FLOP/s", self._expert_eff_flops, True, "cost.moe_efficiency x mfu_max x peak"),
+                ("expert FLOPs per token", self._expert_flops_coef / self._expert_eff_flops, False,
+                 "cost.moe_efficiency, expert sizes"),
+                ("expert bytes per distinct expert", self._expert_bytes_per_distinct, False,
+                 "cost.moe_efficiency, expert sizes"),
+            ]
+        for what, value, rate, source in checks:
+            v = float(value)
+            if not math.isfinite(v) or (rate and v <= 0.0):
+                raise ConfigError(
+                    f"cost model of {spec.model.name} on {spec.gpu.name} (tp={spec.tp}): {what} = {v:.4g} is not "
+                    f"allowed: expected a finite number{' > 0' if rate else ''}; it comes from {source} "
+                    "(a value too large or too small for float64)")
 
     # ------------------------------------------------------------------ mixture of experts
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import require
 from .registry import Registry
-from .spec_validation import int_at_least, real_in, string
+from .spec_validation import int_at_least, int_in, real_in, string
 
 DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
 """Bytes per element of the weight / KV dtypes we model (vLLM ``--dtype``, ``--kv-cache-dtype``,
@@ -29,6 +29,14 @@ WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "nvfp4")
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
 QUANTIZED_WEIGHTS = ("all", "mlp")
 """Which weights a quantized checkpoint stores in its ``weight_dtype`` (:attr:`ModelSpec.quantized_weights`)."""
+MAX_MODEL_SIZE = 1 << 40
+"""Largest value of a :class:`ModelSpec` size field (layers, widths, heads, vocabulary, context
+length): 2**40, far above any model (a 10M-token context is 2**23.3) and small enough that the
+products the cost model forms stay exact-ish float64 numbers instead of overflowing."""
+MAX_EXPERTS = 1024
+"""Most routed experts :attr:`ModelSpec.n_experts` accepts (the largest presets have 256,
+DeepSeek-V3; Kimi-K2 has 384). The skewed-routing table costs O(n_experts x 65536) once per
+model (about 4 s at 1024 with a steep skew), so the bound also keeps a typo from hanging a run."""
 MAX_ROUTING_SKEW = 8.0
 """Largest Zipf exponent accepted for :attr:`ModelSpec.routing_skew`."""
 
@@ -88,7 +96,8 @@ class ModelSpec:
 
     Mixture of experts (all 0 = a dense model; HF names per family in brackets):
         n_experts: routed experts per MoE layer, E (``num_local_experts`` Mixtral/Llama-4,
-            ``num_experts`` Qwen-MoE, ``n_routed_experts`` DeepSeek). 0 = dense.
+            ``num_experts`` Qwen-MoE, ``n_routed_experts`` DeepSeek). 0 = dense; at most
+            :data:`MAX_EXPERTS`.
         experts_per_token: routed experts each token activates, top-k (``num_experts_per_tok``),
             1 <= k <= E.
         expert_intermediate_size: width of one expert's gated MLP (``moe_intermediate_size``;
@@ -121,8 +130,10 @@ class ModelSpec:
             experts only; attention projections, router, embeddings and lm_head stay bf16, e.g.
             RedHatAI's Llama-4 FP8-dynamic ``quantization_config.ignore`` list).
 
+    Every integer size is at most :data:`MAX_MODEL_SIZE` (2**40).
+
     Raises:
-        ConfigError: a non-positive size, n_heads not a multiple of n_kv_heads, n_params not
+        ConfigError: a non-positive or too large size, n_heads not a multiple of n_kv_heads, n_params not
             larger than the embedding table (plus the routed experts), MoE fields on a dense
             model or out of range, a RoPE dimension without a latent rank, an unknown dtype.
     """
@@ -156,7 +167,7 @@ class ModelSpec:
         require(bool(self.name), "ModelSpec.name", self.name, "a non-empty string")
         for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
                      "intermediate_size", "vocab_size", "max_context_tokens"):
-            int_at_least(owner, name, getattr(self, name), 1)
+            int_in(owner, name, getattr(self, name), 1, MAX_MODEL_SIZE, "2**40")
         require(self.n_heads % self.n_kv_heads == 0, f"{owner}.n_kv_heads", self.n_kv_heads,
                 f"a divisor of n_heads={self.n_heads} (grouped-query attention)")
         self._check_moe(owner)
@@ -166,7 +177,7 @@ class ModelSpec:
                 + (" plus the routed experts)" if self.n_experts else " alone)"))
         string(owner, "source", self.source)
         for name in ("kv_lora_rank", "qk_rope_head_dim"):
-            int_at_least(owner, name, getattr(self, name), 0)
+            int_in(owner, name, getattr(self, name), 0, MAX_MODEL_SIZE, "2**40")
         require(self.qk_rope_head_dim == 0 or self.kv_lora_rank > 0, f"{owner}.qk_rope_head_dim",
                 self.qk_rope_head_dim, "0 unless kv_lora_rank > 0 (a latent-attention RoPE key)")
         require(self.weight_dtype in WEIGHT_DTYPES, f"{owner}.weight_dtype", self.weight_dtype,
@@ -178,9 +189,10 @@ class ModelSpec:
         """The mixture-of-experts fields: all neutral on a dense model, in range on an MoE one."""
         moe_ints = ("n_experts", "experts_per_token", "expert_intermediate_size", "n_shared_experts",
                     "first_dense_layers")
-        for name in moe_ints:
-            int_at_least(owner, name, getattr(self, name), 0)
-        int_at_least(owner, "moe_layer_step", self.moe_layer_step, 1)
+        int_in(owner, "n_experts", self.n_experts, 0, MAX_EXPERTS, "the most experts kvsched models")
+        for name in moe_ints[1:]:
+            int_in(owner, name, getattr(self, name), 0, MAX_MODEL_SIZE, "2**40")
+        int_in(owner, "moe_layer_step", self.moe_layer_step, 1, MAX_MODEL_SIZE, "2**40")
         real_in(owner, "routing_skew", self.routing_skew, lambda x: 0 <= x <= MAX_ROUTING_SKEW,
                 f"a number in [0, {MAX_ROUTING_SKEW:g}] (Zipf exponent; 0 = uniform routing)")
         if self.n_experts == 0:
@@ -217,7 +229,8 @@ class ModelSpec:
         (0 for a dense model). Llama-4 convention (vLLM ``llama4.py``); step 1 = every layer."""
         if not self.n_experts:
             return 0
-        return sum(1 for i in range(self.first_dense_layers, self.n_layers) if (i + 1) % self.moe_layer_step == 0)
+        # multiples of the step among layer numbers i + 1 in [first_dense_layers + 1, n_layers]
+        return max(0, self.n_layers // self.moe_layer_step - self.first_dense_layers // self.moe_layer_step)
 
     @property
     def expert_params(self) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import ConfigError, bounded_repr, require
 
-__all__ = ["as_float", "int_at_least", "is_int", "is_real", "non_negative", "positive", "real_in", "string"]
+__all__ = ["as_float", "int_at_least", "int_in", "is_int", "is_real", "non_negative", "positive", "real_in", "string"]
 
 
 def is_int(v: object) -> TypeGuard[int | np.integer]:
@@ -22,17 +22,26 @@ def is_int(v: object) -> TypeGuard[int | np.integer]:
 
 
 def is_real(v: object) -> TypeGuard[int | float | np.integer | np.floating]:
-    """True for a finite Python or NumPy real number (not a bool)."""
-    return (
-        isinstance(v, (int, float, np.integer, np.floating))
-        and not isinstance(v, (bool, np.bool_))
-        and math.isfinite(float(v))
-    )
+    """True for a finite Python or NumPy real number (not a bool). An integer too large for a
+    float (YAML reads ``1000...0`` with 400 digits as one) is not finite, so not real."""
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def int_at_least(owner: str, name: str, value: object, minimum: int) -> None:
     """Require an integer ``value >= minimum``."""
     require(is_int(value) and int(value) >= minimum, f"{owner}.{name}", value, f"an integer >= {minimum}")
+
+
+def int_in(owner: str, name: str, value: object, minimum: int, maximum: int, why: str = "") -> None:
+    """Require an integer ``minimum <= value <= maximum``; ``why`` (optional) says where the
+    upper bound comes from."""
+    require(is_int(value) and minimum <= int(value) <= maximum, f"{owner}.{name}", value,
+            f"an integer in [{minimum}, {maximum}]" + (f" ({why})" if why else ""))
 
 
 def real_in(owner: str, name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:

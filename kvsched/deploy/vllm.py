@@ -131,11 +131,32 @@ class KvschedPolicyScheduler(Scheduler):
             raise ConfigError(f"scheduling-policy={bounded_repr(self.scheduler_config.policy)} is not allowed with "
                               f"{type(self).__name__}: expected 'fcfs' (the plugin orders the queue itself)")
         spec = instance_spec_from_dict(dict(cfg["spec"]), source=f"additional_config.{CONFIG_KEY}.spec")
+        self._check_spec_matches_engine(spec)
         self.kvsched_policy = make_policy(self.policy_name, dict(cfg["policy_params"]))
         self.kvsched_policy.bind(PolicyContext(spec=spec, cost=CostModel(spec), instance_id=0))
         #: the clock (s), compared with vLLM's ``Request.arrival_time``
         self.now: Callable[[], float] = time.time
         self._first_token_s: dict[str, float] = {}
+
+    def _check_spec_matches_engine(self, spec: Any) -> None:
+        """The section's spec describes the engine the plugin runs in: its block size, token budget
+        and sequence limit equal vLLM's, or the policy's costs, chunk limits and slack would be
+        computed for another engine (a hand-edited section, or one exported for other flags).
+
+        Raises:
+            ConfigError: the first field that differs, naming both values and the vLLM flag.
+        """
+        pairs = (("block_size_tokens", spec.block_size_tokens, getattr(self.cache_config, "block_size", None),
+                  "--block-size"),
+                 ("max_num_batched_tokens", spec.token_budget,
+                  getattr(self.scheduler_config, "max_num_batched_tokens", None), "--max-num-batched-tokens"),
+                 ("max_num_seqs", spec.max_seqs, getattr(self.scheduler_config, "max_num_seqs", None),
+                  "--max-num-seqs"))
+        for name, ours, engine, flag in pairs:
+            if engine is not None and int(ours) != int(engine):
+                raise ConfigError(f"additional_config.{CONFIG_KEY}.spec.{name}={bounded_repr(ours)} is not allowed: "
+                                  f"expected {bounded_repr(engine)}, vLLM's {flag} (the spec must describe the "
+                                  "engine the plugin runs in; export both with kvsched export --target vllm-plugin)")
 
     def table(self, requests: list, running: bool | np.ndarray) -> FeatureTable:
         """A feature table of vLLM requests at :attr:`now`."""

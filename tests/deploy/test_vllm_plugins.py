@@ -91,3 +91,22 @@ def _spec_dict() -> dict:
     from kvsched.envs.sim.spec_io import instance_spec_to_dict
 
     return instance_spec_to_dict(_spec())
+
+
+@pytest.mark.parametrize("field, value", [("block_size_tokens", 32), ("max_num_batched_tokens", 777),
+                                          ("max_num_seqs", 3)])
+def test_plugin_refuses_a_spec_that_describes_another_engine(field, value):
+    from kvsched.deploy import vllm as plugins
+
+    case = FCFS_CASES[0]
+    spec = {**_case_spec_dict(case), field: value}
+    with pytest.raises(ConfigError, match=rf"spec\.{field}={value} is not allowed: expected \d+, vLLM's --") as e:
+        parity.VllmSide(case, plugins.LARSScheduler,
+                        additional_config={"kvsched": {"policy": "lars", "policy_params": {}, "spec": spec}})
+    assert len(str(e.value).splitlines()) == 1
+
+
+def _case_spec_dict(case) -> dict:
+    from kvsched.envs.sim.spec_io import instance_spec_to_dict
+
+    return instance_spec_to_dict(case.instance_spec())
