@@ -428,7 +428,8 @@ class CostModel:
         """Seconds of one step from its parts: ``n_decodes`` decodes reading ``decode_ctx_tokens``
         context tokens in all and prefill ``chunks`` as ``(tokens, cached tokens before, completes
         the prompt)`` in plan order. With ``spec.parallel`` the pipeline, SPP, KVP or ESP price
-        (:meth:`~.parallelism.ParallelCost.step_s`); otherwise :meth:`step_time_fast` of the totals.
+        (:meth:`~.parallelism.ParallelCost.step_s`); otherwise :meth:`step_time_fast` of the totals,
+        with one sequence per decode and per chunk for the per-sequence host term.
         """
         if self.parallel is not None:
             return self.parallel.step_s(n_decodes, decode_ctx_tokens, chunks)
@@ -439,7 +440,7 @@ class CostModel:
             n += c
             attn2 += c * (2 * p + c)
             kv += p + c
-        return self.step_time_fast(float(n), attn2 / 2.0, float(kv))
+        return self.step_time_fast(float(n), attn2 / 2.0, float(kv), float(n_decodes + len(chunks)))
 
     def pnm_step_time_fast(self, n_tokens: float, attn_pairs: float, kv_tokens: float,
                            pnm_kv_tokens: float, n_pnm: float, n_seqs: float = 1.0) -> float:

@@ -246,7 +246,7 @@ def test_dense_spec_prices_are_unchanged_by_an_absent_parallel_layout():
     memory = (c.weight_bytes_per_gpu + c.kv_bytes_per_token_per_gpu * kv) / c._eff_bw
     assert c.step_time_fast(n, pairs, kv) == max(compute, memory) + 0.0 + 0.0
     assert c.plan_step_time_s(100, 100_000, [(200, 1000, True)]) == c.step_time_fast(
-        300.0, (2 * 100_000 + 200 * (2 * 1000 + 200)) / 2.0, 100_000.0 + 1200.0)
+        300.0, (2 * 100_000 + 200 * (2 * 1000 + 200)) / 2.0, 100_000.0 + 1200.0, 101.0)  # 100 decodes + a chunk
 
 
 def test_lars_sees_spp_in_its_prefill_prediction_and_chunks_flow_faster():
