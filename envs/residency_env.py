@@ -1,5 +1,6 @@
 """``kvsched/Residency-v0``: the agent decides how long each conversation's cached prefix stays in
-the lower tiers (host DRAM, NVMe) of a tiered prefix cache.
+the lower tiers (host DRAM, NVMe) of a tiered prefix cache, and optionally in HBM
+(``hbm_actions``) and whether a returning request's prefix is prefetched up a tier (``prefetch``).
 
 Adapter only: the simulation is :class:`kvsched.envs.sim.cluster.Cluster` with its finished
 requests watched (``DecisionWatch(residency=True)``); the decision vocabulary (keep for a time,
@@ -35,6 +36,8 @@ FEATURES: tuple[str, ...] = (
     "conversation_tier0", "conversation_tier1", "tier0_prefix_fill", "tier0_kept", "tier0_swapped",
     "tier0_survival", "hbm_used", "waiting", "arrival_rate", "has_tier1",
 )
+#: features appended with ``hbm_actions`` or ``prefetch`` (:class:`ResidencyEnv`)
+EXTRA_FEATURES: tuple[str, ...] = ("prefetch_point", "hbm_cached", "lower_only", "hbm_evictable", "hbm_kept")
 #: time constant of the eviction-rate and arrival-rate averages (s) [kvsched choice]
 RATE_TAU_S = 30.0
 #: The bundled scenario Residency-v0 serves when none is given (experiments/scenarios/).
@@ -86,6 +89,31 @@ class ResidencyEnv(gym.Env):
     Output lengths are known here only because the request has finished; nothing of the future
     is shown.
 
+    **HBM actions** (``hbm_actions=True``; :mod:`kvsched.envs.sim.retention` "hbm"): after the
+    keep bins, ``hbm_first`` (the tiers' order below; HBM evicts the request's cached prompt
+    segments before anything else) and ``keep+hbm`` for each keep bin (kept below *and* in HBM:
+    out of vLLM's LRU free queue for that time, evicted only when HBM holds nothing else
+    evictable). Without them HBM keeps vLLM's LRU order.
+
+    **Prefetch** (``prefetch=True``): a second kind of decision point, once per arriving request
+    queued on an instance where part of its cached prefix lies only in a tier below the first
+    listed one (needs two listed tiers, e.g. ``[dram, nvme]``; a scenario with one never stops
+    there). The last action, ``prefetch``, copies those segments up to the first tier now
+    (CachedAttention's scheduler-aware fetching, :meth:`~kvsched.envs.sim.prefix_offload.PrefixTiers.prefetch`):
+    the copy takes the lower tier's read link, so an admission before it lands loads over a busier
+    link. At a prefetch point only 0 (no prefetch) and ``prefetch`` are valid; at a retention
+    point ``prefetch`` is masked.
+
+    With either option the observation gains :data:`EXTRA_FEATURES` after the 17 above:
+
+    =======================  ==================================================================
+    ``prefetch_point``       1 at a prefetch decision point
+    ``hbm_cached``           the request's prompt segments cached in HBM / its cacheable ones
+    ``lower_only``           its segments a prefetch would copy up / its cacheable ones
+    ``hbm_evictable``        HBM evictable (cached, unreferenced) blocks / capacity
+    ``hbm_kept``             HBM blocks kept by ``keep+hbm`` decisions / capacity
+    =======================  ==================================================================
+
     **Reward**: as ``kvsched/Routing-v0`` (SLO attainment per recorded request, over all
     instances; :mod:`kvsched.envs.reward`); ``info["summary"]`` at the end has the per-tier hits
     (``prefix_tiers``).
@@ -107,10 +135,13 @@ class ResidencyEnv(gym.Env):
         reward: :class:`RewardConfig`, or a mapping of its fields (no shaping).
         timeline: write each episode's schedule as a Chrome/Perfetto trace: a file name with an
             ``{episode}`` field (docs/timeline.md), or None.
+        hbm_actions: add the HBM actions (above). Default False (the bench v1 task's actions).
+        prefetch: add prefetch decision points and the ``prefetch`` action (above). Default False.
 
     Raises:
         ConfigError: a scenario without ``prefix_offload`` or with a ``cluster:`` section (roles),
-            an unknown eviction order, bad keep bins, a bad horizon or reward.
+            an unknown eviction order, bad keep bins, a bad horizon or reward, ``hbm_actions`` or
+            ``prefetch`` not a bool.
     """
 
     metadata = {"render_modes": []}
@@ -120,7 +151,10 @@ class ResidencyEnv(gym.Env):
                  heldout_fraction: float = 0.25, max_requests: int | None = None, eviction: str | None = None,
                  keep_bins_s: tuple[float, ...] | list[float] = KEEP_BINS_S, n_instances: int | None = None,
                  horizon_s: float | None = None, reward: RewardConfig = RewardConfig(),
-                 timeline: str | None = None) -> None:
+                 timeline: str | None = None, hbm_actions: bool = False, prefetch: bool = False) -> None:
+        require(isinstance(hbm_actions, bool), "hbm_actions", hbm_actions, "True or False")
+        require(isinstance(prefetch, bool), "prefetch", prefetch, "True or False")
+        self.hbm_actions, self.prefetch = hbm_actions, prefetch
         if scenario is None:
             from importlib.resources import files
 
@@ -159,16 +193,33 @@ class ResidencyEnv(gym.Env):
                 "0 on Residency-v0 (potential-based shaping is implemented in kvsched/Scheduling-v0/v1 only)")
         reference(sc.policy, None, self.source)  # the instances' policy: validate early
         self.metrics = sc.metrics_config()
-        self.n_actions = len(BASE_ACTIONS) + len(self.keep_bins_s)
-        self.observation_space = spaces.Box(0.0, 1.0, (len(FEATURES),), np.float32)
+        decisions = ([RetentionDecision("default"), RetentionDecision("drop"),
+                      RetentionDecision("demote" if len(po.tiers) >= 2 else "default")]
+                     + [RetentionDecision("keep", b) for b in self.keep_bins_s])
+        self.labels = ["default", "drop", "demote"] + [f"keep {b:g}s" for b in self.keep_bins_s]
+        if hbm_actions:
+            decisions += ([RetentionDecision("default", hbm="evict_first")]
+                          + [RetentionDecision("keep", b, hbm="keep") for b in self.keep_bins_s])
+            self.labels += ["hbm_first"] + [f"keep+hbm {b:g}s" for b in self.keep_bins_s]
+        #: the ``prefetch`` action's index (-1 without ``prefetch``)
+        self.prefetch_action = len(decisions) if prefetch else -1
+        if prefetch:
+            decisions.append(RetentionDecision("default"))  # at a retention point it is masked: acts as 0
+            self.labels.append("prefetch")
+        self.n_actions = len(decisions)
+        self.features = FEATURES + (EXTRA_FEATURES if hbm_actions or prefetch else ())
+        self.observation_space = spaces.Box(0.0, 1.0, (len(self.features),), np.float32)
         self.action_space = spaces.Discrete(self.n_actions)
         self._mask = np.ones(self.n_actions, dtype=bool)
         self._mask[2] = len(po.tiers) >= 2  # demote needs a next tier
-        self._decisions = tuple([RetentionDecision("default"), RetentionDecision("drop"),
-                                 RetentionDecision("demote" if len(po.tiers) >= 2 else "default")]
-                                + [RetentionDecision("keep", b) for b in self.keep_bins_s])
+        if prefetch:
+            self._mask[self.prefetch_action] = False
+            self._prefetch_mask = np.zeros(self.n_actions, dtype=bool)
+            self._prefetch_mask[[0, self.prefetch_action]] = True
+        self._decisions = tuple(decisions)
         self._action_allowed = f"an action index in [0, {self.n_actions})"
         self.cluster: Cluster | None = None
+        self._point = None  # the decision point the episode stopped at (reset)
         self._timelines = EpisodeTimelines(timeline)
 
     def close(self) -> None:
@@ -186,7 +237,7 @@ class ResidencyEnv(gym.Env):
         self.cluster = build_cluster(self.source, lambda i: reference(sc.policy, None, self.source),
                                      n_instances=self.n_instances, observer=observer, spec=self.instance_spec)
         self.slo_reward = SLOReward(self.reward_config, self.metrics)
-        self.cluster.start(self.workload, DecisionWatch(residency=True))
+        self.cluster.start(self.workload, DecisionWatch(residency=True, prefetch=self.prefetch))
         self.decisions = 0
         self._over = False
         self._turns: dict = {}  # conversation -> (turns finished, first arrival s, last arrival s, gap s)
@@ -209,23 +260,25 @@ class ResidencyEnv(gym.Env):
 
     def _observe(self) -> np.ndarray:
         p = self._point
-        if p is None or p.kind != "residency":
+        if p is None or p.kind not in ("residency", "prefetch"):
             return np.zeros(self.observation_space.shape, dtype=np.float32)
         c = self.cluster
         assert c is not None
         st, now = p.request, p.time_s
         inst = c.instances[p.instance_id]
         pt = self._tier0(p.instance_id)
-        conv = pt.conversation_of(st)
+        # a prefetch point only looks: the conversation is not claimed before the request computes
+        conv = pt.conversation_of(st) if p.kind == "residency" else pt.peek_conversation(st)
         turns, first_s, last_s, gap = self._turns.get(conv, (0, st.arrival_s, st.arrival_s, 0.0))
-        if turns:
-            gap = max(st.arrival_s - last_s, 0.0)
-        turns += 1
-        self._turns[conv] = (turns, first_s, st.arrival_s, gap)
+        if p.kind == "residency":  # a turn of the conversation finished (a prefetch point only looks)
+            if turns:
+                gap = max(st.arrival_s - last_s, 0.0)
+            turns += 1
+            self._turns[conv] = (turns, first_s, st.arrival_s, gap)
         store = pt.stores[0]
         pool = store.pool
         cap = float(max(pool.capacity_blocks, 1))
-        held = pt.session_blocks(st)
+        held = pt.session_blocks(st, conv)
         # the first tier's eviction rate (blocks/s), an exponential average over RATE_TAU_S
         i = p.instance_id
         evicted = float(store.evicted_blocks)
@@ -256,18 +309,29 @@ class ResidencyEnv(gym.Env):
                 pool.evictable_blocks / cap, store.protected_blocks / cap, swapped / cap, survival,
                 hbm.used_blocks / float(max(hbm.capacity_blocks, 1)), nw / (nw + 16.0), r / (r + 1.0),
                 1.0 if len(pt.stores) > 1 else 0.0)
+        if len(self.features) > len(FEATURES):
+            n_seg = float(max(st.n_cacheable_segments, 1))
+            hbm_hit = hbm.cached_prefix_segments(st.hashes, st.n_cacheable_segments)
+            hcap = float(max(hbm.capacity_blocks, 1))
+            vals += (1.0 if p.kind == "prefetch" else 0.0, hbm_hit / n_seg, len(pt.promotable(st, now)) / n_seg,
+                     hbm.evictable_blocks / hcap, hbm.kept_blocks / hcap)
         return np.clip(np.array(vals, dtype=np.float32), 0.0, 1.0)
 
     # ------------------------------------------------------------------------------- masks
     def action_masks(self) -> np.ndarray:
-        """Valid actions: all but ``demote`` without a second listed tier."""
+        """Valid actions: at a retention point all but ``demote`` without a second listed tier and
+        ``prefetch``; at a prefetch point 0 and ``prefetch``."""
+        p = self._point
+        if self.prefetch and p is not None and p.kind == "prefetch":
+            return self._prefetch_mask.copy()
         return self._mask.copy()
 
     def _info(self, extra: dict) -> dict:
         return step_info(self, self.cluster.now_s if self.cluster else 0.0, extra)
 
     def decision_of(self, action: int) -> RetentionDecision:
-        """The :class:`~kvsched.envs.sim.retention.RetentionDecision` action ``action`` stands for."""
+        """The :class:`~kvsched.envs.sim.retention.RetentionDecision` action ``action`` stands for
+        at a retention point (the ``prefetch`` action: ``default``, as it is masked there)."""
         return self._decisions[action]
 
     # -------------------------------------------------------------------------------- step
@@ -277,13 +341,22 @@ class ResidencyEnv(gym.Env):
         a = action if type(action) is int else integer_action(action, 1, self._action_allowed)[0]
         if not 0 <= a < self.n_actions:
             require(False, "action", action, self._action_allowed)
-        invalid = not self._mask[a]
         c = self.cluster
         assert c is not None
-        if self._point is not None and self._point.kind == "residency":
+        point = self._point
+        if point is not None and point.kind == "prefetch":
+            invalid = not self._prefetch_mask[a]
+            if a == self.prefetch_action:
+                c.prefetch()
+            self.decisions += 1
+            self._point = c.run_until_decision(self.horizon_s)
+        elif point is not None and point.kind == "residency":
+            invalid = not self._mask[a]
             c.retain(self._decisions[0 if invalid else a])
             self.decisions += 1
             self._point = c.run_until_decision(self.horizon_s)
+        else:
+            invalid = not self._mask[a]
         comps = self.slo_reward.collect(c.recorder.rows)
         terminated = self._point is None
         truncated = self._point is not None and self._point.kind == "time"
@@ -307,21 +380,38 @@ class ResidencyEnv(gym.Env):
         """The action of heuristic ``policy`` at this decision: the tier order (``None``, or the
         environment's ``eviction``: ``lru``, ``lfu``, ``clairvoyant``) plays 0; ``session`` keeps
         every conversation ``keep_s`` seconds (one of ``keep_bins_s``; default 30 s, the
-        ``session`` order's ``session_keep_s`` default).
+        ``session`` order's ``session_keep_s`` default); ``session-hbm`` keeps it as long in HBM too
+        (needs ``hbm_actions``). A ``+prefetch`` suffix (e.g. ``lru+prefetch``, needs ``prefetch``)
+        prefetches at every prefetch point; without it a prefetch point plays 0 (no prefetch).
 
         Raises:
             ConfigError: another name, a tier order other than the environment's (make it with
-                ``eviction=<name>``), or a keep time not among the bins.
+                ``eviction=<name>``), a keep time not among the bins, or an option the
+                environment was made without.
         """
+        base = policy
+        if isinstance(policy, str) and policy.endswith("+prefetch"):
+            require(self.prefetch, "policy", policy, "a '+prefetch' heuristic on an environment made with "
+                    "prefetch=True")
+            base = policy[:-len("+prefetch")] or None
+            if self._point is not None and self._point.kind == "prefetch":
+                return self.prefetch_action
+        if self._point is not None and self._point.kind == "prefetch":
+            return 0
+        policy = base
         if policy is None or (policy == self.eviction and policy != "session"):
             return 0
-        if policy == "session":
+        if policy in ("session", "session-hbm"):
             k = 30.0 if keep_s is None else keep_s
             require(k in self.keep_bins_s, "keep_s", keep_s, f"one of the keep bins {list(self.keep_bins_s)}")
+            if policy == "session-hbm":
+                require(self.hbm_actions, "policy", policy, "'session-hbm' on an environment made with "
+                        "hbm_actions=True")
+                return len(BASE_ACTIONS) + len(self.keep_bins_s) + 1 + self.keep_bins_s.index(k)  # after hbm_first
             return len(BASE_ACTIONS) + self.keep_bins_s.index(k)
         if policy in EVICTION_POLICIES:
             raise ConfigError(f"heuristic {bounded_repr(policy)} is a tier eviction order: make the environment "
                               f"with eviction='{policy}' and play action 0 (this one evicts by '{self.eviction}')")
         raise ConfigError(f"heuristic {bounded_repr(policy)} is not a residency heuristic; allowed: None, 'session', "
-                          f"or the environment's eviction order '{self.eviction}' (others: make the environment "
-                          "with eviction=<name>)")
+                          f"'session-hbm', or the environment's eviction order '{self.eviction}' (others: make the "
+                          "environment with eviction=<name>), each with an optional '+prefetch'")

@@ -64,12 +64,17 @@ class DecisionWatch:
         residency: stop (``"residency"``) once per request finished on an instance whose lower
             tiers cache prefixes, after the event it finished in, for a retention decision
             (:meth:`Cluster.retain`, :mod:`.retention`); nothing is suspended.
+        prefetch: stop (``"prefetch"``) once per arriving request queued on an instance where
+            part of its prompt's cached prefix lies only in a tier below the first listed one
+            (:meth:`.prefix_offload.PrefixTiers.promotable`), after the event it arrived in, for
+            a prefetch decision (:meth:`Cluster.prefetch`); nothing is suspended.
     """
 
     route: bool = False
     schedule_instance: int | None = None
     schedule_filter: Callable[[Instance, float], bool] | None = None
     residency: bool = False
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,8 @@ class DecisionPoint:
 
     Attributes:
         kind: ``"route"`` (an arrival to place), ``"schedule"`` (an idle instance about to plan
-            its next step), ``"residency"`` (a finished request's retention decision) or
+            its next step), ``"residency"`` (a finished request's retention decision),
+            ``"prefetch"`` (an arriving request's prefetch decision) or
             ``"time"`` (the ``until_s`` of the call was reached).
         time_s: simulated time (s).
         instance_id: the instance about to schedule (``"schedule"``) or where the request
@@ -242,6 +248,8 @@ class Cluster:
         self._now_s = 0.0
         self._retention: list = []
         self._retention_pending: tuple | None = None
+        self._prefetch_pending: tuple | None = None
+        self._prefetch_watch = False
         self._until_s = math.inf  # the caller's stop time of the current run_until_decision
         self.watch: DecisionWatch | None = None
 
@@ -299,7 +307,11 @@ class Cluster:
             arrivals = arrivals[order]
         self._arrivals = arrivals
         self._order = order
-        self._retention = []  # (instance id, finished request, finish s) awaiting a decision
+        # (instance id, finished request, finish s) awaiting a retention decision, and
+        # (instance id, arriving request, arrival s, "prefetch") awaiting a prefetch decision
+        self._retention = []
+        self._prefetch_watch = watch is not None and watch.prefetch
+        self._prefetch_pending = None
         for inst in instances:  # the clairvoyant eviction reference reads the window's future uses
             pt = inst.kv.prefix_tiers
             if pt is not None and "clairvoyant" in pt.spec.eviction:
@@ -466,6 +478,10 @@ class Cluster:
         if rt is not None:
             rt.counters.local_prefills += 1
         if inst.add_request(st, t):
+            if self._prefetch_watch:
+                pt = inst.kv.prefix_tiers
+                if pt is not None and pt.promotable(st, t):
+                    self._retention.append((inst.instance_id, st, t, "prefetch"))
             self._wake(inst, t)
 
     def _schedule(self, inst: Instance, t: float) -> None:
@@ -627,10 +643,33 @@ class Cluster:
         return self._next_idx
 
     def _retention_point(self) -> DecisionPoint:
-        """The next finished request awaiting a retention decision (taken off the queue)."""
-        inst_id, st, _ = self._retention.pop(0)
-        self._retention_pending = (inst_id, st)
+        """The next finished request awaiting a retention decision, or arriving one awaiting a
+        prefetch decision (taken off the queue)."""
+        entry = self._retention.pop(0)
+        inst_id, st = entry[0], entry[1]
+        if len(entry) == 4:
+            self._retention_pending, self._prefetch_pending = None, (inst_id, st)
+            return DecisionPoint("prefetch", self._now_s, inst_id, st)
+        self._retention_pending, self._prefetch_pending = (inst_id, st), None
         return DecisionPoint("residency", self._now_s, inst_id, st)
+
+    def prefetch(self) -> int:
+        """Prefetch the cached prefix of the request of the last ``"prefetch"`` point into the
+        first listed tier, now (:meth:`.prefix_offload.PrefixTiers.prefetch`); optional (an
+        undecided request is not prefetched). Returns the segments copied.
+
+        Raises:
+            RuntimeError: no ``"prefetch"`` point was returned since the last call.
+        """
+        pending = self._prefetch_pending
+        if pending is None:
+            raise RuntimeError("no prefetch decision point is pending")
+        self._prefetch_pending = None
+        inst_id, st = pending
+        pt = self.instances[inst_id].kv.prefix_tiers
+        assert pt is not None
+        pt.now_s = self._now_s
+        return pt.prefetch(st, self._now_s)
 
     def retain(self, decision) -> None:
         """Apply a retention decision (:class:`.retention.RetentionDecision`) for the request of
@@ -649,7 +688,7 @@ class Cluster:
         pt.now_s = self._now_s
         hook = None if self.observer is None else getattr(self.observer, "on_retention", None)
         before = tuple(pt.session_blocks(st)) if hook is not None else ()
-        pt.retain(st, decision.kind, decision.keep_s, self._now_s)
+        pt.retain(st, decision.kind, decision.keep_s, self._now_s, decision.hbm)
         if hook is not None:
             hook(RetentionEvent(inst_id, self._now_s, st.rid, decision.label, before, tuple(pt.session_blocks(st))))
 
@@ -733,15 +772,16 @@ class Cluster:
         hits are HBM's)."""
         tiers: dict[str, dict] = {}
         recompute = 0
-        decisions = None
+        decisions: dict[str, int] = {}  # the decision counters of retention / prefetch control
         for inst in self.instances:
             pt = inst.kv.prefix_tiers
             if pt is None:
                 continue
             st = pt.stats()
             recompute += st["recompute_chosen"]
-            if "retention_decisions" in st:
-                decisions = st["retention_decisions"] + (decisions or 0)
+            for key in ("retention_decisions", "hbm_kept_blocks", "hbm_evict_first_blocks", "prefetch_decisions"):
+                if key in st:
+                    decisions[key] = decisions.get(key, 0) + st[key]
             for name, counters in st["tiers"].items():
                 acc = tiers.setdefault(name, {})
                 for k, v in counters.items():
@@ -750,8 +790,7 @@ class Cluster:
         for acc in tiers.values():
             acc["hit_rate"] = acc["hit_tokens"] / prompt if prompt else None
         out: dict = {"recompute_chosen": recompute, "tiers": tiers}
-        if decisions is not None:
-            out["retention_decisions"] = decisions
+        out.update(decisions)
         return out
 
     def result(self) -> SimulationResult:

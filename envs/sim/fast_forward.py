@@ -244,9 +244,10 @@ class StretchPlanner:
             cnt_ge[t] = acc_ge
         extra = [n * (j // bs) + cnt_ge[j % bs] for j in range(1, k)]
         limit = self.block_limit(extra[-1])
-        # an eviction written back below HBM is charged on the link at its step's time: a stretch,
-        # which allocates every step's blocks now, evicts nothing then
-        if (free_only or inst.kv.writes_back) and limit > inst.kv.hbm.free_blocks:
+        # an eviction written back below HBM is charged on the link at its step's time, and kept
+        # segments' order changes when a keep expires: a stretch, which allocates every step's
+        # blocks now, evicts nothing then
+        if (free_only or inst.kv.writes_back or inst.kv.hbm.kept_blocks) and limit > inst.kv.hbm.free_blocks:
             limit = inst.kv.hbm.free_blocks
         allowed = bisect_right(extra, limit)
         if allowed + 1 < k:
@@ -474,7 +475,8 @@ class StretchPlanner:
                 for (st, _), x in zip(live_plan, xs) if x % bs == 0]
         need_total = sum([nb for _, nb in grow if nb > 0])
         # with frees at end1 the stretch allocates from never-cached free blocks only
-        if need_total > (hbm.free_blocks if done1 or inst.kv.writes_back else hbm.free_blocks + hbm.evictable_blocks):
+        if need_total > (hbm.free_blocks if done1 or inst.kv.writes_back or hbm.kept_blocks
+                         else hbm.free_blocks + hbm.evictable_blocks):
             return end1
         self._apply_first_step(plan[len(plan) - n_join:], end1)
         used1 = hbm.used_blocks

@@ -332,6 +332,7 @@ class Instance:
         if self._prefix_tiers is not None:
             self._prefix_tiers.now_s = now  # HBM evictions written back and demotions happen now
             self._prefix_tiers.fence_s = 0.0
+            self.kv.hbm.expire_kept(now)  # HBM keeps of retention decisions (kvsched/Residency-v0)
         step = StepBuild(self.budget, self.composer.long_cap_lifted())
         step.prefill_slot = self.composer.prefill_slot_budget(now)
         self._step_ready_s = now

@@ -23,6 +23,14 @@ Mechanisms and sources:
   then join the LRU as one anonymous run in free order instead of the free pool: allocation
   takes never-used blocks first, then pops the LRU head, evicting a cached segment only when
   the head is one. So long outputs push cached prompts out of a small cache.
+- **Kept segments** (:meth:`BlockPool.keep_segments`, a retention decision of
+  ``kvsched/Residency-v0``, :mod:`.retention`): unreferenced cached segments a caller keeps leave
+  the LRU order until a deadline; they stay evictable (an allocation never fails for them) but
+  go only once nothing else is, the earliest deadline first; a kept segment reused by a request
+  is no longer kept. Expired keeps rejoin the LRU at its head (:meth:`BlockPool.expire_kept`, at
+  each scheduling pass). :meth:`BlockPool.evict_first` moves segments to the LRU head. vLLM has
+  neither (its free queue is pure LRU); they are the agent's levers over HBM residency
+  [kvsched choice, issue #21 item 3].
 - **Lower tiers** (DRAM, NVMe, extra tiers, PNM) hold swapped, offloaded or PNM-resident
   requests' blocks privately and, when the instance lists them in ``prefix_offload``, cached
   prefixes (:mod:`.prefix_offload`, whose store counts them as the pool's evictable blocks and
@@ -37,6 +45,7 @@ Invariant, checked by :meth:`BlockPool.check`: in every tier at every event
 from __future__ import annotations
 
 from collections import OrderedDict
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,7 +83,7 @@ class BlockPool:
 
     __slots__ = ("name", "capacity_blocks", "prefix_caching", "free_blocks", "used_blocks",
                  "evictable_blocks", "segments", "_lru", "evicted_segments", "single_free_queue", "_next_anon",
-                 "on_evict", "reclaimer")
+                 "on_evict", "reclaimer", "_kept", "_kept_heap", "_kept_seq", "kept_blocks")
 
     def __init__(self, name: str, capacity_blocks: int, prefix_caching: bool = False,
                  single_free_queue: bool = False) -> None:
@@ -98,6 +107,12 @@ class BlockPool:
         #: a lower tier caching prefixes: frees blocks by evicting one of its entries, returning
         #: how many (:meth:`.prefix_offload.PrefixStore.evict_one`); None: the LRU below
         self.reclaimer: Callable[[], int] | None = None
+        #: kept segments (:meth:`keep_segments`): hash -> (deadline s, sequence number)
+        self._kept: dict[int, tuple[float, int]] = {}
+        self._kept_heap: list[tuple[float, int, int]] = []  # (deadline, seq, hash), stale ones skipped
+        self._kept_seq = 0
+        #: blocks of kept segments (part of ``evictable_blocks``)
+        self.kept_blocks = 0
 
     # -------------------------------------------------------------------------------- queries
     @property
@@ -113,9 +128,13 @@ class BlockPool:
             raise AssertionError(
                 f"{self.name}: free {self.free_blocks} + evictable {self.evictable_blocks} + used "
                 f"{self.used_blocks} != capacity {self.capacity_blocks}")
-        if self.reclaimer is None and sum(self._lru.values()) != self.evictable_blocks:
-            raise AssertionError(f"{self.name}: LRU holds {sum(self._lru.values())} blocks, "
-                                 f"evictable_blocks says {self.evictable_blocks}")
+        kept = sum(self.segments[h].n_blocks for h in self._kept)
+        if kept != self.kept_blocks or any(self.segments[h].refs for h in self._kept):
+            raise AssertionError(f"{self.name}: kept segments hold {kept} blocks, kept_blocks says "
+                                 f"{self.kept_blocks} (or a kept segment is referenced)")
+        if self.reclaimer is None and sum(self._lru.values()) + kept != self.evictable_blocks:
+            raise AssertionError(f"{self.name}: LRU holds {sum(self._lru.values())} blocks and kept segments "
+                                 f"{kept}, evictable_blocks says {self.evictable_blocks}")
 
     def referenced_blocks(self) -> int:
         """Blocks of cached segments that at least one request references."""
@@ -169,8 +188,16 @@ class BlockPool:
         limit = self.free_blocks
         for h, nb in self._lru.items():
             if h in protected or limit >= wanted:
-                break
+                return limit
             limit += nb
+        kept = self._kept
+        for until, seq, h in sorted(self._kept_heap):  # then kept segments, earliest deadline first
+            if limit >= wanted:
+                break
+            if kept.get(h) == (until, seq):
+                if h in protected:
+                    break
+                limit += self.segments[h].n_blocks
         return limit
 
     def cached_prefix_segments(self, hashes: list[int] | tuple[int, ...], max_segments: int) -> int:
@@ -211,7 +238,11 @@ class BlockPool:
         on_evict = self.on_evict
         evicted: list | None = [] if on_evict is not None else None
         while self.free_blocks < n_blocks:
-            h, nb = self._lru.popitem(last=False)
+            if self._lru:
+                h, nb = self._lru.popitem(last=False)
+            else:  # only kept segments are left: the earliest deadline goes
+                h = self._pop_kept()
+                nb = self.segments[h].n_blocks
             self.evictable_blocks -= nb
             self.free_blocks += nb
             if not isinstance(h, tuple):  # a tuple: released private blocks
@@ -234,10 +265,15 @@ class BlockPool:
         self.free_blocks += n_blocks
 
     def acquire_segment(self, h: int) -> int:
-        """Add a reference to cached segment ``h``; returns its block count."""
+        """Add a reference to cached segment ``h``; returns its block count. A kept segment is
+        no longer kept."""
         seg = self.segments[h]
         if seg.refs == 0:
-            nb = self._lru.pop(h)
+            nb = self._lru.pop(h, 0)
+            if not nb:
+                del self._kept[h]  # a kept segment reused: its keep is over (the heap entry goes stale)
+                nb = seg.n_blocks
+                self.kept_blocks -= nb
             self.evictable_blocks -= nb
             self.used_blocks += nb
         seg.refs += 1
@@ -265,6 +301,78 @@ class BlockPool:
                 freed += seg.n_blocks
         self.used_blocks -= freed
         self.evictable_blocks += freed
+
+    # -------------------------------------------------------------------------- kept segments
+    def keep_segments(self, hashes, until_s: float) -> int:
+        """Keep the unreferenced cached segments among ``hashes`` out of the LRU order until
+        ``until_s`` (s), in the order given (give a prefix tail first: among equal deadlines the
+        first given goes first); a segment already kept gets the later deadline. Referenced or
+        uncached hashes are skipped. Returns the blocks newly kept."""
+        segments, lru, kept, heap = self.segments, self._lru, self._kept, self._kept_heap
+        added = 0
+        for h in hashes:
+            seg = segments.get(h)
+            if seg is None or seg.refs:
+                continue
+            old = kept.get(h)
+            if old is None:
+                if lru.pop(h, None) is None:
+                    continue
+                added += seg.n_blocks
+            elif old[0] >= until_s:
+                continue
+            self._kept_seq += 1
+            kept[h] = (until_s, self._kept_seq)
+            heapq.heappush(heap, (until_s, self._kept_seq, h))
+        self.kept_blocks += added
+        return added
+
+    def unkeep_segments(self, hashes) -> None:
+        """End the keep of the kept segments among ``hashes``: they rejoin the LRU at its head
+        (their keep is over; they are evicted before anything the order holds)."""
+        kept, lru = self._kept, self._lru
+        for h in hashes:
+            if kept.pop(h, None) is not None:
+                nb = self.segments[h].n_blocks
+                self.kept_blocks -= nb
+                lru[h] = nb
+                lru.move_to_end(h, last=False)
+
+    def expire_kept(self, now_s: float) -> None:
+        """Segments whose keep ended by ``now_s`` rejoin the LRU at its head, the earliest
+        deadline evicted first."""
+        heap, kept = self._kept_heap, self._kept
+        expired = []
+        while heap and heap[0][0] <= now_s:
+            until, seq, h = heapq.heappop(heap)
+            if kept.get(h) == (until, seq):
+                expired.append(h)
+        if expired:
+            self.unkeep_segments(reversed(expired))  # each to the head: the earliest deadline ends first
+
+    def _pop_kept(self) -> int:
+        """Remove and return the kept segment with the earliest deadline (the caller evicts it)."""
+        heap, kept = self._kept_heap, self._kept
+        while True:
+            until, seq, h = heapq.heappop(heap)
+            if kept.get(h) == (until, seq):
+                del kept[h]
+                self.kept_blocks -= self.segments[h].n_blocks
+                return h
+
+    def evict_first(self, hashes) -> int:
+        """Move the unreferenced cached segments among ``hashes`` (kept ones included: their keep
+        ends) to the LRU head, so HBM evicts them before anything else, the last given first (give
+        a prefix head first: its tail goes first). Returns their blocks."""
+        hashes = list(hashes)
+        self.unkeep_segments(hashes)
+        lru, segments = self._lru, self.segments
+        moved = 0
+        for h in hashes:
+            if h in lru and not isinstance(h, tuple):
+                lru.move_to_end(h, last=False)
+                moved += segments[h].n_blocks
+        return moved
 
     def register_segments(self, hashes, n_blocks: int, creator_id: int, private_blocks: int) -> list[int]:
         """:meth:`register_segment` for each of ``hashes`` in order while ``private_blocks`` still

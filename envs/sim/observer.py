@@ -39,9 +39,10 @@ PHASES: tuple[str, ...] = ("prefill", "recompute", "decode")
 #: (:mod:`.preemption`); ``prefix_write`` / ``prefix_load`` -- cached prefixes written below HBM
 #: and loaded back (:mod:`.prefix_offload`); ``pnm_migration`` -- KV moved to the PNM tier
 #: (:mod:`.pnm_migration`); ``shared_write`` / ``shared_fetch`` -- the cluster KV tier
-#: (:mod:`.shared_kv`).
+#: (:mod:`.shared_kv`); ``prefix_prefetch`` -- a cached prefix copied up to the first listed tier
+#: before its request is admitted (:meth:`.prefix_offload.PrefixTiers.prefetch`).
 TRANSFER_KINDS: tuple[str, ...] = ("swap_out", "swap_in", "prefix_write", "prefix_load", "pnm_migration",
-                                   "shared_write", "shared_fetch", "kv_transfer")
+                                   "shared_write", "shared_fetch", "kv_transfer", "prefix_prefetch")
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,6 +394,8 @@ class PrefixStore:
         self.demotions = 0
         self.evicted = 0
         self.evicted_blocks = 0
+        self.prefetches = 0  # copies of this tier's entries up to the first listed tier (PrefixTiers.prefetch)
+        self.bytes_prefetched = 0
         self.pool.reclaimer = self.evict_one  # a swap into this tier evicts prefixes it needs room from
 
     def ready(self, key: Any, now_s: float) -> bool:
@@ -647,7 +649,8 @@ class PrefixStore:
                 "hit_tokens": self.hit_tokens, "self_hit_tokens": self.self_hit_tokens, "loads": self.loads,
                 "loaded_segments": self.loaded_segments, "bytes_loaded": self.bytes_loaded,
                 "writes": self.writes, "bytes_written": self.bytes_written, "skipped_writes": self.skipped_writes,
-                "demotions": self.demotions, "evicted_segments": self.evicted}
+                "demotions": self.demotions, "evicted_segments": self.evicted, "prefetches": self.prefetches,
+                "bytes_prefetched": self.bytes_prefetched}
 
 
 # ------------------------------------------------------------------------------- the tiers
@@ -679,6 +682,9 @@ class PrefixTiers:
         self.keep_until_s: dict[Any, float] = {}  # conversation -> retention deadline (s), :meth:`retain`
         self.retention_queue: list | None = None  # finished requests awaiting a retention decision
         self.retention_decisions = 0
+        self.hbm_kept_blocks = 0  # HBM blocks kept by retention decisions (``hbm="keep"``), summed
+        self.hbm_evict_first_blocks = 0  # HBM blocks sent to the LRU head (``hbm="evict_first"``), summed
+        self.prefetch_decisions = 0  # prefetches asked (:meth:`prefetch`)
         self._sessions = "session" in spec.eviction
         self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
         self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
@@ -724,6 +730,25 @@ class PrefixTiers:
             seen.update(st.hashes[:n])
         self._conv_of_request[st.rid] = conv
         return conv
+
+    def peek_conversation(self, st: "RequestState") -> Any:
+        """:meth:`conversation_of` without memoising it or claiming the chain it continues (an
+        observer's look at a request that has not computed yet: the conversation its prefix
+        chain continues now, else a new one)."""
+        if not self._sessions:
+            return None
+        if st.rid in self._conv_of_request:
+            return self._conv_of_request[st.rid]
+        if st.req.session_id >= 0:
+            return ("session", st.req.session_id)
+        if not st.hashes:
+            return None
+        chain_end = self._conv_by_chain_end
+        for key in reversed(st.hashes[:st.n_cacheable_segments]):
+            conv = chain_end.get(key)
+            if conv is not None:
+                return conv
+        return ("request", st.rid)
 
     # -------------------------------------------------------------------------- the future
     def set_future(self, workload: "Workload", arrivals_s: np.ndarray | None = None) -> None:
@@ -867,9 +892,10 @@ class PrefixTiers:
                 for key, e in s.entries.items():
                     s.by_session.setdefault(e.session_id, set()).add(key)
 
-    def retain(self, st: "RequestState", kind: str, keep_s: float, now_s: float) -> None:
+    def retain(self, st: "RequestState", kind: str, keep_s: float, now_s: float, hbm: str = "lru") -> None:
         """Apply a retention decision for the conversation of finished request ``st`` at ``now_s``
-        in every listed tier (:mod:`.retention` defines the kinds):
+        in every listed tier (:mod:`.retention` defines the kinds), and for the HBM copies of its
+        prompt's cached segments (``hbm``, :data:`.retention.HBM_CHOICES`):
 
         - ``"default"``: what it kept follows the tiers' eviction orders again (entries another
           conversation keeps stay kept until that one's deadline);
@@ -885,14 +911,33 @@ class PrefixTiers:
         - ``"demote"``: those of them in the first listed tier move to the next one now (over the
           link; with one listed tier, as ``"drop"``).
 
+        In HBM (``st``'s prompt segments cached there and referenced by nobody; the others are
+        left as they are): ``"lru"`` ends a keep an earlier decision gave them (they rejoin vLLM's
+        LRU free queue at its head); ``"keep"`` (with ``kind="keep"``) keeps them out of the LRU
+        until ``now_s + keep_s`` (:meth:`.kv_cache.BlockPool.keep_segments`: evicted only when
+        nothing else is, never refusing an allocation; a reuse ends the keep); ``"evict_first"``
+        moves them to the LRU head, the prompt's tail first (their copies below stay, per
+        ``write_policy``).
+
         Raises:
-            ConfigError: an unknown kind, or a keep time that is not a finite number >= 0.
+            ConfigError: an unknown kind or HBM choice, ``hbm="keep"`` without ``kind="keep"``,
+                or a keep time that is not a finite number >= 0.
         """
-        from .retention import RETENTION_KINDS
+        from .retention import HBM_CHOICES, RETENTION_KINDS
 
         require(kind in RETENTION_KINDS, "retention kind", kind, f"one of {', '.join(RETENTION_KINDS)}")
         require(isinstance(keep_s, (int, float)) and not isinstance(keep_s, bool) and math.isfinite(keep_s)
                 and keep_s >= 0, "keep_s", keep_s, "a finite number of seconds >= 0")
+        require(hbm in HBM_CHOICES and (hbm != "keep" or (kind == "keep" and keep_s > 0)), "hbm", hbm,
+                f"one of {', '.join(HBM_CHOICES)} ('keep' only with kind 'keep' and keep_s > 0)")
+        prompt = st.hashes[:st.n_cacheable_segments]
+        pool = self.kv.hbm
+        if hbm == "keep":
+            self.hbm_kept_blocks += pool.keep_segments(prompt[::-1], now_s + keep_s)  # tail first: evicted first
+        elif hbm == "evict_first":
+            self.hbm_evict_first_blocks += pool.evict_first(prompt)
+        elif pool.kept_blocks:
+            pool.unkeep_segments(prompt)
         conv = self.conversation_of(st)
         if conv is None:
             return
@@ -918,16 +963,83 @@ class PrefixTiers:
                 rest = sorted((k for k in own if k not in in_chain), key=store._chain_rank)
                 store.keep_keys(conv, rest + chain[::-1], until, now_s)  # a prefix's tail first
 
-    def session_blocks(self, st: "RequestState") -> list[int]:
-        """Blocks each listed tier holds of the conversation of ``st``: the segments of ``st``'s
-        prompt stored there (shared prefixes included) and the entries the conversation wrote."""
-        conv = self.conversation_of(st)
+    def session_blocks(self, st: "RequestState", conv: Any = None) -> list[int]:
+        """Blocks each listed tier holds of the conversation of ``st`` (or ``conv`` when given):
+        the segments of ``st``'s prompt stored there (shared prefixes included) and the entries
+        the conversation wrote."""
+        if conv is None:
+            conv = self.conversation_of(st)
         chain = set(st.hashes[:st.n_cacheable_segments])
         out = []
         for s in self.stores:
             keys = chain.union(s.by_session.get(conv, ()) if s.by_session is not None else ())
             out.append(sum(s.entries[k].n_blocks for k in keys if k in s.entries))
         return out
+
+    # --------------------------------------------------------------------------- prefetch
+    def promotable(self, st: "RequestState", now_s: float) -> list[tuple[Any, "PrefixStore"]]:
+        """``(segment key, store)`` of the segments of ``st``'s prompt a :meth:`prefetch` would
+        copy up: those of the leading run after its HBM hit (as an admission now would look them
+        up, :meth:`.kv_manager.KVManager.cached_prefix`) held, landed, only by a listed tier below
+        the first one (and not on its way into the first), whose copy path crosses the first.
+        Empty with one listed tier."""
+        stores = self.stores
+        if len(stores) < 2:
+            return []
+        hit, max_seg = self.kv.cached_prefix(st, st.prompt_tokens + st.generated)
+        keys = st.hashes[hit:max_seg]
+        first = stores[0]
+        out = []
+        for h, s in zip(keys, self._run(keys, now_s)):
+            if s is not first and h not in first.entries and first.tier in s.tier.path:
+                out.append((h, s))
+        return out
+
+    def prefetch(self, st: "RequestState", now_s: float) -> int:
+        """Copy :meth:`promotable` segments of ``st``'s prompt into the first listed tier now (e.g.
+        NVMe -> host DRAM), so its admission loads them from there: CachedAttention's
+        scheduler-aware fetching (Gao et al., USENIX ATC 2024, section 3.4: a queued job's KV is
+        fetched from disk to host memory before it runs). One copy per source tier over the read
+        links between it and the first tier, queued FIFO behind transfers already there (an
+        admission load from that tier queues behind it too); the entries land in the first tier
+        when it ends (loads before then still read the lower tier), stay in their own tier (a copy),
+        and are written like any other entry (room made by the first tier's eviction order; a
+        tier that cannot make room skips the write). Returns the segments copied."""
+        pairs = self.promotable(st, now_s)
+        self.prefetch_decisions += 1
+        if not pairs:
+            return 0
+        first = self.stores[0]
+        seg_blocks = st.seg_tokens // self.kv.bs
+        transfer = self.kv.cost.transfer_time_s
+        by_store: dict[PrefixStore, list] = {}
+        for h, s in pairs:
+            by_store.setdefault(s, []).append(h)
+        copied = 0
+        for store, keys in by_store.items():
+            n_blocks = len(keys) * seg_blocks
+            nbytes = n_blocks * self.block_bytes
+            t = now_s
+            for hop in reversed(store.tier.path):
+                if hop is first.tier:
+                    break
+                t = hop.read(t, transfer(n_blocks, hop.links()[1]), nbytes, "prefix_prefetch", st.rid)
+            store.prefetches += 1
+            store.bytes_prefetched += nbytes
+            owners = []  # read before writing: making room in the first tier may evict from this one
+            for h in keys:
+                e = store.entries[h]
+                owners.append((e.creator_id, e.session_id))
+                store.use(h, now_s)
+            i = 0
+            while i < len(keys):  # one write per run of the same creator and conversation
+                j = i
+                while j < len(keys) and owners[j] == owners[i]:
+                    j += 1
+                if first.put_many(keys[i:j], seg_blocks, owners[i][0], owners[i][1], now_s, [], t):
+                    copied += j - i
+                i = j
+        return copied
 
     # ------------------------------------------------------------------------------- loads
     def _run(self, hashes, now_s: float) -> list[PrefixStore]:
@@ -1043,4 +1155,9 @@ class PrefixTiers:
                "tiers": {s.tier.name: s.stats() for s in self.stores}}
         if self.retention_queue is not None:
             out["retention_decisions"] = self.retention_decisions
+        if self.hbm_kept_blocks or self.hbm_evict_first_blocks:  # HBM retention choices were made
+            out["hbm_kept_blocks"] = self.hbm_kept_blocks
+            out["hbm_evict_first_blocks"] = self.hbm_evict_first_blocks
+        if self.prefetch_decisions:
+            out["prefetch_decisions"] = self.prefetch_decisions
         return out

@@ -18,6 +18,22 @@ finishes, overrides that order for the request's conversation in every listed ti
 ``demote``    those of them in the first listed tier move to the next now (DRAM -> NVMe)
 ============  =====================================================================================
 
+The decision's ``hbm`` part applies to the HBM copies of the request's prompt segments (cached and
+referenced by nobody), which otherwise age in vLLM's LRU free queue:
+
+=================  ================================================================================
+``lru``            the default: vLLM's LRU order (a keep an earlier decision gave them ends)
+``keep``           with ``kind="keep"``: out of the LRU order for ``keep_s`` too, evicted only when
+                   HBM holds nothing else evictable, never refusing an allocation; a reuse ends it
+``evict_first``    to the LRU head, the prompt's tail first: HBM reuses their blocks before any
+                   other's (the copies below stay, per the write policy)
+=================  ================================================================================
+
+A *prefetch decision*, taken when a request arrives whose cached prefix lies partly in a tier
+below the first listed one, copies those segments up to the first tier before the request is
+admitted (:meth:`.prefix_offload.PrefixTiers.prefetch`; ``kvsched/Residency-v0`` with
+``prefetch=True``).
+
 This is the action space of ``kvsched/Residency-v0`` (:mod:`kvsched.envs.residency_env`); the
 session-aware heuristic is ``keep`` with a fixed time (the conversation's expected think time,
 in the spirit of CachedAttention's (Gao et al., USENIX ATC 2024, section 3.3) and Mooncake's
@@ -39,6 +55,8 @@ from .errors import require
 
 #: the kinds of retention decision (see the module docstring)
 RETENTION_KINDS: tuple[str, ...] = ("default", "drop", "demote", "keep")
+#: what a retention decision does with the request's HBM copies (see the module docstring)
+HBM_CHOICES: tuple[str, ...] = ("lru", "keep", "evict_first")
 
 
 @dataclass(frozen=True)
@@ -48,13 +66,17 @@ class RetentionDecision:
     Attributes:
         kind: one of :data:`RETENTION_KINDS`.
         keep_s: with ``kind="keep"``, seconds from the decision (> 0); 0 otherwise.
+        hbm: one of :data:`HBM_CHOICES` (default ``lru``, vLLM's order); ``keep`` only with
+            ``kind="keep"``.
 
     Raises:
-        ConfigError: an unknown kind, or a keep time that is not > 0 with ``keep`` (0 otherwise).
+        ConfigError: an unknown kind or HBM choice, a keep time that is not > 0 with ``keep``
+            (0 otherwise), or ``hbm="keep"`` with another kind.
     """
 
     kind: str = "default"
     keep_s: float = 0.0
+    hbm: str = "lru"
 
     def __post_init__(self) -> None:
         require(self.kind in RETENTION_KINDS, "RetentionDecision.kind", self.kind,
@@ -63,8 +85,12 @@ class RetentionDecision:
         ok = isinstance(k, (int, float)) and not isinstance(k, bool) and k == k and k != float("inf")
         require(ok and (k > 0 if self.kind == "keep" else k == 0), "RetentionDecision.keep_s", k,
                 "a finite number of seconds > 0 with kind 'keep', 0 otherwise")
+        require(self.hbm in HBM_CHOICES and (self.hbm != "keep" or self.kind == "keep"), "RetentionDecision.hbm",
+                self.hbm, f"one of {', '.join(HBM_CHOICES)} ('keep' only with kind 'keep')")
 
     @property
     def label(self) -> str:
-        """``default``, ``drop``, ``demote`` or ``keep <s>s``."""
-        return f"keep {self.keep_s:g}s" if self.kind == "keep" else self.kind
+        """``default``, ``drop``, ``demote`` or ``keep <s>s``, then ``+hbm`` (HBM kept too) or
+        ``, hbm first`` (HBM evicts them first)."""
+        base = f"keep {self.keep_s:g}s" if self.kind == "keep" else self.kind
+        return base + {"lru": "", "keep": " +hbm", "evict_first": ", hbm first"}[self.hbm]

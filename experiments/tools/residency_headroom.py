@@ -11,9 +11,16 @@ clairvoyant reference and of a simple "keep returning conversations" rule over t
 Scores per episode: SLO attainment (% of the window's requests), DRAM hit rate (% of prompt
 tokens loaded from another request's DRAM entries), mean TTFT (s), and the episode's reward.
 
+``--levers`` measures instead the two optional levers of the environment (issue #21 item 3) on
+a two-tier scenario (default ``residency-tiers``): HBM residency (``session-hbm``: keep a
+conversation in HBM as well as below, its keep time tuned on train windows like ``session``'s) and
+prefetching a returning request's prefix from NVMe to DRAM (``+prefetch``), each paired with the
+best tuned heuristic without them on the same held-out episodes.
+
 Usage::
 
     python -m kvsched.experiments.tools.residency_headroom --out residency_headroom.md
+    python -m kvsched.experiments.tools.residency_headroom --levers --out residency_levers.md
 """
 
 from __future__ import annotations
@@ -57,6 +64,94 @@ def play(env, rule: str, episode: tuple[int, int], keep_s: float | None = None) 
     first = next(iter(dram.values()))
     return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (first["hit_rate"] or 0.0),
             "ttft_mean_s": a["ttft_s"]["mean"], "reward": total}
+
+
+def play_policy(env, policy: str | None, episode: tuple[int, int], keep_s: float | None = None) -> dict:
+    """Play one episode with a heuristic of :meth:`~kvsched.envs.residency_env.ResidencyEnv.heuristic_action`
+    (e.g. ``"session-hbm"``, ``"lru+prefetch"``) at every decision point."""
+    seed, window = episode
+    env.reset(options={"workload_seed": seed, "window_index": window})
+    total = 0.0
+    while True:
+        _, r, term, trunc, info = env.step(env.heuristic_action(policy, keep_s))
+        total += r
+        if term or trunc:
+            break
+    s = info.get("summary")
+    if s is None:
+        raise RuntimeError(f"episode {episode} was truncated")
+    a = s["classes"]["all"]
+    tiers = s["prefix_tiers"]["tiers"]
+    return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (next(iter(tiers.values()))["hit_rate"] or 0.0),
+            "hbm_hit": 100 * (a["prefix"]["hit_rate"] or 0.0), "ttft_mean_s": a["ttft_s"]["mean"],
+            "ttft_p99_s": a["ttft_s"]["p99"], "reward": total}
+
+
+def measure_levers(scenario: str, window_s: float, train_windows: int | None, seeds: int = 8) -> tuple[str, dict]:
+    """The HBM-residency and prefetch levers against the best tuned heuristic without them
+    (module docstring); returns the markdown table and the numbers."""
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+    from importlib.resources import files
+
+    from kvsched.experiments.suite.stats import bootstrap_ci
+
+    path = (scenario if scenario.endswith(".yaml")
+            else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml"))
+
+    def make(split: str, eviction: str = "lru"):
+        return gym.make("kvsched/Residency-v0", scenario=path, window_s=window_s, split=split, eviction=eviction,
+                        hbm_actions=True, prefetch=True).unwrapped
+
+    c0, w0 = time.process_time(), time.perf_counter()
+    train = make("train")
+    bins = train.keep_bins_s
+    tw = episodes(train.source, "train", seeds, train_windows)
+    mean = lambda rs: float(np.mean([r["slo"] for r in rs]))  # noqa: E731
+    tuning = {pol: {k: mean([play_policy(train, pol, w, k) for w in tw]) for k in bins}
+              for pol in ("session", "session-hbm")}
+    keep = {pol: max(bins, key=lambda k: (t[k], -k)) for pol, t in tuning.items()}  # ties: the shorter keep
+    train_lru = mean([play_policy(train, "lru", w) for w in tw])
+    base = "session" if tuning["session"][keep["session"]] > train_lru else "lru"
+    held = make("heldout")
+    clair = make("heldout", "clairvoyant")
+    hw = episodes(held.source, "heldout", seeds)
+    cands = {"lru": (held, "lru", None),
+             f"session (keep {keep['session']:g} s, tuned)": (held, "session", keep["session"]),
+             f"session-hbm (keep {keep['session-hbm']:g} s, tuned)": (held, "session-hbm", keep["session-hbm"]),
+             "lru+prefetch": (held, "lru+prefetch", None),
+             f"session+prefetch (keep {keep['session']:g} s)": (held, "session+prefetch", keep["session"]),
+             "clairvoyant (reference)": (clair, None, None),
+             "clairvoyant+prefetch (reference)": (clair, "clairvoyant+prefetch", None)}
+    rows = {name: [play_policy(env, pol, w, k) for w in hw] for name, (env, pol, k) in cands.items()}
+    best = "lru" if base == "lru" else f"session (keep {keep['session']:g} s, tuned)"
+    lines = [f"Residency-v0 levers on `{scenario}` ({window_s:g} s windows, `hbm_actions` and `prefetch` on): "
+             f"{len(tw)} train episodes tune the keep times; {len(hw)} held-out episodes, every candidate the same "
+             f"ones. Best heuristic without the levers (on train): **{best}**.", "",
+             "| candidate | SLO attainment % | HBM hit % | DRAM hit % | mean TTFT (s) | TTFT p99 (s) |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in rows.items():
+        lines.append(f"| {name} | {mean(rs):.2f} | {np.mean([r['hbm_hit'] for r in rs]):.2f} "
+                     f"| {np.mean([r['dram_hit'] for r in rs]):.2f} | {np.mean([r['ttft_mean_s'] for r in rs]):.3f} "
+                     f"| {np.mean([r['ttft_p99_s'] for r in rs]):.3f} |")
+    lines += ["", f"| paired on held-out episodes (vs {best}) | SLO pts (95 % CI) | mean TTFT s (95 % CI) |",
+              "|---|---|---|"]
+    out: dict = {"best_heuristic": best, "keep_tuning": tuning, "train_lru_slo": train_lru,
+                 "heldout_windows": len(hw), "rows": rows, "paired": {}}
+    for name in rows:
+        if name == best:
+            continue
+        cells = []
+        for key in ("slo", "ttft_mean_s"):
+            d = np.array([a[key] - b[key] for a, b in zip(rows[name], rows[best])])
+            lo, hi = bootstrap_ci(d)
+            cells.append(f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" if key == "slo"
+                         else f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            out["paired"].setdefault(name, {})[key] = (float(d.mean()), lo, hi)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"CPU {time.process_time() - c0:.0f} s, wall {time.perf_counter() - w0:.0f} s."]
+    return "\n".join(lines) + "\n", out
 
 
 def episodes(source, split: str, seeds: int, limit: int | None = None) -> list[tuple[int, int]]:
@@ -149,9 +244,15 @@ def main(argv=None) -> None:
     p.add_argument("--train-windows", type=count, default=None, help="tune on the first N train episodes only (>= 1)")
     p.add_argument("--seeds", type=count, default=8,
                    help="workload seeds per split of a synthetic scenario (>= 1, default 8)")
+    p.add_argument("--levers", action="store_true",
+                   help="measure the HBM-residency and prefetch levers instead (default scenario residency-tiers)")
     p.add_argument("--out", help="write the markdown table here (default: stdout)")
     a = p.parse_args(argv)
-    text, _ = measure(a.scenario, a.window_s, a.train_windows, a.seeds)
+    if a.levers:
+        scenario = "residency-tiers" if a.scenario == SCENARIO else a.scenario
+        text, _ = measure_levers(scenario, a.window_s, a.train_windows, a.seeds)
+    else:
+        text, _ = measure(a.scenario, a.window_s, a.train_windows, a.seeds)
     if a.out:
         atomic_files.write_text(a.out, text)
     else:

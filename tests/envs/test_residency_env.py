@@ -13,7 +13,7 @@ import pytest
 from simkit import assert_identical
 
 import kvsched.envs  # noqa: F401  (registers the ids)
-from kvsched.envs.residency_env import BASE_ACTIONS, FEATURES, KEEP_BINS_S, ResidencyEnv
+from kvsched.envs.residency_env import BASE_ACTIONS, EXTRA_FEATURES, FEATURES, KEEP_BINS_S, ResidencyEnv
 from kvsched.envs.sim.cluster import Cluster
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
@@ -206,3 +206,57 @@ def test_evaluate_refuses_a_session_keep_outside_the_keep_bins_naming_them(tmp_p
     with pytest.raises(ConfigError, match=r"is not allowed: expected session:<seconds> .*keep bins 5, 15") as e:
         ev.evaluate([agent], SCENARIO, 1, 1, tmp_path, window_s=60.0, env_id="kvsched/Residency-v0")
     assert "\n" not in str(e.value)
+
+
+TIERS = str(SCENARIOS / "residency-tiers.yaml")
+TIERS_SMALL = dict(scenario=TIERS, window_s=120.0, max_requests=120)
+
+
+def test_hbm_actions_and_prefetch_extend_the_actions_and_the_observation_and_change_nothing_when_declined():
+    plain = ResidencyEnv(**TIERS_SMALL)
+    env = ResidencyEnv(hbm_actions=True, prefetch=True, **TIERS_SMALL)
+    k = len(KEEP_BINS_S)
+    assert env.action_space.n == len(BASE_ACTIONS) + 2 * k + 2 and env.prefetch_action == env.action_space.n - 1
+    assert env.labels[len(BASE_ACTIONS) + k] == "hbm_first" and env.labels[-1] == "prefetch"
+    assert env.observation_space.shape == (len(FEATURES) + len(EXTRA_FEATURES),)
+    episode = {"workload_seed": 3, "window_index": 1}
+    info_plain, _ = _play(plain, 0, episode)
+    kinds = {"prefetch": 0, "residency": 0}
+
+    def declining(e, obs):
+        kinds[e._point.kind] += 1
+        m = e.action_masks()
+        if e._point.kind == "prefetch":  # only "no prefetch" and "prefetch" are valid here
+            assert obs[len(FEATURES) + EXTRA_FEATURES.index("prefetch_point")] == 1.0
+            assert m.sum() == 2 and m[0] and m[e.prefetch_action]
+        else:
+            assert not m[e.prefetch_action]
+        return 0
+
+    info, _ = _play(env, declining, episode)
+    assert kinds["prefetch"] > 0 and kinds["residency"] == len(env.workload)
+    a, b = info_plain["summary"], info["summary"]
+    assert "prefetch_decisions" not in b["prefix_tiers"]  # counts the prefetches asked: none
+    assert a == b  # declining every prefetch and playing 0 is the environment without the options
+
+
+def test_prefetching_and_keeping_in_hbm_act():
+    env = ResidencyEnv(hbm_actions=True, prefetch=True, **TIERS_SMALL)
+    info, _ = _play(env, lambda e, o: e.heuristic_action("session-hbm+prefetch", 30.0),
+                    {"workload_seed": 3, "window_index": 1})
+    pt = info["summary"]["prefix_tiers"]
+    assert pt["hbm_kept_blocks"] > 0 and pt["tiers"]["nvme"]["prefetches"] > 0
+    assert pt["tiers"]["nvme"]["bytes_prefetched"] > 0
+    assert env.decision_of(env.heuristic_action("session-hbm", 30.0)).label == "keep 30s +hbm"
+
+
+def test_the_new_heuristics_need_their_options_and_bad_options_are_refused():
+    env = ResidencyEnv(**SMALL)
+    env.reset(options={"window_index": 1})
+    with pytest.raises(ConfigError, match="hbm_actions=True"):
+        env.heuristic_action("session-hbm", 30.0)
+    with pytest.raises(ConfigError, match="prefetch=True"):
+        env.heuristic_action("lru+prefetch")
+    for kw in ("hbm_actions", "prefetch"):
+        with pytest.raises(ConfigError, match=kw):
+            ResidencyEnv(**{kw: 1}, **SMALL)
