@@ -42,6 +42,8 @@ CALIBRATION_FORMAT = "kvsched-calibration/1"
 """Format tag of calibration files; bump when the schema changes."""
 
 _COST_FIELDS = tuple(f.name for f in dataclasses.fields(CostParams))
+_COST_TEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(CostParams) if f.type in ("str", str))
+"""CostParams fields holding a word, not a number (``allreduce_algorithm``; CostParams checks the value)."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,9 @@ class FitParam:
     hi: float
 
     def __post_init__(self) -> None:
-        if self.name not in _COST_FIELDS:
+        if self.name not in _COST_FIELDS or self.name in _COST_TEXT_FIELDS:
             raise ConfigError(f"FitParam.name={bounded_repr(self.name)} is not allowed: expected one of "
-                              f"{', '.join(_COST_FIELDS)}")
+                              f"{', '.join(f for f in _COST_FIELDS if f not in _COST_TEXT_FIELDS)}")
         if not (isinstance(self.lo, (int, float)) and isinstance(self.hi, (int, float))
                 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
             raise ConfigError(f"FitParam({self.name}) bounds lo={bounded_repr(self.lo)}, hi={bounded_repr(self.hi)} "
@@ -217,7 +219,8 @@ class CalibrationFile:
         if bad:
             raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; "
                               f"allowed: {', '.join(_COST_FIELDS)}")
-        cost_values = {k: _real(v, f"{source}: cost_params.{k}") for k, v in cp.items()}
+        cost_values = {k: (v if k in _COST_TEXT_FIELDS else _real(v, f"{source}: cost_params.{k}"))
+                       for k, v in cp.items()}
         tail = d.get("tail_params", {})
         if isinstance(tail, Mapping):
             tail = {k: _real(v, f"{source}: tail_params.{k}") for k, v in tail.items()}
