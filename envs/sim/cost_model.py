@@ -16,7 +16,12 @@ t_host = seq_overhead_s · n_seqs + step_token_overhead_s · n_tokens
 each of the two all-reduces per layer (after the attention output projection and after the MLP
 down projection, vLLM's ``RowParallelLinear`` with ``reduce_results``) moves ``2(tp−1)/tp`` of the
 ``n·hidden`` bf16 activations per rank over the per-direction link rate ``GPUSpec.nvlink_bytes_per_s``,
-and pays a fixed latency plus one hop latency per ring step (``2(tp−1)`` steps).
+and pays a fixed latency plus one hop latency per ring step (``2(tp−1)`` steps). That is
+``CostParams.allreduce_algorithm = "ring"`` (the default); under ``"vllm"`` each all-reduce is
+priced as the kernel vLLM picks for its ``n·hidden·2 B`` message -- one-shot or two-shot custom
+all-reduce below 8 MiB (``csrc/custom_all_reduce.cuh``), NCCL's ring above -- a few affine pieces
+in ``n`` (:mod:`~kvsched.envs.sim.allreduce`, which cites the vLLM source and explains the floor
+that keeps the price non-decreasing in ``n``).
 ``t_host`` is the engine core's per-request and per-token CPU work, serial with the GPU in vLLM
 V1's ``EngineCore.step`` (:class:`~kvsched.envs.sim.cost_params.CostParams`); ``n_seqs`` is the
 number of sequences scheduled in the step (decodes + prefill chunks; 1 when a caller gives none).
@@ -210,9 +215,9 @@ class CostModel:
         elif tp > 1 and c.allreduce_algorithm == "vllm":
             self._comm_per_token = 0.0
             self._comm_fixed = 0.0
-            self._allreduce = vllm_allreduce_price(
-                tp, 2.0 * m.n_layers, m.hidden_size * ACTIVATION_BYTES, g.nvlink_bytes_per_s * c.allreduce_bw_efficiency,
-                c.allreduce_latency_s, c.allreduce_hop_latency_s)
+            link = g.nvlink_bytes_per_s * c.allreduce_bw_efficiency
+            self._allreduce = vllm_allreduce_price(tp, 2.0 * m.n_layers, m.hidden_size * ACTIVATION_BYTES, link,
+                                                   c.allreduce_latency_s, c.allreduce_hop_latency_s)
         elif tp > 1:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
             self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
