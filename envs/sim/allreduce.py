@@ -154,15 +154,14 @@ def vllm_allreduce_price(tp: int, n_allreduce: float, bytes_per_token: float, li
     one_fixed = n_allreduce * (latency_s + stage_latency_s)
     custom_end = CUSTOM_ALLREDUCE_MAX_BYTES / bytes_per_token
     if tp == 2:  # one-shot up to the custom all-reduce's limit
-        pieces = [(custom_end, one_per_token, one_fixed), (None, ring_per_token, ring_fixed)]
+        ends = [custom_end]
+        per_token, fixed = [one_per_token, ring_per_token], [one_fixed, ring_fixed]
     else:
         two_per_token = n_allreduce * (2.0 * (tp - 1) / tp) * bytes_per_token / link_bytes_per_s
         two_fixed = n_allreduce * (latency_s + 2.0 * stage_latency_s)
-        pieces = [(one_shot_max_bytes(tp) / bytes_per_token, one_per_token, one_fixed),
-                  (custom_end, two_per_token, two_fixed), (None, ring_per_token, ring_fixed)]
+        ends = [one_shot_max_bytes(tp) / bytes_per_token, custom_end]
+        per_token, fixed = [one_per_token, two_per_token, ring_per_token], [one_fixed, two_fixed, ring_fixed]
     floors = [0.0]
-    for end, per_token, fixed in pieces[:-1]:  # the price of the largest message of the pieces below
-        assert end is not None
-        floors.append(max(floors[-1], per_token * end + fixed))
-    return PiecewiseComm(tuple(float(e) for e, _, _ in pieces[:-1]), tuple(p for _, p, _ in pieces),
-                         tuple(c for _, _, c in pieces), tuple(floors))
+    for i, end in enumerate(ends):  # the price of the largest message of the pieces below
+        floors.append(max(floors[-1], per_token[i] * end + fixed[i]))
+    return PiecewiseComm(tuple(float(e) for e in ends), tuple(per_token), tuple(fixed), tuple(floors))

@@ -164,7 +164,7 @@ class CalibrationFile:
             if name not in TAIL_FIELDS:
                 raise ConfigError(f"CalibrationFile.tail_params has {bounded_repr(name)}: expected tail fields "
                                   f"({', '.join(TAIL_FIELDS)})")
-        tail = {k: _real(v, f"CalibrationFile.tail_params.{k}") for k, v in self.tail_params.items()}
+        tail: dict[str, Any] = {k: _real(v, f"CalibrationFile.tail_params.{k}") for k, v in self.tail_params.items()}
         try:
             CostParams(**tail)  # validates the values
         except ConfigError as e:
@@ -176,7 +176,8 @@ class CalibrationFile:
 
     def cost_with_tail(self) -> CostParams:
         """:attr:`cost` with the fitted stochastic tail (:attr:`tail_params`) turned on."""
-        return dataclasses.replace(self.cost, **self.tail_params)
+        tail: dict[str, Any] = dict(self.tail_params)
+        return dataclasses.replace(self.cost, **tail)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the file content; ``tail_params`` only when there are some)."""
@@ -219,7 +220,7 @@ class CalibrationFile:
         if bad:
             raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; "
                               f"allowed: {', '.join(_COST_FIELDS)}")
-        cost_values = {k: (v if k in _COST_TEXT_FIELDS else _real(v, f"{source}: cost_params.{k}"))
+        cost_values: dict[str, Any] = {k: (v if k in _COST_TEXT_FIELDS else _real(v, f"{source}: cost_params.{k}"))
                        for k, v in cp.items()}
         tail = d.get("tail_params", {})
         if isinstance(tail, Mapping):
@@ -449,7 +450,8 @@ class _LoggedResiduals:
 
     def cost_of(self, z: np.ndarray) -> CostParams:
         """``base`` with the fitted fields set from log values ``z``."""
-        return dataclasses.replace(self.base, **self.values_of(z))
+        values: dict[str, Any] = self.values_of(z)
+        return dataclasses.replace(self.base, **values)
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
         r = np.asarray(self.residual_fn(self.cost_of(z)), dtype=np.float64).ravel()
