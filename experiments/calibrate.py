@@ -28,6 +28,7 @@ import kvsched
 from kvsched.envs.sim.calibration import (DEFAULT_FIT_BASE, DEFAULT_FIT_PARAMS, CalibrationFile, FitParam, FitResult,
                                           fit_cost_params)
 from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
+from kvsched.envs.sim.allreduce import ALLREDUCE_ALGORITHMS
 from kvsched.envs.sim.cost_params import TAIL_FIELDS
 from kvsched.envs.sim.specs import CostParams
 
@@ -356,8 +357,10 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         wall_s=round(wall, 1), kvsched_version=kvsched.__version__,
         notes=(f"scipy.optimize.least_squares: {fit.message}",
                "bounds: " + ", ".join(f"{p.name} [{p.lo:g}, {p.hi:g}]" for p in params),
+               f"allreduce_algorithm: {base.allreduce_algorithm}",
                "fixed at literature defaults: " + ", ".join(
-                   f.name for f in dataclasses.fields(CostParams) if f.name not in {p.name for p in params})))
+                   f.name for f in dataclasses.fields(CostParams)
+                   if f.name not in {p.name for p in params} and f.name != "allreduce_algorithm")))
     return cal, fit
 
 
@@ -388,6 +391,10 @@ def add_arguments(p) -> None:
                    help="relative finite-difference step of the fit in log space (default 0.02; larger "
                         "sees through the step-like objective of short stages)")
     p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
+    p.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring",
+                   help="TP all-reduce price to fit under (CostParams.allreduce_algorithm): ring (every "
+                        "all-reduce an α-β ring) or vllm (vLLM's one-shot/two-shot custom all-reduce below 8 MiB, "
+                        "NCCL above) (default ring)")
     p.add_argument("--version", type=count, default=1, help="calibration version to write (default 1)")
     p.add_argument("--out", type=Path, help="output file (default: the shipped calibration of the GPU, "
                                             "envs/sim/calibration/<GPU>.json)")
@@ -458,7 +465,9 @@ def cmd_calibrate(a, console) -> int:
                       highlight=False)
 
     console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}", highlight=False)
-    cal, fit = calibrate(exps, train, a.gpu, DEFAULT_FIT_BASE, DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
+    fit_base = dataclasses.replace(DEFAULT_FIT_BASE, allreduce_algorithm=a.allreduce_algorithm)
+    console.print(f"all-reduce algorithm: {a.allreduce_algorithm}", highlight=False)
+    cal, fit = calibrate(exps, train, a.gpu, fit_base, DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
                          a.jobs, gt, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
     n_eval = fit.n_evaluations
     if a.fine_nfev > 0:
@@ -483,8 +492,10 @@ def cmd_calibrate(a, console) -> int:
     table.add_column("value", justify="right")
     table.add_column("how")
     for f in dataclasses.fields(CostParams):
-        table.add_row(f.name, f"{getattr(cal.cost, f.name):.6g}",
-                      "fitted" if f.name in cal.fitted else "literature default")
+        value = getattr(cal.cost, f.name)
+        table.add_row(f.name, value if isinstance(value, str) else f"{value:.6g}",
+                      "fitted" if f.name in cal.fitted else ("--allreduce-algorithm" if isinstance(value, str)
+                                                             else "literature default"))
     console.print(table)
     console.print(f"{n_eval} objective evaluations, loss {cal.loss:.4f}, {wall:.0f} s wall; wrote {out}",
                   highlight=False)

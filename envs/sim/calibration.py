@@ -42,6 +42,8 @@ CALIBRATION_FORMAT = "kvsched-calibration/1"
 """Format tag of calibration files; bump when the schema changes."""
 
 _COST_FIELDS = tuple(f.name for f in dataclasses.fields(CostParams))
+_COST_TEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(CostParams) if f.type in ("str", str))
+"""CostParams fields holding a word, not a number (``allreduce_algorithm``; CostParams checks the value)."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,9 @@ class FitParam:
     hi: float
 
     def __post_init__(self) -> None:
-        if self.name not in _COST_FIELDS:
+        if self.name not in _COST_FIELDS or self.name in _COST_TEXT_FIELDS:
             raise ConfigError(f"FitParam.name={bounded_repr(self.name)} is not allowed: expected one of "
-                              f"{', '.join(_COST_FIELDS)}")
+                              f"{', '.join(f for f in _COST_FIELDS if f not in _COST_TEXT_FIELDS)}")
         if not (isinstance(self.lo, (int, float)) and isinstance(self.hi, (int, float))
                 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
             raise ConfigError(f"FitParam({self.name}) bounds lo={bounded_repr(self.lo)}, hi={bounded_repr(self.hi)} "
@@ -162,7 +164,7 @@ class CalibrationFile:
             if name not in TAIL_FIELDS:
                 raise ConfigError(f"CalibrationFile.tail_params has {bounded_repr(name)}: expected tail fields "
                                   f"({', '.join(TAIL_FIELDS)})")
-        tail = {k: _real(v, f"CalibrationFile.tail_params.{k}") for k, v in self.tail_params.items()}
+        tail: dict[str, Any] = {k: _real(v, f"CalibrationFile.tail_params.{k}") for k, v in self.tail_params.items()}
         try:
             CostParams(**tail)  # validates the values
         except ConfigError as e:
@@ -174,7 +176,8 @@ class CalibrationFile:
 
     def cost_with_tail(self) -> CostParams:
         """:attr:`cost` with the fitted stochastic tail (:attr:`tail_params`) turned on."""
-        return dataclasses.replace(self.cost, **self.tail_params)
+        tail: dict[str, Any] = dict(self.tail_params)
+        return dataclasses.replace(self.cost, **tail)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the file content; ``tail_params`` only when there are some)."""
@@ -217,7 +220,8 @@ class CalibrationFile:
         if bad:
             raise ConfigError(f"{source}: cost_params has unknown field {bounded_repr(bad[0])}; "
                               f"allowed: {', '.join(_COST_FIELDS)}")
-        cost_values = {k: _real(v, f"{source}: cost_params.{k}") for k, v in cp.items()}
+        cost_values: dict[str, Any] = {k: (v if k in _COST_TEXT_FIELDS else _real(v, f"{source}: cost_params.{k}"))
+                       for k, v in cp.items()}
         tail = d.get("tail_params", {})
         if isinstance(tail, Mapping):
             tail = {k: _real(v, f"{source}: tail_params.{k}") for k, v in tail.items()}
@@ -446,7 +450,8 @@ class _LoggedResiduals:
 
     def cost_of(self, z: np.ndarray) -> CostParams:
         """``base`` with the fitted fields set from log values ``z``."""
-        return dataclasses.replace(self.base, **self.values_of(z))
+        values: dict[str, Any] = self.values_of(z)
+        return dataclasses.replace(self.base, **values)
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
         r = np.asarray(self.residual_fn(self.cost_of(z)), dtype=np.float64).ravel()

@@ -16,7 +16,12 @@ t_host = seq_overhead_s · n_seqs + step_token_overhead_s · n_tokens
 each of the two all-reduces per layer (after the attention output projection and after the MLP
 down projection, vLLM's ``RowParallelLinear`` with ``reduce_results``) moves ``2(tp−1)/tp`` of the
 ``n·hidden`` bf16 activations per rank over the per-direction link rate ``GPUSpec.nvlink_bytes_per_s``,
-and pays a fixed latency plus one hop latency per ring step (``2(tp−1)`` steps).
+and pays a fixed latency plus one hop latency per ring step (``2(tp−1)`` steps). That is
+``CostParams.allreduce_algorithm = "ring"`` (the default); under ``"vllm"`` each all-reduce is
+priced as the kernel vLLM picks for its ``n·hidden·2 B`` message -- one-shot or two-shot custom
+all-reduce below 8 MiB (``csrc/custom_all_reduce.cuh``), NCCL's ring above -- a few affine pieces
+in ``n`` (:mod:`~kvsched.envs.sim.allreduce`, which cites the vLLM source and explains the floor
+that keeps the price non-decreasing in ``n``).
 ``t_host`` is the engine core's per-request and per-token CPU work, serial with the GPU in vLLM
 V1's ``EngineCore.step`` (:class:`~kvsched.envs.sim.cost_params.CostParams`); ``n_seqs`` is the
 number of sequences scheduled in the step (decodes + prefill chunks; 1 when a caller gives none).
@@ -106,6 +111,7 @@ from typing import Any
 
 import numpy as np
 
+from .allreduce import PiecewiseComm, vllm_allreduce_price
 from .hardware import LinkSpec
 from .instance_spec import InstanceSpec
 from .model_spec import distinct_experts_table
@@ -201,8 +207,17 @@ class CostModel:
             # q, k, v and attention output per token per layer, bf16, this rank's heads
             self._pnm_act_s_per_token = (4.0 * m.n_layers * m.n_heads * m.head_dim * ACTIVATION_BYTES / tp
                                          / pnm.link.bytes_per_s)
+        #: all-reduce price under ``allreduce_algorithm = "vllm"`` (added to the affine comm term);
+        #: None under "ring", whose all-reduces are in ``_comm_per_token`` and ``_comm_fixed``
+        self._allreduce: PiecewiseComm | None = None
         if tp > 1 and spec.expert_parallel:
             self._init_expert_parallel_comm(spec)
+        elif tp > 1 and c.allreduce_algorithm == "vllm":
+            self._comm_per_token = 0.0
+            self._comm_fixed = 0.0
+            link = g.nvlink_bytes_per_s * c.allreduce_bw_efficiency
+            self._allreduce = vllm_allreduce_price(tp, 2.0 * m.n_layers, m.hidden_size * ACTIVATION_BYTES, link,
+                                                   c.allreduce_latency_s, c.allreduce_hop_latency_s)
         elif tp > 1:
             ring = 2.0 * (tp - 1) / tp  # ring all-reduce moves 2(T-1)/T of the payload per rank
             self._comm_per_token = (2.0 * m.n_layers * ring * m.hidden_size * ACTIVATION_BYTES
@@ -237,6 +252,9 @@ class CostModel:
             ("all-reduce time per token", self._comm_per_token, False,
              "cost.allreduce_bw_efficiency, the GPU's NVLink rate"),
             ("all-reduce time per step", self._comm_fixed, False, "cost.allreduce_*latency_s"),
+            ("all-reduce coefficient (vllm algorithm)",
+             0.0 if self._allreduce is None else self._allreduce.largest_coefficient, False,
+             "cost.allreduce_bw_efficiency, cost.allreduce_*latency_s, the GPU's NVLink rate"),
             ("step overhead", self._overhead + self._seq_overhead + self._tok_overhead, False,
              "cost.step_overhead_s, seq_overhead_s, step_token_overhead_s"),
         ]
@@ -296,10 +314,16 @@ class CostModel:
         ring = 2.0 * (tp - 1) / tp
         n_allreduce = 2 * m.n_layers - m.n_moe_layers
         a2a = 2.0 * m.experts_per_token * (tp - 1) / (tp * tp)  # dispatch + combine, per token
+        hop = c.allreduce_hop_latency_s
+        if c.allreduce_algorithm == "vllm":  # the all-reduces as vLLM picks them; the all-to-alls as below
+            self._allreduce = vllm_allreduce_price(tp, float(n_allreduce), m.hidden_size * ACTIVATION_BYTES, link,
+                                                   c.allreduce_latency_s, hop)
+            self._comm_per_token = m.n_moe_layers * a2a * m.hidden_size * ACTIVATION_BYTES / link
+            self._comm_fixed = 2 * m.n_moe_layers * (c.allreduce_latency_s + (tp - 1) * hop)
+            return
         self._comm_per_token = ((n_allreduce * ring + m.n_moe_layers * a2a) * m.hidden_size * ACTIVATION_BYTES
                                 / link)
         # a ring all-reduce takes 2(tp-1) hops, a pairwise all-to-all tp-1 (CostParams.allreduce_hop_latency_s)
-        hop = c.allreduce_hop_latency_s
         self._comm_fixed = (n_allreduce * (c.allreduce_latency_s + 2.0 * (tp - 1) * hop)
                             + 2 * m.n_moe_layers * (c.allreduce_latency_s + (tp - 1) * hop))
 
@@ -364,6 +388,8 @@ class CostModel:
             hbm_bytes = hbm_bytes + x_bytes
         memory = hbm_bytes / self._eff_bw
         comm = self._comm_per_token * n + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.over(n)
         host = self._seq_overhead * seqs + self._tok_overhead * n
         step = np.maximum(compute, memory) + self._overhead + comm + host
         return {"flops": flops, "hbm_bytes": hbm_bytes, "compute_s": compute, "memory_s": memory,
@@ -419,8 +445,10 @@ class CostModel:
             memory = hbm / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv_tokens) / self._eff_bw
-        return ((compute if compute >= memory else memory) + self._overhead
-                + (self._comm_per_token * n_tokens + self._comm_fixed)
+        comm = self._comm_per_token * n_tokens + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.at(n_tokens)
+        return ((compute if compute >= memory else memory) + self._overhead + comm
                 + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens))
 
     def plan_step_time_s(self, n_decodes: int, decode_ctx_tokens: int,
@@ -469,7 +497,10 @@ class CostModel:
         pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
         pnm = pnm_cmp if pnm_cmp >= pnm_mem else pnm_mem
         core = gpu if gpu >= pnm else pnm
-        return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+        comm = self._comm_per_token * n_tokens + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.at(n_tokens)
+        return (core + self._overhead + comm
                 + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens)
                 + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
 
@@ -489,7 +520,10 @@ class CostModel:
         pnm_mem = self._pnm_kv_bytes_per_token * pnm_kv_tokens / self._pnm_kv_per_s
         pnm_cmp = self._pnm_attn_flops_per_pair * pnm_kv_tokens / self._pnm_flops_per_s
         core = np.maximum(gpu, np.maximum(pnm_cmp, pnm_mem))
-        return (core + self._overhead + (self._comm_per_token * n_tokens + self._comm_fixed)
+        comm = self._comm_per_token * n_tokens + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.over(n_tokens)
+        return (core + self._overhead + comm
                 + (self._seq_overhead * n_seqs + self._tok_overhead * n_tokens)
                 + (self._pnm_rpc_s + self._pnm_act_s_per_token * n_pnm))
 
@@ -546,6 +580,8 @@ class CostModel:
         bw = self._eff_bw
         overhead = self._overhead
         comm = self._comm_per_token * n + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.at(n)
         host = self._seq_overhead * n + self._tok_overhead * n
         ends: list[float] = []
         e = start_s
@@ -594,7 +630,10 @@ class CostModel:
             memory = hbm_ctx / self._eff_bw
         else:
             memory = (self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * ctx_tokens) / self._eff_bw
-        return (np.maximum(compute, memory) + self._overhead + (self._comm_per_token * n + self._comm_fixed)
+        comm = self._comm_per_token * n + self._comm_fixed
+        if self._allreduce is not None:
+            comm = comm + self._allreduce.at(n)
+        return (np.maximum(compute, memory) + self._overhead + comm
                 + (self._seq_overhead * n + self._tok_overhead * n))
 
     def step_breakdown(self, n_tokens: Any, attn_pairs: Any, kv_tokens: Any, n_seqs: Any = 1.0) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .allreduce import ALLREDUCE_ALGORITHMS
+from .errors import require
 from .spec_validation import non_negative, real_in
 
 
@@ -102,7 +104,13 @@ class CostParams:
             all-reduce costs ``allreduce_latency_s + 2(tp−1)·allreduce_hop_latency_s +
             2(tp−1)/tp · bytes / (nvlink·η)`` (the α-β model of Thakur, Rabenseifner & Gropp,
             "Optimization of collective communication operations in MPICH", IJHPCA 2005).
-            Default 0: the latency is the same at every TP degree, as before.
+            Default 0: the latency is the same at every TP degree, as before. Under
+            ``allreduce_algorithm = "vllm"`` it is the latency of one sequential stage of any
+            all-reduce kernel (a one-shot custom all-reduce has 1, a two-shot 2, a ring 2(tp−1)).
+        allreduce_algorithm: how the TP all-reduces are priced, one of ``"ring"`` (default: every
+            all-reduce is the ring above, as in calibration versions 1-2) or ``"vllm"``: the kernel
+            vLLM picks per message size, one-shot or two-shot custom all-reduce below 8 MiB, NCCL
+            (the ring) above (:mod:`~kvsched.envs.sim.allreduce`, which cites vLLM's source).
         moe_efficiency: achieved share of the dense roofline rates (``mfu_max`` x peak FLOP/s and
             ``mbu`` x HBM bandwidth) in the routed-expert kernels of a mixture-of-experts model,
             0 < x <= 1: expert FLOPs and expert weight bytes are divided by it
@@ -131,6 +139,7 @@ class CostParams:
     step_token_overhead_s: float = 0.0
     allreduce_hop_latency_s: float = 0.0
     moe_efficiency: float = 1.0
+    allreduce_algorithm: str = "ring"
     step_time_sigma: float = 0.0
     hiccup_probability: float = 0.0
     hiccup_mean_s: float = 0.0
@@ -153,6 +162,8 @@ class CostParams:
         non_negative("CostParams", "step_token_overhead_s", self.step_token_overhead_s)
         non_negative("CostParams", "allreduce_hop_latency_s", self.allreduce_hop_latency_s)
         real_in("CostParams", "moe_efficiency", self.moe_efficiency, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        require(isinstance(self.allreduce_algorithm, str) and self.allreduce_algorithm in ALLREDUCE_ALGORITHMS,
+                "CostParams.allreduce_algorithm", self.allreduce_algorithm, "one of " + ", ".join(ALLREDUCE_ALGORITHMS))
         real_in("CostParams", "step_time_sigma", self.step_time_sigma, lambda x: 0 <= x <= 1, "a number in [0, 1]")
         real_in("CostParams", "hiccup_probability", self.hiccup_probability, lambda x: 0 <= x < 1,
                 "a number in [0, 1)")

@@ -265,6 +265,8 @@ class ParallelCost:
         self.tok_overhead = cost._tok_overhead
         self.tp_comm = cost._comm_per_token * frac
         self.tp_fixed = cost._comm_fixed * frac
+        #: the stage's all-reduces under CostParams.allreduce_algorithm = "vllm" (None under "ring")
+        self.tp_allreduce = None if cost._allreduce is None else cost._allreduce.scaled(frac)
         link = par.link
         self.link_lat = float(link.latency_s)
         self.p2p_per_token = m.hidden_size * ACTIVATION_BYTES / spec.tp / link.bytes_per_s
@@ -284,7 +286,10 @@ class ParallelCost:
         flops = self.lin * n + self.attn * pairs
         compute = flops * (n + self.half) / (self.eff_flops * n)
         memory = (self.weights + self.kvt * kv) / self.eff_bw
-        return np.maximum(compute, memory) + (self.tp_comm * n + self.tp_fixed)
+        comm = self.tp_comm * n + self.tp_fixed
+        if self.tp_allreduce is not None:
+            comm = comm + self.tp_allreduce.over(n)
+        return np.maximum(compute, memory) + comm
 
     def p2p_s(self, n: Any) -> Any:
         """Seconds a micro-batch of ``n`` tokens' activations take over one stage boundary (0 at S = 1)."""

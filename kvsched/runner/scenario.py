@@ -402,9 +402,11 @@ _MOE_MODEL_DEFAULTS = {"n_experts": 0, "experts_per_token": 0, "expert_intermedi
 """ModelSpec fields added with mixture of experts (issue #22) and their dense defaults."""
 
 _COST_DEFAULTS_ADDED = {"moe_efficiency": 1.0, "seq_overhead_s": 0.0, "step_token_overhead_s": 0.0,
-                        "allreduce_hop_latency_s": 0.0, "step_time_sigma": 0.0, "hiccup_probability": 0.0,
-                        "hiccup_mean_s": 0.0, "front_end_hiccup_probability": 0.0, "front_end_hiccup_mean_s": 0.0}
-"""CostParams fields added in issue #22 and their neutral defaults (left out of the hashed form)."""
+                        "allreduce_algorithm": "ring", "allreduce_hop_latency_s": 0.0, "step_time_sigma": 0.0,
+                        "hiccup_probability": 0.0, "hiccup_mean_s": 0.0, "front_end_hiccup_probability": 0.0,
+                        "front_end_hiccup_mean_s": 0.0}
+"""CostParams fields added in issue #22 and their neutral defaults (left out of the hashed form);
+``allreduce_algorithm`` "ring" is the all-reduce price every scenario had before the field."""
 
 
 def _drop_moe_defaults(inst: dict[str, Any], spec: InstanceSpec) -> None:

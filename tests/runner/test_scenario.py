@@ -161,6 +161,18 @@ def test_no_partial_prefill_limit_keeps_the_hash_and_a_limit_of_one_gets_its_own
     assert "partial_prefill_limit_of_one" not in two.to_dict()["instance"]
 
 
+def test_the_ring_all_reduce_keeps_the_hash_and_vllms_all_reduce_gets_its_own():
+    """``cost.allreduce_algorithm`` "ring" is what every scenario priced before the field existed:
+    left out of the hashed form (like the other issue #22 cost fields at their defaults)."""
+    base = {"model": "Llama-3.1-70B", "gpu": "H100-SXM", "tp": 4}
+    plain = Scenario(instance={**base, "cost": {"mbu": 0.8}})
+    ring = Scenario(instance={**base, "cost": {"mbu": 0.8, "allreduce_algorithm": "ring"}})
+    vllm = Scenario(instance={**base, "cost": {"mbu": 0.8, "allreduce_algorithm": "vllm"}})
+    assert "allreduce_algorithm" not in ring.to_dict()["instance"]["cost"]
+    assert ring.sha256() == plain.sha256() != vllm.sha256()
+    assert vllm.to_dict()["instance"]["cost"]["allreduce_algorithm"] == "vllm"
+
+
 @pytest.mark.parametrize("body, fragment", [
     ("policy: lars\npolicy_params: {1: 2, foo: 3}\n", "policy 'lars': unknown parameters [1, 'foo']"),
     ("router: least-loaded\nrouter_params: {1: 2, foo: 3}\n", "router 'least-loaded': unknown parameters [1, 'foo']"),
