@@ -389,16 +389,19 @@ class ResidencyEnv(gym.Env):
                 ``eviction=<name>``), a keep time not among the bins, or an option the
                 environment was made without.
         """
-        base = policy
+        base, prefetching = policy, False
         if isinstance(policy, str) and policy.endswith("+prefetch"):
             require(self.prefetch, "policy", policy, "a '+prefetch' heuristic on an environment made with "
                     "prefetch=True")
-            base = policy[:-len("+prefetch")] or None
-            if self._point is not None and self._point.kind == "prefetch":
-                return self.prefetch_action
+            base, prefetching = policy[:-len("+prefetch")] or None, True
+        # validated at every point (a prefetch point too): a misuse is refused where it is made
+        action = self._retention_heuristic(base, keep_s)
         if self._point is not None and self._point.kind == "prefetch":
-            return 0
-        policy = base
+            return self.prefetch_action if prefetching else 0
+        return action
+
+    def _retention_heuristic(self, policy: str | None, keep_s: float | None) -> int:
+        """:meth:`heuristic_action` of ``policy`` (no ``+prefetch`` suffix) at a retention point."""
         if policy is None or (policy == self.eviction and policy != "session"):
             return 0
         if policy in ("session", "session-hbm"):

@@ -647,6 +647,10 @@ class Cluster:
         prefetch decision (taken off the queue)."""
         entry = self._retention.pop(0)
         inst_id, st = entry[0], entry[1]
+        # HBM keeps due by now end before the caller looks or decides: a fast-forwarded stretch ran
+        # no scheduling pass at the deadlines one-by-one stepping would have (the order they rejoin
+        # the LRU in does not depend on when, :meth:`.kv_cache.BlockPool.expire_kept`)
+        self.instances[inst_id].kv.hbm.expire_kept(self._now_s)
         if len(entry) == 4:
             self._retention_pending, self._prefetch_pending = None, (inst_id, st)
             return DecisionPoint("prefetch", self._now_s, inst_id, st)

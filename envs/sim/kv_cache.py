@@ -27,8 +27,8 @@ Mechanisms and sources:
   ``kvsched/Residency-v0``, :mod:`.retention`): unreferenced cached segments a caller keeps leave
   the LRU order until a deadline; they stay evictable (an allocation never fails for them) but
   go only once nothing else is, the earliest deadline first; a kept segment reused by a request
-  is no longer kept. Expired keeps rejoin the LRU at its head (:meth:`BlockPool.expire_kept`, at
-  each scheduling pass). :meth:`BlockPool.evict_first` moves segments to the LRU head. vLLM has
+  is no longer kept. Expired keeps rejoin the LRU at its head, a later deadline ahead of an
+  earlier one whenever the pass runs (:meth:`BlockPool.expire_kept`, at each scheduling pass). :meth:`BlockPool.evict_first` moves segments to the LRU head. vLLM has
   neither (its free queue is pure LRU); they are the agent's levers over HBM residency
   [kvsched choice, issue #21 item 3].
 - **Lower tiers** (DRAM, NVMe, extra tiers, PNM) hold swapped, offloaded or PNM-resident
@@ -339,16 +339,25 @@ class BlockPool:
                 lru.move_to_end(h, last=False)
 
     def expire_kept(self, now_s: float) -> None:
-        """Segments whose keep ended by ``now_s`` rejoin the LRU at its head, the earliest
-        deadline evicted first."""
+        """Segments whose keep ended by ``now_s`` rejoin the LRU at its head as if each had
+        rejoined at its own deadline: a later deadline goes ahead of an earlier one (evicted
+        sooner), and among equal deadlines the first kept goes first. The resulting order does not
+        depend on when the passes that expire them run (one pass per step, or one after a
+        fast-forwarded stretch: :mod:`.fast_forward` must equal stepping). Nothing to do, and
+        O(1), when no keep is due."""
         heap, kept = self._kept_heap, self._kept
-        expired = []
+        if not heap or heap[0][0] > now_s:
+            return
+        group: list[int] = []  # the expired segments of one deadline, first kept first
+        group_until = heap[0][0]
         while heap and heap[0][0] <= now_s:
             until, seq, h = heapq.heappop(heap)
+            if until != group_until:  # an earlier deadline's segments rejoin first (later ones pass them)
+                self.unkeep_segments(reversed(group))
+                group, group_until = [], until
             if kept.get(h) == (until, seq):
-                expired.append(h)
-        if expired:
-            self.unkeep_segments(reversed(expired))  # each to the head: the earliest deadline ends first
+                group.append(h)
+        self.unkeep_segments(reversed(group))  # each to the head: the first kept ends at the head
 
     def _pop_kept(self) -> int:
         """Remove and return the kept segment with the earliest deadline (the caller evicts it)."""

@@ -1015,7 +1015,9 @@ class PrefixTiers:
         by_store: dict[PrefixStore, list] = {}
         for h, s in pairs:
             by_store.setdefault(s, []).append(h)
-        copied = 0
+        # every source read before any write: making room in the first tier demotes down the
+        # tiers, which may evict a source entry of this or another tier (three listed tiers)
+        copies = []
         for store, keys in by_store.items():
             n_blocks = len(keys) * seg_blocks
             nbytes = n_blocks * self.block_bytes
@@ -1026,11 +1028,14 @@ class PrefixTiers:
                 t = hop.read(t, transfer(n_blocks, hop.links()[1]), nbytes, "prefix_prefetch", st.rid)
             store.prefetches += 1
             store.bytes_prefetched += nbytes
-            owners = []  # read before writing: making room in the first tier may evict from this one
+            owners = []
             for h in keys:
                 e = store.entries[h]
                 owners.append((e.creator_id, e.session_id))
                 store.use(h, now_s)
+            copies.append((keys, owners, t))
+        copied = 0
+        for keys, owners, t in copies:
             i = 0
             while i < len(keys):  # one write per run of the same creator and conversation
                 j = i

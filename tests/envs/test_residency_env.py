@@ -260,3 +260,18 @@ def test_the_new_heuristics_need_their_options_and_bad_options_are_refused():
     for kw in ("hbm_actions", "prefetch"):
         with pytest.raises(ConfigError, match=kw):
             ResidencyEnv(**{kw: 1}, **SMALL)
+
+
+def test_a_misused_heuristic_is_refused_at_a_prefetch_point_too():
+    """heuristic_action validated the name, keep time and options only at a retention point: at
+    a prefetch point any name played 0."""
+    env = ResidencyEnv(prefetch=True, **TIERS_SMALL)
+    env.reset(options={"workload_seed": 3, "window_index": 1})
+    while env._point.kind != "prefetch":
+        env.step(0)
+    for policy, keep_s, field in (("nonsense", None, "nonsense"), ("session", 31.0, "keep_s"),
+                                  ("session-hbm", 30.0, "hbm_actions=True"), ("lfu", None, "eviction='lfu'"),
+                                  ("session+prefetch", 31.0, "keep_s")):
+        with pytest.raises(ConfigError, match=field):
+            env.heuristic_action(policy, keep_s)
+    assert env.heuristic_action("session", 30.0) == 0 and env.heuristic_action("session+prefetch") == env.prefetch_action

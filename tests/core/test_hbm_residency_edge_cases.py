@@ -1,0 +1,128 @@
+"""Edge cases of HBM residency and prefetch (issue #21 item 3, adversarial review): expired HBM
+keeps rejoin the LRU in one order whether a pass runs per step or once after a fast-forwarded
+stretch; a decision point sees the same kept HBM blocks fast-forwarded or stepped; a prefetch
+whose prefix lies in two tiers below the first reads every source before writing (its writes'
+demotions may evict a source)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+from simkit import BLOCK_BYTES, assert_identical, build_workload, growing_sessions, make_spec
+
+from kvsched.envs.sim.cluster import Cluster, DecisionWatch
+from kvsched.envs.sim.instance import InstanceOptions
+from kvsched.envs.sim.kv_cache import BlockPool
+from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
+from kvsched.envs.sim.retention import RetentionDecision
+from kvsched.envs.sim.specs import LinkSpec, TierSpec
+from kvsched.policies.base import make_policy
+
+MENU = (RetentionDecision("keep", 3.0, hbm="keep"), RetentionDecision(hbm="evict_first"),
+        RetentionDecision("keep", 0.4, hbm="keep"), RetentionDecision(), RetentionDecision("drop"),
+        RetentionDecision("keep", 0.05, hbm="keep"), RetentionDecision("keep", 0.2, hbm="keep"),
+        RetentionDecision("demote"), None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keeps=hst.lists(hst.tuples(hst.lists(hst.integers(0, 7), min_size=1, max_size=3), hst.integers(1, 6)),
+                       min_size=1, max_size=8),
+       passes=hst.lists(hst.integers(0, 6), max_size=6))
+def test_expired_hbm_keeps_rejoin_the_lru_in_one_order_however_the_passes_split_them(keeps, passes):
+    """One pass per step (stepping) or one pass after a stretch (fast-forward) leave the same
+    LRU order: a later deadline ahead of an earlier one, the first kept first among equals."""
+    def pool():
+        p = BlockPool("hbm", 16, prefix_caching=True)
+        for h in range(8):
+            assert p.allocate(2) and p.register_segment(h, 2, creator_id=h)
+            p.release_segment(h)
+        for hs, until in keeps:
+            p.keep_segments(hs, float(until))
+        return p
+
+    stepped, once = pool(), pool()
+    for t in sorted(passes):
+        stepped.expire_kept(float(t))
+    stepped.expire_kept(6.0)
+    once.expire_kept(6.0)
+    stepped.check()
+    assert list(stepped._lru) == list(once._lru) and stepped.kept_blocks == once.kept_blocks == 0
+
+
+def _keeps_expiring_inside_a_stretch(ff: bool):
+    """Conversations 1 and 2 (8 segments each) finish at once and are kept in HBM for 0.5 s and
+    1 s, while a 400-token decode runs alone (one stretch to the 2 s arrival); the 2 s prompt
+    evicts from the LRU head, then both conversations return."""
+    rows = [(0.0, 256, 2, 1), (0.0, 256, 2, 2), (0.05, 64, 400, 0), (2.0, 320, 2, 0), (3.0, 288, 2, 1),
+            (3.1, 288, 2, 2)]
+    spec = make_spec(hbm_kv_blocks=64, dram_kv_bytes=60 * BLOCK_BYTES, prefix_offload=PrefixOffloadSpec())
+    keep = {0: RetentionDecision("keep", 0.5, hbm="keep"), 1: RetentionDecision("keep", 1.0, hbm="keep")}
+    c = Cluster([spec], lambda: make_policy("fcfs"), options=InstanceOptions(check_invariants=ff, fast_forward=ff))
+    c.start(build_workload(rows), DecisionWatch(residency=True))
+    while (p := c.run_until_decision()) is not None:
+        if p.request.rid in keep:
+            c.retain(keep[p.request.rid])
+    return c.result()
+
+
+def test_fast_forward_equals_stepping_when_hbm_keeps_of_two_deadlines_expire_inside_one_stretch():
+    ff = _keeps_expiring_inside_a_stretch(True)
+    assert_identical(ff, _keeps_expiring_inside_a_stretch(False))
+    hits = ff.records.set_index("request_id")["prefix_hit_tokens"]
+    assert hits[4] < 256 or hits[5] < 256  # the 2 s prompt evicted one conversation's tail
+
+
+def _lockstep(spec, seed: int, n: int = 40) -> int:
+    """Play the same random decisions fast-forwarded and stepped side by side; every decision
+    point shows the same HBM (LRU order, kept segments); returns the points. Then the results
+    are identical."""
+    rng = random.Random(seed)
+    w = growing_sessions(seed, n=n)
+    cs = []
+    for ff in (True, False):
+        c = Cluster([spec], lambda: make_policy("fcfs"), options=InstanceOptions(check_invariants=ff, fast_forward=ff))
+        c.start(w, DecisionWatch(residency=True, prefetch=True))
+        cs.append(c)
+    points = 0
+    while True:
+        ps = [c.run_until_decision() for c in cs]
+        if ps[0] is None:
+            assert ps[1] is None
+            break
+        hbm = [c.instances[0].kv.hbm for c in cs]
+        assert (ps[0].kind, ps[0].time_s, ps[0].request.rid) == (ps[1].kind, ps[1].time_s, ps[1].request.rid)
+        assert list(hbm[0]._lru) == list(hbm[1]._lru) and hbm[0]._kept == hbm[1]._kept, f"point {points}"
+        points += 1
+        if ps[0].kind == "residency":
+            d = MENU[rng.randrange(len(MENU))]
+            if d is not None:
+                for c in cs:
+                    c.retain(d)
+        elif rng.random() < 0.6:
+            assert cs[0].prefetch() == cs[1].prefetch()
+    assert_identical(cs[0].result(), cs[1].result())
+    return points
+
+
+def test_a_decision_point_sees_the_same_hbm_keeps_fast_forwarded_or_stepped():
+    """A keep whose deadline passed during a stretch has ended by the next decision point (no
+    scheduling pass ran in between fast-forwarded; one did stepping)."""
+    po = PrefixOffloadSpec(tiers=("dram", "nvme"), write_policy="write_back")
+    spec = make_spec(hbm_kv_blocks=140, dram_kv_bytes=30 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
+                     prefix_offload=po)
+    assert _lockstep(spec, 7) > 40
+
+
+def test_a_prefetch_from_two_tiers_below_the_first_reads_every_source_before_writing():
+    """dram / nvme / disk: a returning prefix partly in NVMe, partly on disk; copying the NVMe
+    part up to DRAM demotes DRAM entries down the tiers, which evicted a disk entry still to be
+    read (a KeyError)."""
+    link = LinkSpec("disk-toy", 2e9, 1e-4)
+    disk = TierSpec("disk", 200 * BLOCK_BYTES, ("prefix",), "nvme", link, link)
+    po = PrefixOffloadSpec(tiers=("dram", "nvme", "disk"))
+    spec = make_spec(hbm_kv_blocks=140, dram_kv_bytes=30 * BLOCK_BYTES, nvme_kv_bytes=40 * BLOCK_BYTES,
+                     extra_tiers=(disk,), prefix_offload=po)
+    for seed in (1, 3):
+        assert _lockstep(spec, seed) > 40
