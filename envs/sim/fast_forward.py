@@ -627,7 +627,10 @@ class StretchPlanner:
         if k_max > 1:
             j = np.arange(1, k_max, dtype=np.int64)
             extra = _extra_blocks(x_gpu, j, bs)
-            allowed = int(np.searchsorted(extra, self.block_limit(int(extra[-1])), side="right"))
+            limit = self.block_limit(int(extra[-1]))
+            if kv.hbm.kept_blocks and limit > kv.hbm.free_blocks:  # as _cut_to_blocks: kept segments'
+                limit = kv.hbm.free_blocks  # order changes when a keep expires, so a stretch evicts nothing
+            allowed = int(np.searchsorted(extra, limit, side="right"))
             if has_pnm:  # PNM: the PNM pool must hold the PNM-resident decodes' growth
                 extra_pnm = _extra_blocks(x[on_pnm], j, bs)
                 allowed = min(allowed, int(np.searchsorted(extra_pnm, kv.pnm.available_blocks, side="right")))

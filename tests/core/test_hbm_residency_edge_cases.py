@@ -2,7 +2,7 @@
 keeps rejoin the LRU in one order whether a pass runs per step or once after a fast-forwarded
 stretch; a decision point sees the same kept HBM blocks fast-forwarded or stepped; a prefetch
 whose prefix lies in two tiers below the first reads every source before writing (its writes'
-demotions may evict a source)."""
+demotions may evict a source); a PNM stretch evicts nothing while HBM segments are kept."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as hst
-from simkit import BLOCK_BYTES, assert_identical, build_workload, growing_sessions, make_spec
+from simkit import BLOCK_BYTES, assert_identical, build_workload, growing_sessions, make_spec, pnm_tier
 
 from kvsched.envs.sim.cluster import Cluster, DecisionWatch
 from kvsched.envs.sim.instance import InstanceOptions
@@ -23,7 +23,7 @@ from kvsched.policies.base import make_policy
 MENU = (RetentionDecision("keep", 3.0, hbm="keep"), RetentionDecision(hbm="evict_first"),
         RetentionDecision("keep", 0.4, hbm="keep"), RetentionDecision(), RetentionDecision("drop"),
         RetentionDecision("keep", 0.05, hbm="keep"), RetentionDecision("keep", 0.2, hbm="keep"),
-        RetentionDecision("demote"), None)
+        RetentionDecision("demote"), RetentionDecision("keep", 1.0), None)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,7 +74,7 @@ def test_fast_forward_equals_stepping_when_hbm_keeps_of_two_deadlines_expire_ins
     assert hits[4] < 256 or hits[5] < 256  # the 2 s prompt evicted one conversation's tail
 
 
-def _lockstep(spec, seed: int, n: int = 40) -> int:
+def _lockstep(spec, seed: int, n: int = 40, policy: str = "fcfs") -> int:
     """Play the same random decisions fast-forwarded and stepped side by side; every decision
     point shows the same HBM (LRU order, kept segments); returns the points. Then the results
     are identical."""
@@ -82,7 +82,7 @@ def _lockstep(spec, seed: int, n: int = 40) -> int:
     w = growing_sessions(seed, n=n)
     cs = []
     for ff in (True, False):
-        c = Cluster([spec], lambda: make_policy("fcfs"), options=InstanceOptions(check_invariants=ff, fast_forward=ff))
+        c = Cluster([spec], lambda: make_policy(policy), options=InstanceOptions(check_invariants=ff, fast_forward=ff))
         c.start(w, DecisionWatch(residency=True, prefetch=True))
         cs.append(c)
     points = 0
@@ -126,3 +126,11 @@ def test_a_prefetch_from_two_tiers_below_the_first_reads_every_source_before_wri
                      extra_tiers=(disk,), prefix_offload=po)
     for seed in (1, 3):
         assert _lockstep(spec, seed) > 40
+
+
+def test_a_pnm_stretch_evicts_nothing_while_hbm_segments_are_kept():
+    """The PNM stretch planner allocated a stretch's blocks by evicting the LRU while keeps were
+    about to expire (one-by-one stepping evicted the expired keep instead)."""
+    spec = make_spec(hbm_kv_blocks=140, dram_kv_bytes=60 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
+                     pnm=pnm_tier(200), prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme")))
+    assert _lockstep(spec, 3, policy="pnm") > 40
