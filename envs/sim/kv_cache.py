@@ -327,6 +327,19 @@ class BlockPool:
         self.kept_blocks += added
         return added
 
+    def kept_until(self, h: int) -> float | None:
+        """The deadline (s) of kept segment ``h``; None when it is not kept."""
+        v = self._kept.get(h)
+        return None if v is None else v[0]
+
+    def rekeep(self, h: int, until_s: float) -> None:
+        """Give kept segment ``h`` the deadline ``until_s`` (s; earlier or later), as the last
+        kept among that deadline's segments (KeyError when it is not kept)."""
+        self._kept[h]  # noqa: B018  (KeyError when not kept)
+        self._kept_seq += 1
+        self._kept[h] = (until_s, self._kept_seq)
+        heapq.heappush(self._kept_heap, (until_s, self._kept_seq, h))
+
     def unkeep_segments(self, hashes) -> None:
         """End the keep of the kept segments among ``hashes``: they rejoin the LRU at its head
         (their keep is over; they are evicted before anything the order holds)."""

@@ -685,6 +685,8 @@ class PrefixTiers:
         self.hbm_kept_blocks = 0  # HBM blocks kept by retention decisions (``hbm="keep"``), summed
         self.hbm_evict_first_blocks = 0  # HBM blocks sent to the LRU head (``hbm="evict_first"``), summed
         self.prefetch_decisions = 0  # prefetches asked (:meth:`prefetch`)
+        #: kept HBM segment -> {conversation: deadline s} (``hbm="keep"``; pruned as keeps end)
+        self._hbm_keepers: dict[Any, dict[Any, float]] = {}
         self._sessions = "session" in spec.eviction
         self._conv_of_request: dict[int, Any] = {}  # request id -> conversation (conversation_of)
         self._conv_by_chain_end: dict[int, Any] = {}  # a request's last full-segment key -> its conversation
@@ -912,12 +914,13 @@ class PrefixTiers:
           link; with one listed tier, as ``"drop"``).
 
         In HBM (``st``'s prompt segments cached there and referenced by nobody; the others are
-        left as they are): ``"lru"`` ends a keep an earlier decision gave them (they rejoin vLLM's
-        LRU free queue at its head); ``"keep"`` (with ``kind="keep"``) keeps them out of the LRU
+        left as they are): ``"lru"`` ends the keep an earlier decision of this conversation gave
+        them (they rejoin vLLM's LRU free queue at its head; one another conversation keeps stays
+        kept until that one's deadline, as in the listed tiers); ``"keep"`` (with ``kind="keep"``) keeps them out of the LRU
         until ``now_s + keep_s`` (:meth:`.kv_cache.BlockPool.keep_segments`: evicted only when
         nothing else is, never refusing an allocation; a reuse ends the keep); ``"evict_first"``
-        moves them to the LRU head, the prompt's tail first (their copies below stay, per
-        ``write_policy``).
+        ends this conversation's keeps as ``"lru"`` and moves those nobody keeps to the LRU head,
+        the prompt's tail first (their copies below stay, per ``write_policy``).
 
         Raises:
             ConfigError: an unknown kind or HBM choice, ``hbm="keep"`` without ``kind="keep"``,
@@ -932,13 +935,14 @@ class PrefixTiers:
                 f"one of {', '.join(HBM_CHOICES)} ('keep' only with kind 'keep' and keep_s > 0)")
         prompt = st.hashes[:st.n_cacheable_segments]
         pool = self.kv.hbm
-        if hbm == "keep":
-            self.hbm_kept_blocks += pool.keep_segments(prompt[::-1], now_s + keep_s)  # tail first: evicted first
-        elif hbm == "evict_first":
-            self.hbm_evict_first_blocks += pool.evict_first(prompt)
-        elif pool.kept_blocks:
-            pool.unkeep_segments(prompt)
+        pool.expire_kept(now_s)
         conv = self.conversation_of(st)
+        if hbm == "keep":
+            self._hbm_keep(prompt, conv, now_s + keep_s)
+        else:  # this conversation's HBM keeps end; a segment another one keeps stays kept
+            others = self._hbm_unkeep(prompt, conv, now_s) if pool.kept_blocks else set()
+            if hbm == "evict_first":
+                self.hbm_evict_first_blocks += pool.evict_first([h for h in prompt if h not in others])
         if conv is None:
             return
         self.retention_decisions += 1
@@ -962,6 +966,43 @@ class PrefixTiers:
                 own = store.by_session.get(conv, ()) if store.by_session is not None else ()
                 rest = sorted((k for k in own if k not in in_chain), key=store._chain_rank)
                 store.keep_keys(conv, rest + chain[::-1], until, now_s)  # a prefix's tail first
+
+    def _hbm_keep(self, prompt, conv: Any, until_s: float) -> None:
+        """``hbm="keep"``: keep ``prompt``'s unreferenced HBM segments until ``until_s`` for
+        ``conv`` (a segment another conversation keeps longer keeps its deadline)."""
+        pool, keepers = self.kv.hbm, self._hbm_keepers
+        fresh = {h for h in prompt if pool.kept_until(h) is None}  # their keepers start anew
+        self.hbm_kept_blocks += pool.keep_segments(prompt[::-1], until_s)  # tail first: evicted first
+        for h in prompt:
+            if pool.kept_until(h) is not None:
+                k = keepers[h] = {} if h in fresh or h not in keepers else keepers[h]
+                k[conv] = until_s
+
+    def _hbm_unkeep(self, prompt, conv: Any, now_s: float) -> set:
+        """End ``conv``'s HBM keeps of ``prompt``'s segments: a segment nobody else keeps past
+        ``now_s`` rejoins the LRU at its head; one another conversation keeps gets that one's
+        latest deadline (as the listed tiers' ``keepers``). Returns the segments still kept."""
+        pool, keepers = self.kv.hbm, self._hbm_keepers
+        ended, others = [], set()
+        for h in prompt:
+            until = pool.kept_until(h)
+            if until is None:
+                keepers.pop(h, None)  # its keep ended (a reuse, an eviction, its deadline)
+                continue
+            k = keepers.get(h, {})
+            k.pop(conv, None)
+            for c in [c for c, u in k.items() if u <= now_s]:
+                del k[c]
+            if k:
+                others.add(h)
+                latest = max(k.values())
+                if latest != until:
+                    pool.rekeep(h, latest)
+            else:
+                keepers.pop(h, None)
+                ended.append(h)
+        pool.unkeep_segments(ended)
+        return others
 
     def session_blocks(self, st: "RequestState", conv: Any = None) -> list[int]:
         """Blocks each listed tier holds of the conversation of ``st`` (or ``conv`` when given):

@@ -22,11 +22,13 @@ The decision's ``hbm`` part applies to the HBM copies of the request's prompt se
 referenced by nobody), which otherwise age in vLLM's LRU free queue:
 
 =================  ================================================================================
-``lru``            the default: vLLM's LRU order (a keep an earlier decision gave them ends)
+``lru``            the default: vLLM's LRU order (a keep an earlier decision of the conversation
+                   gave them ends; segments another conversation keeps stay kept until its deadline)
 ``keep``           with ``kind="keep"``: out of the LRU order for ``keep_s`` too, evicted only when
                    HBM holds nothing else evictable, never refusing an allocation; a reuse ends it
 ``evict_first``    to the LRU head, the prompt's tail first: HBM reuses their blocks before any
-                   other's (the copies below stay, per the write policy)
+                   other's (the copies below stay, per the write policy; those another
+                   conversation keeps stay kept)
 =================  ================================================================================
 
 A *prefetch decision*, taken when a request arrives whose cached prefix lies partly in a tier

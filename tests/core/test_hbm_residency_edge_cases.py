@@ -134,3 +134,33 @@ def test_a_pnm_stretch_evicts_nothing_while_hbm_segments_are_kept():
     spec = make_spec(hbm_kv_blocks=140, dram_kv_bytes=60 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
                      pnm=pnm_tier(200), prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme")))
     assert _lockstep(spec, 3, policy="pnm") > 40
+
+
+def test_a_conversation_s_default_does_not_end_another_s_hbm_keep_of_a_shared_prefix():
+    """Two conversations behind one system prompt (segments 1..4) finish in the same step; the
+    first keeps its prompt in HBM, the second plays the default: the shared segments stay kept
+    (the listed tiers' rule: entries another conversation keeps stay kept), the second's own go
+    back to the LRU; its evict_first then moves only its own segments to the LRU head."""
+    from kvsched.envs.sim.request import Request, Workload
+
+    system = tuple(range(1, 5))
+    reqs = [Request(0, 0.0, 256, 4, session_id=1, prefix_hashes=system + (11, 12, 13, 14), hash_block_tokens=32),
+            Request(1, 0.0, 256, 4, session_id=2, prefix_hashes=system + (21, 22, 23, 24), hash_block_tokens=32)]
+    spec = make_spec(hbm_kv_blocks=200, dram_kv_bytes=60 * BLOCK_BYTES, prefix_offload=PrefixOffloadSpec())
+    for second in (RetentionDecision(), RetentionDecision(hbm="evict_first")):
+        c = Cluster([spec], lambda: make_policy("fcfs"), options=InstanceOptions(check_invariants=True))
+        c.start(Workload.from_requests(reqs), DecisionWatch(residency=True))
+        p0, p1 = c.run_until_decision(), None
+        assert p0.request.rid == 0
+        c.retain(RetentionDecision("keep", 60.0, hbm="keep"))
+        p1 = c.run_until_decision()
+        assert p1.request.rid == 1 and p1.time_s == p0.time_s  # finished in the same step
+        c.retain(second)
+        hbm = c.instances[0].kv.hbm
+        first, own = p0.request.hashes[:8], p1.request.hashes[4:8]  # chained keys
+        assert p1.request.hashes[:4] == first[:4]
+        assert all(hbm.kept_until(h) == p0.time_s + 60.0 for h in first)
+        assert all(hbm.kept_until(h) is None for h in own)
+        if second.hbm == "evict_first":
+            assert list(hbm._lru)[:4] == list(own[::-1])  # only its own, tail first
+        hbm.check()
