@@ -19,7 +19,7 @@ with its request ids and token counts in ``args``). Layout (docs/timeline.md):
   - ``preemptions``: an instant event per preemption (``preempt (<mode>)``, args: victim, mode,
     cause, the request it made room for, its tokens and blocks);
   - ``link <name>``: a complete event per KV copy on that link (named by its kind: ``swap_out``,
-    ``swap_in``, ``prefix_write``, ``prefix_load``, ``pnm_migration``, ``shared_write``,
+    ``swap_in``, ``prefix_write``, ``prefix_load``, ``prefix_prefetch``, ``pnm_migration``, ``shared_write``,
     ``shared_fetch``, ``kv_transfer`` (prefill/decode disaggregation, on both instances' ports);
     args: request, bytes);
   - ``requests``: instant events at each request's ``arrival``, ``first token`` and ``finish``
