@@ -74,11 +74,11 @@ def test_fast_forward_equals_stepping_when_hbm_keeps_of_two_deadlines_expire_ins
     assert hits[4] < 256 or hits[5] < 256  # the 2 s prompt evicted one conversation's tail
 
 
-def _lockstep(spec, seed: int, n: int = 40, policy: str = "fcfs") -> int:
-    """Play the same random decisions fast-forwarded and stepped side by side; every decision
-    point shows the same HBM (LRU order, kept segments); returns the points. Then the results
-    are identical."""
-    rng = random.Random(seed)
+def _lockstep(spec, seed: int, n: int = 40, policy: str = "fcfs", rng_seed: int | None = None) -> int:
+    """Play the same random decisions (``rng_seed``, default ``seed``) fast-forwarded and stepped
+    side by side; every decision point shows the same HBM (LRU order, kept segments); returns
+    the points. Then the results are identical."""
+    rng = random.Random(seed if rng_seed is None else rng_seed)
     w = growing_sessions(seed, n=n)
     cs = []
     for ff in (True, False):
@@ -164,3 +164,20 @@ def test_a_conversation_s_default_does_not_end_another_s_hbm_keep_of_a_shared_pr
         if second.hbm == "evict_first":
             assert list(hbm._lru)[:4] == list(own[::-1])  # only its own, tail first
         hbm.check()
+
+
+_VARIANTS = {
+    "write_back": dict(prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme"), write_policy="write_back")),
+    "selective": dict(prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme"), write_policy="write_through_selective")),
+    "fence": dict(prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme"), fence_pending_writes=True)),
+    "one_free_queue": dict(cache_decode_blocks=True, prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme"))),
+    "swap": dict(preemption_mode="swap", prefix_offload=PrefixOffloadSpec(tiers=("dram", "nvme"), eviction="session")),
+}
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=hst.integers(0, 10_000), rng_seed=hst.integers(0, 10_000), variant=hst.sampled_from(sorted(_VARIANTS)))
+def test_fast_forward_equals_stepping_under_any_mix_of_hbm_keeps_and_prefetches(seed, rng_seed, variant):
+    spec = make_spec(hbm_kv_blocks=120, dram_kv_bytes=40 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
+                     **_VARIANTS[variant])
+    assert _lockstep(spec, seed, n=30, rng_seed=rng_seed) >= 30
