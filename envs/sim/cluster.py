@@ -66,6 +66,7 @@ class DecisionWatch:
             (:meth:`Cluster.retain`, :mod:`.retention`); nothing is suspended.
         prefetch: stop (``"prefetch"``) once per arriving request queued on an instance where
             part of its prompt's cached prefix lies only in a tier below the first listed one
+            (a parallel-sampling request: once, for its first child; its children share the prompt)
             (:meth:`.prefix_offload.PrefixTiers.promotable`), after the event it arrived in, for
             a prefetch decision (:meth:`Cluster.prefetch`); nothing is suspended.
     """
@@ -449,7 +450,11 @@ class Cluster:
             self._next_child_id += len(children) - 1
             wake = False
             for child in children:
-                wake = inst.add_request(RequestState(child, inst.bs, st.length_class), t) or wake
+                cst = RequestState(child, inst.bs, st.length_class)
+                if inst.add_request(cst, t):
+                    if not wake:  # one prefetch point for the children (one prompt)
+                        self._prefetch_point(inst, cst, t)
+                    wake = True
             if wake:
                 self._wake(inst, t)
             return
@@ -478,11 +483,16 @@ class Cluster:
         if rt is not None:
             rt.counters.local_prefills += 1
         if inst.add_request(st, t):
-            if self._prefetch_watch:
-                pt = inst.kv.prefix_tiers
-                if pt is not None and pt.promotable(st, t):
-                    self._retention.append((inst.instance_id, st, t, "prefetch"))
+            self._prefetch_point(inst, st, t)
             self._wake(inst, t)
+
+    def _prefetch_point(self, inst: Instance, st: RequestState, t: float) -> None:
+        """With ``DecisionWatch.prefetch``: queue a prefetch decision for ``st``, just queued on
+        ``inst`` at ``t``, when part of its cached prefix lies only below the first listed tier."""
+        if self._prefetch_watch:
+            pt = inst.kv.prefix_tiers
+            if pt is not None and pt.promotable(st, t):
+                self._retention.append((inst.instance_id, st, t, "prefetch"))
 
     def _schedule(self, inst: Instance, t: float) -> None:
         if inst.busy:

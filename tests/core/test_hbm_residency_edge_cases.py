@@ -181,3 +181,29 @@ def test_fast_forward_equals_stepping_under_any_mix_of_hbm_keeps_and_prefetches(
     spec = make_spec(hbm_kv_blocks=120, dram_kv_bytes=40 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
                      **_VARIANTS[variant])
     assert _lockstep(spec, seed, n=30, rng_seed=rng_seed) >= 30
+
+
+def test_a_returning_parallel_sampling_request_gets_one_prefetch_point():
+    """A request with n = 2 whose prefix was demoted to NVMe: one prefetch point (its children
+    share the prompt); prefetching copies the prefix to DRAM, where its admission loads it."""
+    import dataclasses
+
+    from kvsched.envs.sim.request import Workload
+
+    rows = [(0.0, 1024, 2, 1)] + [(0.5 + 0.3 * i, 1024, 2, 10 + i) for i in range(4)]
+    rows += [(20.0, 512, 300, 50), (20.3, 1088, 2, 1)]
+    reqs = list(build_workload(rows))
+    reqs[-1] = dataclasses.replace(reqs[-1], n=2)
+    po = PrefixOffloadSpec(tiers=("dram", "nvme"), load_policy="always")
+    spec = make_spec(hbm_kv_blocks=200, max_num_seqs=1, dram_kv_bytes=128 * BLOCK_BYTES,
+                     nvme_kv_bytes=2000 * BLOCK_BYTES, prefix_offload=po)
+    c = Cluster([spec], lambda: make_policy("fcfs"), options=InstanceOptions(check_invariants=True))
+    c.start(Workload.from_requests(reqs), DecisionWatch(residency=True, prefetch=True))
+    points = []
+    while (p := c.run_until_decision()) is not None:
+        if p.kind == "prefetch":
+            points.append(p.request.req.parent_id)
+            assert c.prefetch() == 1024 // 32
+    assert points == [len(rows) - 1]
+    tiers = c.result().summary["prefix_tiers"]["tiers"]
+    assert tiers["nvme"]["prefetches"] == 1 and tiers["dram"]["hit_tokens"] >= 1024
