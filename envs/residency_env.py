@@ -280,22 +280,27 @@ class ResidencyEnv(gym.Env):
         cap = float(max(pool.capacity_blocks, 1))
         held = pt.session_blocks(st, conv)
         # the first tier's eviction rate (blocks/s), an exponential average over RATE_TAU_S
+        # (the averages advance at retention points only: a prefetch point previews them, so the
+        # retention points see the values they have without ``prefetch``)
+        commit = p.kind == "residency"
         i = p.instance_id
         evicted = float(store.evicted_blocks)
         dt = now - self._rate_t[i]
+        rate = self._evict_rate[i]
         if dt > 0:
             w = math.exp(-dt / RATE_TAU_S)
-            self._evict_rate[i] = w * self._evict_rate[i] + (1 - w) * (evicted - self._evicted[i]) / dt
-            self._evicted[i], self._rate_t[i] = evicted, now
-        rate = self._evict_rate[i]
+            rate = w * rate + (1 - w) * (evicted - self._evicted[i]) / dt
+            if commit:
+                self._evict_rate[i], self._evicted[i], self._rate_t[i] = rate, evicted, now
         survival = 1.0 if rate <= 0 else (cap / rate) / (cap / rate + 60.0)
         arrived = c.arrivals_taken
         dt = now - self._arrival_t
+        r = self._arrival_rate
         if dt > 0:
             w = math.exp(-dt / RATE_TAU_S)
-            self._arrival_rate = w * self._arrival_rate + (1 - w) * (arrived - self._arrivals_seen) / dt
-            self._arrivals_seen, self._arrival_t = arrived, now
-        r = self._arrival_rate
+            r = w * r + (1 - w) * (arrived - self._arrivals_seen) / dt
+            if commit:
+                self._arrival_rate, self._arrivals_seen, self._arrival_t = r, arrived, now
         prompt = float(st.prompt_tokens)
         hbm = inst.hbm
         swapped = pool.capacity_blocks - pool.free_blocks - pool.evictable_blocks

@@ -275,3 +275,27 @@ def test_a_misused_heuristic_is_refused_at_a_prefetch_point_too():
         with pytest.raises(ConfigError, match=field):
             env.heuristic_action(policy, keep_s)
     assert env.heuristic_action("session", 30.0) == 0 and env.heuristic_action("session+prefetch") == env.prefetch_action
+
+
+def test_a_retention_point_observes_the_same_with_prefetch_points_declined_in_between():
+    """The eviction- and arrival-rate averages advanced at every observation, so prefetch points
+    in between changed what the retention points showed (the first 17 features)."""
+    episode = {"workload_seed": 3, "window_index": 1}
+
+    def retention_observations(env):
+        obs, _ = env.reset(options=episode)
+        seen, kinds = [], set()
+        while True:
+            kinds.add(env._point.kind if env._point is not None else None)
+            if env._point is not None and env._point.kind == "residency":
+                seen.append(obs[:len(FEATURES)].copy())
+            obs, _, term, trunc, _ = env.step(0)
+            if term or trunc:
+                return np.array(seen), kinds
+
+    plain, _ = retention_observations(ResidencyEnv(**TIERS_SMALL))
+    env = ResidencyEnv(prefetch=True, **TIERS_SMALL)
+    watched, kinds = retention_observations(env)
+    assert "prefetch" in kinds
+    assert "prefetch_decisions" not in env.cluster.result().summary["prefix_tiers"]  # none asked
+    np.testing.assert_array_equal(plain, watched)
