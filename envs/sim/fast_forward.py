@@ -628,8 +628,10 @@ class StretchPlanner:
             j = np.arange(1, k_max, dtype=np.int64)
             extra = _extra_blocks(x_gpu, j, bs)
             limit = self.block_limit(int(extra[-1]))
-            if kv.hbm.kept_blocks and limit > kv.hbm.free_blocks:  # as _cut_to_blocks: kept segments'
-                limit = kv.hbm.free_blocks  # order changes when a keep expires, so a stretch evicts nothing
+            # as _cut_to_blocks: an eviction written back below HBM is charged at its step's time and
+            # kept segments' order changes when a keep expires, so a stretch evicts nothing then
+            if (kv.writes_back or kv.hbm.kept_blocks) and limit > kv.hbm.free_blocks:
+                limit = kv.hbm.free_blocks
             allowed = int(np.searchsorted(extra, limit, side="right"))
             if has_pnm:  # PNM: the PNM pool must hold the PNM-resident decodes' growth
                 extra_pnm = _extra_blocks(x[on_pnm], j, bs)

@@ -207,3 +207,17 @@ def test_a_returning_parallel_sampling_request_gets_one_prefetch_point():
     assert points == [len(rows) - 1]
     tiers = c.result().summary["prefix_tiers"]["tiers"]
     assert tiers["nvme"]["prefetches"] == 1 and tiers["dram"]["hit_tokens"] >= 1024
+
+
+def test_a_pnm_stretch_evicts_nothing_under_write_back_fast_forward_equals_stepping():
+    """PNM with a write-back prefix tier: the PNM stretch planner allocated a stretch's blocks by
+    evicting cached segments up front, whose write-back copies were then charged at the stretch's
+    start instead of at their steps (found by the adversarial review; no decisions needed)."""
+    for seed in (0, 2, 5):
+        for hbm in (90, 140):
+            w = growing_sessions(seed)
+            spec = make_spec(hbm_kv_blocks=hbm, dram_kv_bytes=120 * BLOCK_BYTES, pnm=pnm_tier(200),
+                             prefix_offload=PrefixOffloadSpec(write_policy="write_back"))
+            runs = [Cluster([spec], lambda: make_policy("pnm"), options=InstanceOptions(fast_forward=ff)).run(w)
+                    for ff in (True, False)]
+            assert_identical(*runs)
