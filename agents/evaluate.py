@@ -245,22 +245,30 @@ def run_heuristic(policy: str, source, episodes, env_id: str = "kvsched/Scheduli
     return rows, np.concatenate(ttfts) if ttfts else np.zeros(0)
 
 
-#: Residency-v0's heuristics: the tier eviction orders (action 0 under ``eviction=<name>``) and the
+#: Residency-v0's heuristics: the tier eviction orders (action 0 under ``eviction=<name>``), the
 #: session keep (``session`` = 30 s, ``session:<s>`` = <s> s, one of the environment's keep bins)
-RESIDENCY_HEURISTICS = ("lru", "lfu", "session", "clairvoyant")
+#: and the session keep in HBM too (``session-hbm[:<s>]``, with ``hbm_actions``); any of them with
+#: ``+prefetch`` prefetches at every prefetch point (with ``prefetch``)
+RESIDENCY_HEURISTICS = ("lru", "lfu", "session", "clairvoyant", "session-hbm")
+PREFETCH_SUFFIX = "+prefetch"
 
 
 def residency_heuristic(name: str) -> tuple[str, float | None] | None:
     """``(heuristic, keep_s)`` of a Residency-v0 agent name (``lru``, ``lfu``, ``clairvoyant``,
-    ``session``, ``session:<s>``), or None when ``name`` is none of them."""
-    if name in RESIDENCY_HEURISTICS:
-        return name, None
-    if name.startswith("session:"):
-        try:
-            keep = float(name[len("session:"):])
-        except ValueError:
-            return None
-        return ("session", keep) if math.isfinite(keep) and keep > 0 else None
+    ``session``, ``session:<s>``, ``session-hbm``, ``session-hbm:<s>``, each optionally ending in
+    ``+prefetch``, which the heuristic keeps: ``session:30+prefetch`` is ``("session+prefetch",
+    30.0)``), or None when ``name`` is none of them."""
+    suffix = PREFETCH_SUFFIX if name.endswith(PREFETCH_SUFFIX) else ""
+    base = name[:len(name) - len(suffix)]
+    if base in RESIDENCY_HEURISTICS:
+        return base + suffix, None
+    for keeper in ("session", "session-hbm"):
+        if base.startswith(keeper + ":"):
+            try:
+                keep = float(base[len(keeper) + 1:])
+            except ValueError:
+                return None
+            return (keeper + suffix, keep) if math.isfinite(keep) and keep > 0 else None
     return None
 
 
@@ -276,14 +284,20 @@ def _run_residency_heuristic(name: str, source, episodes, env_kwargs: dict) -> t
     parsed = residency_heuristic(name)
     if parsed is None:
         raise ConfigError(f"agent {bounded_repr(name)} is not a Residency-v0 heuristic; allowed: "
-                          f"{', '.join(RESIDENCY_HEURISTICS)} or session:<seconds>")
+                          f"{', '.join(RESIDENCY_HEURISTICS)}, session:<seconds> or session-hbm:<seconds>, "
+                          f"each optionally ending in {PREFETCH_SUFFIX}")
     heuristic, keep = parsed
+    base = heuristic.removesuffix(PREFETCH_SUFFIX)
     cfg = source.config
     kw = {k: v for k, v in env_kwargs.items() if k != "eviction"}
     kw.update(scenario=cfg.scenario, window_s=cfg.window_s, split="heldout", heldout_fraction=cfg.heldout_fraction,
               max_requests=cfg.max_requests, horizon_s=math.inf)
-    if heuristic != "session":
-        kw["eviction"] = heuristic
+    if base == "session-hbm":  # the options the heuristic plays (a checkpoint's own options stay)
+        kw.setdefault("hbm_actions", True)
+    if heuristic != base:
+        kw.setdefault("prefetch", True)
+    if base not in ("session", "session-hbm"):
+        kw["eviction"] = base
     elif "eviction" in env_kwargs:
         kw["eviction"] = env_kwargs["eviction"]
     env = gym.make("kvsched/Residency-v0", **kw).unwrapped
@@ -445,7 +459,7 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
 
         known, what = set(router_names()), "router"
     elif env_id == "kvsched/Residency-v0":
-        known, what = {*RESIDENCY_HEURISTICS, "session:<seconds>"}, "residency heuristic"
+        known, what = {*RESIDENCY_HEURISTICS, "session:<seconds>", "session-hbm:<seconds>"}, "residency heuristic"
     else:
         known, what = set(policy_names()), "policy"
     if env_id == "kvsched/Residency-v0":  # session:<s> names a keep action: <s> must be one of its bins
@@ -453,10 +467,11 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
 
         bins = tuple(float(b) for b in (metas[0]["env_kwargs"] if metas else {}).get("keep_bins_s", KEEP_BINS_S))
         for a in agents:
-            parsed = residency_heuristic(a) if a.startswith("session:") else ("", None)
+            parsed = residency_heuristic(a) if a.startswith(("session:", "session-hbm:")) else ("", None)
             if parsed is None or (parsed[1] is not None and parsed[1] not in bins):
-                raise ConfigError(f"agent {bounded_repr(a)} is not allowed: expected session:<seconds> with seconds "
-                                  f"one of the keep bins {', '.join(f'{b:g}' for b in bins)}")
+                raise ConfigError(f"agent {bounded_repr(a)} is not allowed: expected session:<seconds> or "
+                                  f"session-hbm:<seconds> with seconds one of the keep bins "
+                                  f"{', '.join(f'{b:g}' for b in bins)}")
     for a in agents:  # before the windows are checked: a typo must not be reported as --windows
         if not (a.endswith(".zip") or _is_rllib_checkpoint(a) or a == "random" or a in known
                 or (env_id == "kvsched/Residency-v0" and residency_heuristic(a) is not None)):

@@ -119,9 +119,11 @@ class HeuristicAgent:
                 policy, keep = parsed
                 self.policy = policy
             if params is not None:
-                require(policy == "session" and keep is None and isinstance(params, dict)
+                keeper = isinstance(policy, str) and policy.removesuffix("+prefetch") in ("session", "session-hbm")
+                require(keeper and keep is None and isinstance(params, dict)
                         and set(params) == {"keep_s"}, "params", params,
-                        "None, or {'keep_s': seconds} with policy 'session' (Residency-v0; not with 'session:<s>')")
+                        "None, or {'keep_s': seconds} with policy 'session' or 'session-hbm' (Residency-v0; not "
+                        "with 'session:<s>')")
                 keep = params["keep_s"]
             self._args = (policy, keep)
             if vec:

@@ -88,8 +88,8 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
 def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--agents", required=True,
                    help="comma-separated: checkpoint .zip files, policy (or, for Routing-v0, router; for "
-                        "Residency-v0, lru, lfu, clairvoyant, session or session:<s>) names and/or 'random', e.g. "
-                        "ckpt.zip,lars,fcfs")
+                        "Residency-v0, lru, lfu, clairvoyant, session, session:<s>, session-hbm[:<s>], each "
+                        "optionally +prefetch) names and/or 'random', e.g. ckpt.zip,lars,fcfs")
     from kvsched.envs import ENV_IDS
 
     e.add_argument("--env", choices=ENV_IDS,

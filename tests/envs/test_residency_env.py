@@ -299,3 +299,19 @@ def test_a_retention_point_observes_the_same_with_prefetch_points_declined_in_be
     assert "prefetch" in kinds
     assert "prefetch_decisions" not in env.cluster.result().summary["prefix_tiers"]  # none asked
     np.testing.assert_array_equal(plain, watched)
+
+
+def test_evaluate_plays_the_hbm_and_prefetch_heuristics_with_their_options(tmp_path):
+    from kvsched.agents.evaluate import evaluate, residency_heuristic
+    from kvsched.agents.heuristic import HeuristicAgent
+
+    assert residency_heuristic("session-hbm:30+prefetch") == ("session-hbm+prefetch", 30.0)
+    assert residency_heuristic("lru+prefetch") == ("lru+prefetch", None)
+    assert residency_heuristic("session-hbm:x") is None and residency_heuristic("fifo+prefetch") is None
+    table = evaluate(["lru", "lru+prefetch", "session-hbm:30"], TIERS, 1, 1, tmp_path, window_s=120.0,
+                     env_id="kvsched/Residency-v0")
+    assert set(table["agent"]) == {"lru", "lru+prefetch", "session-hbm:30"}
+    env = ResidencyEnv(hbm_actions=True, **TIERS_SMALL)
+    obs, _ = env.reset(options={"workload_seed": 0, "window_index": 1})
+    agent = HeuristicAgent("session-hbm", env, params={"keep_s": 60.0})
+    assert env.decision_of(int(agent.predict(obs)[0])).label == "keep 60s +hbm"
