@@ -28,7 +28,8 @@ Mechanisms and sources:
   the LRU order until a deadline; they stay evictable (an allocation never fails for them) but
   go only once nothing else is, the earliest deadline first; a kept segment reused by a request
   is no longer kept. Expired keeps rejoin the LRU at its head, a later deadline ahead of an
-  earlier one whenever the pass runs (:meth:`BlockPool.expire_kept`, at each scheduling pass). :meth:`BlockPool.evict_first` moves segments to the LRU head. vLLM has
+  earlier one whenever the pass runs (:meth:`BlockPool.expire_kept`, at each scheduling pass).
+  :meth:`BlockPool.evict_first` moves segments to the LRU head. vLLM has
   neither (its free queue is pure LRU); they are the agent's levers over HBM residency
   [kvsched choice, issue #21 item 3].
 - **Lower tiers** (DRAM, NVMe, extra tiers, PNM) hold swapped, offloaded or PNM-resident
