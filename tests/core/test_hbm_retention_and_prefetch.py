@@ -186,7 +186,8 @@ def test_blocks_are_conserved_with_hbm_keeps_and_prefetches_mixed(seed, choices,
     i = iter(range(10**6))
     po = PrefixOffloadSpec(tiers=("dram", "nvme"), write_policy=write)
     r, _ = _play(growing_sessions(seed), _spec(po, dram_blocks=60, nvme_blocks=150, hbm=140),
-                 lambda p: menu[choices[next(i) % len(choices)]], lambda p: choices[p.request.rid % len(choices)] % 2 == 0)
+                 lambda p: menu[choices[next(i) % len(choices)]],
+                 lambda p: choices[p.request.rid % len(choices)] % 2 == 0)
     assert len(r.records) == 40
 
 

@@ -274,7 +274,8 @@ def test_a_misused_heuristic_is_refused_at_a_prefetch_point_too():
                                   ("session+prefetch", 31.0, "keep_s")):
         with pytest.raises(ConfigError, match=field):
             env.heuristic_action(policy, keep_s)
-    assert env.heuristic_action("session", 30.0) == 0 and env.heuristic_action("session+prefetch") == env.prefetch_action
+    assert env.heuristic_action("session", 30.0) == 0
+    assert env.heuristic_action("session+prefetch") == env.prefetch_action
 
 
 def test_a_retention_point_observes_the_same_with_prefetch_points_declined_in_between():
