@@ -918,8 +918,8 @@ class PrefixTiers:
         them (they rejoin vLLM's LRU free queue at its head; one another conversation keeps stays
         kept until that one's deadline, as in the listed tiers); ``"keep"`` (with
         ``kind="keep"``) keeps them out of the LRU until ``now_s + keep_s``
-        (:meth:`.kv_cache.BlockPool.keep_segments`: evicted only when nothing else is, never refusing an allocation; a reuse ends the keep); ``"evict_first"``
-        ends this conversation's keeps as ``"lru"`` and moves those nobody keeps to the LRU head,
+        (:meth:`.kv_cache.BlockPool.keep_segments`: evicted only when nothing else is, never
+        refusing an allocation; a reuse ends the keep); ``"evict_first"`` ends this conversation's keeps as ``"lru"`` and moves those nobody keeps to the LRU head,
         the prompt's tail first (their copies below stay, per ``write_policy``).
 
         Raises:
