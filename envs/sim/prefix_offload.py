@@ -919,8 +919,9 @@ class PrefixTiers:
         kept until that one's deadline, as in the listed tiers); ``"keep"`` (with
         ``kind="keep"``) keeps them out of the LRU until ``now_s + keep_s``
         (:meth:`.kv_cache.BlockPool.keep_segments`: evicted only when nothing else is, never
-        refusing an allocation; a reuse ends the keep); ``"evict_first"`` ends this conversation's keeps as ``"lru"`` and moves those nobody keeps to the LRU head,
-        the prompt's tail first (their copies below stay, per ``write_policy``).
+        refusing an allocation; a reuse ends the keep); ``"evict_first"`` ends this
+        conversation's keeps as ``"lru"`` and moves those nobody keeps to the LRU head, the
+        prompt's tail first (their copies below stay, per ``write_policy``).
 
         Raises:
             ConfigError: an unknown kind or HBM choice, ``hbm="keep"`` without ``kind="keep"``,
