@@ -309,7 +309,7 @@ def test_evaluate_plays_the_hbm_and_prefetch_heuristics_with_their_options(tmp_p
     assert residency_heuristic("session-hbm:30+prefetch") == ("session-hbm+prefetch", 30.0)
     assert residency_heuristic("lru+prefetch") == ("lru+prefetch", None)
     assert residency_heuristic("session-hbm:x") is None and residency_heuristic("fifo+prefetch") is None
-    table = evaluate(["lru", "lru+prefetch", "session-hbm:30"], TIERS, 1, 1, tmp_path, window_s=120.0,
+    table = evaluate(["lru", "lru+prefetch", "session-hbm:30"], TIERS, 1, 1, tmp_path, window_s=40.0,
                      env_id="kvsched/Residency-v0")
     assert set(table["agent"]) == {"lru", "lru+prefetch", "session-hbm:30"}
     env = ResidencyEnv(hbm_actions=True, **TIERS_SMALL)
