@@ -675,15 +675,26 @@ class Cluster:
         Raises:
             RuntimeError: no ``"prefetch"`` point was returned since the last call.
         """
-        pending = self._prefetch_pending
+        _, st, pt = self._take_pending("prefetch")
+        return pt.prefetch(st, self._now_s)
+
+    def _take_pending(self, kind: str):
+        """``(instance id, request, its PrefixTiers)`` of the pending ``kind`` point (``"prefetch"``
+        or ``"residency"``), now cleared; the tiers' clock set to now.
+
+        Raises:
+            RuntimeError: no such point is pending.
+        """
+        attr = "_prefetch_pending" if kind == "prefetch" else "_retention_pending"
+        pending = getattr(self, attr)
         if pending is None:
-            raise RuntimeError("no prefetch decision point is pending")
-        self._prefetch_pending = None
+            raise RuntimeError(f"no {kind} decision point is pending")
+        setattr(self, attr, None)
         inst_id, st = pending
         pt = self.instances[inst_id].kv.prefix_tiers
         assert pt is not None
         pt.now_s = self._now_s
-        return pt.prefetch(st, self._now_s)
+        return inst_id, st, pt
 
     def retain(self, decision) -> None:
         """Apply a retention decision (:class:`.retention.RetentionDecision`) for the request of
@@ -692,14 +703,7 @@ class Cluster:
         Raises:
             RuntimeError: no ``"residency"`` point was returned since the last call.
         """
-        pending = self._retention_pending
-        if pending is None:
-            raise RuntimeError("no residency decision point is pending")
-        self._retention_pending = None
-        inst_id, st = pending
-        pt = self.instances[inst_id].kv.prefix_tiers
-        assert pt is not None
-        pt.now_s = self._now_s
+        inst_id, st, pt = self._take_pending("residency")
         hook = None if self.observer is None else getattr(self.observer, "on_retention", None)
         before = tuple(pt.session_blocks(st)) if hook is not None else ()
         pt.retain(st, decision.kind, decision.keep_s, self._now_s, decision.hbm)

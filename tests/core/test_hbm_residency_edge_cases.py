@@ -102,7 +102,10 @@ def _lockstep(spec, seed: int, n: int = 40, policy: str = "fcfs", rng_seed: int 
                     c.retain(d)
         elif rng.random() < 0.6:
             assert cs[0].prefetch() == cs[1].prefetch()
-    assert_identical(cs[0].result(), cs[1].result())
+    res = cs[0].result()
+    assert_identical(res, cs[1].result())
+    served = int((res.records["reject_reason"].fillna("") == "").sum())
+    assert points >= served  # a residency point per served request (a rejected one has none)
     return points
 
 
@@ -180,7 +183,7 @@ _VARIANTS = {
 def test_fast_forward_equals_stepping_under_any_mix_of_hbm_keeps_and_prefetches(seed, rng_seed, variant):
     spec = make_spec(hbm_kv_blocks=120, dram_kv_bytes=40 * BLOCK_BYTES, nvme_kv_bytes=150 * BLOCK_BYTES,
                      **_VARIANTS[variant])
-    assert _lockstep(spec, seed, n=30, rng_seed=rng_seed) >= 30
+    assert _lockstep(spec, seed, n=30, rng_seed=rng_seed) > 0
 
 
 def test_a_returning_parallel_sampling_request_gets_one_prefetch_point():
