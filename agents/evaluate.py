@@ -482,6 +482,10 @@ def evaluate(agents: list[str], scenario: str | None, windows: int | None, seeds
         # the environment's own default window (Residency-v0's turns come back after minutes)
         window_s = float(trained.get("window_s", 300.0 if env_id == "kvsched/Residency-v0" else 60.0))
     scen = scenario if scenario is not None else trained.get("scenario")
+    if scen is None:  # the environment's own default (Residency-v0, PDRouting-v0: not the mixed long/short one)
+        from kvsched.envs import default_scenario
+
+        scen = default_scenario(env_id)
     source = EpisodeSource(episode_config(scen, window_s, "heldout", trained.get("heldout_fraction", 0.25),
                                           trained.get("max_requests")))
     if windows is None:

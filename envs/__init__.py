@@ -50,6 +50,29 @@ ENTRY_POINTS: dict[str, str] = {
     "kvsched/PDRouting-v0": "kvsched.envs.routing_env:PDRoutingEnv",
 }
 
+#: environment id -> the bundled scenario (``experiments/scenarios/``) it serves when given none;
+#: ``kvsched evaluate`` without ``--scenario`` or a checkpoint draws its held-out windows from it
+DEFAULT_SCENARIOS: dict[str, str] = {
+    "kvsched/Scheduling-v0": "mixed-long-short.yaml",
+    "kvsched/Scheduling-v1": "mixed-long-short.yaml",
+    "kvsched/Routing-v0": "mixed-long-short.yaml",
+    "kvsched/Knobs-v0": "mixed-long-short.yaml",
+    "kvsched/Residency-v0": "residency-mooncake.yaml",  # caches prefixes below HBM (the default one does not)
+    "kvsched/PDRouting-v0": "mixed-long-short-pd.yaml",  # prefill/decode roles
+}
+
+
+def default_scenario(env_id: str) -> str:
+    """The path of the bundled scenario environment ``env_id`` serves when given none
+    (:data:`DEFAULT_SCENARIOS`; installed with the package).
+
+    Raises:
+        KeyError: an id not in :data:`ENV_IDS` (callers validate ids first).
+    """
+    from importlib.resources import files
+
+    return str(files("kvsched.experiments") / "scenarios" / DEFAULT_SCENARIOS[env_id])
+
 
 def register_environments() -> None:
     """Register every id of :data:`ENTRY_POINTS` not yet in Gymnasium's registry (idempotent;

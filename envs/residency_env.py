@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from kvsched.envs import DEFAULT_SCENARIOS, default_scenario
 from kvsched.envs.common import (EpisodeTimelines, build_cluster, check_steppable, episode_config, integer_action,
                                  reference, step_info, unfinished)
 from kvsched.envs.episodes import EpisodeSource
@@ -41,7 +42,7 @@ EXTRA_FEATURES: tuple[str, ...] = ("prefetch_point", "hbm_cached", "lower_only",
 #: time constant of the eviction-rate and arrival-rate averages (s) [kvsched choice]
 RATE_TAU_S = 30.0
 #: The bundled scenario Residency-v0 serves when none is given (experiments/scenarios/).
-DEFAULT_SCENARIO = "residency-mooncake.yaml"
+DEFAULT_SCENARIO = DEFAULT_SCENARIOS["kvsched/Residency-v0"]
 
 
 class ResidencyEnv(gym.Env):
@@ -156,9 +157,7 @@ class ResidencyEnv(gym.Env):
         require(isinstance(prefetch, bool), "prefetch", prefetch, "True or False")
         self.hbm_actions, self.prefetch = hbm_actions, prefetch
         if scenario is None:
-            from importlib.resources import files
-
-            scenario = str(files("kvsched.experiments") / "scenarios" / DEFAULT_SCENARIO)
+            scenario = default_scenario("kvsched/Residency-v0")
         self.source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         sc = self.source.scenario
         require(sc.cluster is None, "scenario", sc.name, "a scenario without a cluster: section (Residency-v0 "

@@ -256,9 +256,9 @@ class PDRoutingEnv(RoutingEnv):
                  policy: str | None = None, horizon_s: float | None = None,
                  reward: RewardConfig = RewardConfig(), timeline: str | None = None) -> None:
         if scenario is None:
-            from importlib.resources import files
+            from kvsched.envs import default_scenario
 
-            scenario = str(files("kvsched.experiments") / "scenarios" / "mixed-long-short-pd.yaml")
+            scenario = default_scenario("kvsched/PDRouting-v0")
         source = EpisodeSource(episode_config(scenario, window_s, split, heldout_fraction, max_requests))
         sc = source.scenario
         layout = sc.cluster_layout()

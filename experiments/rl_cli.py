@@ -37,9 +37,11 @@ def add_train_arguments(t: argparse.ArgumentParser) -> None:
                         "(kvsched.agents.es; Scheduling-v0/v1; docs/training.md)")
     t.add_argument("--timesteps", type=count, required=True,
                    help="environment steps to train (es: stops after the generation that reaches it)")
-    t.add_argument("--scenario", help="scenario YAML (default: bundled mixed-long-short.yaml)")
+    t.add_argument("--scenario", help="scenario YAML (default: the environment's bundled one: mixed-long-short.yaml; "
+                   "Residency-v0 residency-mooncake.yaml; PDRouting-v0 mixed-long-short-pd.yaml)")
     t.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder (default runs/train)")
-    t.add_argument("--window-s", type=number(0.0, strict=True), help="episode window length (s; default 60)")
+    t.add_argument("--window-s", type=number(0.0, strict=True),
+                   help="episode window length (s; default the environment's: 60; Residency-v0 300)")
     t.add_argument("--env-kwargs", default="{}", help="JSON of further environment arguments")
     t.add_argument("--hyperparameters", default="{}", help="JSON of algorithm hyper-parameters")
     t.add_argument("--policy-net", choices=("mlp", "candidate-set"), default="mlp",
@@ -95,11 +97,13 @@ def add_evaluate_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--env", choices=ENV_IDS,
                    help="environment when no checkpoint is given (default kvsched/Scheduling-v0; with checkpoints: "
                         "theirs)")
-    e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario)")
+    e.add_argument("--scenario", help="scenario YAML (default: the checkpoint's training scenario; without "
+                   "checkpoints the environment's bundled one, as train's --scenario)")
     e.add_argument("--windows", type=count,
                    help="held-out windows (default 4, or all of them when the scenario holds fewer)")
     e.add_argument("--seeds", type=count, default=3, help="seeds per window (default 3)")
-    e.add_argument("--window-s", type=number(0.0, strict=True), help="window length (s; default: the checkpoint's)")
+    e.add_argument("--window-s", type=number(0.0, strict=True),
+                   help="window length (s; default: the checkpoint's; without checkpoints 60, Residency-v0 300)")
     e.add_argument("--out", type=Path, default=Path("runs/evaluate"),
                    help="output folder (default runs/evaluate)")
     e.add_argument("--backend", choices=("local", "ray"), default="local",

@@ -16,6 +16,7 @@ pytestmark = needs("stable_baselines3", "sb3_contrib")  # imported by the tests,
 
 from kvsched.agents.evaluate import confidence_table, evaluate  # noqa: E402
 from kvsched.agents.train import train  # noqa: E402
+from kvsched.envs import ENV_IDS  # noqa: E402
 from kvsched.envs.sim.errors import ConfigError  # noqa: E402
 from kvsched.experiments.cli import main  # noqa: E402
 
@@ -213,3 +214,38 @@ def test_evaluate_agents_of_the_routing_and_knobs_environments(tmp_path):
         evaluate(["lars"], None, 1, 1, tmp_path / "x", env_id="kvsched/Routing-v0")
     table = evaluate(["lars", "random"], None, windows=1, seeds=1, out=tmp_path / "ek", env_id="kvsched/Knobs-v0")
     assert set(table["agent"]) == {"lars", "random"}
+
+
+class _Stop(Exception):
+    """Raised by a stand-in for the episode runner: the test needs only the tasks."""
+
+
+_AGENT_OF = {"kvsched/Routing-v0": "round-robin", "kvsched/PDRouting-v0": "round-robin",
+             "kvsched/Residency-v0": "lru"}
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)  # every id: a new environment gets its default checked too
+def test_evaluate_without_a_scenario_draws_the_windows_of_the_scenario_the_environment_serves(
+        env_id, tmp_path, monkeypatch):
+    """With neither ``--scenario`` nor a checkpoint, the held-out windows come from the scenario
+    ``gymnasium.make(env_id)`` serves (Residency-v0 and PDRouting-v0 have their own): they used to
+    come from mixed-long-short for every id, an unrelated error for those two."""
+    import gymnasium as gym
+
+    import kvsched.envs  # noqa: F401  (registers the ids)
+    import kvsched.runner.sweep as sweep
+
+    seen = []
+
+    def tasks_only(fn, tasks, **kw):
+        seen.extend(tasks)
+        raise _Stop
+
+    monkeypatch.setattr(sweep, "map_tasks", tasks_only)
+    with pytest.raises(_Stop):
+        evaluate(["random", _AGENT_OF.get(env_id, "fcfs")], None, 1, 1, tmp_path, env_id=env_id)
+    served = gym.make(env_id).unwrapped.source.scenario.name
+    # the scenario each task serves (None: the environment's own) and the heuristic's window source
+    served_by = ({served if t[3] is None else Path(t[3]).stem for t in seen}
+                 | {t[7].scenario.name for t in seen if t[0] == "heuristic"})
+    assert served_by == {served}
