@@ -320,7 +320,10 @@ def _print_routing(summary: dict, console: Console) -> None:
                       highlight=False)
     if pt:
         for name, t in pt["tiers"].items():
-            console.print(f"  {name} ({t['eviction']}): hit rate {100 * (t['hit_rate'] or 0):.2f} %, "
+            # the hit rate counts other requests' prefixes; a load may also be a preempted request's own
+            # work (self hits), printed beside it so that loads with a 0 % hit rate read right
+            console.print(f"  {name} ({t['eviction']}): hit rate {100 * (t['hit_rate'] or 0):.2f} % "
+                          f"(+{t['self_hit_tokens']:,} self-hit tokens), "
                           f"{t['loads']:,} loads ({t['bytes_loaded'] / 1e9:,.1f} GB), "
                           f"{t['bytes_written'] / 1e9:,.1f} GB written in {t['writes']:,} writes "
                           f"({t['skipped_writes']:,} skipped), {t['evicted_segments']:,} segments evicted",

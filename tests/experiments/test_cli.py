@@ -635,3 +635,20 @@ def test_simulate_prints_the_prefix_hit_rate_of_hbm_and_of_each_lower_tier(capsy
     assert rc == 0
     printed = capsys.readouterr().out
     assert "prefix cache: HBM hit rate" in printed and "dram (lru): hit rate" in printed
+
+
+def test_simulate_prints_each_lower_tiers_self_hits_beside_its_hit_rate():
+    """A tier's loads include preempted requests' own work, which its hit rate leaves out: the line
+    shows the self-hit tokens so that loads at a 0 % hit rate do not read as a contradiction."""
+    import io
+
+    from rich.console import Console
+
+    from kvsched.experiments.simulate_cli import _print_routing
+
+    tier = {"eviction": "lru", "hit_rate": 0.0, "self_hit_tokens": 3168, "loads": 3, "bytes_loaded": 415236096,
+            "bytes_written": 0, "writes": 0, "skipped_writes": 0, "evicted_segments": 0}
+    out = io.StringIO()
+    _print_routing({"classes": {"all": {"prefix": {"hit_tokens": 0, "hit_rate": 0.0}}},
+                    "prefix_tiers": {"tiers": {"nvme": tier}}}, Console(file=out, width=300))
+    assert "nvme (lru): hit rate 0.00 % (+3,168 self-hit tokens), 3 loads (0.4 GB)" in out.getvalue()
