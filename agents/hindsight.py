@@ -26,7 +26,7 @@ session keep on held-out windows (docs/environments.md "kvsched/Residency-v0").
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -103,20 +103,24 @@ def teacher_action(env, index: HindsightIndex, margin_s: float = MARGIN_S, beyon
     return hindsight_action(gap, env.keep_bins_s, margin_s, beyond, len(BASE_ACTIONS))
 
 
-def record(env, episodes: list[tuple[int, int]], margin_s: float = MARGIN_S,
-           beyond: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(observations, teacher actions, masks)`` of every decision while the teacher plays
-    ``episodes`` (``(workload seed, window)``, train windows) on ``env`` (unwrapped)."""
+def record(env, episodes: list[tuple[int, int]], margin_s: float = MARGIN_S, beyond: int = 1,
+           behaviour: Callable[[np.ndarray, np.ndarray], int] | None = None,
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(observations, teacher actions, masks)`` of every decision of ``episodes`` (``(workload
+    seed, window)``, train windows) on ``env`` (unwrapped), played by the teacher, or by
+    ``behaviour(obs, mask)`` when given (DAgger, Ross et al. AISTATS 2011: the student's own
+    states, labelled by the teacher)."""
     obs_l, act_l, mask_l = [], [], []
     for seed, window in episodes:
         obs, _ = env.reset(options={"workload_seed": seed, "window_index": window})
         index = HindsightIndex(env.workload)
         while True:
             a = teacher_action(env, index, margin_s, beyond)
+            mask = env.action_masks()
             obs_l.append(np.asarray(obs, np.float32))
             act_l.append(a)
-            mask_l.append(env.action_masks())
-            obs, _, term, trunc, _ = env.step(a)
+            mask_l.append(mask)
+            obs, _, term, trunc, _ = env.step(a if behaviour is None else behaviour(obs, mask))
             if term or trunc:
                 break
     if not act_l:
@@ -145,9 +149,10 @@ class ImitationPolicy:
         self.net = torch.nn.Sequential(*layers)
 
     def fit(self, obs: np.ndarray, actions: np.ndarray, masks: np.ndarray, epochs: int = 60,
-            batch_size: int = 256, learning_rate: float = 3e-3) -> dict[str, float]:
+            batch_size: int = 256, learning_rate: float = 3e-3, class_weights: bool = True) -> dict[str, float]:
         """Fit to ``(obs, actions, masks)`` by cross-entropy over the masked logits, each class
-        weighted by the inverse of its frequency (balanced); returns the train accuracy and loss.
+        weighted by the inverse of its frequency (balanced; ``class_weights=False``: unweighted);
+        returns the train accuracy and loss.
 
         Raises:
             ConfigError: arrays of other shapes, or an action its mask forbids.
@@ -159,7 +164,8 @@ class ImitationPolicy:
         require(masks.shape == (n, self.n_actions), "masks", f"shape {masks.shape}", f"({n}, {self.n_actions})")
         require(bool(masks[np.arange(n), actions].all()), "actions", "a masked action", "valid actions only")
         counts = np.bincount(actions, minlength=self.n_actions).astype(np.float64)
-        weights = np.where(counts > 0, n / (np.maximum(counts, 1) * max((counts > 0).sum(), 1)), 0.0)
+        weights = (np.where(counts > 0, n / (np.maximum(counts, 1) * max((counts > 0).sum(), 1)), 0.0)
+                   if class_weights else np.ones(self.n_actions))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

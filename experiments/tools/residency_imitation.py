@@ -8,7 +8,9 @@ conversations that do not return within the largest bin (``drop`` or ``default``
 admission margin (:data:`MARGINS_S`) are chosen, both
 by mean SLO attainment; the teacher then plays the first ``--record-windows`` train episodes while
 every decision's (observation, teacher action, mask) is recorded, and the student (an MLP on the
-observation only) is fitted to them. Every candidate plays the same held-out episodes once: LRU,
+observation only) is fitted to them (behaviour cloning); ``--dagger-rounds`` rounds of DAgger
+(Ross et al., AISTATS 2011) then let the latest student play those windows, the teacher label its
+states, and a student refit on everything recorded. Every candidate plays the same held-out episodes once: LRU,
 the tuned session keep, the student, and two references that read the window's future (the
 teacher and the clairvoyant order). The table gives each one's means and the paired difference
 over the tuned session keep (95 % bootstrap interval).
@@ -58,7 +60,7 @@ def play_with(env, choose: Callable, episode: tuple[int, int]) -> dict:
 
 
 def measure(scenario: str, window_s: float, train_windows: int | None, record_windows: int, seeds: int = 8,
-            heldout_limit: int | None = None, log=None) -> tuple[str, dict]:
+            heldout_limit: int | None = None, dagger_rounds: int = 0, log=None) -> tuple[str, dict]:
     """The table of the module docstring (markdown) and the numbers."""
     import gymnasium as gym
 
@@ -103,6 +105,12 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
     obs, acts, masks = record(train, tw[:record_windows], margin_s, beyond)
     student = ImitationPolicy(obs.shape[1], train.n_actions, seed=0)
     fit = student.fit(obs, acts, masks)
+    data, dagger, dagger_fits = [(obs, acts, masks)], student, []
+    for r in range(dagger_rounds):  # the latest student plays the recorded windows, the teacher labels
+        data.append(record(train, tw[:record_windows], margin_s, beyond, behaviour=dagger.act))
+        dagger = ImitationPolicy(obs.shape[1], train.n_actions, seed=0)
+        dagger_fits.append(dagger.fit(*(np.concatenate(x) for x in zip(*data))))
+        say(f"DAgger round {r + 1}: {dagger_fits[-1]}")
     labels = {train.labels[a]: int(c) for a, c in enumerate(np.bincount(acts, minlength=train.n_actions)) if c}
     say(f"student fitted on {len(acts)} decisions of {min(record_windows, len(tw))} train episodes: {fit}; "
         f"teacher labels {labels}")
@@ -114,7 +122,10 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
         "lru": (held, lambda e, o, s: 0),
         base: (held, keep(best_keep)),
         "student (MLP on the observation)": (held, lambda e, o, s: student.act(o, e.action_masks())),
-        f"teacher (hindsight, margin {margin_s:g} s, beyond {beyond_name}; reference)": (held, teacher(margin_s, beyond)),
+        **({f"student, DAgger ({dagger_rounds} rounds)": (held, lambda e, o, s: dagger.act(o, e.action_masks()))}
+           if dagger_rounds else {}),
+        f"teacher (hindsight, margin {margin_s:g} s, beyond {beyond_name}; reference)":
+            (held, teacher(margin_s, beyond)),
         "clairvoyant order (reference)": (clair, lambda e, o, s: 0),
     }
     rows = {}
@@ -133,7 +144,7 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
               "| mean TTFT s (95 % CI) |", "|---|---|---|---|"]
     out: dict = {"session_keep_tuning": tuning, "best_keep_s": best_keep, "train_lru_slo": train_lru,
                  "teacher_train_slo": {f"margin {m:g} s, beyond {b}": v for (m, b), v in teacher_train.items()},
-                 "margin_s": margin_s, "beyond": beyond, "fit": fit, "teacher_labels": labels,
+                 "margin_s": margin_s, "beyond": beyond, "fit": fit, "dagger_fits": dagger_fits, "teacher_labels": labels,
                  "heldout_episodes": hw, "rows": rows, "paired": {}}
     for name in rows:
         if name == base:
@@ -152,7 +163,7 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from kvsched.experiments.cli_types import count, number
+    from kvsched.experiments.cli_types import count, integer, number
 
     p.add_argument("--scenario", default=SCENARIO, help=f"a bundled scenario name or a .yaml (default {SCENARIO})")
     p.add_argument("--window-s", type=number(0.0, strict=True), default=300.0, help="episode window (s, > 0)")
@@ -164,10 +175,12 @@ def main(argv=None) -> None:
                    help="workload seeds per split of a synthetic scenario (>= 1, default 8)")
     p.add_argument("--heldout-windows", type=count, default=None,
                    help="play the first N held-out episodes only (>= 1; default all)")
+    p.add_argument("--dagger-rounds", type=integer(0), default=2,
+                   help="DAgger rounds after behaviour cloning (>= 0, default 2; 0: no DAgger row)")
     p.add_argument("--out", help="write the markdown table here (default: stdout)")
     a = p.parse_args(argv)
     text, _ = measure(a.scenario, a.window_s, a.train_windows, a.record_windows, a.seeds, a.heldout_windows,
-                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                      a.dagger_rounds, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     if a.out:
         atomic_files.write_text(a.out, text)
     else:

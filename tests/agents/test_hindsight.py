@@ -85,3 +85,18 @@ def test_the_student_reads_the_observation_vector_only():
     assert all(m[a] for a, m in zip(chosen, masks))  # argmax over the valid actions only
     with pytest.raises(ConfigError, match="obs"):
         student.act(np.zeros(len(FEATURES) + 1, np.float32), masks[0])
+
+
+def test_dagger_records_the_teachers_labels_on_the_states_the_behaviour_reaches():
+    env = ResidencyEnv(scenario=SCENARIO, window_s=60.0, max_requests=40)
+    played = []
+
+    def drop(obs, mask):
+        played.append(1)
+        return 1
+
+    obs_t, acts_t, _ = record(env, [(0, 1)])
+    obs_b, acts_b, _ = record(env, [(0, 1)], behaviour=drop)
+    assert len(played) == len(acts_b) == len(acts_t)  # every decision played by the behaviour
+    assert set(acts_b) != {1}  # labelled by the teacher, not by what was played
+    assert not np.array_equal(obs_b, obs_t)  # dropping everything reaches other states
