@@ -144,7 +144,8 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
               "| mean TTFT s (95 % CI) |", "|---|---|---|---|"]
     out: dict = {"session_keep_tuning": tuning, "best_keep_s": best_keep, "train_lru_slo": train_lru,
                  "teacher_train_slo": {f"margin {m:g} s, beyond {b}": v for (m, b), v in teacher_train.items()},
-                 "margin_s": margin_s, "beyond": beyond, "fit": fit, "dagger_fits": dagger_fits, "teacher_labels": labels,
+                 "margin_s": margin_s, "beyond": beyond, "fit": fit, "dagger_fits": dagger_fits,
+                 "teacher_labels": labels,
                  "heldout_episodes": hw, "rows": rows, "paired": {}}
     for name in rows:
         if name == base:
