@@ -16,11 +16,15 @@ relaxed Belady boundary gives), adapted to Residency-v0's keep-time actions:
 * **Student** (:class:`ImitationPolicy`): a small MLP from the observation vector (the
   environment's features only, no future) to the teacher's action, fitted by class-weighted
   cross-entropy over the masked logits on (observation, teacher action, mask) triples recorded
-  while the teacher plays the train windows (:func:`record`; behaviour cloning, not DAgger: the
-  states are the teacher's). It plays argmax over the valid actions' logits.
+  while the teacher plays the train windows (:func:`record`; behaviour cloning: the
+  states are the teacher's), optionally refitted after DAgger rounds (Ross et al., AISTATS 2011:
+  :func:`record` with ``behaviour``, the student's own states labelled by the teacher). It plays
+  argmax over the valid actions' logits.
 
 ``python -m kvsched.experiments.tools.residency_imitation`` measures both against the tuned
-session keep on held-out windows (docs/environments.md "kvsched/Residency-v0").
+session keep on held-out windows (docs/environments.md "kvsched/Residency-v0": on
+``residency-sessions`` the teacher gains 2.3 SLO points over the tuned keep, the DAgger student
+ties it and the behaviour clone loses 1.9).
 """
 
 from __future__ import annotations
