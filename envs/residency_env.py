@@ -98,11 +98,12 @@ class ResidencyEnv(gym.Env):
 
     **Prefetch** (``prefetch=True``): a second kind of decision point, once per arriving request
     queued on an instance where part of its cached prefix lies only in a tier below the first
-    listed one (needs two listed tiers, e.g. ``[dram, nvme]``; a scenario with one never stops
-    there). The last action, ``prefetch``, copies those segments up to the first tier now
-    (CachedAttention's scheduler-aware fetching, :meth:`~kvsched.envs.sim.prefix_offload.PrefixTiers.prefetch`):
-    the copy takes the lower tier's read link, so an admission before it lands loads over a busier
-    link. At a prefetch point only 0 (no prefetch) and ``prefetch`` are valid; at a retention
+    listed one (needs two listed tiers, e.g. ``[dram, nvme]``; refused on a scenario with one).
+    The last action, ``prefetch``, copies those segments up to the first tier now
+    (CachedAttention's scheduler-aware fetching,
+    :meth:`~kvsched.envs.sim.prefix_offload.PrefixTiers.prefetch`): the copy takes the lower
+    tier's read link, so an admission before it lands loads over a busier link. At a prefetch
+    point only 0 (no prefetch) and ``prefetch`` are valid; at a retention
     point ``prefetch`` is masked.
 
     With either option the observation gains :data:`EXTRA_FEATURES` after the 17 above:
@@ -142,7 +143,7 @@ class ResidencyEnv(gym.Env):
     Raises:
         ConfigError: a scenario without ``prefix_offload`` or with a ``cluster:`` section (roles),
             an unknown eviction order, bad keep bins, a bad horizon or reward, ``hbm_actions`` or
-            ``prefetch`` not a bool.
+            ``prefetch`` not a bool, or ``prefetch`` on a scenario listing one prefix tier.
     """
 
     metadata = {"render_modes": []}
@@ -172,6 +173,9 @@ class ResidencyEnv(gym.Env):
         if eviction is not None:
             po = dataclasses.replace(po, eviction=eviction)
             spec = dataclasses.replace(spec, prefix_offload=po)
+        require(not prefetch or len(po.tiers) >= 2, "prefetch", prefetch,
+                f"False on scenario {sc.name!r}, whose prefix_offload lists one tier (a prefetch copies from a "
+                "lower listed tier up to the first: list two, e.g. tiers: [dram, nvme], as residency-tiers.yaml)")
         self.eviction = po.eviction[0] if len(set(po.eviction)) == 1 else "/".join(po.eviction)
         self.instance_spec = spec
         bins = tuple(keep_bins_s) if isinstance(keep_bins_s, (list, tuple)) else None

@@ -260,6 +260,9 @@ def test_the_new_heuristics_need_their_options_and_bad_options_are_refused():
     for kw in ("hbm_actions", "prefetch"):
         with pytest.raises(ConfigError, match=kw):
             ResidencyEnv(**{kw: 1}, **SMALL)
+    with pytest.raises(ConfigError, match=r"prefetch=True.*lists one tier") as e:  # nothing to prefetch from
+        ResidencyEnv(prefetch=True, **SMALL)
+    assert "\n" not in str(e.value)
 
 
 def test_a_misused_heuristic_is_refused_at_a_prefetch_point_too():
