@@ -319,3 +319,10 @@ def test_evaluate_plays_the_hbm_and_prefetch_heuristics_with_their_options(tmp_p
     obs, _ = env.reset(options={"workload_seed": 0, "window_index": 1})
     agent = HeuristicAgent("session-hbm", env, params={"keep_s": 60.0})
     assert env.decision_of(int(agent.predict(obs)[0])).label == "keep 60s +hbm"
+
+
+def test_with_both_options_it_passes_the_env_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(ResidencyEnv(hbm_actions=True, prefetch=True, scenario=TIERS, window_s=60.0, max_requests=40),
+              skip_render_check=True)
