@@ -244,10 +244,9 @@ class StretchPlanner:
             cnt_ge[t] = acc_ge
         extra = [n * (j // bs) + cnt_ge[j % bs] for j in range(1, k)]
         limit = self.block_limit(extra[-1])
-        # an eviction written back below HBM is charged on the link at its step's time, and kept
-        # segments' order changes when a keep expires: a stretch, which allocates every step's
-        # blocks now, evicts nothing then
-        if (free_only or inst.kv.writes_back or inst.kv.hbm.kept_blocks) and limit > inst.kv.hbm.free_blocks:
+        # a stretch allocates every step's blocks now: free blocks only when evictions have
+        # step-time side effects or kept segments' order may change (KVManager.stretch_evicts_nothing)
+        if (free_only or inst.kv.stretch_evicts_nothing) and limit > inst.kv.hbm.free_blocks:
             limit = inst.kv.hbm.free_blocks
         allowed = bisect_right(extra, limit)
         if allowed + 1 < k:
@@ -475,7 +474,7 @@ class StretchPlanner:
                 for (st, _), x in zip(live_plan, xs) if x % bs == 0]
         need_total = sum([nb for _, nb in grow if nb > 0])
         # with frees at end1 the stretch allocates from never-cached free blocks only
-        if need_total > (hbm.free_blocks if done1 or inst.kv.writes_back or hbm.kept_blocks
+        if need_total > (hbm.free_blocks if done1 or inst.kv.stretch_evicts_nothing
                          else hbm.free_blocks + hbm.evictable_blocks):
             return end1
         self._apply_first_step(plan[len(plan) - n_join:], end1)
@@ -628,9 +627,8 @@ class StretchPlanner:
             j = np.arange(1, k_max, dtype=np.int64)
             extra = _extra_blocks(x_gpu, j, bs)
             limit = self.block_limit(int(extra[-1]))
-            # as _cut_to_blocks: an eviction written back below HBM is charged at its step's time and
-            # kept segments' order changes when a keep expires, so a stretch evicts nothing then
-            if (kv.writes_back or kv.hbm.kept_blocks) and limit > kv.hbm.free_blocks:
+            # as _cut_to_blocks (KVManager.stretch_evicts_nothing)
+            if kv.stretch_evicts_nothing and limit > kv.hbm.free_blocks:
                 limit = kv.hbm.free_blocks
             allowed = int(np.searchsorted(extra, limit, side="right"))
             if has_pnm:  # PNM: the PNM pool must hold the PNM-resident decodes' growth

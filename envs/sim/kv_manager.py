@@ -170,6 +170,14 @@ class KVManager:
         return -(-tokens // self.bs)
 
     # ----------------------------------------------------------------- HBM prefix cache
+    @property
+    def stretch_evicts_nothing(self) -> bool:
+        """Whether a fast-forward stretch, which allocates every step's blocks up front, must take
+        free blocks only: HBM evictions have side effects at their own step's time
+        (:attr:`writes_back`), or kept segments' order changes when a keep expires
+        (``BlockPool.kept_blocks``), so evicting up front would differ from stepping."""
+        return self.writes_back or self.hbm.kept_blocks > 0
+
     def cached_prefix(self, st: RequestState, total_tokens: int) -> tuple[int, int]:
         """``(hit, max_seg)``: leading prefix segments of ``st`` cached in HBM, and how many it may
         use (every segment fully inside ``total_tokens - 1``: at least one token is computed, as

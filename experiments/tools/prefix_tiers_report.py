@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 
-from kvsched import atomic_files
 from kvsched.envs.sim.prefix_offload import PrefixOffloadSpec
 from kvsched.envs.sim.specs import InstanceSpec, get_gpu, get_model
 from kvsched.envs.workload.traces import load_trace, scale_rate, window
@@ -87,10 +85,9 @@ def main(argv=None) -> None:
     table = [r for n in a.instances for r in rows(n, a.window_s, a.rate_scale, a.gpu_memory_utilization,
                                                   a.dram_gib, a.nvme_gib)]
     text = markdown(table)
-    if a.out:
-        atomic_files.write_text(a.out, text)
-    else:
-        sys.stdout.write(text)
+    from kvsched.experiments.tools.residency_headroom import write_or_print
+
+    write_or_print(a.out, text)
 
 
 if __name__ == "__main__":

@@ -36,44 +36,21 @@ from kvsched import atomic_files
 SCENARIO = "residency-mooncake"
 
 
-def play(env, rule: str, episode: tuple[int, int], keep_s: float | None = None) -> dict:
-    """Play one episode ``(workload seed, window)`` with ``rule``: ``"order"`` (action 0: the
-    environment's eviction order), ``"session"`` (keep every conversation ``keep_s``),
-    ``"returning"`` (keep a conversation ``keep_s`` from its second turn on, leave first turns to
-    the order)."""
+def play_with(env, choose, episode: tuple[int, int]) -> dict:
+    """Play one episode ``(workload seed, window)`` on ``env`` (unwrapped), ``choose(env, obs,
+    state)`` giving each action (``state``: a dict the chooser may keep across the episode; called
+    after ``env.reset``, so it may read ``env.workload``). Scores: SLO attainment (%), DRAM (first
+    listed tier) and HBM hit rates (%), mean and p99 TTFT (s), the episode's reward.
+
+    Raises:
+        RuntimeError: the episode was truncated (no summary; Residency-v0's horizon is 3 windows).
+    """
     seed, window = episode
     obs, _ = env.reset(options={"workload_seed": seed, "window_index": window})
     total = 0.0
-    keep = 0 if keep_s is None else env.heuristic_action("session", keep_s)
+    state: dict = {}
     while True:
-        if rule == "order":
-            a = 0
-        elif rule == "session":
-            a = keep
-        else:
-            a = keep if obs[4] < 0.5 else 0  # FEATURES[4] = first_turn
-        obs, r, term, trunc, info = env.step(a)
-        total += r
-        if term or trunc:
-            break
-    s = info.get("summary")
-    if s is None:  # truncated: no summary (Residency-v0's horizon is 3 windows; not expected)
-        raise RuntimeError(f"episode {episode} was truncated")
-    a = s["classes"]["all"]
-    dram = s["prefix_tiers"]["tiers"]
-    first = next(iter(dram.values()))
-    return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (first["hit_rate"] or 0.0),
-            "ttft_mean_s": a["ttft_s"]["mean"], "reward": total}
-
-
-def play_policy(env, policy: str | None, episode: tuple[int, int], keep_s: float | None = None) -> dict:
-    """Play one episode with a heuristic of :meth:`~kvsched.envs.residency_env.ResidencyEnv.heuristic_action`
-    (e.g. ``"session-hbm"``, ``"lru+prefetch"``) at every decision point."""
-    seed, window = episode
-    env.reset(options={"workload_seed": seed, "window_index": window})
-    total = 0.0
-    while True:
-        _, r, term, trunc, info = env.step(env.heuristic_action(policy, keep_s))
+        obs, r, term, trunc, info = env.step(choose(env, obs, state))
         total += r
         if term or trunc:
             break
@@ -81,10 +58,59 @@ def play_policy(env, policy: str | None, episode: tuple[int, int], keep_s: float
     if s is None:
         raise RuntimeError(f"episode {episode} was truncated")
     a = s["classes"]["all"]
-    tiers = s["prefix_tiers"]["tiers"]
-    return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (next(iter(tiers.values()))["hit_rate"] or 0.0),
+    first = next(iter(s["prefix_tiers"]["tiers"].values()))
+    return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (first["hit_rate"] or 0.0),
             "hbm_hit": 100 * (a["prefix"]["hit_rate"] or 0.0), "ttft_mean_s": a["ttft_s"]["mean"],
             "ttft_p99_s": a["ttft_s"]["p99"], "reward": total}
+
+
+def play(env, rule: str, episode: tuple[int, int], keep_s: float | None = None) -> dict:
+    """Play one episode ``(workload seed, window)`` with ``rule``: ``"order"`` (action 0: the
+    environment's eviction order), ``"session"`` (keep every conversation ``keep_s``),
+    ``"returning"`` (keep a conversation ``keep_s`` from its second turn on, leave first turns to
+    the order); scores as :func:`play_with`."""
+    keep = 0 if keep_s is None else env.heuristic_action("session", keep_s)
+
+    def choose(e, obs, state):
+        if rule == "order":
+            return 0
+        if rule == "session":
+            return keep
+        return keep if obs[4] < 0.5 else 0  # FEATURES[4] = first_turn
+
+    return play_with(env, choose, episode)
+
+
+def play_policy(env, policy: str | None, episode: tuple[int, int], keep_s: float | None = None) -> dict:
+    """Play one episode with a heuristic of :meth:`~kvsched.envs.residency_env.ResidencyEnv.heuristic_action`
+    (e.g. ``"session-hbm"``, ``"lru+prefetch"``) at every decision point; scores as :func:`play_with`."""
+    return play_with(env, lambda e, obs, state: e.heuristic_action(policy, keep_s), episode)
+
+
+def paired_row(name: str, rows: list[dict], base: list[dict], keys: tuple[str, ...]) -> tuple[str, dict]:
+    """One markdown row ``| name | mean [lo, hi] | ...`` of the paired differences ``rows - base``
+    per score in ``keys`` (same episodes, in order; 95 % bootstrap interval,
+    :func:`kvsched.experiments.suite.stats.bootstrap_ci`; seconds, keys ending in ``_s``, to 3
+    decimals, the rest to 2), and ``{key: (mean, lo, hi)}``."""
+    from kvsched.experiments.suite.stats import bootstrap_ci
+
+    cells, stats = [], {}
+    for key in keys:
+        d = np.array([a[key] - b[key] for a, b in zip(rows, base)])
+        lo, hi = bootstrap_ci(d)
+        f = ".3f" if key.endswith("_s") else ".2f"
+        cells.append(f"{d.mean():+{f}} [{lo:+{f}}, {hi:+{f}}]")
+        stats[key] = (float(d.mean()), lo, hi)
+    return f"| {name} | " + " | ".join(cells) + " |", stats
+
+
+def write_or_print(path: str | None, text: str) -> None:
+    """Write ``text`` to ``path`` whole (:func:`kvsched.atomic_files.write_text`), or to stdout
+    when ``path`` is None (the tools' ``--out``)."""
+    if path:
+        atomic_files.write_text(path, text)
+    else:
+        sys.stdout.write(text)
 
 
 def measure_levers(scenario: str, window_s: float, train_windows: int | None, seeds: int = 8) -> tuple[str, dict]:
@@ -95,7 +121,6 @@ def measure_levers(scenario: str, window_s: float, train_windows: int | None, se
     import kvsched.envs  # noqa: F401  (registers the ids)
     from importlib.resources import files
 
-    from kvsched.experiments.suite.stats import bootstrap_ci
 
     path = (scenario if scenario.endswith(".yaml")
             else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml"))
@@ -142,14 +167,8 @@ def measure_levers(scenario: str, window_s: float, train_windows: int | None, se
     for name in rows:
         if name == best:
             continue
-        cells = []
-        for key in ("slo", "ttft_mean_s"):
-            d = np.array([a[key] - b[key] for a, b in zip(rows[name], rows[best])])
-            lo, hi = bootstrap_ci(d)
-            cells.append(f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" if key == "slo"
-                         else f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
-            out["paired"].setdefault(name, {})[key] = (float(d.mean()), lo, hi)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        line, out["paired"][name] = paired_row(name, rows[name], rows[best], ("slo", "ttft_mean_s"))
+        lines.append(line)
     lines += ["", f"CPU {time.process_time() - c0:.0f} s, wall {time.perf_counter() - w0:.0f} s."]
     return "\n".join(lines) + "\n", out
 
@@ -175,7 +194,6 @@ def measure(scenario: str, window_s: float, train_windows: int | None, seeds: in
     import kvsched.envs  # noqa: F401  (registers the ids)
     from importlib.resources import files
 
-    from kvsched.experiments.suite.stats import bootstrap_ci
 
     path = (scenario if scenario.endswith(".yaml")
             else str(files("kvsched.experiments") / "scenarios" / f"{scenario}.yaml"))
@@ -222,14 +240,9 @@ def measure(scenario: str, window_s: float, train_windows: int | None, seeds: in
     out: dict = {"best_heuristic": best, "train_slo": train_score, "session_keep_tuning": tuning,
                  "returning_keep_tuning": ret_tuning, "heldout_windows": len(hw), "rows": rows}
     for name in ("clairvoyant (reference)", f"returning (keep {best_ret:g} s, tuned)"):
-        cells = []
-        for key in ("slo", "dram_hit", "ttft_mean_s"):
-            d = np.array([a[key] - b[key] for a, b in zip(rows[name], rows[best])])
-            lo, hi = bootstrap_ci(d)
-            cells.append(f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" if key != "ttft_mean_s"
-                         else f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
-            out.setdefault("paired", {}).setdefault(name, {})[key] = (float(d.mean()), lo, hi)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        line, out.setdefault("paired", {})[name] = paired_row(name, rows[name], rows[best],
+                                                              ("slo", "dram_hit", "ttft_mean_s"))
+        lines.append(line)
     lines.append("")
     lines.append(f"CPU {time.process_time() - c0:.0f} s, wall {time.perf_counter() - w0:.0f} s.")
     return "\n".join(lines) + "\n", out
@@ -253,10 +266,7 @@ def main(argv=None) -> None:
         text, _ = measure_levers(scenario, a.window_s, a.train_windows, a.seeds)
     else:
         text, _ = measure(a.scenario, a.window_s, a.train_windows, a.seeds)
-    if a.out:
-        atomic_files.write_text(a.out, text)
-    else:
-        sys.stdout.write(text)
+    write_or_print(a.out, text)
 
 
 if __name__ == "__main__":

@@ -25,38 +25,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable
 
 import numpy as np
 
-from kvsched import atomic_files
+from kvsched.experiments.tools.residency_headroom import paired_row, play_with, write_or_print
 
 SCENARIO = "residency-sessions"
 #: the teacher's admission margins tried on train (s) [kvsched choice: about one prefill, and a
 #: long queue's wait]
 MARGINS_S = (2.0, 10.0)
-
-
-def play_with(env, choose: Callable, episode: tuple[int, int]) -> dict:
-    """Play one episode ``(workload seed, window)`` on ``env`` (unwrapped), ``choose(env, obs)``
-    giving each action (called after ``env.reset``, so it may read ``env.workload``); the scores
-    of :func:`~kvsched.experiments.tools.residency_headroom.play`."""
-    seed, window = episode
-    obs, _ = env.reset(options={"workload_seed": seed, "window_index": window})
-    total = 0.0
-    state: dict = {}
-    while True:
-        obs, r, term, trunc, info = env.step(choose(env, obs, state))
-        total += r
-        if term or trunc:
-            break
-    s = info.get("summary")
-    if s is None:
-        raise RuntimeError(f"episode {episode} was truncated")
-    a = s["classes"]["all"]
-    first = next(iter(s["prefix_tiers"]["tiers"].values()))
-    return {"slo": 100 * a["slo"]["attainment"], "dram_hit": 100 * (first["hit_rate"] or 0.0),
-            "ttft_mean_s": a["ttft_s"]["mean"], "reward": total}
 
 
 def measure(scenario: str, window_s: float, train_windows: int | None, record_windows: int, seeds: int = 8,
@@ -68,7 +45,6 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
     from importlib.resources import files
 
     from kvsched.agents.hindsight import HindsightIndex, ImitationPolicy, record, teacher_action
-    from kvsched.experiments.suite.stats import bootstrap_ci
     from kvsched.experiments.tools.residency_headroom import episodes
 
     say = log or (lambda msg: None)
@@ -150,14 +126,8 @@ def measure(scenario: str, window_s: float, train_windows: int | None, record_wi
     for name in rows:
         if name == base:
             continue
-        cells = []
-        for key in ("slo", "dram_hit", "ttft_mean_s"):
-            d = np.array([a[key] - b[key] for a, b in zip(rows[name], rows[base])])
-            lo, hi = bootstrap_ci(d)
-            cells.append(f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" if key != "ttft_mean_s"
-                         else f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
-            out["paired"].setdefault(name, {})[key] = (float(d.mean()), lo, hi)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        line, out["paired"][name] = paired_row(name, rows[name], rows[base], ("slo", "dram_hit", "ttft_mean_s"))
+        lines.append(line)
     lines += ["", f"CPU {time.process_time() - c0:.0f} s, wall {time.perf_counter() - w0:.0f} s."]
     return "\n".join(lines) + "\n", out
 
@@ -182,10 +152,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     text, _ = measure(a.scenario, a.window_s, a.train_windows, a.record_windows, a.seeds, a.heldout_windows,
                       a.dagger_rounds, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    if a.out:
-        atomic_files.write_text(a.out, text)
-    else:
-        sys.stdout.write(text)
+    write_or_print(a.out, text)
 
 
 if __name__ == "__main__":
