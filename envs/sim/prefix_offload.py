@@ -643,14 +643,18 @@ class PrefixStore:
                                  f"{kept} vs counted {self.protected_blocks}")
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this tier (JSON-ready)."""
-        return {"eviction": self.eviction, "stored_segments": len(self.entries),
+        """Counters of this tier (JSON-ready); ``prefetches`` and ``bytes_prefetched`` only when a
+        prefetch copied from it (a run without prefetch decisions keeps its summary's bytes)."""
+        out = {"eviction": self.eviction, "stored_segments": len(self.entries),
                 "stored_blocks": self.pool.evictable_blocks, "capacity_blocks": self.pool.capacity_blocks,
                 "hit_tokens": self.hit_tokens, "self_hit_tokens": self.self_hit_tokens, "loads": self.loads,
                 "loaded_segments": self.loaded_segments, "bytes_loaded": self.bytes_loaded,
                 "writes": self.writes, "bytes_written": self.bytes_written, "skipped_writes": self.skipped_writes,
-                "demotions": self.demotions, "evicted_segments": self.evicted, "prefetches": self.prefetches,
-                "bytes_prefetched": self.bytes_prefetched}
+                "demotions": self.demotions, "evicted_segments": self.evicted}
+        if self.prefetches:
+            out["prefetches"] = self.prefetches
+            out["bytes_prefetched"] = self.bytes_prefetched
+        return out
 
 
 # ------------------------------------------------------------------------------- the tiers
