@@ -402,6 +402,14 @@ def add_arguments(p) -> None:
                    help="fit only the stochastic tail (step_time_sigma, front_end_hiccup_probability, "
                         "front_end_hiccup_mean_s) on top of the existing calibration file --out and store it in the "
                         "file's tail_params (kvsched validate --tail applies it; a full calibration keeps it)")
+    p.add_argument("--operator-profiles", type=Path, metavar="DIR",
+                   help="fit the GPU's kernel-side parameters (mfu_max, mfu_half_tokens, mbu) to measured operator "
+                        "times in Vidur's layout (compute/<device>/<org>/<model>/mlp.csv, attention.csv, "
+                        "network/<node>/all_reduce.csv) instead of replaying vLLM runs; every other field comes "
+                        "from --host-from's calibration")
+    p.add_argument("--host-from", default="H100-SXM", metavar="GPU",
+                   help="with --operator-profiles: the GPU whose shipped calibration lends the host-side, "
+                        "front-end and all-reduce fields (default H100-SXM)")
     p.add_argument("--tail-seeds", type=count, default=2, help="replay seeds per tail grid point (default 2)")
     p.add_argument("--tail-cap-s", type=number(0, True), default=TAIL_CAP_S,
                    help=f"stage length of the tail fit's replays, s (default {TAIL_CAP_S:g})")
@@ -439,6 +447,11 @@ def cmd_calibrate(a, console) -> int:
     from kvsched.envs.sim.calibration import load_calibration
 
     out = Path(a.out) if a.out else calibration_path(file_name(a.gpu, "--gpu"))
+    if a.operator_profiles is not None:
+        if a.tail_only:
+            raise ConfigError("--tail-only with --operator-profiles is not allowed: the tail is fitted on vLLM runs; "
+                              "give one of them")
+        return _cmd_operator_profiles(a, console, out)
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt)
     existing = None
@@ -503,6 +516,70 @@ def cmd_calibrate(a, console) -> int:
 
 
 _TAIL_NOTE = "tail fit"
+
+
+def _cmd_operator_profiles(a, console, out) -> int:
+    """``kvsched calibrate --operator-profiles DIR``: :func:`~.operator_profiles.fit_operator_profiles`
+    on the GPU ``--gpu`` with the other fields of ``--host-from``'s shipped calibration; writes ``out``."""
+    import os
+
+    from rich.table import Table
+
+    from kvsched.envs.sim.calibration import calibrated_cost_params, save_calibration
+    from kvsched.envs.sim.specs import get_gpu
+
+    from .operator_profiles import KERNEL_FIT_PARAMS, fit_operator_profiles, load_operator_profiles
+
+    gpu = get_gpu(a.gpu)
+    host_gpu = get_gpu(a.host_from).name
+    host = calibrated_cost_params(host_gpu)
+    if host is None:
+        raise ConfigError(f"--host-from {bounded_repr(a.host_from)} is not allowed: kvsched ships no calibration for "
+                          f"{host_gpu}; expected a GPU with a calibration file (H100-SXM)")
+    if host_gpu == gpu.name:
+        raise ConfigError(f"--host-from {bounded_repr(a.host_from)} is not allowed: it is the GPU being calibrated "
+                          f"({gpu.name}); expected another GPU whose calibration was fitted on vLLM runs")
+    host = dataclasses.replace(host, **{f: getattr(CostParams(), f) for f in TAIL_FIELDS})
+    t0 = time.perf_counter()
+    profiles = load_operator_profiles(a.operator_profiles)
+    console.print(f"calibrating {gpu.name} on operator profiles of {profiles.model.name} ({profiles.device}): "
+                  + ", ".join(os.path.relpath(s, a.operator_profiles) for s in profiles.sources), highlight=False)
+    fit = fit_operator_profiles(profiles, gpu, host,
+                                progress=lambda line: console.print("  " + line, highlight=False))
+    wall = time.perf_counter() - t0
+    kernel_names = tuple(p.name for p in KERNEL_FIT_PARAMS)
+    notes = [f"kernel fields fitted to {profiles.model.name} operator times measured on {profiles.device} "
+             f"(Vidur profiles); MAPE % per group: "
+             + ", ".join(f"{k} {v:.1f}" for k, v in fit.group_mape.items() if not k.startswith("all-reduce")),
+             f"every other field from the shipped {host_gpu} calibration (host side, front end, TP all-reduce; "
+             "no tail)"]
+    if fit.allreduce is not None:
+        notes.append("NCCL ring fit of the network profile, not applied (vLLM runs its custom all-reduce below "
+                     "8 MiB): " + ", ".join(f"{k} {v:.4g}" for k, v in fit.allreduce.values.items()) + "; MAPE % "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in fit.group_mape.items() if k.startswith("all-reduce")))
+    notes += [f"skipped {line}"[:300] for line in fit.skipped]
+    cal = CalibrationFile(
+        gpu=gpu.name, version=a.version, cost=fit.cost, fitted=kernel_names,
+        train=tuple(os.path.relpath(s, a.operator_profiles) for s in profiles.sources),
+        objective="least squares on log(predicted/measured) kernel time of steps composed from operator profiles "
+                  "(embedding + layers x operators, + attention), each group weighted 1/sqrt(rows)",
+        loss=fit.kernel.loss, n_residuals=int(fit.kernel.residuals.size), n_evaluations=fit.kernel.n_evaluations,
+        wall_s=round(wall, 1), kvsched_version=kvsched.__version__, notes=tuple(notes))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_calibration(cal, out)
+    table = Table(title=f"CostParams for {gpu.name} (version {cal.version}) from operator profiles")
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    table.add_column("how")
+    for f in dataclasses.fields(CostParams):
+        value = getattr(cal.cost, f.name)
+        table.add_row(f.name, value if isinstance(value, str) else f"{value:.6g}",
+                      "fitted" if f.name in kernel_names else f"{host_gpu} calibration")
+    console.print(table)
+    for k, v in fit.group_mape.items():
+        console.print(f"  {k}: MAPE {v:.1f} %", highlight=False)
+    console.print(f"loss {cal.loss:.4g}, {wall:.0f} s wall; wrote {out}", highlight=False)
+    return 0
 
 
 def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experiment], gt: str, out) -> int:

@@ -316,8 +316,10 @@ def _unmodelled(model_id: str) -> str:
             "MODEL_ALIASES)")
 
 
-PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8", "NVFP4": "nvfp4"}
-"""The sim-to-real csv's ``precision`` column -> kvsched weight dtype."""
+PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8", "NVFP4": "nvfp4", "INT8": "int8", "W8A8": "int8",
+              "INT4": "int4", "W4A16": "int4"}
+"""The sim-to-real csv's ``precision`` column -> kvsched weight dtype (W8A8 / W4A16: LLM Compressor's
+scheme names of int8 and int4 checkpoints)."""
 
 
 def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:

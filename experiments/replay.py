@@ -104,7 +104,9 @@ def gpu_preset_of(hardware: str) -> str:
 
 def cost_source(exp: Experiment, cost_gpu: str = CALIBRATED_GPU) -> str:
     """Which cost parameters a replay of ``exp`` uses: ``"given"`` (its GPU is ``cost_gpu``),
-    ``"calibration"`` (kvsched ships a calibration for its GPU) or ``"literature defaults"``.
+    ``"calibration"`` (kvsched ships a calibration for its GPU) or ``"host terms transferred"``
+    (literature defaults for the GPU-side fields, the host-side ones of the reference GPU's
+    calibration: :func:`~kvsched.envs.sim.calibration.default_cost_params`).
 
     Raises:
         UnknownPresetError: the run's hardware has no GPU preset.
@@ -114,7 +116,7 @@ def cost_source(exp: Experiment, cost_gpu: str = CALIBRATED_GPU) -> str:
     gpu = gpu_preset_of(exp.hardware)
     if gpu == get_gpu(cost_gpu).name:
         return "given"
-    return "calibration" if calibrated_cost_params(gpu) is not None else "literature defaults"
+    return "calibration" if calibrated_cost_params(gpu) is not None else "host terms transferred"
 
 
 @dataclass(frozen=True)

@@ -332,8 +332,9 @@ def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Pa
 
 def cost_notes(exps: Sequence[Experiment]) -> list[str]:
     """One line per GPU other than the calibrated one among the replayable runs, saying which
-    cost parameters its runs use (``replay.cost_source``: literature defaults where kvsched
-    ships no calibration for that GPU)."""
+    cost parameters its runs use (``replay.cost_source``: where kvsched ships no calibration for
+    that GPU, literature defaults for the GPU-side fields and the reference GPU's host-side ones)."""
+    from kvsched.envs.sim.calibration import HOST_FIELDS, HOST_REFERENCE_GPU
     from kvsched.envs.sim.errors import UnknownPresetError
 
     from .replay import CALIBRATED_GPU, cost_source, gpu_preset_of
@@ -347,8 +348,9 @@ def cost_notes(exps: Sequence[Experiment]) -> list[str]:
         except UnknownPresetError:
             continue
         if src != "given":
-            what = ("literature defaults of CostParams (no calibration for this GPU)" if src == "literature defaults"
-                    else "its shipped calibration")
+            what = (f"literature defaults of CostParams for the GPU-side fields, the host-side fields "
+                    f"({', '.join(HOST_FIELDS)}) of {HOST_REFERENCE_GPU}'s calibration (no calibration for this GPU)"
+                    if src == "host terms transferred" else "its shipped calibration")
             lines[gpu] = f"cost parameters for runs on {gpu}: {what}; the calibration above applies to {CALIBRATED_GPU}"
     return [lines[k] for k in sorted(lines)]
 

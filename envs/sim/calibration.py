@@ -34,7 +34,8 @@ from .spec_validation import is_int, is_real
 from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
-__all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "CalibrationFile", "FitParam", "FitResult",
+__all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "HOST_FIELDS", "HOST_REFERENCE_GPU", "CalibrationFile",
+           "FitParam", "FitResult",
            "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
            "save_calibration"]
 
@@ -323,9 +324,24 @@ def calibrated_cost_params(gpu: str) -> CostParams | None:
     return cal.cost
 
 
+HOST_FIELDS: tuple[str, ...] = ("step_overhead_s", "seq_overhead_s", "step_token_overhead_s", "request_overhead_s",
+                                "prompt_token_overhead_s", "output_token_overhead_s", "first_chunk_delay_tokens")
+"""CostParams fields of host (CPU) and front-end work, not of the GPU: the engine core's per-step
+and per-sequence work (vLLM V1 ``EngineCore.step``: schedule, input preparation, output
+processing), the API server's per-request and per-token delays and the streaming client's
+first-chunk delay. The same vLLM code runs them whatever GPU serves, so a GPU without a
+calibration of its own takes them from :data:`HOST_REFERENCE_GPU`'s."""
+
+HOST_REFERENCE_GPU = "H100-SXM"
+"""The GPU whose shipped calibration (fitted on real vLLM runs) lends its :data:`HOST_FIELDS` to
+GPUs that have no calibration file."""
+
+
 def default_cost_params(gpu: Any) -> CostParams:
     """The GPU's default :class:`CostParams`: its calibration file if kvsched ships one
-    (``envs/sim/calibration/<GPU preset>.json``), else the literature defaults of :class:`CostParams`.
+    (``envs/sim/calibration/<GPU preset>.json``), else the literature defaults of :class:`CostParams`
+    for the GPU-side fields with the :data:`HOST_FIELDS` of :data:`HOST_REFERENCE_GPU`'s calibration
+    (the literature defaults for all fields if that is not shipped either).
 
     Args:
         gpu: a :class:`~kvsched.envs.sim.hardware.GPUSpec` or a GPU preset name.
@@ -334,7 +350,23 @@ def default_cost_params(gpu: Any) -> CostParams:
         ConfigError: a shipped calibration file that does not parse or validate.
     """
     name = getattr(gpu, "name", None) or str(gpu)
-    return calibrated_cost_params(name) or CostParams()
+    own = calibrated_cost_params(name)
+    if own is not None:
+        return own
+    return host_transferred_cost_params()
+
+
+@functools.lru_cache(maxsize=None)
+def host_transferred_cost_params() -> CostParams:
+    """The default CostParams of a GPU without a calibration file (:func:`default_cost_params`).
+
+    Raises:
+        ConfigError: the reference GPU's shipped calibration file does not parse or validate.
+    """
+    ref = calibrated_cost_params(HOST_REFERENCE_GPU)
+    if ref is None:
+        return CostParams()
+    return dataclasses.replace(CostParams(), **{f: getattr(ref, f) for f in HOST_FIELDS})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ class CostModel:
         self._seq_overhead = float(c.seq_overhead_s)
         self._tok_overhead = float(c.step_token_overhead_s)
         self._moe = m.is_moe
-        if m.is_moe or m.quantized_weights == "mlp":
+        if m.is_moe or m.quantized_weights != "all":
             self._init_moe_and_mixed_precision(spec)
         self._pnm = spec.pnm is not None
         if spec.pnm is not None:
@@ -277,14 +277,18 @@ class CostModel:
     # ------------------------------------------------------------------ mixture of experts
 
     def _init_moe_and_mixed_precision(self, spec: InstanceSpec) -> None:
-        """Per-GPU coefficients of the MoE terms and of MLP-only quantization (module docstring)."""
+        """Per-GPU coefficients of the MoE terms and of MLP-only or Linear-only quantization (module
+        docstring)."""
         m, g, c, tp = spec.model, spec.gpu, spec.cost_params, spec.tp
         routed = m.routed_expert_params
         dense_matmul = m.matmul_params - routed
         scale16 = 1.0
-        if m.quantized_weights == "mlp":
+        if m.quantized_weights != "all":
             scale16 = self.peak_flops_per_s / g.bf16_flops_per_s  # 1.0 when the model is not quantized
-        quant_dense = m.mlp_params - routed  # dense-layer MLPs and shared experts
+        if m.quantized_weights == "linear":
+            quant_dense = dense_matmul - m.lm_head_params  # every decoder Linear layer but the routed experts
+        else:
+            quant_dense = m.mlp_params - routed  # dense-layer MLPs and shared experts
         self.matmul_params_per_gpu = dense_matmul / tp
         self._lin_flops_per_token = 2.0 * (quant_dense + (dense_matmul - quant_dense) * scale16) / tp
         self.attn_flops_per_pair_per_gpu = m.attn_flops_per_pair * scale16 / tp

@@ -37,7 +37,8 @@ class CostParams:
     The defaults below are the literature values;
     :func:`~kvsched.envs.sim.calibration.default_cost_params` replaces them by a
     calibration file where one exists for the GPU (``envs/sim/calibration/``, written by
-    ``kvsched calibrate``).
+    ``kvsched calibrate``), else takes the host-side fields of the H100's
+    (:data:`~kvsched.envs.sim.calibration.HOST_FIELDS`).
 
     Attributes:
         mfu_max: asymptotic model-FLOPs utilisation, 0 < mfu_max <= 1 (§5.2: ≈ 0.6).

@@ -74,11 +74,16 @@ class GPUSpec:
         ``bf16_flops_per_s``; fp8 -> ``fp8_flops_per_s`` (FP8 weights and activations, W8A8:
         vLLM's FP8 path quantizes activations dynamically per token on GPUs with FP8 tensor cores;
         where there are none the preset carries its BF16 peak there); nvfp4 ->
-        ``fp4_flops_per_s`` when > 0, else ``bf16_flops_per_s`` (weight-only W4A16)."""
+        ``fp4_flops_per_s`` when > 0, else ``bf16_flops_per_s`` (weight-only W4A16); int8 (W8A8,
+        int8 activations quantized per token) -> twice the BF16 peak, the INT8 tensor rate of every
+        preset (NVIDIA datasheets, dense: A100 624 TOPS, H100/H200 1,979, L40S 733, B200 4,500);
+        int4 (W4A16, weights dequantized to 16 bits in the GEMM) -> ``bf16_flops_per_s``."""
         if weight_dtype == "fp8":
             return self.fp8_flops_per_s
         if weight_dtype == "nvfp4":
             return self.fp4_flops_per_s if self.fp4_flops_per_s > 0 else self.bf16_flops_per_s
+        if weight_dtype == "int8":
+            return 2.0 * self.bf16_flops_per_s
         return self.bf16_flops_per_s
 
 

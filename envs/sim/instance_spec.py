@@ -176,7 +176,8 @@ class InstanceSpec:
             groups' sum. Not with a PNM tier, nor with a mixture-of-experts or MLP-only-quantized model.
         cost: efficiency parameters of the cost model. None (default) means
             :func:`default_cost_params` of the GPU (the calibration file where one exists, else
-            the literature defaults); after construction the field always holds a CostParams.
+            the literature defaults with the H100 calibration's host-side fields); after
+            construction the field always holds a CostParams.
 
     Raises:
         ConfigError: any value out of range, weights that do not fit in
@@ -299,7 +300,7 @@ class InstanceSpec:
                     f"at most {m.name}'s n_layers={m.n_layers}")
             require(self.pnm is None, f"{o}.parallel", self.parallel.describe(),
                     "None with a PNM tier (pnm): the two are not modelled together")
-            require(not m.is_moe and m.quantized_weights != "mlp", f"{o}.parallel", self.parallel.describe(),
+            require(not m.is_moe and m.quantized_weights == "all", f"{o}.parallel", self.parallel.describe(),
                     f"None for {m.name}: long-context layouts price dense models with uniformly quantized "
                     "weights only (parallelism.ParallelCost has no expert terms)")
         if isinstance(self.extra_tiers, list):

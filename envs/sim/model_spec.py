@@ -8,26 +8,32 @@ safetensors totals the model cards report).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import require
+from .errors import UnknownPresetError, require
 from .registry import Registry
 from .spec_validation import int_at_least, int_in, real_in, string
 
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625, "int8": 1.0,
+                                  "int4": 0.515625}
 """Bytes per element of the weight / KV dtypes we model (vLLM ``--dtype``, ``--kv-cache-dtype``,
 quantized checkpoints). NVFP4: a 4-bit E2M1 value per element plus one FP8 (E4M3) scale per
 16-element block = 4.5 bits (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision
-Inference", developer blog, June 2025; the per-tensor FP32 scale is negligible)."""
+Inference", developer blog, June 2025; the per-tensor FP32 scale is negligible). int8: W8A8
+checkpoints (one int8 per weight, per-channel scales negligible; LLM Compressor's ``W8A8`` scheme,
+vLLM's compressed-tensors ``CompressedTensorsW8A8Int8``). int4: W4A16 checkpoints, a 4-bit weight
+plus one 16-bit scale per group of 128 = 4.125 bits (LLM Compressor's ``W4A16`` scheme, symmetric,
+group size 128; vLLM ``CompressedTensorsWNA16`` with the Marlin kernels)."""
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "nvfp4")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "nvfp4", "int8", "int4")
 """Weight dtypes of :class:`ModelSpec` (the checkpoint's) and ``InstanceSpec.weight_dtype``."""
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
-QUANTIZED_WEIGHTS = ("all", "mlp")
+QUANTIZED_WEIGHTS = ("all", "mlp", "linear")
 """Which weights a quantized checkpoint stores in its ``weight_dtype`` (:attr:`ModelSpec.quantized_weights`)."""
 MAX_MODEL_SIZE = 1 << 40
 """Largest value of a :class:`ModelSpec` size field (layers, widths, heads, vocabulary, context
@@ -126,9 +132,12 @@ class ModelSpec:
             :data:`WEIGHT_DTYPES`; "bf16" for an unquantized checkpoint). vLLM loads a quantized
             checkpoint as it is stored; ``InstanceSpec.weight_dtype = "auto"`` takes this value.
         quantized_weights: which weights are stored in ``weight_dtype``: "all" (every parameter,
-            the approximation for natively quantized checkpoints) or "mlp" (the dense MLPs and
+            the approximation for natively quantized checkpoints), "mlp" (the dense MLPs and
             experts only; attention projections, router, embeddings and lm_head stay bf16, e.g.
-            RedHatAI's Llama-4 FP8-dynamic ``quantization_config.ignore`` list).
+            RedHatAI's Llama-4 FP8-dynamic ``quantization_config.ignore`` list) or "linear" (every
+            Linear layer of the decoder; the input embedding and lm_head stay bf16: LLM
+            Compressor's recipes, ``ignore: ["lm_head"]``, as in RedHatAI's ``-FP8-dynamic``,
+            ``-quantized.w8a8`` and ``-quantized.w4a16`` checkpoints).
 
     Every integer size is at most :data:`MAX_MODEL_SIZE` (2**40).
 
@@ -288,13 +297,28 @@ class ModelSpec:
         """
         return float(self.n_params) - float(self.vocab_size) * float(self.hidden_size)
 
+    @property
+    def lm_head_params(self) -> float:
+        """Weights of the (untied) lm_head, vocab_size · hidden_size."""
+        return float(self.vocab_size) * float(self.hidden_size)
+
+    @property
+    def quantized_params(self) -> float:
+        """Weights stored in :attr:`weight_dtype`: all of them ("all"), :attr:`mlp_params` ("mlp"),
+        or every decoder Linear layer, n_params less the input embedding and the lm_head ("linear")."""
+        if self.quantized_weights == "mlp":
+            return self.mlp_params
+        if self.quantized_weights == "linear":
+            return self.matmul_params - self.lm_head_params
+        return float(self.n_params)
+
     def weight_bytes(self, dtype_bytes: float = 2.0) -> float:
         """Bytes of all weights (whole model, all TP ranks) when the quantized weights take
         ``dtype_bytes`` per parameter: n_params · dtype_bytes with ``quantized_weights == "all"``;
-        with "mlp", :attr:`mlp_params` · dtype_bytes + the rest at 2 bytes (bf16)."""
-        if self.quantized_weights == "mlp":
-            mlp = self.mlp_params
-            return (float(self.n_params) - mlp) * 2.0 + mlp * float(dtype_bytes)
+        otherwise :attr:`quantized_params` · dtype_bytes + the rest at 2 bytes (bf16)."""
+        if self.quantized_weights != "all":
+            q = self.quantized_params
+            return (float(self.n_params) - q) * 2.0 + q * float(dtype_bytes)
         return float(self.n_params) * float(dtype_bytes)
 
     @property
@@ -351,6 +375,27 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   + _HF_COUNT),
         ModelSpec("Yi-34B", 60, 7168, 56, 8, 128, 20480, 64000, 34_388_917_248, 4096,
                   "HF 01-ai/Yi-34B config.json (ctx 4096); " + _HF_COUNT),
+        ModelSpec("CodeLlama-34B", 48, 8192, 64, 8, 128, 22016, 32000, 33_743_970_304, 16384,
+                  "HF codellama/CodeLlama-34b-Instruct-hf config.json (GQA 8, rope_theta 1e6, ctx = "
+                  "max_position_embeddings 16384; copy in inference-sim/inference-sim@f90a1e3a "
+                  "model_configs/codellama-34b-instruct-hf); n_params computed from the config (33.7 B published)"),
+        ModelSpec("Qwen3-14B", 40, 5120, 40, 8, 128, 17408, 151936, 14_768_307_200, 40960,
+                  "HF Qwen/Qwen3-14B config.json (GQA 8, head_dim 128, QK-norm, no QKV bias, untied "
+                  "lm_head, ctx 40960 without YaRN; copy in inference-sim/inference-sim@f90a1e3a "
+                  "model_configs/qwen3-14b); n_params computed from the config, QK-norm weights included (14.8 B "
+                  "published)"),
+        ModelSpec("Phi-4", 40, 5120, 40, 10, 128, 17920, 100352, 14_659_507_200, 16384,
+                  "HF microsoft/phi-4 config.json (Phi3ForCausalLM: fused qkv and gate_up projections, "
+                  "GQA 10, head_dim 128, ctx 16384, untied lm_head); n_params computed from the config "
+                  "(14.7 B published)"),
+        ModelSpec("Mistral-Small-24B", 40, 5120, 32, 8, 128, 32768, 131072, 23_572_403_200, 32768,
+                  "HF mistralai/Mistral-Small-24B-Instruct-2501 config.json (GQA 8, head_dim 128 != "
+                  "5120/32, ctx 32768, untied lm_head); n_params computed from the config: 23,572,403,200, "
+                  "the text model's published count (24 B with Mistral-Small-3.1's vision encoder)"),
+        ModelSpec("Mistral-Small-3.1-24B", 40, 5120, 32, 8, 128, 32768, 131072, 23_572_403_200, 131072,
+                  "HF mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json text_config (the text "
+                  "model of Mistral-Small-24B with a 131072-token context; the 0.44 B vision encoder is "
+                  "not run for text prompts and its profiling before KV sizing is not modelled)"),
         # ---- mixture of experts (n_params: every expert counted; intermediate_size = the dense
         # layers' MLP width, unused where every layer is MoE)
         ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 46_702_792_704, 32768,
@@ -384,6 +429,15 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "attention q/k/v/o, routers, lm_head (and the vision model) in bf16",
                   n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
                   weight_dtype="fp8", quantized_weights="mlp"),
+        ModelSpec("DeepSeek-V2-Lite", 27, 2048, 16, 16, 192, 10944, 102400, 15_706_498_048, 163840,
+                  "HF deepseek-ai/DeepSeek-V2-Lite config.json (copy in inference-sim/inference-sim@f90a1e3a "
+                  "model_configs/deepseek-v2-lite): 64 experts of 1408 + 2 shared, top-6, "
+                  "first_k_dense_replace 1 (dense MLP 10944), MLA kv_lora_rank 512 + qk_rope_head_dim 64, "
+                  "no q_lora (q_proj direct), head_dim = qk_nope 128 + rope 64 = 192 for the attention "
+                  "FLOPs, value head 128; ctx = max_position_embeddings 163840 (YaRN); n_params computed "
+                  "from the config (15.7 B total, 2.4 B active published)",
+                  n_experts=64, experts_per_token=6, expert_intermediate_size=1408, n_shared_experts=2,
+                  first_dense_layers=1, kv_lora_rank=512, qk_rope_head_dim=64),
         ModelSpec("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 671_026_419_200, 163840,
                   "HF deepseek-ai/DeepSeek-V3 config.json (256 experts of 2048 + 1 shared, top-8, "
                   "first_k_dense_replace 3, MLA kv_lora_rank 512 + qk_rope_head_dim 64, q_lora_rank "
@@ -406,8 +460,10 @@ MODEL_ALIASES: dict[str, str] = {
     "llama-2-70b-hf": "Llama-2-70B",
     "meta-llama/llama-3.1-8b": "Llama-3.1-8B",
     "meta-llama/llama-3.1-8b-instruct": "Llama-3.1-8B",
+    "meta-llama/meta-llama-3.1-8b-instruct": "Llama-3.1-8B",  # the repo's name at release
     "meta-llama/llama-3.1-70b": "Llama-3.1-70B",
     "meta-llama/llama-3.1-70b-instruct": "Llama-3.1-70B",
+    "meta-llama/meta-llama-3.1-70b-instruct": "Llama-3.1-70B",
     "meta-llama/llama-3.1-405b": "Llama-3.1-405B",
     "meta-llama/llama-3.1-405b-instruct": "Llama-3.1-405B",
     "qwen/qwen2.5-7b": "Qwen2.5-7B",
@@ -425,6 +481,24 @@ MODEL_ALIASES: dict[str, str] = {
     "meta-llama/llama-4-scout-17b-16e": "Llama-4-Scout-17B-16E",
     "meta-llama/llama-4-scout-17b-16e-instruct": "Llama-4-Scout-17B-16E",
     "redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic": "Llama-4-Scout-17B-16E-FP8",
+    "codellama/codellama-34b-instruct-hf": "CodeLlama-34B",
+    "codellama/codellama-34b-hf": "CodeLlama-34B",
+    "codellama-34b-instruct-hf": "CodeLlama-34B",
+    "qwen/qwen3-14b": "Qwen3-14B",
+    "qwen/qwen3-14b-base": "Qwen3-14B",
+    "deepseek-ai/deepseek-v2-lite": "DeepSeek-V2-Lite",
+    "deepseek-ai/deepseek-v2-lite-chat": "DeepSeek-V2-Lite",
+    # fine-tunes of the Llama-3.1-70B architecture (same config.json shape: 80 layers, 8192 hidden,
+    # GQA 8, 28672 MLP, vocab 128256): Meta's Llama-3.3-70B-Instruct (its model card compares it
+    # with Llama 3.1 70B as the same-size model) and NVIDIA's Llama-3.1-Nemotron-70B-Instruct
+    # ("built on Llama-3.1-70B-Instruct", its model card)
+    "meta-llama/llama-3.3-70b-instruct": "Llama-3.1-70B",
+    "nvidia/llama-3.1-nemotron-70b-instruct-hf": "Llama-3.1-70B",
+    "microsoft/phi-4": "Phi-4",
+    "mistralai/mistral-small-24b-instruct-2501": "Mistral-Small-24B",
+    "mistralai/mistral-small-24b-base-2501": "Mistral-Small-24B",
+    "mistralai/mistral-small-3.1-24b-instruct-2503": "Mistral-Small-3.1-24B",
+    "mistralai/mistral-small-3.1-24b-base-2503": "Mistral-Small-3.1-24B",
     "deepseek-ai/deepseek-v3": "DeepSeek-V3",
     "deepseek-ai/deepseek-v3-base": "DeepSeek-V3",
     "deepseek-ai/deepseek-v3-0324": "DeepSeek-V3",
@@ -435,10 +509,53 @@ MODELS: Registry[ModelSpec] = Registry("model", MODEL_PRESETS, MODEL_ALIASES)
 """The model presets by name (case-insensitive) and Hugging Face repo id."""
 
 
+QUANTIZED_CHECKPOINT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("-fp8-dynamic", "fp8"), ("-fp8", "fp8"), ("-quantized.w8a8", "int8"), ("-quantized.w4a16", "int4"),
+    ("-w8a8", "int8"), ("-w4a16", "int4"), ("-int8", "int8"), ("-int4", "int4"),
+)
+"""Hugging Face id suffixes of LLM Compressor checkpoints (RedHatAI / neuralmagic naming) and the
+weight dtype each stores, and the ``-FP8`` / ``-INT8`` / ``-INT4`` names :func:`get_model` gives
+them (so a resolved name resolves again); longest first where one is a suffix of another."""
+
+
+def _quantized_checkpoint(name: str) -> ModelSpec | None:
+    """The preset of a quantized checkpoint of a 16-bit preset, by its Hugging Face id: the id
+    less a suffix of :data:`QUANTIZED_CHECKPOINT_SUFFIXES` (or just its repo name, since the
+    quantized copies are published under another organisation) resolves to a bf16/fp16 preset;
+    that preset with the suffix's weight dtype on every decoder Linear layer ("linear"). None when
+    the id is not of that form."""
+    lower = str(name).strip().lower()
+    for suffix, dtype in QUANTIZED_CHECKPOINT_SUFFIXES:
+        if not lower.endswith(suffix):
+            continue
+        base_id = lower[: -len(suffix)]
+        repo = base_id.rsplit("/", 1)[-1]
+        names = {MODEL_ALIASES[a] for a in MODEL_ALIASES if a == base_id or a.rsplit("/", 1)[-1] == repo}
+        names |= {n for n in MODEL_PRESETS if n.lower() in (base_id, repo)}
+        if len(names) != 1:
+            return None
+        base = MODEL_PRESETS[names.pop()]
+        if base.weight_dtype not in ("bf16", "fp16") or base.quantized_weights != "all":
+            return None
+        return dataclasses.replace(
+            base, name=f"{base.name}-{dtype.upper()}", weight_dtype=dtype, quantized_weights="linear",
+            source=f"{base.source}; a quantized checkpoint of it: {dtype} on every decoder Linear layer, "
+                   "embedding and lm_head bf16 (LLM Compressor's ignore: [lm_head])")
+    return None
+
+
 def get_model(name: str) -> ModelSpec:
-    """The model preset ``name`` (case-insensitive; HF repo ids of :data:`MODEL_ALIASES` too).
+    """The model preset ``name`` (case-insensitive; HF repo ids of :data:`MODEL_ALIASES` too),
+    or a quantized checkpoint of one (:func:`_quantized_checkpoint`: e.g.
+    ``RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a8`` is Qwen2.5-7B with int8 weights).
 
     Raises:
         UnknownPresetError: unknown name; the message lists the known names.
     """
-    return MODELS.get(name)
+    try:
+        return MODELS.get(name)
+    except UnknownPresetError:
+        quantized = _quantized_checkpoint(name) if isinstance(name, str) else None
+        if quantized is None:
+            raise
+        return quantized

@@ -43,17 +43,28 @@ def test_calibration_file_round_trip_and_errors(tmp_path):
         CalibrationFile(gpu="H100-SXM", version=1, cost=CostParams(), fitted=("speed",))
 
 
-def test_presets_use_the_shipped_calibration_on_h100_and_literature_elsewhere():
+def test_presets_use_their_shipped_calibration_and_the_h100_host_terms_elsewhere():
+    """H100-SXM and A100-80GB ship calibrations; a GPU without one (L40S) takes the literature
+    defaults for the GPU-side fields and the H100 calibration's host-side fields."""
+    from kvsched.envs.sim.calibration import HOST_FIELDS
+
     shipped = calibration_path("H100-SXM")
     assert shipped.is_file(), "the H100-SXM calibration file must ship with the package"
     cal = load_calibration(shipped)
     assert cal.gpu == "H100-SXM" and cal.fitted and cal.train
     assert default_cost_params(H100) == cal.cost == calibrated_cost_params("H100-SXM")
     assert InstanceSpec(model=L7, gpu=H100).cost == cal.cost
-    assert calibrated_cost_params("A100-80GB") is None
-    assert InstanceSpec(model=L7, gpu=A100).cost == CostParams()
+    a100 = load_calibration(calibration_path("A100-80GB"))
+    assert set(a100.fitted) == {"mfu_max", "mfu_half_tokens", "mbu"} and a100.train
+    assert InstanceSpec(model=L7, gpu=A100).cost == a100.cost == calibrated_cost_params("A100-80GB")
+    assert all(getattr(a100.cost, f) == getattr(cal.cost, f) for f in HOST_FIELDS)
+    l40s = get_gpu("L40S")
+    assert calibrated_cost_params("L40S") is None
+    transferred = InstanceSpec(model=L7, gpu=l40s).cost
+    assert transferred == dataclasses.replace(CostParams(), **{f: getattr(cal.cost, f) for f in HOST_FIELDS})
     # a default cost follows the GPU; an explicit one stays
-    assert InstanceSpec(model=L7, gpu=H100).with_overrides(gpu=A100).cost == CostParams()
+    assert InstanceSpec(model=L7, gpu=H100).with_overrides(gpu=l40s).cost == transferred
+    assert InstanceSpec(model=L7, gpu=H100).with_overrides(gpu=A100).cost == a100.cost
     pinned = CostParams(mbu=0.5)
     assert InstanceSpec(model=L7, gpu=H100, cost=pinned).with_overrides(gpu=A100).cost == pinned
     # omitted cost keys in a dict spec take the GPU's default, given ones override

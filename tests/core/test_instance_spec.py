@@ -141,7 +141,7 @@ def test_chunked_prefill_off_needs_budget_at_least_model_len() -> None:
     ("kw", "field"),
     [({"tp": 3}, "tp"), ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
      ({"preemption_mode": "swap"}, "dram_kv_bytes"), ({"preemption_mode": "offload"}, "nvme_kv_bytes"),
-     ({"preemption_mode": "drop"}, "preemption_mode"), ({"weight_dtype": "int8"}, "weight_dtype"),
+     ({"preemption_mode": "drop"}, "preemption_mode"), ({"weight_dtype": "int3"}, "weight_dtype"),
      ({"max_num_partial_prefills": 1, "max_long_partial_prefills": 2}, "max_long_partial_prefills"),
      ({"max_long_partial_prefills": 2}, "max_long_partial_prefills"),  # no partial-prefill limit
      ({"max_num_partial_prefills": 0}, "max_num_partial_prefills"),

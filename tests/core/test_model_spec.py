@@ -34,14 +34,34 @@ def test_params_and_attention_flops_match_reference(model: str, params: float, a
 
 def test_params_consistent_with_architecture() -> None:
     # dense Llama/Qwen/Mistral/Yi block: q,o: h*(H*d); k,v: h*(kv*d); MLP 3*h*ff; 2 norms; + untied
-    # embedding and lm_head + final norm (+ QKV bias for Qwen2.5)
+    # embedding and lm_head + final norm (+ QKV bias for Qwen2.5, q/k RMS-norm weights for Qwen3)
     for m in (p for p in MODEL_PRESETS.values() if not p.is_moe):  # MoE presets: tests/core/test_moe.py
         q, k = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-        bias = (q + 2 * k) if m.name.startswith("Qwen") else 0
+        bias = (q + 2 * k) if m.name.startswith("Qwen2.5") else 0
+        bias += 2 * m.head_dim if m.name.startswith("Qwen3") else 0
         layer = 2 * m.hidden_size * q + 2 * m.hidden_size * k + bias + 3 * m.hidden_size * m.intermediate_size
         total = m.n_layers * (layer + 2 * m.hidden_size) + 2 * m.vocab_size * m.hidden_size + m.hidden_size
         assert m.n_params == total, m.name
         assert m.matmul_params == m.n_params - m.vocab_size * m.hidden_size
+
+
+@pytest.mark.parametrize(("model_id", "preset", "published_params"), [
+    ("codellama/CodeLlama-34b-Instruct-hf", "CodeLlama-34B", 33.7e9),
+    ("Qwen/Qwen3-14B", "Qwen3-14B", 14.8e9),
+    ("microsoft/phi-4", "Phi-4", 14.7e9),
+    ("mistralai/Mistral-Small-24B-Instruct-2501", "Mistral-Small-24B", 23.57e9),
+    ("mistralai/Mistral-Small-3.1-24B-Instruct-2503", "Mistral-Small-3.1-24B", 23.57e9),
+    ("deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite", 15.7e9),
+    ("meta-llama/Llama-3.3-70B-Instruct", "Llama-3.1-70B", 70.6e9),
+    ("nvidia/Llama-3.1-Nemotron-70B-Instruct-HF", "Llama-3.1-70B", 70.6e9),
+])
+def test_served_models_of_the_llm_d_runs_resolve_to_presets_of_their_published_size(model_id, preset,
+                                                                                    published_params) -> None:
+    """The Hugging Face ids of inference-sim's model_configs and BLIS coefficient sets resolve, and
+    the parameter count computed from each config rounds to the published one."""
+    m = get_model(model_id)
+    assert m.name == preset
+    assert m.n_params == pytest.approx(published_params, abs=0.05e9)  # published to 3 digits
 
 
 def test_llama2_presets_from_brief() -> None:

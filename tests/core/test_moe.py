@@ -266,7 +266,7 @@ _MOE_OK = dict(name="tiny-moe", n_layers=4, hidden_size=256, n_heads=8, n_kv_hea
     ({"experts_per_token": 8, "routing_skew": 1.0}, r"routing_skew=1.0 .*busiest expert"),
     ({"qk_rope_head_dim": 64}, r"qk_rope_head_dim=64 .*kv_lora_rank"),
     ({"kv_lora_rank": -2}, r"kv_lora_rank=-2"),
-    ({"weight_dtype": "int4"}, r"weight_dtype='int4' .*bf16, fp16, fp8, nvfp4"),
+    ({"weight_dtype": "int3"}, r"weight_dtype='int3' .*bf16, fp16, fp8, nvfp4, int8, int4"),
     ({"quantized_weights": "attn"}, r"quantized_weights='attn' .*all, mlp"),
     ({"n_params": 1e6}, r"n_params=.*routed experts"),
 ])
@@ -285,8 +285,8 @@ def test_expert_parallel_on_a_dense_model_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"expert_parallel=True .*tp=4 .*2 experts") as e:
         InstanceSpec(tiny, get_gpu("H100-SXM"), tp=4, expert_parallel=True)
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match=r"weight_dtype='int8'"):
-        InstanceSpec(get_model("Mixtral-8x7B"), get_gpu("H100-SXM"), tp=2, weight_dtype="int8")
+    with pytest.raises(ConfigError, match=r"weight_dtype='int3'"):
+        InstanceSpec(get_model("Mixtral-8x7B"), get_gpu("H100-SXM"), tp=2, weight_dtype="int3")
 
 
 # ------------------------------------------------------------------------------ calibration

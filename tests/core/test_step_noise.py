@@ -136,16 +136,24 @@ def test_instances_of_one_cluster_must_share_the_front_end_hiccups():
     assert "\n" not in str(e.value)
 
 
-def test_a_calibrated_h100_beside_an_uncalibrated_gpu_names_the_instance_fields_and_the_fix():
-    """The H100's calibrated front-end costs differ from another GPU's literature defaults, so a
-    cluster mixing them (docs/disaggregation.md, Limits) is refused naming what differs and how to
-    align it; one line."""
+def test_a_calibrated_h100_beside_an_uncalibrated_gpu_shares_the_front_end_and_other_values_are_refused():
+    """A GPU without a calibration file takes the H100 calibration's host-side fields, so a
+    cluster mixing the two builds with one front end (docs/disaggregation.md, Limits); an instance
+    whose `cost:` gives other front-end values is refused naming what differs and how to align it,
+    in one line."""
+    import dataclasses
+
     from kvsched.envs.sim.cluster import Cluster
     from kvsched.envs.sim.specs import get_gpu
     from kvsched.policies.base import make_policy
 
-    with pytest.raises(ConfigError, match="request_overhead_s") as e:  # each GPU's default cost parameters
-        Cluster([make_spec(), make_spec(gpu=get_gpu("H200"))], lambda: make_policy("fcfs"))
+    h100, h200 = make_spec(), make_spec(gpu=get_gpu("H200"))
+    assert h200.cost_params.request_overhead_s == h100.cost_params.request_overhead_s
+    assert h200.cost_params.mbu != h100.cost_params.mbu  # GPU-side fields stay the H200's own defaults
+    Cluster([h100, h200], lambda: make_policy("fcfs"))
+    other = dataclasses.replace(h200, cost=dataclasses.replace(h200.cost_params, request_overhead_s=0.01))
+    with pytest.raises(ConfigError, match="request_overhead_s") as e:
+        Cluster([h100, other], lambda: make_policy("fcfs"))
     msg = str(e.value)
     assert "\n" not in msg and "instance 1 (H200)" in msg and "cost:" in msg
 

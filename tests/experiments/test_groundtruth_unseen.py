@@ -112,7 +112,8 @@ def test_the_served_system_of_an_unseen_run_follows_its_gpu_utilisation_and_offl
     spec = instance_spec_for(e, CostParams(mfu_max=0.3))
     assert spec.gpu.name == "A100-80GB" and spec.gpu_memory_utilization == 0.95
     assert spec.cost_params.mfu_max != 0.3  # the given cost is the H100's: A100 runs keep their own
-    assert cost_source(e) == "literature defaults"
+    assert cost_source(e) == "calibration"  # A100-80GB ships one (fitted on operator profiles)
+    assert cost_source(e.__class__(**{**e.__dict__, "hardware": "L40S"})) == "host terms transferred"
     assert spec.prefix_offload is not None and spec.prefix_offload.load_policy == "always"
     assert spec.num_dram_blocks > 0
     lower = instance_spec_for(e.__class__(**{**e.__dict__, "gpu_memory_utilization": 0.9}))
@@ -133,4 +134,4 @@ def test_validate_replays_unseen_runs_lists_skips_and_says_which_gpu_uses_defaul
     assert "replay failed" in dict(report.skipped)[TOO_LONG]
     assert set(report.rows.loc[report.rows["exp_id"] == NEW, "metric"]) == set(METRICS)
     notes = cost_notes(list(exps.values()))
-    assert any("A100-80GB" in n and "literature defaults" in n for n in notes)
+    assert any("A100-80GB" in n and "its shipped calibration" in n for n in notes)

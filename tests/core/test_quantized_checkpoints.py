@@ -1,0 +1,83 @@
+"""INT8 (W8A8) and INT4 (W4A16) weights, Linear-only quantization, and quantized checkpoints of a
+16-bit preset resolved by their Hugging Face id (envs/sim/model_spec.py, hardware.py, cost_model.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvsched.envs.sim.cost_model import CostModel
+from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
+from kvsched.envs.sim.specs import CostParams, InstanceSpec, get_gpu, get_model
+
+H100, A100 = get_gpu("H100-SXM"), get_gpu("A100-80GB")
+COST = CostParams(step_overhead_s=0.0)
+
+
+@pytest.mark.parametrize("model_id, preset, dtype", [
+    ("RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a8", "Qwen2.5-7B-INT8", "int8"),
+    ("RedHatAI/Qwen2.5-7B-Instruct-quantized.w4a16", "Qwen2.5-7B-INT4", "int4"),
+    ("RedHatAI/Qwen2.5-7B-Instruct-FP8-dynamic", "Qwen2.5-7B-FP8", "fp8"),
+    ("RedHatAI/phi-4-FP8-dynamic", "Phi-4-FP8", "fp8"),
+    ("RedHatAI/Llama-3.3-70B-Instruct-quantized.w8a8", "Llama-3.1-70B-INT8", "int8"),
+    ("RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w4a16", "Mistral-Small-3.1-24B-INT4", "int4"),
+])
+def test_a_quantized_checkpoint_id_resolves_to_its_16_bit_preset_with_linear_layers_quantized(model_id, preset,
+                                                                                                dtype):
+    m = get_model(model_id)
+    base = get_model(preset.rsplit("-", 1)[0])
+    assert (m.name, m.weight_dtype, m.quantized_weights) == (preset, dtype, "linear")
+    assert get_model(m.name) == m  # the resolved name resolves again
+    assert dataclasses.replace(m, name=base.name, weight_dtype=base.weight_dtype, quantized_weights="all",
+                               source=base.source) == base
+    # the embedding and lm_head stay 16-bit: 2 x vocab x hidden parameters at 2 bytes
+    lm = 2 * m.vocab_size * m.hidden_size
+    assert m.weight_bytes(1.0) == pytest.approx((m.n_params - lm) * 1.0 + lm * 2.0)
+
+
+def test_ids_that_are_not_a_quantized_16_bit_preset_stay_unknown():
+    for bad in ("RedHatAI/Unknown-7B-quantized.w8a8", "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic-int8",
+                "acme/model-w4a16"):
+        with pytest.raises(UnknownPresetError):
+            get_model(bad)
+    # a checkpoint that is itself quantized is not quantized again (DeepSeek-V3 is FP8)
+    with pytest.raises(UnknownPresetError):
+        get_model("deepseek-ai/DeepSeek-V3-quantized.w4a16")
+
+
+def test_int8_runs_at_twice_the_bf16_peak_and_int4_at_the_bf16_peak_with_quarter_bytes():
+    assert H100.peak_flops_per_s("int8") == 2 * H100.bf16_flops_per_s
+    assert A100.peak_flops_per_s("int8") == 624e12  # A100 datasheet, INT8 dense
+    assert H100.peak_flops_per_s("int4") == H100.bf16_flops_per_s
+    m = get_model("Llama-3.1-8B")
+    bf16 = InstanceSpec(model=m, gpu=H100, hbm_kv_blocks=1024, cost=COST)
+    w8 = InstanceSpec(model=get_model("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8"),
+                      gpu=H100, hbm_kv_blocks=1024, cost=COST)
+    w4 = bf16.with_overrides(model=get_model("Llama-3.1-8B-INT4"))
+    assert w8.kv_bytes_per_block == bf16.kv_bytes_per_block  # KV stays 16-bit (kv_dtype auto)
+    # a batch-1 decode step reads the weights: int8 about half the bytes, int4 about a quarter (+ scales)
+    step = {s.model.name: float(CostModel(s).decode_step_time_s(1, 512)) for s in (bf16, w8, w4)}
+    assert 0.5 < step["Llama-3.1-8B-INT8"] / step["Llama-3.1-8B"] < 0.62
+    assert 0.28 < step["Llama-3.1-8B-INT4"] / step["Llama-3.1-8B"] < 0.4
+    # a long prefill is compute-bound: int8 runs its decoder Linear layers at the INT8 peak
+    prefill = {s.model.name: float(CostModel(s).chunk_time_s(4096, 0)) for s in (bf16, w8, w4)}
+    assert prefill["Llama-3.1-8B-INT8"] < 0.7 * prefill["Llama-3.1-8B"]
+    assert prefill["Llama-3.1-8B-INT4"] == pytest.approx(prefill["Llama-3.1-8B"], rel=1e-9)
+
+
+def test_linear_quantization_of_a_16_bit_dtype_prices_the_step_like_the_unquantized_model():
+    """With bf16 weights the Linear-only mode changes neither the bytes nor the FLOPs."""
+    m = get_model("Qwen2.5-7B")
+    lin = dataclasses.replace(m, quantized_weights="linear")
+    a, b = (CostModel(InstanceSpec(model=x, gpu=H100, hbm_kv_blocks=1024, cost=COST)) for x in (m, lin))
+    for n, pairs, kv in ((1, 500, 500), (64, 64 * 900, 64 * 900), (2048, 2048 * 1024, 2048)):
+        assert float(b.step_time_s(n, pairs, kv)) == pytest.approx(float(a.step_time_s(n, pairs, kv)), rel=1e-12)
+
+
+def test_a_bad_weight_dtype_or_quantized_layer_set_names_the_field():
+    m = get_model("Qwen2.5-7B")
+    with pytest.raises(ConfigError, match="quantized_weights"):
+        dataclasses.replace(m, quantized_weights="attention")
+    with pytest.raises(ConfigError, match="weight_dtype.*int8, int4"):
+        InstanceSpec(model=m, gpu=H100, weight_dtype="int3")
