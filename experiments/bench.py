@@ -1036,11 +1036,11 @@ def cmd_bench(a: argparse.Namespace, console) -> int:
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_files.write_text(a.out, json.dumps(doc, indent=2, sort_keys=False) + "\n")
-        console.print(f"wrote {a.out}", highlight=False)
+        console.print(f"wrote {a.out}", highlight=False, markup=False)
     plot = a.plot or (a.out.with_suffix(".png") if a.out else None)
     if plot and entries:
         write_plot(entries, plot)
-        console.print(f"wrote {plot}", highlight=False)
+        console.print(f"wrote {plot}", highlight=False, markup=False)
     return 0
 
 

@@ -462,7 +462,7 @@ def cmd_calibrate(a, console) -> int:
             if a.tail_only:
                 raise
             console.print(f"note: the calibration being replaced does not load ({e}); no fitted tail is kept",
-                          highlight=False)
+                          highlight=False, markup=False)
     if a.tail_only:
         if existing is None:
             raise ConfigError(f"--tail-only: no calibration file {bounded_repr(str(out), MAX_PATH_CHARS)} to fit "
@@ -470,21 +470,24 @@ def cmd_calibrate(a, console) -> int:
         return _cmd_tail_only(a, console, existing, exps, gt, out)
     base = CostParams()
     train = tuple(a.train) if a.train else DEFAULT_TRAIN
-    console.print(f"calibrating {a.gpu} on {len(train)} experiments from {gt}: " + ", ".join(train), highlight=False)
+    console.print(f"calibrating {a.gpu} on {len(train)} experiments from {gt}: " + ", ".join(train),
+                  highlight=False, markup=False)
     t0 = time.perf_counter()
 
     def progress(i: int, loss: float) -> None:
         console.print(f"  evaluation {i:3d}: 0.5·Σ r² = {loss:.4f}  ({time.perf_counter() - t0:.0f} s)",
-                      highlight=False)
+                      highlight=False, markup=False)
 
-    console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}", highlight=False)
+    console.print(f"coarse fit: stages cut to {a.coarse_cap_s:g} s, max_nfev {a.coarse_nfev}",
+                  highlight=False, markup=False)
     fit_base = dataclasses.replace(DEFAULT_FIT_BASE, allreduce_algorithm=a.allreduce_algorithm)
-    console.print(f"all-reduce algorithm: {a.allreduce_algorithm}", highlight=False)
+    console.print(f"all-reduce algorithm: {a.allreduce_algorithm}", highlight=False, markup=False)
     cal, fit = calibrate(exps, train, a.gpu, fit_base, DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
                          a.jobs, gt, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
     n_eval = fit.n_evaluations
     if a.fine_nfev > 0:
-        console.print(f"fine fit: stages cut to {a.fine_cap_s:g} s, max_nfev {a.fine_nfev}", highlight=False)
+        console.print(f"fine fit: stages cut to {a.fine_cap_s:g} s, max_nfev {a.fine_nfev}",
+                      highlight=False, markup=False)
         cal, fit = calibrate(exps, train, a.gpu, cal.cost, DEFAULT_FIT_PARAMS, a.fine_cap_s, a.fine_nfev,
                              a.jobs, gt, a.version, progress, diff_step=a.diff_step)
         n_eval += fit.n_evaluations
@@ -511,7 +514,7 @@ def cmd_calibrate(a, console) -> int:
                                                              else "literature default"))
     console.print(table)
     console.print(f"{n_eval} objective evaluations, loss {cal.loss:.4f}, {wall:.0f} s wall; wrote {out}",
-                  highlight=False)
+                  highlight=False, markup=False)
     return 0
 
 
@@ -543,9 +546,10 @@ def _cmd_operator_profiles(a, console, out) -> int:
     t0 = time.perf_counter()
     profiles = load_operator_profiles(a.operator_profiles)
     console.print(f"calibrating {gpu.name} on operator profiles of {profiles.model.name} ({profiles.device}): "
-                  + ", ".join(os.path.relpath(s, a.operator_profiles) for s in profiles.sources), highlight=False)
+                  + ", ".join(os.path.relpath(s, a.operator_profiles) for s in profiles.sources),
+                  highlight=False, markup=False)
     fit = fit_operator_profiles(profiles, gpu, host,
-                                progress=lambda line: console.print("  " + line, highlight=False))
+                                progress=lambda line: console.print("  " + line, highlight=False, markup=False))
     wall = time.perf_counter() - t0
     kernel_names = tuple(p.name for p in KERNEL_FIT_PARAMS)
     notes = [f"kernel fields fitted to {profiles.model.name} operator times measured on {profiles.device} "
@@ -577,8 +581,8 @@ def _cmd_operator_profiles(a, console, out) -> int:
                       "fitted" if f.name in kernel_names else f"{host_gpu} calibration")
     console.print(table)
     for k, v in fit.group_mape.items():
-        console.print(f"  {k}: MAPE {v:.1f} %", highlight=False)
-    console.print(f"loss {cal.loss:.4g}, {wall:.0f} s wall; wrote {out}", highlight=False)
+        console.print(f"  {k}: MAPE {v:.1f} %", highlight=False, markup=False)
+    console.print(f"loss {cal.loss:.4g}, {wall:.0f} s wall; wrote {out}", highlight=False, markup=False)
     return 0
 
 
@@ -591,11 +595,11 @@ def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experim
     t0 = time.perf_counter()
     console.print(f"tail fit on {len(TAIL_FIT_STAGES)} training stages, {a.tail_seeds} seeds, stages cut to "
                   f"{a.tail_cap_s:g} s, {int(np.prod([len(v) for v in TAIL_GRID.values()]))} grid points",
-                  highlight=False)
+                  highlight=False, markup=False)
 
     def progress(i: int, rms: float) -> None:
         console.print(f"  grid point {i:3d}: rms log error {rms:.4f}  ({time.perf_counter() - t0:.0f} s)",
-                      highlight=False)
+                      highlight=False, markup=False)
 
     tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, gt, progress=progress)  # tail off
     note = (f"{_TAIL_NOTE}: grid search over {', '.join(f'{k} {list(v)}' for k, v in TAIL_GRID.items())}; "
@@ -608,5 +612,5 @@ def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experim
     save_calibration(cal, out)
     console.print(" ".join(f"{f} = {getattr(tf.cost, f):.6g}" for f in tf.fields)
                   + f"; rms log error {tf.before_rms:.4f} -> {tf.rms:.4f}; "
-                  f"{time.perf_counter() - t0:.0f} s wall; wrote {out}", highlight=False)
+                  f"{time.perf_counter() - t0:.0f} s wall; wrote {out}", highlight=False, markup=False)
     return 0

@@ -147,8 +147,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
                   f" in {time.perf_counter() - t0:.1f} s wall", highlight=False)
     if a.timeline is not None:
         console.print(f"wrote {n_runs} timeline{'s' if n_runs > 1 else ''} into {a.timeline} (open them in "
-                      "https://ui.perfetto.dev)", highlight=False)
+                      "https://ui.perfetto.dev)", highlight=False, markup=False)
     if a.out:
         files = write_outputs(result, agg, sc, a.out)
-        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, markup=False)
     return 0

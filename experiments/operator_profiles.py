@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ from kvsched.envs.sim.errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 from kvsched.envs.sim.specs import CostParams, GPUSpec, InstanceSpec, ModelSpec, get_model
 
 __all__ = ["KERNEL_FIT_PARAMS", "LAYER_OPS", "ALLREDUCE_FIT_PARAMS", "OperatorProfiles",
-           "ProfileFit", "fit_operator_profiles", "load_operator_profiles"]
+           "ProfileFit", "check_device", "fit_operator_profiles", "load_operator_profiles"]
 
 LAYER_OPS: tuple[str, ...] = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                               "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
@@ -99,6 +100,8 @@ class OperatorProfiles:
         prefill: tp -> (chunk_tokens, cached_tokens, step_s) of steps of one prefill chunk.
         all_reduce: tp -> (size_bytes, seconds) within one node, or empty without the network file.
         sources: the files read.
+        skipped: human-readable lines on rows that could not be used (attention rows at a TP
+            degree mlp.csv did not measure; a network profile without rows within one node).
     """
 
     root: Path
@@ -109,6 +112,7 @@ class OperatorProfiles:
     prefill: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
     all_reduce: Mapping[int, tuple[np.ndarray, np.ndarray]]
     sources: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
 
 
 def _where(path: Path) -> str:
@@ -136,31 +140,89 @@ def _read_csv(path: Path, required: Sequence[str]):
     return df
 
 
-def _positive_times(path: Path, column: str, values: np.ndarray) -> None:
-    bad = ~(np.isfinite(values) & (values >= 0))
+def _plain(value: object) -> object:
+    """A cell as the Python value it holds (``nan`` rather than ``np.float64(nan)`` in messages)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _column(path: Path, df, column: str, kind: str) -> np.ndarray:
+    """Column ``column`` of ``df`` as float64, every value checked: ``kind`` "time" a finite time
+    >= 0 (ms), "positive time" a finite time > 0 (ms), "count" an integer >= 1, "size" an integer >= 0.
+
+    Raises:
+        ConfigError: the first value that is not a number (text, empty) or out of range; the
+            message names the file, the column, the row (0-based, of the data rows) and the value.
+    """
+    import pandas as pd
+
+    raw = df[column]
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(values)
+    if kind == "time":
+        ok &= values >= 0
+        what = "a finite time >= 0 (ms)"
+    elif kind == "positive time":
+        ok &= values > 0
+        what = "a finite time > 0 (ms)"
+    else:
+        ok &= (values >= (1 if kind == "count" else 0)) & (np.floor(values) == values)
+        what = "an integer >= 1" if kind == "count" else "an integer >= 0"
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise ConfigError(f"{_where(path)}: {column} row {raw.index[i]} = {bounded_repr(_plain(raw.iloc[i]))} is not "
+                          f"allowed: expected {what}")
+    return values
+
+
+def _flags(path: Path, df, column: str) -> np.ndarray:
+    """Column ``column`` as booleans: each value True or False (any case), as Vidur writes them.
+
+    Raises:
+        ConfigError: the first other value (1/0, yes/no, empty), naming file, column, row and value.
+    """
+    text = df[column].astype(str).str.strip().str.lower()
+    ok = text.isin(("true", "false")).to_numpy()
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        value = bounded_repr(_plain(df[column].iloc[i]))
+        raise ConfigError(f"{_where(path)}: {column} row {df.index[i]} = {value} is not allowed: "
+                          "expected True or False")
+    return (text == "true").to_numpy()
+
+
+def _in_layer_range(path: Path, column: str, tp: int, values: np.ndarray, n_lin: np.ndarray) -> None:
+    """Every value lies within the num_tokens that mlp.csv measured at TP ``tp`` (the layer
+    operators of a step are interpolated there, never extrapolated)."""
+    bad = (values < n_lin[0]) | (values > n_lin[-1])
     if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ConfigError(f"{_where(path)}: {column} row {i} = {bounded_repr(float(values[i]))} is not allowed: "
-                          "expected a finite time >= 0 (ms)")
+        v = float(values[np.flatnonzero(bad)[0]])
+        raise ConfigError(f"{_where(path)}: {column} = {v:g} at num_tensor_parallel_workers {tp} is not allowed: "
+                          f"expected {n_lin[0]:g}..{n_lin[-1]:g}, the num_tokens mlp.csv measured at that TP degree")
 
 
 def _model_of(folder: Path) -> ModelSpec:
     """The preset of ``compute/<device>/<org>/<model>``, checked against the profile's shape later."""
     name = f"{folder.parent.name}/{folder.name}"
     try:
-        return get_model(name)
+        model = get_model(name)
     except ConfigError:
         raise ConfigError(f"{_where(folder)}: model {bounded_repr(name)} is not a kvsched model preset or alias; "
                           "expected a profiled model kvsched knows (kvsched list models)") from None
+    if model.weight_dtype not in ("bf16", "fp16") or model.is_moe or model.is_mla:
+        raise ConfigError(f"{_where(folder)}: model {bounded_repr(name)} is kvsched's {model.name} "
+                          f"({model.weight_dtype} weights{', mixture of experts' if model.is_moe else ''}"
+                          f"{', latent attention' if model.is_mla else ''}), not a model Vidur's operators "
+                          "profile: expected a dense 16-bit model without latent attention")
+    return model
 
 
 def _check_shape(path: Path, df, model: ModelSpec) -> None:
     """The profile's model shape equals the preset's (heads, KV heads, hidden, MLP width)."""
     for column, want in (("n_head", model.n_heads), ("n_kv_head", model.n_kv_heads), ("n_embd", model.hidden_size),
                          ("n_expanded_embd", model.intermediate_size)):
-        got = sorted(set(df[column].tolist()))
+        got = sorted(set(_column(path, df, column, "count").tolist()))
         if got != [want]:
-            raise ConfigError(f"{_where(path)}: {column} = {bounded_repr(got)} does not match preset "
+            raise ConfigError(f"{_where(path)}: {column} = {bounded_repr([int(x) for x in got])} does not match preset "
                               f"{model.name}'s {want}: the profile is of another model shape")
 
 
@@ -189,41 +251,44 @@ def load_operator_profiles(root: str | Path) -> OperatorProfiles:
     mlp = _read_csv(mlp_path, _MLP_REQUIRED)
     _check_shape(mlp_path, mlp, model)
     op_cols = [f"time_stats.{op}.median" for op in LAYER_OPS]
-    for c in op_cols + ["time_stats.emb.median"]:
-        _positive_times(mlp_path, c, mlp[c].to_numpy(dtype=float))
+    mlp = mlp.assign(**{c: _column(mlp_path, mlp, c, "time") for c in op_cols + ["time_stats.emb.median"]},
+                     num_tokens=_column(mlp_path, mlp, "num_tokens", "count"),
+                     num_tensor_parallel_workers=_column(mlp_path, mlp, "num_tensor_parallel_workers", "count"))
     mlp = mlp.assign(step_ms=model.n_layers * mlp[op_cols].sum(axis=1) + mlp["time_stats.emb.median"])
     layers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for tp, g in mlp.groupby("num_tensor_parallel_workers"):
         mean = g.groupby("num_tokens")["step_ms"].mean().sort_index()
-        n = mean.index.to_numpy(dtype=float)
-        if not (n >= 1).all():
-            raise ConfigError(f"{_where(mlp_path)}: num_tokens {bounded_repr(float(n.min()))} is not allowed: "
-                              "expected >= 1")
-        layers[int(tp)] = (n, mean.to_numpy(dtype=float) / 1e3)
+        layers[int(tp)] = (mean.index.to_numpy(dtype=float), mean.to_numpy(dtype=float) / 1e3)
     sources = [str(mlp_path)]
+    skipped: list[str] = []
 
     decode: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     prefill: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     attn_path = folder / "attention.csv"
-    if attn_path.is_file():
+    if attn_path.exists():
         attn = _read_csv(attn_path, _ATTN_REQUIRED)
         sources.append(str(attn_path))
+        is_prefill = _flags(attn_path, attn, "is_prefill")
+        attn = attn.assign(num_tensor_parallel_workers=_column(attn_path, attn, "num_tensor_parallel_workers", "count"),
+                           batch_size=_column(attn_path, attn, "batch_size", "count"),
+                           kv_cache_size=_column(attn_path, attn, "kv_cache_size", "size"), is_prefill=is_prefill)
         for tp, g in attn.groupby("num_tensor_parallel_workers"):
-            if int(tp) not in layers:
-                continue  # no layer operators at this TP degree to complete the step
+            if int(tp) not in layers:  # no layer operators at this TP degree to complete the step
+                skipped.append(f"attention tp{int(tp)}: mlp.csv has no rows at num_tensor_parallel_workers {int(tp)} "
+                               "to complete its steps")
+                continue
             n_lin, s_lin = layers[int(tp)]
-            prefill_rows = g["is_prefill"].astype(str).str.lower() == "true"
-            dec, pre = g[~prefill_rows], g[prefill_rows]
+            dec, pre = g[~g["is_prefill"]], g[g["is_prefill"]]
             if len(dec):
                 b = dec["batch_size"].to_numpy(dtype=float)
-                ms = dec["time_stats.attn_decode.median"].to_numpy(dtype=float)
-                _positive_times(attn_path, "time_stats.attn_decode.median", ms)
+                _in_layer_range(attn_path, "batch_size", int(tp), b, n_lin)
+                ms = _column(attn_path, dec, "time_stats.attn_decode.median", "time")
                 decode[int(tp)] = (b, dec["kv_cache_size"].to_numpy(dtype=float),
                                    np.interp(b, n_lin, s_lin) + model.n_layers * ms / 1e3)
             if len(pre):
-                c = pre["prefill_chunk_size"].to_numpy(dtype=float)
-                ms = pre["time_stats.attn_prefill.median"].to_numpy(dtype=float)
-                _positive_times(attn_path, "time_stats.attn_prefill.median", ms)
+                c = _column(attn_path, pre, "prefill_chunk_size", "count")
+                _in_layer_range(attn_path, "prefill_chunk_size", int(tp), c, n_lin)
+                ms = _column(attn_path, pre, "time_stats.attn_prefill.median", "time")
                 prefill[int(tp)] = (c, pre["kv_cache_size"].to_numpy(dtype=float),
                                     np.interp(c, n_lin, s_lin) + model.n_layers * ms / 1e3)
 
@@ -235,14 +300,20 @@ def load_operator_profiles(root: str | Path) -> OperatorProfiles:
     if nets:
         ar = _read_csv(nets[0], _AR_REQUIRED)
         sources.append(str(nets[0]))
+        ar = ar.assign(num_workers=_column(nets[0], ar, "num_workers", "count"),
+                       devices_per_node=_column(nets[0], ar, "devices_per_node", "count"),
+                       size=_column(nets[0], ar, "size", "count"),
+                       s=_column(nets[0], ar, "time_stats.all_reduce.median", "positive time") / 1e3)
         one_node = ar[(ar["devices_per_node"] == ar["num_workers"]) & ar["num_workers"].isin(ALLREDUCE_TP_DEGREES)]
         for tp, g in one_node.groupby("num_workers"):
-            ms = g["time_stats.all_reduce.median"].to_numpy(dtype=float)
-            _positive_times(nets[0], "time_stats.all_reduce.median", ms)
-            mean = g.assign(s=ms / 1e3).groupby("size")["s"].mean().sort_index()
+            mean = g.groupby("size")["s"].mean().sort_index()
             all_reduce[int(tp)] = (mean.index.to_numpy(dtype=float), mean.to_numpy(dtype=float))
+        if not all_reduce:
+            skipped.append(f"all-reduce: {os.path.basename(os.path.dirname(nets[0]))}/all_reduce.csv has no rows "
+                           f"within one node (devices_per_node == num_workers) at TP "
+                           f"{'/'.join(map(str, ALLREDUCE_TP_DEGREES))}")
     return OperatorProfiles(root=root, device=device, model=model, layers=layers, decode=decode, prefill=prefill,
-                            all_reduce=all_reduce, sources=tuple(sources))
+                            all_reduce=all_reduce, sources=tuple(sources), skipped=tuple(skipped))
 
 
 @dataclass(frozen=True)
@@ -265,6 +336,25 @@ class ProfileFit:
     allreduce: FitResult | None
     group_mape: Mapping[str, float]
     skipped: tuple[str, ...]
+
+
+def check_device(p: OperatorProfiles, gpu: GPUSpec) -> None:
+    """The profiles' ``compute/<device>`` folder names the GPU being calibrated (a GPU preset or
+    alias of it, e.g. ``a100`` for A100-80GB).
+
+    Raises:
+        ConfigError: the folder names another GPU, or no GPU kvsched has a preset for.
+    """
+    from kvsched.envs.sim.specs import get_gpu
+
+    try:
+        measured = get_gpu(p.device).name
+    except ConfigError:
+        raise ConfigError(f"{_where(p.root)}: device folder compute/{bounded_repr(p.device)[1:-1]} is not a kvsched "
+                          f"GPU preset or alias: expected profiles measured on {gpu.name}") from None
+    if measured != gpu.name:
+        raise ConfigError(f"{_where(p.root)}: device folder compute/{bounded_repr(p.device)[1:-1]} is {measured}, "
+                          f"not the GPU being calibrated: expected profiles measured on {gpu.name}")
 
 
 def _spec(model: ModelSpec, gpu: GPUSpec, tp: int, cost: CostParams) -> InstanceSpec:
@@ -336,9 +426,11 @@ def fit_operator_profiles(p: OperatorProfiles, gpu: GPUSpec, host: CostParams,
         A :class:`ProfileFit`.
 
     Raises:
-        ConfigError: no usable group, or a measured time of 0 (a log residual needs > 0).
+        ConfigError: the profiles' device is not ``gpu`` (:func:`check_device`), no usable group,
+            or a measured time of 0 (a log residual needs > 0).
     """
-    skipped: list[str] = []
+    check_device(p, gpu)
+    skipped = list(p.skipped)
     base = dataclasses.replace(host, step_overhead_s=0.0, seq_overhead_s=0.0, step_token_overhead_s=0.0)
     groups = _kernel_groups(p, gpu, base, skipped)
     for name, _, _, _, _, meas in groups:

@@ -246,7 +246,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
             observer.add_records(result.records)
     if observer is not None and not a.json:
         err.print(f"wrote timeline {a.timeline} ({observer.events_written:,} events; open it in "
-                  "https://ui.perfetto.dev)", highlight=False)
+                  "https://ui.perfetto.dev)", highlight=False, markup=False)
     run_end_s = _last_finish_s(result.records)
     if observer is not None and a.timeline_window is not None and a.timeline_window[0] > run_end_s:
         err.print(f"note: --timeline-window starts at {a.timeline_window[0]:g} s, after the run's end "
@@ -410,4 +410,5 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
     }
     atomic_files.write_text(out / "run.json", json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
     if not a.json:
-        console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json", highlight=False)
+        console.print(f"wrote {out}/records.{a.format}, summary.json, occupancy.csv, run.json",
+                      highlight=False, markup=False)

@@ -115,7 +115,7 @@ def cmd_tune(a: argparse.Namespace, console: Console) -> int:
         raise KvschedError(f"--out {bounded_repr(str(out))}: cannot write the results ({os_reason(e)}); the "
                            "trials are kept in the study's storage (with --storage, run the same command again "
                            "to write them)") from None
-    console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, markup=False)
     if a.storage:
         console.print(f"dashboard: optuna-dashboard {_dashboard_arg(a.storage)}  (pip install optuna-dashboard)",
                       highlight=False)
@@ -171,7 +171,7 @@ def cmd_export(a: argparse.Namespace, console: Console) -> int:
     prepare_out_file(a.out)  # before the study is read and its target simulated
     res = export_study(a.study, a.storage, a.target, a.out, trial=a.trial)
     pv = res.provenance
-    console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False)
+    console.print(f"wrote {a.out} ({a.target}) from study {a.study} trial {pv['trial']}", highlight=False, markup=False)
     if pv.get("feasible") is False:
         stderr_console().print(f"warning: trial {pv['trial']} violates the study's constraints "
                                    f"{pv['constraints']} (feasible: false in the file)", highlight=False)

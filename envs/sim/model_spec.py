@@ -193,6 +193,13 @@ class ModelSpec:
                 f"one of {', '.join(WEIGHT_DTYPES)}")
         require(self.quantized_weights in QUANTIZED_WEIGHTS, f"{owner}.quantized_weights",
                 self.quantized_weights, f"one of {', '.join(QUANTIZED_WEIGHTS)}")
+        if self.quantized_weights != "all":  # the quantized share is part of the matmul weights
+            q, matmul = self.quantized_params, self.matmul_params
+            require(0 < q <= matmul, f"{owner}.n_params", self.n_params,
+                    f"a count whose {self.quantized_weights!r}-quantized weights ({q:.4g}) lie in (0, "
+                    f"{matmul:.4g}], the weights but the input embedding"
+                    + (" (n_params > 2 x vocab_size x hidden_size: embedding and lm_head stay bf16)"
+                       if self.quantized_weights == "linear" else ""))
 
     def _check_moe(self, owner: str) -> None:
         """The mixture-of-experts fields: all neutral on a dense model, in range on an MoE one."""
@@ -537,8 +544,11 @@ def _quantized_checkpoint(name: str) -> ModelSpec | None:
         base = MODEL_PRESETS[names.pop()]
         if base.weight_dtype not in ("bf16", "fp16") or base.quantized_weights != "all":
             return None
+        name = f"{base.name}-{dtype.upper()}"
+        if name in MODELS:  # a preset of that checkpoint (e.g. which weights it leaves in bf16)
+            return MODELS.get(name)
         return dataclasses.replace(
-            base, name=f"{base.name}-{dtype.upper()}", weight_dtype=dtype, quantized_weights="linear",
+            base, name=name, weight_dtype=dtype, quantized_weights="linear",
             source=f"{base.source}; a quantized checkpoint of it: {dtype} on every decoder Linear layer, "
                    "embedding and lm_head bf16 (LLM Compressor's ignore: [lm_head])")
     return None

@@ -367,7 +367,8 @@ def presets_rows() -> dict[str, list[dict[str, Any]]]:
             "experts": f"{m.n_experts} (top-{m.experts_per_token}" + (f" + {m.n_shared_experts} shared)"
                                                                      if m.n_shared_experts else ")")
             if m.is_moe else "-",
-            "weights": m.weight_dtype + (" (MLP)" if m.quantized_weights == "mlp" and m.weight_dtype != "bf16" else ""),
+            "weights": m.weight_dtype + ({"mlp": " (MLP)", "linear": " (Linear)"}.get(m.quantized_weights, "")
+                                         if m.weight_dtype != "bf16" else ""),
             "weights_GB_bf16": round(m.weight_bytes(2.0) / 1e9, 1),
             "weights_GB": round(m.weight_bytes(DTYPE_BYTES[m.weight_dtype]) / 1e9, 1),
             "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2.0)),

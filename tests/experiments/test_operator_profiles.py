@@ -100,7 +100,7 @@ def test_a_fit_on_profiles_made_from_known_parameters_recovers_them(tmp_path):
     (lambda df: df.drop(columns=["time_stats.mlp_act.median"]), "missing column 'time_stats.mlp_act.median'"),
     (lambda df: df.assign(n_embd=4096), "n_embd = \\[4096\\] does not match preset Llama-2-70B"),
     (lambda df: df.assign(**{"time_stats.add.median": -1.0}), "time_stats.add.median row 0 = -1.0"),
-    (lambda df: df.assign(num_tokens=0), "num_tokens 0.0 is not allowed"),
+    (lambda df: df.assign(num_tokens=0), "num_tokens row 0 = 0 is not allowed"),
 ])
 def test_a_bad_profile_is_a_one_line_error_naming_the_field(tmp_path, edit, match):
     root = _write_profiles(tmp_path, mlp_edit=edit)
@@ -162,3 +162,106 @@ def test_the_shipped_a100_calibration_is_what_the_command_fits_on_vidurs_a100_pr
     kernel = {k: v for k, v in fit.group_mape.items() if not k.startswith("all-reduce")}
     assert set(kernel) == {"layers tp2", "layers tp4", "layers tp8", "decode tp2", "prefill tp2"}
     assert max(kernel.values()) < 7.0
+
+
+def _edit_csv(path: Path, column: str, value, row: int = 0) -> None:
+    df = pd.read_csv(path)
+    df[column] = df[column].astype(object)
+    df.loc[row, column] = value
+    df.to_csv(path, index=False)
+
+
+_MLP = "compute/a100/meta-llama/Llama-2-70b-hf/mlp.csv"
+_ATTN = "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv"
+_AR = "network/a100_dgx/all_reduce.csv"
+
+
+@pytest.mark.parametrize("file, column, value, match", [
+    (_MLP, "time_stats.add.median", "abc", "time_stats.add.median row 0 = 'abc' is not allowed: expected a finite time"),
+    (_MLP, "num_tokens", float("nan"), "num_tokens row 0 = nan is not allowed: expected an integer >= 1"),
+    (_MLP, "num_tokens", 1.5, "num_tokens row 0 = 1.5 is not allowed"),
+    (_MLP, "num_tensor_parallel_workers", 2.5, "num_tensor_parallel_workers row 0 = 2.5 is not allowed"),
+    (_MLP, "num_tensor_parallel_workers", "two", "num_tensor_parallel_workers row 0 = 'two'"),
+    (_MLP, "n_head", float("nan"), "n_head row 0 = nan is not allowed"),
+    (_ATTN, "batch_size", -3, "batch_size row 0 = -3 is not allowed: expected an integer >= 1"),
+    (_ATTN, "kv_cache_size", "x", "kv_cache_size row 0 = 'x' is not allowed: expected an integer >= 0"),
+    (_ATTN, "is_prefill", 1, "is_prefill row 0 = '1' is not allowed: expected True or False"),
+    (_ATTN, "time_stats.attn_decode.median", float("inf"), "time_stats.attn_decode.median row 0 = inf"),
+    (_AR, "size", float("nan"), "size row 0 = nan is not allowed: expected an integer >= 1"),
+    (_AR, "num_workers", "x", "num_workers row 0 = 'x' is not allowed"),
+    (_AR, "time_stats.all_reduce.median", 0.0, "time_stats.all_reduce.median row 0 = 0.0 is not allowed: "
+                                               "expected a finite time > 0"),
+])
+def test_a_cell_that_is_not_a_number_in_range_is_a_one_line_error_naming_file_column_row_and_value(
+        tmp_path, file, column, value, match):
+    """Text, NaN, inf, fractions and out-of-range values in any numeric column are refused, never
+    dropped (pandas' groupby drops NaN keys), truncated (int(2.5)) or passed on as a traceback."""
+    root = _write_profiles(tmp_path)
+    _edit_csv(root / file, column, value)
+    with pytest.raises(ConfigError, match=match) as e:
+        load_operator_profiles(root)
+    assert "\n" not in str(e.value) and Path(file).name in str(e.value)
+
+
+@pytest.mark.parametrize("column, value, row", [("batch_size", 4096, 0), ("prefill_chunk_size", 4096, 15)])
+def test_attention_rows_beyond_the_measured_layer_tokens_are_refused_not_extrapolated(tmp_path, column, value, row):
+    root = _write_profiles(tmp_path)
+    _edit_csv(root / _ATTN, column, value, row)
+    with pytest.raises(ConfigError, match=f"{column} = 4096 at num_tensor_parallel_workers 2 is not allowed: "
+                                          "expected 1..2048"):
+        load_operator_profiles(root)
+
+
+def test_profile_rows_the_fit_cannot_use_are_reported_as_skipped(tmp_path):
+    """Attention rows at a TP degree without mlp.csv rows, and a network file without rows within
+    one node, are named in the fit's skipped lines (the calibration's notes), not dropped silently."""
+    root = _write_profiles(tmp_path)
+    attn = pd.read_csv(root / _ATTN)
+    pd.concat([attn, attn.assign(num_tensor_parallel_workers=8)]).to_csv(root / _ATTN, index=False)
+    pd.read_csv(root / _AR).assign(devices_per_node=1).to_csv(root / _AR, index=False)
+    p = load_operator_profiles(root)
+    assert sorted(p.decode) == [2] and not p.all_reduce
+    fit = fit_operator_profiles(p, A100, CostParams())
+    assert any(s.startswith("attention tp8: mlp.csv has no rows") for s in fit.skipped)
+    assert any(s.startswith("all-reduce: a100_dgx/all_reduce.csv has no rows within one node") for s in fit.skipped)
+
+
+@pytest.mark.parametrize("model_dir, what", [
+    ("RedHatAI/Llama-2-70b-hf-quantized.w8a8", "int8 weights"),
+    ("mistralai/Mixtral-8x7B-v0.1", "mixture of experts"),
+    ("deepseek-ai/DeepSeek-V2-Lite", "latent attention"),
+])
+def test_profiles_of_a_model_vidur_does_not_profile_are_refused(tmp_path, model_dir, what):
+    """Vidur profiles dense 16-bit layers: a folder resolving to a quantized, MoE or MLA preset
+    would be fitted with a cost model of another computation."""
+    with pytest.raises(ConfigError, match=f"{what}.*expected a dense 16-bit model"):
+        load_operator_profiles(_write_profiles(tmp_path, model_dir=model_dir))
+
+
+@pytest.mark.parametrize("device, gpu, match", [
+    ("a100", "H100-SXM", "compute/a100 is A100-80GB, not the GPU being calibrated: expected profiles measured on "
+                         "H100-SXM"),
+    ("a40", "L40S", "compute/a40 is not a kvsched GPU preset or alias"),
+])
+def test_profiles_measured_on_another_gpu_are_refused(tmp_path, device, gpu, match):
+    root = _write_profiles(tmp_path)
+    (root / "compute" / "a100").rename(root / "compute" / device)
+    with pytest.raises(ConfigError, match=match):
+        fit_operator_profiles(load_operator_profiles(root), get_gpu(gpu), CostParams())
+
+
+def test_the_cli_prints_paths_with_rich_markup_characters_verbatim_and_fits_byte_identically(tmp_path, capsys):
+    """A path holding ``[/x]`` is printed as it is (not parsed as console markup, which raised
+    after the file was written); two runs on the same profiles write the same file but wall_s."""
+    from kvsched.experiments.cli import main
+
+    root = _write_profiles(tmp_path / "p [/x]")
+    texts = []
+    for i in range(2):
+        out = tmp_path / f"new [/z] {i}" / "A100.json"
+        assert main(["calibrate", "--gpu", "A100-80GB", "--operator-profiles", str(root), "--out", str(out)]) == 0
+        assert f"wrote {out}" in capsys.readouterr().out.replace("\n", "")
+        d = json.loads(out.read_text())
+        d.pop("wall_s")
+        texts.append(json.dumps(d, sort_keys=True))
+    assert texts[0] == texts[1]
