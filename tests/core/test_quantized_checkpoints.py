@@ -81,3 +81,38 @@ def test_a_bad_weight_dtype_or_quantized_layer_set_names_the_field():
         dataclasses.replace(m, quantized_weights="attention")
     with pytest.raises(ConfigError, match="weight_dtype.*int8, int4"):
         InstanceSpec(model=m, gpu=H100, weight_dtype="int3")
+
+
+def test_every_quantized_checkpoint_id_names_a_model_that_resolves_to_the_same_spec():
+    """A resolved name is written into specs, scenarios and results and read back by name: it must
+    give the same model. Llama-4-Scout's FP8 checkpoints once resolved to a Linear-quantized
+    "Llama-4-Scout-17B-16E-FP8" whose name is the MLP-quantized preset's."""
+    from kvsched.envs.sim.model_spec import MODEL_ALIASES, MODEL_PRESETS, QUANTIZED_CHECKPOINT_SUFFIXES
+
+    resolved = 0
+    for base in (*MODEL_PRESETS, *MODEL_ALIASES):
+        for suffix, _ in QUANTIZED_CHECKPOINT_SUFFIXES:
+            try:
+                m = get_model(base + suffix)
+            except UnknownPresetError:
+                continue
+            resolved += 1
+            assert get_model(m.name) == m, base + suffix
+    assert resolved > 100
+    assert get_model("meta-llama/Llama-4-Scout-17B-16E-Instruct-FP8") == get_model("Llama-4-Scout-17B-16E-FP8")
+
+
+@pytest.mark.parametrize("quantized_weights, match", [
+    ("linear", r"'linear'-quantized weights \(-5\.8e\+04\) lie in \(0, 6000\]"),
+    ("mlp", r"'mlp'-quantized weights \(4\.915e\+04\) lie in \(0, 6000\]"),
+])
+def test_a_quantized_share_outside_the_matmul_weights_is_refused_naming_n_params(quantized_weights, match):
+    """n_params just above the embedding passes the embedding floor, but leaves the lm_head
+    ("linear") or the MLPs ("mlp") more weights than the model has: int8 weights then weighed
+    more than bf16 ones."""
+    from kvsched.envs.sim.specs import ModelSpec
+
+    with pytest.raises(ConfigError, match=r"ModelSpec\('tiny'\)\.n_params=70000 is not allowed: .*" + match) as e:
+        ModelSpec("tiny", 2, 64, 4, 4, 16, 128, 1000, 70000, 512, "test", weight_dtype="int8",
+                  quantized_weights=quantized_weights)
+    assert "\n" not in str(e.value)
