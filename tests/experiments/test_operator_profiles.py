@@ -60,7 +60,8 @@ def _write_profiles(root: Path, *, mlp_edit=None, model_dir="meta-llama/Llama-2-
                          "time_stats.attn_prefill.median": np.nan})
     for c in (64, 512, 2048):
         for cached in (0, 1024):
-            full = _kernel_s(2, np.array([c * 1.0]), np.array([c * (cached + c / 2.0)]), np.array([cached + c * 1.0]))[0]
+            full = _kernel_s(2, np.array([c * 1.0]), np.array([c * (cached + c / 2.0)]),
+                             np.array([cached + c * 1.0]))[0]
             lin = _kernel_s(2, np.array([c * 1.0]), np.zeros(1), np.zeros(1))[0]
             attn.append({"num_tensor_parallel_workers": 2, "is_prefill": True, "batch_size": 1, "kv_cache_size": cached,
                          "prefill_chunk_size": c, "time_stats.attn_decode.median": np.nan,
@@ -177,7 +178,7 @@ _AR = "network/a100_dgx/all_reduce.csv"
 
 
 @pytest.mark.parametrize("file, column, value, match", [
-    (_MLP, "time_stats.add.median", "abc", "time_stats.add.median row 0 = 'abc' is not allowed: expected a finite time"),
+    (_MLP, "time_stats.add.median", "abc", "time_stats.add.median row 0 = 'abc' is not allowed: expected a finite"),
     (_MLP, "num_tokens", float("nan"), "num_tokens row 0 = nan is not allowed: expected an integer >= 1"),
     (_MLP, "num_tokens", 1.5, "num_tokens row 0 = 1.5 is not allowed"),
     (_MLP, "num_tensor_parallel_workers", 2.5, "num_tensor_parallel_workers row 0 = 2.5 is not allowed"),
