@@ -436,9 +436,7 @@ def cmd_calibrate(a, console) -> int:
     """Run ``kvsched calibrate`` (see the module docstring); returns the exit code."""
     from pathlib import Path
 
-    from rich.table import Table
-
-    from kvsched.envs.sim.calibration import calibration_path, save_calibration
+    from kvsched.envs.sim.calibration import calibration_path
 
     from .groundtruth import find_groundtruth
     from .outputs import file_name
@@ -501,18 +499,9 @@ def cmd_calibrate(a, console) -> int:
                                         f"coarse fit on stages cut to {a.coarse_cap_s:g} s (max_nfev "
                                         f"{a.coarse_nfev}), then fine fit on {a.fine_cap_s:g} s (max_nfev "
                                         f"{a.fine_nfev})"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_calibration(cal, out)
-    table = Table(title=f"calibrated CostParams for {a.gpu} (version {cal.version})")
-    table.add_column("parameter")
-    table.add_column("value", justify="right")
-    table.add_column("how")
-    for f in dataclasses.fields(CostParams):
-        value = getattr(cal.cost, f.name)
-        table.add_row(f.name, value if isinstance(value, str) else f"{value:.6g}",
-                      "fitted" if f.name in cal.fitted else ("--allreduce-algorithm" if isinstance(value, str)
-                                                             else "literature default"))
-    console.print(table)
+    _save_and_show(console, cal, out, f"calibrated CostParams for {a.gpu} (version {cal.version})",
+                   lambda name, value: "fitted" if name in cal.fitted else (
+                       "--allreduce-algorithm" if isinstance(value, str) else "literature default"))
     console.print(f"{n_eval} objective evaluations, loss {cal.loss:.4f}, {wall:.0f} s wall; wrote {out}",
                   highlight=False, markup=False)
     return 0
@@ -521,14 +510,31 @@ def cmd_calibrate(a, console) -> int:
 _TAIL_NOTE = "tail fit"
 
 
+def _save_and_show(console, cal: CalibrationFile, out, title: str, how: Callable[[str, object], str]) -> None:
+    """Write ``cal`` to ``out`` (its folder made if missing) and print its CostParams as a table
+    with a "how" column ``how(field name, value)``."""
+    from rich.table import Table
+
+    from kvsched.envs.sim.calibration import save_calibration
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_calibration(cal, out)
+    table = Table(title=title)
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    table.add_column("how")
+    for f in dataclasses.fields(CostParams):
+        value = getattr(cal.cost, f.name)
+        table.add_row(f.name, value if isinstance(value, str) else f"{value:.6g}", how(f.name, value))
+    console.print(table)
+
+
 def _cmd_operator_profiles(a, console, out) -> int:
     """``kvsched calibrate --operator-profiles DIR``: :func:`~.operator_profiles.fit_operator_profiles`
     on the GPU ``--gpu`` with the other fields of ``--host-from``'s shipped calibration; writes ``out``."""
     import os
 
-    from rich.table import Table
-
-    from kvsched.envs.sim.calibration import calibrated_cost_params, save_calibration
+    from kvsched.envs.sim.calibration import calibrated_cost_params
     from kvsched.envs.sim.specs import get_gpu
 
     from .operator_profiles import KERNEL_FIT_PARAMS, fit_operator_profiles, load_operator_profiles
@@ -569,17 +575,8 @@ def _cmd_operator_profiles(a, console, out) -> int:
                   "(embedding + layers x operators, + attention), each group weighted 1/sqrt(rows)",
         loss=fit.kernel.loss, n_residuals=int(fit.kernel.residuals.size), n_evaluations=fit.kernel.n_evaluations,
         wall_s=round(wall, 1), kvsched_version=kvsched.__version__, notes=tuple(notes))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_calibration(cal, out)
-    table = Table(title=f"CostParams for {gpu.name} (version {cal.version}) from operator profiles")
-    table.add_column("parameter")
-    table.add_column("value", justify="right")
-    table.add_column("how")
-    for f in dataclasses.fields(CostParams):
-        value = getattr(cal.cost, f.name)
-        table.add_row(f.name, value if isinstance(value, str) else f"{value:.6g}",
-                      "fitted" if f.name in kernel_names else f"{host_gpu} calibration")
-    console.print(table)
+    _save_and_show(console, cal, out, f"CostParams for {gpu.name} (version {cal.version}) from operator profiles",
+                   lambda name, value: "fitted" if name in kernel_names else f"{host_gpu} calibration")
     for k, v in fit.group_mape.items():
         console.print(f"  {k}: MAPE {v:.1f} %", highlight=False, markup=False)
     console.print(f"loss {cal.loss:.4g}, {wall:.0f} s wall; wrote {out}", highlight=False, markup=False)

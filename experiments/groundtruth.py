@@ -50,8 +50,8 @@ from kvsched.envs.sim.specs import get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
 __all__ = ["METRICS", "PEERS", "PRECISIONS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment",
-           "GroundTruthMissing", "StageMeasurement", "find_groundtruth", "load_experiments", "retokenization",
-           "weight_dtype_for"]
+           "GroundTruthMissing", "StageMeasurement", "find_groundtruth", "load_experiments", "quantized_preset",
+           "retokenization", "weight_dtype_for"]
 
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 """Metric names of the sim-to-real table (all in ms)."""
@@ -326,7 +326,9 @@ def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:
     """``(InstanceSpec.weight_dtype, skip reason or None)`` of a run logged with ``precision``.
 
     A missing precision (NaN) or one that names the checkpoint's own dtype gives "auto"; FP8/NVFP4
-    on a 16-bit checkpoint gives that dtype (vLLM ``--quantization``, online quantization). A
+    on a 16-bit checkpoint gives that dtype (vLLM ``--quantization``, online quantization); INT8/INT4
+    on one gives that dtype too, which :func:`quantized_preset` turns into the quantized checkpoint
+    (vLLM has no online int8/int4 quantization: such runs serve an LLM Compressor checkpoint). A
     16-bit precision on a quantized checkpoint contradicts the checkpoint, and an unknown value is
     not modelled: both give a skip reason.
     """
@@ -340,9 +342,19 @@ def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:
     if want == have or (want == "bf16" and have == "fp16"):
         return "auto", None
     if have in ("bf16", "fp16"):
-        return want, None
+        return want, None  # int8/int4: served from the quantized checkpoint (:func:`quantized_preset`)
     return "auto", (f"precision {p} contradicts the {have} checkpoint of {preset} (vLLM serves a quantized "
                     "checkpoint as stored)")
+
+
+def quantized_preset(preset: str, weight_dtype: str) -> tuple[str, str]:
+    """``(preset, weight_dtype)`` of a run whose precision asks a 16-bit preset for int8 or int4
+    weights: the preset of its quantized checkpoint (every decoder Linear layer quantized, the
+    embedding and lm_head bf16; ``model_spec.get_model`` resolves ``<preset>-INT8`` / ``-INT4``)
+    with ``"auto"``; any other pair unchanged."""
+    if weight_dtype in ("int8", "int4"):
+        return get_model(f"{preset}-{weight_dtype.upper()}").name, "auto"
+    return preset, weight_dtype
 
 
 def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,
@@ -680,6 +692,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
         skip = _unmodelled(model_id)
     else:
         weight_dtype, skip = weight_dtype_for(cfg.get("precision") or math.nan, preset)
+        preset, weight_dtype = quantized_preset(preset, weight_dtype)
     if skip is None:
         failed = sum(s.failures or 0 for s in stages)
         sent = sum(s.count or 0 for s in stages)
@@ -780,6 +793,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     if preset is not None:
         raw_precision = _column(first, "precision")
         weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, preset)
+        preset, weight_dtype = quantized_preset(preset, weight_dtype)
     return Experiment(
         exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
         tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,

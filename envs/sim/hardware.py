@@ -76,8 +76,8 @@ class GPUSpec:
         where there are none the preset carries its BF16 peak there); nvfp4 ->
         ``fp4_flops_per_s`` when > 0, else ``bf16_flops_per_s`` (weight-only W4A16); int8 (W8A8,
         int8 activations quantized per token) -> twice the BF16 peak, the INT8 tensor rate of every
-        preset (NVIDIA datasheets, dense: A100 624 TOPS, H100/H200 1,979, L40S 733, B200 4,500);
-        int4 (W4A16, weights dequantized to 16 bits in the GEMM) -> ``bf16_flops_per_s``."""
+        preset within 1.3 % (NVIDIA datasheets, dense: A100 624 TOPS, H100/H200 1,979, B200 4,500;
+        L40S 733 against 724); int4 (W4A16, weights dequantized to 16 bits in the GEMM) -> ``bf16_flops_per_s``."""
         if weight_dtype == "fp8":
             return self.fp8_flops_per_s
         if weight_dtype == "nvfp4":

@@ -173,7 +173,8 @@ class InstanceSpec:
             LoongServe's elastic sequence parallelism), None (default) = one group of ``tp`` GPUs.
             With it the instance spans ``tp × pp_stages × groups`` GPUs: weights and KV bytes per
             GPU are the largest stage's share (``ceil(L/S)/L``), and the HBM KV blocks are the
-            groups' sum. Not with a PNM tier, nor with a mixture-of-experts or MLP-only-quantized model.
+            groups' sum. Not with a PNM tier, nor with a mixture-of-experts or partly quantized
+            ("mlp", "linear") model.
         cost: efficiency parameters of the cost model. None (default) means
             :func:`default_cost_params` of the GPU (the calibration file where one exists, else
             the literature defaults with the H100 calibration's host-side fields); after

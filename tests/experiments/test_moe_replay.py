@@ -67,3 +67,20 @@ def test_precision_column_maps_to_the_weight_dtype_or_a_one_line_skip_reason() -
     assert why is not None and "contradicts" in why and "\n" not in why
     dtype, why = weight_dtype_for("INT4-AWQ" * 100, "Yi-34B")
     assert why is not None and "not modelled" in why and len(why) < 300
+
+
+def test_an_int8_or_int4_precision_replays_the_quantized_checkpoint_of_the_16_bit_preset() -> None:
+    """vLLM has no online int8/int4 quantization, so such a run served an LLM Compressor checkpoint:
+    every decoder Linear layer quantized, embedding and lm_head bf16, whatever id the row names."""
+    from kvsched.envs.sim.specs import get_model
+    from kvsched.experiments.groundtruth import quantized_preset, weight_dtype_for
+
+    for precision, dtype in (("W8A8", "int8"), ("int8", "int8"), ("W4A16", "int4"), ("INT4", "int4")):
+        assert weight_dtype_for(precision, "Qwen2.5-7B") == (dtype, None)
+        preset, wd = quantized_preset("Qwen2.5-7B", weight_dtype_for(precision, "Qwen2.5-7B")[0])
+        m = get_model(preset)
+        assert wd == "auto" and (m.weight_dtype, m.quantized_weights) == (dtype, "linear")
+        # the checkpoint's own id and precision land on the same preset
+        ckpt = get_model(f"RedHatAI/Qwen2.5-7B-Instruct-quantized.{'w8a8' if dtype == 'int8' else 'w4a16'}").name
+        assert ckpt == preset and weight_dtype_for(precision, ckpt) == ("auto", None)
+    assert quantized_preset("Llama-3.1-70B", "fp8") == ("Llama-3.1-70B", "fp8")  # online FP8 stays online
