@@ -103,20 +103,36 @@ def gpu_preset_of(hardware: str) -> str:
 
 
 def cost_source(exp: Experiment, cost_gpu: str = CALIBRATED_GPU) -> str:
-    """Which cost parameters a replay of ``exp`` uses: ``"given"`` (its GPU is ``cost_gpu``),
-    ``"calibration"`` (kvsched ships a calibration for its GPU) or ``"host terms transferred"``
-    (literature defaults for the GPU-side fields, the host-side ones of the reference GPU's
-    calibration: :func:`~kvsched.envs.sim.calibration.default_cost_params`).
+    """Which cost parameters a replay of ``exp`` uses: ``"given"`` (its GPU is ``cost_gpu`` or has
+    no calibration of its own and shares ``cost_gpu``'s chip,
+    :data:`~kvsched.envs.sim.calibration.SAME_CHIP`), ``"calibration"`` (kvsched ships a
+    calibration for its GPU), ``"same-chip calibration"`` (that of the GPU it shares a chip with) or
+    ``"host terms transferred"`` (literature defaults for the GPU-side fields, the host-side ones of
+    the reference GPU's calibration: :func:`~kvsched.envs.sim.calibration.default_cost_params`).
 
     Raises:
         UnknownPresetError: the run's hardware has no GPU preset.
     """
-    from kvsched.envs.sim.calibration import calibrated_cost_params
+    from kvsched.envs.sim.calibration import SAME_CHIP, calibrated_cost_params
 
     gpu = gpu_preset_of(exp.hardware)
-    if gpu == get_gpu(cost_gpu).name:
+    if _takes_given_cost(gpu, cost_gpu):
         return "given"
-    return "calibration" if calibrated_cost_params(gpu) is not None else "host terms transferred"
+    if calibrated_cost_params(gpu) is not None:
+        return "calibration"
+    twin = SAME_CHIP.get(gpu)
+    if twin is not None and calibrated_cost_params(twin) is not None:
+        return "same-chip calibration"
+    return "host terms transferred"
+
+
+def _takes_given_cost(gpu: str, cost_gpu: str) -> bool:
+    """A cost given for ``cost_gpu`` applies to runs on ``gpu`` (the same preset, or one without a
+    calibration of its own that shares its chip)."""
+    from kvsched.envs.sim.calibration import SAME_CHIP, calibrated_cost_params
+
+    target = get_gpu(cost_gpu).name
+    return gpu == target or (SAME_CHIP.get(gpu) == target and calibrated_cost_params(gpu) is None)
 
 
 @dataclass(frozen=True)
@@ -168,7 +184,7 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
                     gpu_memory_utilization=exp.gpu_memory_utilization,
                     enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
                     block_size_tokens=16, weight_dtype=exp.weight_dtype)
-    if cost is not None and gpu.name == get_gpu(cost_gpu).name:
+    if cost is not None and _takes_given_cost(gpu.name, cost_gpu):
         kw["cost"] = cost
     spec = InstanceSpec(**kw)
     if exp.cpu_offload:

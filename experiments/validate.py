@@ -334,7 +334,7 @@ def cost_notes(exps: Sequence[Experiment]) -> list[str]:
     """One line per GPU other than the calibrated one among the replayable runs, saying which
     cost parameters its runs use (``replay.cost_source``: where kvsched ships no calibration for
     that GPU, literature defaults for the GPU-side fields and the reference GPU's host-side ones)."""
-    from kvsched.envs.sim.calibration import HOST_FIELDS, HOST_REFERENCE_GPU
+    from kvsched.envs.sim.calibration import HOST_FIELDS, HOST_REFERENCE_GPU, SAME_CHIP
     from kvsched.envs.sim.errors import UnknownPresetError
 
     from .replay import CALIBRATED_GPU, cost_source, gpu_preset_of
@@ -347,11 +347,20 @@ def cost_notes(exps: Sequence[Experiment]) -> list[str]:
             gpu, src = gpu_preset_of(e.hardware), cost_source(e)
         except UnknownPresetError:
             continue
-        if src != "given":
+        if gpu == CALIBRATED_GPU:
+            continue
+        if src == "given":
+            lines[gpu] = (f"cost parameters for runs on {gpu}: the calibration above ({gpu} shares "
+                          f"{CALIBRATED_GPU}'s chip)")
+            continue
+        if src == "host terms transferred":
             what = (f"literature defaults of CostParams for the GPU-side fields, the host-side fields "
-                    f"({', '.join(HOST_FIELDS)}) of {HOST_REFERENCE_GPU}'s calibration (no calibration for this GPU)"
-                    if src == "host terms transferred" else "its shipped calibration")
-            lines[gpu] = f"cost parameters for runs on {gpu}: {what}; the calibration above applies to {CALIBRATED_GPU}"
+                    f"({', '.join(HOST_FIELDS)}) of {HOST_REFERENCE_GPU}'s calibration (no calibration for this GPU)")
+        elif src == "same-chip calibration":
+            what = f"the shipped calibration of {SAME_CHIP[gpu]} (same chip)"
+        else:
+            what = "its shipped calibration"
+        lines[gpu] = f"cost parameters for runs on {gpu}: {what}; the calibration above applies to {CALIBRATED_GPU}"
     return [lines[k] for k in sorted(lines)]
 
 

@@ -34,8 +34,8 @@ from .spec_validation import is_int, is_real
 from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
-__all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "HOST_FIELDS", "HOST_REFERENCE_GPU", "CalibrationFile",
-           "FitParam", "FitResult",
+__all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "HOST_FIELDS", "HOST_REFERENCE_GPU", "SAME_CHIP",
+           "CalibrationFile", "FitParam", "FitResult",
            "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
            "save_calibration"]
 
@@ -333,15 +333,23 @@ first-chunk delay. The same vLLM code runs them whatever GPU serves, so a GPU wi
 calibration of its own takes them from :data:`HOST_REFERENCE_GPU`'s."""
 
 HOST_REFERENCE_GPU = "H100-SXM"
+
+SAME_CHIP: dict[str, str] = {"H200": "H100-SXM"}
+"""GPU presets that share another's compute die, NVLink and kernels and differ only in HBM size and
+bandwidth (which their :class:`~kvsched.envs.sim.hardware.GPUSpec` carries): without a calibration
+of their own they take that GPU's whole calibration, its efficiencies being ratios to those
+rates. H200: the GH100 die of the H100 SXM with 141 GB of HBM3e at 4.8 TB/s (NVIDIA H200
+datasheet), NVLink 4."""
 """The GPU whose shipped calibration (fitted on real vLLM runs) lends its :data:`HOST_FIELDS` to
 GPUs that have no calibration file."""
 
 
 def default_cost_params(gpu: Any) -> CostParams:
     """The GPU's default :class:`CostParams`: its calibration file if kvsched ships one
-    (``envs/sim/calibration/<GPU preset>.json``), else the literature defaults of :class:`CostParams`
-    for the GPU-side fields with the :data:`HOST_FIELDS` of :data:`HOST_REFERENCE_GPU`'s calibration
-    (the literature defaults for all fields if that is not shipped either).
+    (``envs/sim/calibration/<GPU preset>.json``), else that of the GPU it shares a chip with
+    (:data:`SAME_CHIP`), else the literature defaults of :class:`CostParams` for the GPU-side fields
+    with the :data:`HOST_FIELDS` of :data:`HOST_REFERENCE_GPU`'s calibration (the literature
+    defaults for all fields if that is not shipped either).
 
     Args:
         gpu: a :class:`~kvsched.envs.sim.hardware.GPUSpec` or a GPU preset name.
@@ -353,6 +361,11 @@ def default_cost_params(gpu: Any) -> CostParams:
     own = calibrated_cost_params(name)
     if own is not None:
         return own
+    same_chip = SAME_CHIP.get(name)
+    if same_chip is not None:
+        twin = calibrated_cost_params(same_chip)
+        if twin is not None:
+            return twin
     return host_transferred_cost_params()
 
 

@@ -65,6 +65,8 @@ def test_presets_use_their_shipped_calibration_and_the_h100_host_terms_elsewhere
     # a default cost follows the GPU; an explicit one stays
     assert InstanceSpec(model=L7, gpu=H100).with_overrides(gpu=l40s).cost == transferred
     assert InstanceSpec(model=L7, gpu=H100).with_overrides(gpu=A100).cost == a100.cost
+    # the H200 is the H100's chip with more and faster HBM: it takes the H100 calibration whole
+    assert calibrated_cost_params("H200") is None and InstanceSpec(model=L7, gpu=get_gpu("H200")).cost == cal.cost
     pinned = CostParams(mbu=0.5)
     assert InstanceSpec(model=L7, gpu=H100, cost=pinned).with_overrides(gpu=A100).cost == pinned
     # omitted cost keys in a dict spec take the GPU's default, given ones override

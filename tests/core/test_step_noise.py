@@ -147,10 +147,11 @@ def test_a_calibrated_h100_beside_an_uncalibrated_gpu_shares_the_front_end_and_o
     from kvsched.envs.sim.specs import get_gpu
     from kvsched.policies.base import make_policy
 
-    h100, h200 = make_spec(), make_spec(gpu=get_gpu("H200"))
-    assert h200.cost_params.request_overhead_s == h100.cost_params.request_overhead_s
-    assert h200.cost_params.mbu != h100.cost_params.mbu  # GPU-side fields stay the H200's own defaults
-    Cluster([h100, h200], lambda: make_policy("fcfs"))
+    h100, h200, l40s = make_spec(), make_spec(gpu=get_gpu("H200")), make_spec(gpu=get_gpu("L40S"))
+    assert h200.cost_params == h100.cost_params  # same chip: the H100 calibration whole
+    assert l40s.cost_params.request_overhead_s == h100.cost_params.request_overhead_s
+    assert l40s.cost_params.mbu != h100.cost_params.mbu  # GPU-side fields stay the L40S's own defaults
+    Cluster([h100, h200, l40s], lambda: make_policy("fcfs"))
     other = dataclasses.replace(h200, cost=dataclasses.replace(h200.cost_params, request_overhead_s=0.01))
     with pytest.raises(ConfigError, match="request_overhead_s") as e:
         Cluster([h100, other], lambda: make_policy("fcfs"))

@@ -114,6 +114,9 @@ def test_the_served_system_of_an_unseen_run_follows_its_gpu_utilisation_and_offl
     assert spec.cost_params.mfu_max != 0.3  # the given cost is the H100's: A100 runs keep their own
     assert cost_source(e) == "calibration"  # A100-80GB ships one (fitted on operator profiles)
     assert cost_source(e.__class__(**{**e.__dict__, "hardware": "L40S"})) == "host terms transferred"
+    h200 = e.__class__(**{**e.__dict__, "hardware": "H200"})
+    assert cost_source(h200) == "given"  # the H100's chip: a candidate H100 calibration applies
+    assert instance_spec_for(h200, CostParams(mfu_max=0.3)).cost_params.mfu_max == 0.3
     assert spec.prefix_offload is not None and spec.prefix_offload.load_policy == "always"
     assert spec.num_dram_blocks > 0
     lower = instance_spec_for(e.__class__(**{**e.__dict__, "gpu_memory_utilization": 0.9}))
