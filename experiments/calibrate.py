@@ -33,7 +33,7 @@ from kvsched.envs.sim.cost_params import TAIL_FIELDS
 from kvsched.envs.sim.specs import CostParams
 
 from .groundtruth import METRICS, Experiment, load_experiments
-from .replay import replay
+from .replay import CALIBRATED_GPU, replay
 
 __all__ = ["DEFAULT_TRAIN", "FIT_METRICS", "TAIL_FIELDS", "TAIL_FIT_QUANTILES", "TAIL_FIT_STAGES", "TAIL_GRID",
            "Objective", "TailFit", "calibrate", "fit_tail", "log_residuals", "tail_residuals"]
@@ -334,7 +334,10 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
                           + bounded_repr(reasons, 600)[1:-1])
     other = [e.exp_id for e in chosen if GPU_OF_HARDWARE.get(e.hardware, e.hardware) != gpu]
     if other:
-        raise ConfigError(f"calibrate: experiment(s) {bounded_repr(other, 300)} did not run on {bounded_repr(gpu)}")
+        raise ConfigError(f"calibrate: experiment(s) {bounded_repr(other, 300)} did not run on {bounded_repr(gpu)}: "
+                          f"expected training runs on {gpu} (--train), or --operator-profiles DIR to fit a GPU "
+                          "without vLLM runs from its measured operator times "
+                          "(docs/fidelity.md#gpus-other-than-the-h100)")
     if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE
@@ -450,8 +453,6 @@ def cmd_calibrate(a, console) -> int:
             raise ConfigError("--tail-only with --operator-profiles is not allowed: the tail is fitted on vLLM runs; "
                               "give one of them")
         return _cmd_operator_profiles(a, console, out)
-    gt = str(find_groundtruth(a.groundtruth))
-    exps = load_experiments(gt)
     existing = None
     if out.is_file():
         try:
@@ -465,6 +466,14 @@ def cmd_calibrate(a, console) -> int:
         if existing is None:
             raise ConfigError(f"--tail-only: no calibration file {bounded_repr(str(out), MAX_PATH_CHARS)} to fit "
                               "the tail on; run a full calibration first")
+        if existing.gpu != CALIBRATED_GPU:
+            raise ConfigError(f"--tail-only on {bounded_repr(str(out), MAX_PATH_CHARS)} is not allowed: it calibrates "
+                              f"{bounded_repr(existing.gpu)}, and the tail is fitted on vLLM runs on {CALIBRATED_GPU}; "
+                              f"expected a {CALIBRATED_GPU} calibration file (--gpu {CALIBRATED_GPU} or --out)")
+    gt = str(find_groundtruth(a.groundtruth))
+    exps = load_experiments(gt)
+    if a.tail_only:
+        assert existing is not None  # checked above
         return _cmd_tail_only(a, console, existing, exps, gt, out)
     base = CostParams()
     train = tuple(a.train) if a.train else DEFAULT_TRAIN
@@ -537,9 +546,11 @@ def _cmd_operator_profiles(a, console, out) -> int:
     from kvsched.envs.sim.calibration import calibrated_cost_params
     from kvsched.envs.sim.specs import get_gpu
 
-    from .operator_profiles import KERNEL_FIT_PARAMS, fit_operator_profiles, load_operator_profiles
+    from .operator_profiles import KERNEL_FIT_PARAMS, check_device, fit_operator_profiles, load_operator_profiles
 
     gpu = get_gpu(a.gpu)
+    profiles = load_operator_profiles(a.operator_profiles)
+    check_device(profiles, gpu)  # before --host-from's checks: the default --gpu is the H100-SXM
     host_gpu = get_gpu(a.host_from).name
     host = calibrated_cost_params(host_gpu)
     if host is None:
@@ -550,7 +561,6 @@ def _cmd_operator_profiles(a, console, out) -> int:
                           f"({gpu.name}); expected another GPU whose calibration was fitted on vLLM runs")
     host = dataclasses.replace(host, **{f: getattr(CostParams(), f) for f in TAIL_FIELDS})
     t0 = time.perf_counter()
-    profiles = load_operator_profiles(a.operator_profiles)
     console.print(f"calibrating {gpu.name} on operator profiles of {profiles.model.name} ({profiles.device}): "
                   + ", ".join(os.path.relpath(s, a.operator_profiles) for s in profiles.sources),
                   highlight=False, markup=False)
@@ -578,7 +588,11 @@ def _cmd_operator_profiles(a, console, out) -> int:
     _save_and_show(console, cal, out, f"CostParams for {gpu.name} (version {cal.version}) from operator profiles",
                    lambda name, value: "fitted" if name in kernel_names else f"{host_gpu} calibration")
     for k, v in fit.group_mape.items():
-        console.print(f"  {k}: MAPE {v:.1f} %", highlight=False, markup=False)
+        console.print(f"  {k}: MAPE {v:.1f} %" + (" (of the NCCL ring fit, not applied: the all-reduce fields above "
+                                                  f"are {host_gpu}'s)" if k.startswith("all-reduce") else ""),
+                      highlight=False, markup=False)
+    for line in fit.skipped:
+        console.print(f"  skipped {line}"[:300], highlight=False, markup=False)
     console.print(f"loss {cal.loss:.4g}, {wall:.0f} s wall; wrote {out}", highlight=False, markup=False)
     return 0
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 def cmd_presets(a: argparse.Namespace, console: Console) -> int:
     """Print the model, GPU and link presets, one table each."""
+    from kvsched.envs.sim.calibration import default_cost_source
     from kvsched.envs.sim.disagg import DISAGG_LINK_PRESETS
     from kvsched.envs.sim.shared_kv import CMX_400G
     from kvsched.envs.sim.specs import presets_rows
@@ -21,14 +22,24 @@ def cmd_presets(a: argparse.Namespace, console: Console) -> int:
     for lk in (CMX_400G, *DISAGG_LINK_PRESETS.values()):
         tables["links"].append({"name": lk.name, "GB_per_s": round(lk.bytes_per_s / 1e9, 2),
                                 "latency_us": round(lk.latency_s * 1e6, 1)})
+    fitted = "its shipped calibration, fitted on real vLLM runs"
+    captions = {
+        "models": "Hugging Face ids of these are names too, and so are quantized checkpoints of a 16-bit one by their "
+                  "id's suffix, e.g. RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a8 -> Qwen2.5-7B-INT8 (-FP8-dynamic "
+                  "fp8, -quantized.w8a8 int8, -quantized.w4a16 int4; docs/cli.md#presets-and-traces)",
+        "gpus": "\n".join(f"{g['name']} cost parameters: {default_cost_source(g['name']) or fitted}"
+                          for g in tables.get("gpus", []))
+                + "".join(f"\n{g['name']}: fp8 TFLOPS = bf16 TFLOPS (no FP8 tensor cores: fp8 weights run weight-only)"
+                          for g in tables.get("gpus", []) if g["fp8_TFLOPS"] == g["bf16_TFLOPS"])
+                + "\n(docs/fidelity.md#gpus-other-than-the-h100)",
+        "links": "cmx-400g: only for the cluster KV tier's network (shared_kv.network)\n"
+                 "nvlink4 ... ib_hdr_200g: between prefill/decode instances (cluster.link) or GPU groups "
+                 "(instance.parallel.link, where nvlink4 has 8 us and ib-ndr400 is ib_ndr_400g)",
+    }
     for title, rows in tables.items():
         if not rows:
             continue
-        table = Table(title=title, caption=("cmx-400g: only for the cluster KV tier's network (shared_kv.network)\n"
-                                            "nvlink4 ... ib_hdr_200g: between prefill/decode instances "
-                                            "(cluster.link) or GPU groups (instance.parallel.link, where "
-                                            "nvlink4 has 8 us and ib-ndr400 is ib_ndr_400g)" if title == "links"
-                                            else None))
+        table = Table(title=title, caption=captions.get(title))
         for j, col in enumerate(rows[0]):
             # names never wrap; numeric headers may
             table.add_column(str(col).replace("_", " "), no_wrap=(j == 0), justify="left" if j == 0 else "right")

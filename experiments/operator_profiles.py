@@ -207,7 +207,7 @@ def _model_of(folder: Path) -> ModelSpec:
         model = get_model(name)
     except ConfigError:
         raise ConfigError(f"{_where(folder)}: model {bounded_repr(name)} is not a kvsched model preset or alias; "
-                          "expected a profiled model kvsched knows (kvsched list models)") from None
+                          "expected a profiled model kvsched knows (kvsched presets lists them)") from None
     if model.weight_dtype not in ("bf16", "fp16") or model.is_moe or model.is_mla:
         raise ConfigError(f"{_where(folder)}: model {bounded_repr(name)} is kvsched's {model.name} "
                           f"({model.weight_dtype} weights{', mixture of experts' if model.is_moe else ''}"
@@ -351,10 +351,12 @@ def check_device(p: OperatorProfiles, gpu: GPUSpec) -> None:
         measured = get_gpu(p.device).name
     except ConfigError:
         raise ConfigError(f"{_where(p.root)}: device folder compute/{bounded_repr(p.device)[1:-1]} is not a kvsched "
-                          f"GPU preset or alias: expected profiles measured on {gpu.name}") from None
+                          f"GPU preset or alias: expected profiles measured on {gpu.name}, in a folder naming it "
+                          "(a100, h100, ...: kvsched presets lists the GPUs)") from None
     if measured != gpu.name:
         raise ConfigError(f"{_where(p.root)}: device folder compute/{bounded_repr(p.device)[1:-1]} is {measured}, "
-                          f"not the GPU being calibrated: expected profiles measured on {gpu.name}")
+                          f"not the GPU being calibrated: expected profiles measured on {gpu.name} "
+                          f"(or --gpu {measured})")
 
 
 def _spec(model: ModelSpec, gpu: GPUSpec, tp: int, cost: CostParams) -> InstanceSpec:
@@ -469,7 +471,8 @@ def fit_operator_profiles(p: OperatorProfiles, gpu: GPUSpec, host: CostParams,
         for tp, (size, meas) in sorted(usable.items()):
             mape[f"all-reduce tp{tp}"] = _mape(_allreduce_prediction(p.model, gpu, tp, ar_fit.cost, size), meas)
         if progress:
-            progress("all-reduce fit: " + ", ".join(f"{k} {v:.4g}" for k, v in ar_fit.values.items()))
+            progress("all-reduce fit (NCCL ring; a diagnostic, not applied): "
+                     + ", ".join(f"{k} {v:.4g}" for k, v in ar_fit.values.items()))
     elif p.all_reduce:
         skipped.append("all-reduce: no TP degree of the network profile can be built on " + gpu.name)
     return ProfileFit(cost=fitted, kernel=kernel, allreduce=ar_fit, group_mape=mape, skipped=tuple(skipped))

@@ -192,6 +192,21 @@ def _instances(sc, spec) -> str:
     return " + ".join(parts)
 
 
+def default_cost_notes(specs) -> list[str]:
+    """One line per GPU among ``specs`` whose default cost parameters are in force and are not the
+    calibration fitted on real vLLM runs (:func:`~kvsched.envs.sim.calibration.default_cost_source`)."""
+    from kvsched.envs.sim.calibration import default_cost_source
+
+    notes: dict[str, str] = {}
+    for s in specs:
+        if s.cost_is_default and s.gpu.name not in notes:
+            src = default_cost_source(s.gpu)
+            if src is not None:
+                notes[s.gpu.name] = (f"cost parameters for {s.gpu.name}: {src} "
+                                     "(docs/fidelity.md#gpus-other-than-the-h100)")
+    return list(notes.values())
+
+
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
     """``kvsched simulate``: run the scenario, print its summary (table or ``--json``) and write
     ``--out``; returns the exit code."""
@@ -222,6 +237,8 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         err.print(f"[yellow]note:[/] {', '.join(routing_flags)} has no effect on 1 instance (a router picks among "
                   "instances; give --instances N)", highlight=False)
     if not a.json:
+        for note in default_cost_notes(sc.instance_specs()):
+            err.print(f"[yellow]note:[/] {note}", highlight=False)
         err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
         f"{_instances(sc, spec)}, policy {sc.policy}"

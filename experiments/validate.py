@@ -369,14 +369,20 @@ def calibration_or_default(path: str | Path | None, gpu: str = "H100-SXM") -> tu
     ``gpu``, else the literature defaults (no training set).
 
     Raises:
-        ConfigError: ``path`` given but not a file (one line naming ``--calibration``), or a
-            calibration file that does not parse (:func:`~kvsched.envs.sim.calibration.load_calibration`).
+        ConfigError: ``path`` given but not a file (one line naming ``--calibration``), a
+            calibration file that does not parse (:func:`~kvsched.envs.sim.calibration.load_calibration`),
+            or one of another GPU than ``gpu`` (its cost would be applied to ``gpu``'s runs).
     """
     from kvsched.envs.sim.calibration import calibration_path, load_calibration
 
     p = Path(path) if path is not None else calibration_path(gpu)
     if p.is_file():
         cal: CalibrationFile = load_calibration(p)
+        if cal.gpu != gpu:
+            raise ConfigError(f"--calibration {bounded_repr(str(p), MAX_PATH_CHARS)} is not allowed: it calibrates "
+                              f"{bounded_repr(cal.gpu)}, and validate applies --calibration to the runs on {gpu} "
+                              f"(runs on another GPU take that GPU's default cost parameters, "
+                              "docs/fidelity.md#gpus-other-than-the-h100); expected a calibration of " + gpu)
         return cal.cost, cal.train, f"{p} (gpu {cal.gpu}, version {cal.version})"
     if path is not None:
         raise ConfigError(f"--calibration {bounded_repr(str(p), MAX_PATH_CHARS)} is not allowed: expected an existing "
@@ -413,7 +419,10 @@ def add_arguments(p) -> None:
     from .cli_types import count, number
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
-    p.add_argument("--calibration", type=Path, help="calibration file (default: the shipped H100-SXM one)")
+    p.add_argument("--calibration", type=Path,
+                   help="calibration file of the H100-SXM, applied to the runs on it (default: the shipped one); "
+                        "runs on another GPU use that GPU's default cost parameters: its shipped calibration "
+                        "(A100-80GB), else literature GPU-side fields with the H100-SXM's host-side ones")
     p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "

@@ -35,7 +35,7 @@ from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "HOST_FIELDS", "HOST_REFERENCE_GPU", "SAME_CHIP",
-           "CalibrationFile", "FitParam", "FitResult",
+           "CalibrationFile", "FitParam", "FitResult", "default_cost_source",
            "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
            "save_calibration"]
 
@@ -367,6 +367,36 @@ def default_cost_params(gpu: Any) -> CostParams:
         if twin is not None:
             return twin
     return host_transferred_cost_params()
+
+
+def default_cost_source(gpu: Any) -> str | None:
+    """Where the GPU's :func:`default_cost_params` come from, as one line for a run's notes; None for
+    :data:`HOST_REFERENCE_GPU` when its calibration (fitted on real vLLM runs) is shipped. Every
+    published vLLM run is on that GPU (docs/fidelity.md, "GPUs other than the H100"), so no other
+    GPU's defaults are validated end to end.
+
+    Args:
+        gpu: a :class:`~kvsched.envs.sim.hardware.GPUSpec` or a GPU preset name.
+
+    Raises:
+        ConfigError: a shipped calibration file that does not parse or validate.
+    """
+    name = getattr(gpu, "name", None) or str(gpu)
+    p = calibration_path(name)
+    if p.is_file():
+        if name == HOST_REFERENCE_GPU:
+            return None
+        cal = load_calibration(p)
+        return (f"its shipped calibration (version {cal.version}; fitted: {', '.join(cal.fitted) or 'none'}), "
+                f"not validated against vLLM runs on {name}")
+    same_chip = SAME_CHIP.get(name)
+    if same_chip is not None and calibrated_cost_params(same_chip) is not None:
+        return (f"the shipped {same_chip} calibration whole (the same chip), not validated against vLLM runs "
+                f"on {name}")
+    if calibrated_cost_params(HOST_REFERENCE_GPU) is None:
+        return "no calibration: the literature defaults of CostParams, not validated against vLLM runs"
+    return (f"no calibration: literature defaults for the GPU-side fields, {HOST_REFERENCE_GPU}'s calibrated "
+            f"host-side ones; not validated against vLLM runs on {name}")
 
 
 @functools.lru_cache(maxsize=None)

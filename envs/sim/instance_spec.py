@@ -634,6 +634,12 @@ class InstanceSpec:
         return self.cost
 
     @property
+    def cost_is_default(self) -> bool:
+        """True when ``cost`` was left None, so :func:`default_cost_params` of the GPU is in force
+        (``calibration.default_cost_source`` says where those come from)."""
+        return self._cost_auto
+
+    @property
     def pcie_link(self) -> LinkSpec:
         """The GPU<->host link in force (``pcie``, or the GPU's when it was None)."""
         assert self.pcie is not None  # set in __post_init__

@@ -564,8 +564,11 @@ def get_model(name: str) -> ModelSpec:
     """
     try:
         return MODELS.get(name)
-    except UnknownPresetError:
+    except UnknownPresetError as e:
         quantized = _quantized_checkpoint(name) if isinstance(name, str) else None
         if quantized is None:
-            raise
+            suffixes = ", ".join(f"{sfx} ({dtype})" for sfx, dtype in QUANTIZED_CHECKPOINT_SUFFIXES[:4])
+            raise UnknownPresetError(f"{e}; or their Hugging Face ids (docs/cli.md#presets-and-traces), or a "
+                                     f"quantized checkpoint of a 16-bit one by its id's suffix: {suffixes}, ...; "
+                                     "another model is an inline model: mapping in a scenario") from None
         return quantized

@@ -94,3 +94,17 @@ def test_fit_recovers_a_known_function_exactly():
         FitParam("speed", 0.1, 1.0)
     with pytest.raises(ConfigError, match="bounds"):
         FitParam("mbu", 0.5, 0.1)
+
+
+def test_default_cost_source_says_which_gpus_run_on_unvalidated_defaults():
+    """A run on a GPU other than the H100 said nothing about its cost parameters; the line that
+    `kvsched simulate`, `compare` and `presets` print names where they come from."""
+    from kvsched.envs.sim.calibration import default_cost_source
+
+    assert default_cost_source("H100-SXM") is None  # fitted on real vLLM runs
+    a100 = default_cost_source(A100)
+    assert a100 is not None and "shipped calibration" in a100 and "mfu_max" in a100 and "not validated" in a100
+    l40s = default_cost_source("L40S")
+    assert l40s is not None and "no calibration" in l40s and "H100-SXM" in l40s and "not validated" in l40s
+    assert InstanceSpec(model=L7, gpu=A100).cost_is_default
+    assert not InstanceSpec(model=L7, gpu=A100, cost=CostParams()).cost_is_default

@@ -116,3 +116,13 @@ def test_a_quantized_share_outside_the_matmul_weights_is_refused_naming_n_params
         ModelSpec("tiny", 2, 64, 4, 4, 16, 128, 1000, 70000, 512, "test", weight_dtype="int8",
                   quantized_weights=quantized_weights)
     assert "\n" not in str(e.value)
+
+
+def test_an_unknown_model_error_says_hugging_face_ids_and_quantized_suffixes_are_names_too():
+    """`RedHatAI/...-quantized.w8a16` (weight-only int8, not modelled) listed only the preset names,
+    leaving a user to guess that Hugging Face ids and -quantized.w8a8 / .w4a16 ids resolve."""
+    with pytest.raises(UnknownPresetError) as e:
+        get_model("RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a16")
+    msg = str(e.value)
+    assert "known: " in msg and "Qwen2.5-7B" in msg and "Hugging Face ids" in msg
+    assert "-quantized.w8a8 (int8)" in msg and "-quantized.w4a16 (int4)" in msg and "\n" not in msg

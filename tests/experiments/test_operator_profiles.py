@@ -115,7 +115,7 @@ def test_a_directory_that_is_not_one_profiled_model_is_refused(tmp_path):
         load_operator_profiles(tmp_path / "nothing")
     with pytest.raises(ConfigError, match="no compute/<device>/<org>/<model>/mlp.csv"):
         load_operator_profiles(tmp_path)
-    with pytest.raises(ConfigError, match="not a kvsched model preset"):
+    with pytest.raises(ConfigError, match="not a kvsched model preset.*kvsched presets lists them"):
         load_operator_profiles(_write_profiles(tmp_path / "a", model_dir="acme/unknown-9b"))
     root = _write_profiles(tmp_path / "b")
     other = root / "compute" / "h100" / "meta-llama" / "Llama-2-70b-hf"
@@ -132,6 +132,10 @@ def test_the_cli_writes_a_calibration_with_the_kernel_fields_fitted_and_the_host
     out = tmp_path / "A100.json"
     assert main(["calibrate", "--gpu", "A100-80GB", "--operator-profiles", str(root), "--version", "3",
                  "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # the NCCL fit is printed beside a table showing other all-reduce fields: it must say it is not applied
+    assert "all-reduce fit (NCCL ring; a diagnostic, not applied)" in printed
+    assert all("not applied" in line for line in printed.splitlines() if "all-reduce tp" in line)
     cal = load_calibration(out)
     h100 = calibrated_cost_params("H100-SXM")
     assert cal.gpu == "A100-80GB" and cal.version == 3 and set(cal.fitted) == set(TRUE)
@@ -266,3 +270,20 @@ def test_the_cli_prints_paths_with_rich_markup_characters_verbatim_and_fits_byte
         d.pop("wall_s")
         texts.append(json.dumps(d, sort_keys=True))
     assert texts[0] == texts[1]
+
+
+def test_the_cli_refuses_profiles_of_another_gpu_before_the_host_checks_and_names_the_gpu_to_give(tmp_path, capsys):
+    """`calibrate --operator-profiles <A100 profiles>` without --gpu (default H100-SXM) was refused
+    for its --host-from ("it is the GPU being calibrated"), which does not tell a newcomer to give
+    --gpu A100-80GB; the device check comes first and says so."""
+    from kvsched.experiments.cli import main
+
+    root = _write_profiles(tmp_path / "p")
+    out = tmp_path / "x.json"
+    for gpu_args, gpu in ((["--gpu", "L40S"], "L40S"), ([], "H100-SXM")):
+        capsys.readouterr()
+        assert main(["calibrate", *gpu_args, "--operator-profiles", str(root), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (f"compute/a100 is A100-80GB, not the GPU being calibrated: expected profiles measured on {gpu} "
+                "(or --gpu A100-80GB)") in err and err.count("\n") == 1
+    assert not out.exists()
