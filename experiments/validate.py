@@ -420,9 +420,10 @@ def add_arguments(p) -> None:
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
     p.add_argument("--calibration", type=Path,
-                   help="calibration file of the H100-SXM, applied to the runs on it (default: the shipped one); "
-                        "runs on another GPU use that GPU's default cost parameters: its shipped calibration "
-                        "(A100-80GB), else literature GPU-side fields with the H100-SXM's host-side ones")
+                   help="calibration file of the H100-SXM, applied to the runs on it and on the H200 (its chip) "
+                        "(default: the shipped one); runs on another GPU use that GPU's default cost parameters: "
+                        "its shipped calibration (A100-80GB), else literature GPU-side fields with the H100-SXM's "
+                        "host-side ones")
     p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
     p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "

@@ -106,5 +106,7 @@ def test_default_cost_source_says_which_gpus_run_on_unvalidated_defaults():
     assert a100 is not None and "shipped calibration" in a100 and "mfu_max" in a100 and "not validated" in a100
     l40s = default_cost_source("L40S")
     assert l40s is not None and "no calibration" in l40s and "H100-SXM" in l40s and "not validated" in l40s
+    h200 = default_cost_source("H200")
+    assert h200 is not None and "H100-SXM calibration whole" in h200
     assert InstanceSpec(model=L7, gpu=A100).cost_is_default
     assert not InstanceSpec(model=L7, gpu=A100, cost=CostParams()).cost_is_default
