@@ -63,7 +63,9 @@ def test_int8_runs_at_twice_the_bf16_peak_and_int4_at_the_bf16_peak_with_quarter
     # a long prefill is compute-bound: int8 runs its decoder Linear layers at the INT8 peak
     prefill = {s.model.name: float(CostModel(s).chunk_time_s(4096, 0)) for s in (bf16, w8, w4)}
     assert prefill["Llama-3.1-8B-INT8"] < 0.7 * prefill["Llama-3.1-8B"]
-    assert prefill["Llama-3.1-8B-INT4"] == pytest.approx(prefill["Llama-3.1-8B"], rel=1e-9)
+    # int4 computes at the BF16 peak: a long prefill is as slow, but for the smaller ramp floor
+    assert prefill["Llama-3.1-8B-INT4"] == pytest.approx(prefill["Llama-3.1-8B"], rel=0.03)
+    assert prefill["Llama-3.1-8B-INT4"] <= prefill["Llama-3.1-8B"]
 
 
 def test_linear_quantization_of_a_16_bit_dtype_prices_the_step_like_the_unquantized_model():
@@ -126,3 +128,26 @@ def test_an_unknown_model_error_says_hugging_face_ids_and_quantized_suffixes_are
     msg = str(e.value)
     assert "known: " in msg and "Qwen2.5-7B" in msg and "Hugging Face ids" in msg
     assert "-quantized.w8a8 (int8)" in msg and "-quantized.w4a16 (int4)" in msg and "\n" not in msg
+
+
+def test_weight_only_int4_streams_its_smaller_weights_at_small_batches_like_marlin():
+    """The MFU ramp's floor scales with the bytes per weight for weight-only dtypes, so on the A100
+    calibration an int4 GEMM step is memory-bound at a few tokens: ~3.9x faster than bf16 up to 16
+    tokens and ~1.5x at 128 (Marlin's measured speedup shape, PPoPP 2025); W8A8 dtypes and 16-bit
+    weights keep the calibrated ramp."""
+    m = get_model("Llama-3.1-8B")
+    bf16 = InstanceSpec(model=m, gpu=A100, hbm_kv_blocks=1024)  # the shipped A100 calibration
+    w4 = bf16.with_overrides(weight_dtype="int4")  # every weight int4: the GEMM ratio alone
+
+    def kernel_s(spec, n):
+        b = CostModel(spec).step_breakdown(n, 0, 0)
+        return max(float(b["compute_s"]), float(b["memory_s"]))
+
+    assert 3.5 < kernel_s(bf16, 1) / kernel_s(w4, 1) < 4.0
+    assert 3.5 < kernel_s(bf16, 16) / kernel_s(w4, 16) < 4.0
+    assert 1.3 < kernel_s(bf16, 128) / kernel_s(w4, 128) < 1.7
+    half = bf16.cost_params.mfu_half_tokens
+    for dtype, gpu in (("bf16", A100), ("int8", A100), ("fp8", H100), ("int8", H100)):
+        assert CostModel(bf16.with_overrides(gpu=gpu, weight_dtype=dtype, cost=bf16.cost_params))._mfu_half == half
+    # fp8 on the A100 (no FP8 tensor cores) is weight-only too
+    assert CostModel(bf16.with_overrides(weight_dtype="fp8"))._mfu_half == half / 2
