@@ -85,13 +85,18 @@ link at ``allreduce_bw_efficiency``, two latencies. Dense models take none of th
 step times are unchanged to the bit).
 
 **Weight-only quantization** (int4; fp8 or nvfp4 on a GPU without tensor cores for them, whose
-peak for the dtype is its BF16 peak): the MFU ramp's half-point ``h`` is scaled by the weight's
-bytes / 2. The ramp makes a step's compute time ``FLOPs/(F·mfu_max) + 2·P·h/(F·mfu_max)``: a
-floor proportional to the weights, the cost of streaming them through the tensor cores while too
-few rows fill them. W8A8 dtypes halve it through their doubled peak; a weight-only kernel (vLLM's
-Marlin: 4-bit or 8-bit weights dequantized to 16 bits inside the GEMM) streams fewer bytes per
-weight at the 16-bit peak, so without the scaling a small-batch int4 decode step would come out
-compute-bound at the floor instead of reading its quarter-size weights. With it the int4 layers
+peak for the dtype is its BF16 peak): the MFU ramp's half-point ``h`` of the quantized weights is
+scaled by the weight's bytes / 2 (the routed experts' ``h`` in the expert term; the step's compute
+time less ``2·P_q·h·(1 − bytes/2)/(F·mfu_max)``, P_q the quantized matmul parameters per GPU,
+which leaves the same IEEE operations, less 0.0, to every other instance). The 16-bit weights of a
+partly quantized checkpoint (a "linear" one's lm_head, an "mlp" one's attention projections) and
+the attention keep ``h``. The ramp makes a step's compute time ``FLOPs/(F·mfu_max) +
+2·P·h/(F·mfu_max) + A·pairs·h/(F·mfu_max·n)``: a floor proportional to the weights, the cost of
+streaming them through the tensor cores while too few rows fill them. W8A8 dtypes halve it
+through their doubled peak; a weight-only kernel (vLLM's Marlin: 4-bit or 8-bit weights
+dequantized to 16 bits inside the GEMM) streams fewer bytes per weight at the 16-bit peak, so
+without the scaling a small-batch int4 decode step would come out compute-bound at the floor
+instead of reading its quarter-size weights. With it the int4 layers
 of a step of up to ~16 tokens run ~3.9x faster than bf16 and those of a 128-token step ~1.5x
 (A100 calibration; the bf16 embedding and lm_head of a "linear" checkpoint do not), the shape
 of Marlin's measured speedups (Frantar et al., "MARLIN: Mixed-Precision Auto-Regressive Parallel
@@ -202,12 +207,12 @@ class CostModel:
 
         self._lin_flops_per_token = 2.0 * self.matmul_params_per_gpu
         self._mfu_half = float(c.mfu_half_tokens)
-        w_bytes = float(spec.weight_dtype_bytes)
-        if w_bytes < 2.0 and self.peak_flops_per_s == g.bf16_flops_per_s:
-            # weight-only quantization (int4; fp8/nvfp4 where the GPU has no tensor cores for them):
-            # the ramp's floor, 2·P·h/(F·mfu_max) per step, is a cost per weight streamed through
-            # the 16-bit tensor cores, so it scales with the bytes each weight takes (module docstring)
-            self._mfu_half = float(c.mfu_half_tokens) * w_bytes / 2.0
+        #: the half-point of the routed experts' ramp (h, or h·bytes/2 for weight-only quantization)
+        self._expert_half = self._mfu_half
+        #: seconds per step taken off the ramp floor of weight-only quantized weights (0.0 otherwise)
+        self._ramp_discount = 0.0
+        #: matmul parameters per GPU whose weights are quantized (the routed experts excluded)
+        self._quantized_matmul_per_gpu = self.matmul_params_per_gpu
         self._eff_flops = self.peak_flops_per_s * c.mfu_max
         self._eff_bw = self.hbm_bytes_per_s * c.mbu
         self._overhead = float(c.step_overhead_s)
@@ -216,6 +221,15 @@ class CostModel:
         self._moe = m.is_moe
         if m.is_moe or m.quantized_weights != "all":
             self._init_moe_and_mixed_precision(spec)
+        w_bytes = float(spec.weight_dtype_bytes)
+        if w_bytes < 2.0 and self.peak_flops_per_s == g.bf16_flops_per_s:
+            # weight-only quantization (int4; fp8/nvfp4 where the GPU has no tensor cores for them):
+            # the ramp's floor of a quantized weight, 2·h/(F·mfu_max) per parameter and step, is a
+            # cost per weight streamed through the 16-bit tensor cores, so it scales with the bytes
+            # each weight takes; 16-bit weights and the attention keep h (module docstring)
+            h_q = self._mfu_half * w_bytes / 2.0
+            self._expert_half = h_q
+            self._ramp_discount = 2.0 * self._quantized_matmul_per_gpu * (self._mfu_half - h_q) / self._eff_flops
         self._pnm = spec.pnm is not None
         if spec.pnm is not None:
             pnm = spec.pnm
@@ -310,6 +324,7 @@ class CostModel:
         else:
             quant_dense = m.mlp_params - routed  # dense-layer MLPs and shared experts
         self.matmul_params_per_gpu = dense_matmul / tp
+        self._quantized_matmul_per_gpu = (dense_matmul if m.quantized_weights == "all" else quant_dense) / tp
         self._lin_flops_per_token = 2.0 * (quant_dense + (dense_matmul - quant_dense) * scale16) / tp
         self.attn_flops_per_pair_per_gpu = m.attn_flops_per_pair * scale16 / tp
         if not m.is_moe:
@@ -377,14 +392,16 @@ class CostModel:
         as ``g = cuda_graph_tokens(n)`` tokens (the padded ones are routed too)."""
         g = cuda_graph_tokens(n)
         d = self.distinct_experts(g)
-        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
+        work = self._experts_per_token * g + self._expert_half * d
+        return (self._expert_flops_coef * work / self._expert_eff_flops,
                 self._expert_bytes_per_distinct * d)
 
     def _moe_extra_array(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_moe_extra` elementwise (same IEEE operations)."""
         g = _cuda_graph_tokens_array(n)
         d = self._distinct_array(g)
-        return (self._expert_flops_coef * (self._experts_per_token * g + self._mfu_half * d) / self._expert_eff_flops,
+        work = self._experts_per_token * g + self._expert_half * d
+        return (self._expert_flops_coef * work / self._expert_eff_flops,
                 self._expert_bytes_per_distinct * d)
 
     # ------------------------------------------------------------------ step time
@@ -404,7 +421,7 @@ class CostModel:
         n_safe = np.where(n > 0, n, 1.0)
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * pairs
         # FLOPs / (F · mfu_max · n/(n + half)), written without a nested division
-        compute = flops * (n + self._mfu_half) / (self._eff_flops * n_safe)
+        compute = flops * (n + self._mfu_half) / (self._eff_flops * n_safe) - self._ramp_discount
         hbm_bytes = self.weight_bytes_per_gpu + self.kv_bytes_per_token_per_gpu * kv
         if self._moe:
             x_compute, x_bytes = self._moe_extra_array(n)
@@ -461,7 +478,7 @@ class CostModel:
         if self.parallel is not None:
             return float(self.parallel.one_pass_s(n_tokens, attn_pairs, kv_tokens))
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
-        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens) - self._ramp_discount
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n_tokens)
             compute = compute + x_compute
@@ -508,7 +525,7 @@ class CostModel:
         Source: REFERENCE §3.2 hybrid execution; requires ``spec.pnm``.
         """
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
-        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens) - self._ramp_discount
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n_tokens)
             compute = compute + x_compute
@@ -532,7 +549,7 @@ class CostModel:
                             pnm_kv_tokens: np.ndarray, n_pnm: np.ndarray, n_seqs: Any = 1.0) -> np.ndarray:
         """:meth:`pnm_step_time_fast` over float64 arrays (``n_tokens > 0``), same operations in order."""
         flops = self._lin_flops_per_token * n_tokens + self.attn_flops_per_pair_per_gpu * attn_pairs
-        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens)
+        compute = flops * (n_tokens + self._mfu_half) / (self._eff_flops * n_tokens) - self._ramp_discount
         if self._moe:
             x_compute, x_bytes = self._moe_extra_array(n_tokens)
             compute = compute + x_compute
@@ -599,6 +616,7 @@ class CostModel:
         attn = self.attn_flops_per_pair_per_gpu
         ramp = n + self._mfu_half
         peak = self._eff_flops * n
+        discount = self._ramp_discount
         weights = self.weight_bytes_per_gpu
         kv_bytes = self.kv_bytes_per_token_per_gpu
         bw = self._eff_bw
@@ -614,7 +632,7 @@ class CostModel:
             x_compute, x_bytes = self._moe_extra(n)
             for _ in range(max_steps):
                 c = float(ctx)
-                compute = (lin + attn * c) * ramp / peak + x_compute
+                compute = (lin + attn * c) * ramp / peak - discount + x_compute
                 memory = ((weights + kv_bytes * c) + x_bytes) / bw
                 e += (compute if compute >= memory else memory) + overhead + comm + host
                 ends.append(e)
@@ -624,7 +642,7 @@ class CostModel:
             return ends
         for _ in range(max_steps):
             c = float(ctx)
-            compute = (lin + attn * c) * ramp / peak
+            compute = (lin + attn * c) * ramp / peak - discount
             memory = (weights + kv_bytes * c) / bw
             e += (compute if compute >= memory else memory) + overhead + comm + host
             ends.append(e)
@@ -646,7 +664,7 @@ class CostModel:
             return self.parallel.decode_step_s(float(n_decodes), ctx_tokens)
         n = float(n_decodes)
         flops = self._lin_flops_per_token * n + self.attn_flops_per_pair_per_gpu * ctx_tokens
-        compute = flops * (n + self._mfu_half) / (self._eff_flops * n)
+        compute = flops * (n + self._mfu_half) / (self._eff_flops * n) - self._ramp_discount
         if self._moe:
             x_compute, x_bytes = self._moe_extra(n)
             compute = compute + x_compute

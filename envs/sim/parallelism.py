@@ -258,6 +258,7 @@ class ParallelCost:
         self.weights = cost.weight_bytes_per_gpu
         self.kvt = cost.kv_bytes_per_token_per_gpu
         self.half = cost._mfu_half
+        self.ramp_discount = cost._ramp_discount * frac  # weight-only quantization (CostModel)
         self.eff_flops = cost._eff_flops
         self.eff_bw = cost._eff_bw
         self.overhead = cost._overhead
@@ -284,7 +285,7 @@ class ParallelCost:
         attention pairs and ``kv`` KV tokens read or written, per GPU of one group (REFERENCE §5.3
         on the stage's layers). ``n > 0``; scalars or equal-length arrays."""
         flops = self.lin * n + self.attn * pairs
-        compute = flops * (n + self.half) / (self.eff_flops * n)
+        compute = flops * (n + self.half) / (self.eff_flops * n) - self.ramp_discount
         memory = (self.weights + self.kvt * kv) / self.eff_bw
         comm = self.tp_comm * n + self.tp_fixed
         if self.tp_allreduce is not None:

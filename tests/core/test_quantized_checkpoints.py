@@ -146,8 +146,96 @@ def test_weight_only_int4_streams_its_smaller_weights_at_small_batches_like_marl
     assert 3.5 < kernel_s(bf16, 1) / kernel_s(w4, 1) < 4.0
     assert 3.5 < kernel_s(bf16, 16) / kernel_s(w4, 16) < 4.0
     assert 1.3 < kernel_s(bf16, 128) / kernel_s(w4, 128) < 1.7
-    half = bf16.cost_params.mfu_half_tokens
     for dtype, gpu in (("bf16", A100), ("int8", A100), ("fp8", H100), ("int8", H100)):
-        assert CostModel(bf16.with_overrides(gpu=gpu, weight_dtype=dtype, cost=bf16.cost_params))._mfu_half == half
-    # fp8 on the A100 (no FP8 tensor cores) is weight-only too
-    assert CostModel(bf16.with_overrides(weight_dtype="fp8"))._mfu_half == half / 2
+        assert CostModel(bf16.with_overrides(gpu=gpu, weight_dtype=dtype, cost=bf16.cost_params))._ramp_discount == 0
+    # fp8 on the A100 (no FP8 tensor cores) is weight-only too: its floor is half the bf16 one
+    assert 1.8 < kernel_s(bf16, 16) / kernel_s(bf16.with_overrides(weight_dtype="fp8"), 16) <= 2.0
+
+
+def test_weight_only_ramp_scaling_reaches_only_the_quantized_weights():
+    """Scaling the ramp's half-point by bytes/2 stands for streaming fewer bytes per weight: it
+    applies to the quantized weights only. A "linear" int4 checkpoint's bf16 lm_head and the
+    attention's query x context FLOPs keep the calibrated h (the docs: the bf16 lm_head does not
+    run faster); the routed experts of an int4 MoE take h·bytes/2."""
+    w4 = InstanceSpec(model=get_model("Llama-3.1-8B-INT4"), gpu=A100, hbm_kv_blocks=1024)
+    cm, m = CostModel(w4), w4.model
+    h, eff = w4.cost_params.mfu_half_tokens, A100.bf16_flops_per_s * w4.cost_params.mfu_max
+    hq = h * w4.weight_dtype_bytes / 2  # int4 with its group scales: ~h/4
+    p16 = m.lm_head_params
+    pq = m.matmul_params - p16
+    for n in (1.0, 16.0, 128.0):
+        want = (2 * pq * (n + hq) + 2 * p16 * (n + h)) / eff
+        assert float(cm.step_breakdown(n, 0, 0)["compute_s"]) == pytest.approx(want, rel=1e-12)
+    every = CostModel(w4.with_overrides(model=get_model("Llama-3.1-8B"), weight_dtype="int4"))
+    n, pairs = 8.0, 8 * 4000.0
+    attn = every.step_breakdown(n, pairs, 0)["compute_s"] - every.step_breakdown(n, 0, 0)["compute_s"]
+    assert float(attn) == pytest.approx(every.attn_flops_per_pair_per_gpu * pairs * (n + h) / (eff * n), rel=1e-9)
+    moe = InstanceSpec(model=get_model("Mixtral-8x7B"), gpu=A100, tp=2, weight_dtype="int4", hbm_kv_blocks=1024)
+    mcm = CostModel(moe)
+    g, d = 8.0, mcm.distinct_experts(8.0)
+    x_compute, _ = mcm._moe_extra(8.0)
+    k, hq = moe.model.experts_per_token, h * moe.weight_dtype_bytes / 2
+    assert x_compute == pytest.approx(mcm._expert_flops_coef * (k * g + hq * d) / mcm._expert_eff_flops, rel=1e-12)
+
+
+def _weight_only_specs() -> list[InstanceSpec]:
+    from kvsched.envs.sim.parallelism import ParallelSpec
+    from kvsched.envs.sim.specs import get_pnm
+
+    dense = InstanceSpec(model=get_model("Llama-3.1-8B"), gpu=A100, hbm_kv_blocks=1024)
+    return [
+        dense.with_overrides(model=get_model("Llama-3.1-8B-INT4")),  # linear: bf16 lm_head
+        dense.with_overrides(weight_dtype="fp8"),  # weight-only fp8 on the A100
+        dense.with_overrides(weight_dtype="int4", pnm=get_pnm("cxl-pnm-ocp2025")),
+        dense.with_overrides(weight_dtype="int4", parallel=ParallelSpec(pp_stages=2, kvp_groups=2)),
+        InstanceSpec(model=get_model("Mixtral-8x7B"), gpu=A100, tp=2, weight_dtype="int4", hbm_kv_blocks=1024),
+        InstanceSpec(model=get_model("Mixtral-8x7B"), gpu=A100, tp=2, weight_dtype="int4", hbm_kv_blocks=1024,
+                     expert_parallel=True),
+    ]
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_weight_only_step_prices_stay_bitwise_equal_across_paths_and_monotone(i):
+    """Every step path prices a weight-only quantized step alike, to the bit (the simulator's
+    fast-forward relies on it), and a batch of like decodes costs no less with more of them."""
+    import numpy as np
+
+    spec = _weight_only_specs()[i]
+    cm = CostModel(spec)
+    rng = np.random.default_rng(i)
+    n = rng.integers(1, 4096, 200).astype(float)
+    pairs = rng.integers(0, 10**8, 200) / 2.0
+    kv = rng.integers(0, 10**6, 200).astype(float)
+    ref = cm.step_time_s(n, pairs, kv)
+    assert np.array_equal(ref, [cm.step_time_fast(a, b, c) for a, b, c in zip(n, pairs, kv)])
+    assert np.array_equal(ref, cm.step_times_fast(n, pairs, kv))
+    for b, c0 in ((1, 0), (37, 123_457), (256, 2_000_000)):
+        ctx = c0 + b * np.arange(30, dtype=float)
+        steps = cm.decode_step_times_fast(b, ctx)
+        if cm.parallel is None:
+            assert np.array_equal(steps, cm.step_time_s(np.full(30, float(b)), ctx, ctx, n_seqs=float(b)))
+            assert np.array_equal(steps, [cm.plan_step_time_s(b, int(c), []) for c in ctx])
+        e, ends = 0.5, []
+        for s in steps:
+            e += float(s)
+            ends.append(e)
+        assert cm.decode_step_ends(0.5, b, c0, 30) == ends
+    if spec.pnm is not None:
+        pk, npnm = rng.integers(0, 10**6, 200).astype(float), rng.integers(0, 50, 200).astype(float)
+        arr = cm.pnm_step_times_fast(n, pairs, kv, pk, npnm)
+        assert np.array_equal(arr, [cm.pnm_step_time_fast(*v) for v in zip(n, pairs, kv, pk, npnm)])
+    like = [float(cm.decode_step_times_fast(b, np.array([b * 3000.0]))[0]) for b in range(1, 300)]
+    assert all(x <= y for x, y in zip(like, like[1:]))
+
+
+def test_the_weight_only_scaling_leaves_16_bit_and_w8a8_step_prices_unchanged_to_the_bit():
+    """bf16, W8A8 int8 and fp8 on a GPU with FP8 tensor cores price a step with the calibrated ramp
+    exactly as before the weight-only scaling: FLOPs·(n + h)/(F·mfu_max·n)."""
+    for spec in (InstanceSpec(model=get_model("Llama-3.1-8B"), gpu=A100, hbm_kv_blocks=1024),
+                 InstanceSpec(model=get_model("Llama-3.1-8B-INT8"), gpu=A100, hbm_kv_blocks=1024),
+                 InstanceSpec(model=get_model("Llama-3.1-8B"), gpu=H100, weight_dtype="fp8", hbm_kv_blocks=1024)):
+        cm = CostModel(spec)
+        h = spec.cost_params.mfu_half_tokens
+        for n, pairs in ((1.0, 4000.0), (100.0, 3e5), (2048.0, 2e6)):
+            flops = cm._lin_flops_per_token * n + cm.attn_flops_per_pair_per_gpu * pairs
+            assert cm.step_breakdown(n, pairs, 0)["compute_s"] == flops * (n + h) / (cm._eff_flops * n)
