@@ -193,18 +193,37 @@ def _instances(sc, spec) -> str:
 
 
 def default_cost_notes(specs) -> list[str]:
-    """One line per GPU among ``specs`` whose default cost parameters are in force and are not the
-    calibration fitted on real vLLM runs (:func:`~kvsched.envs.sim.calibration.default_cost_source`)."""
-    from kvsched.envs.sim.calibration import default_cost_source
+    """One line per GPU among ``specs`` some of whose cost parameters are the GPU's defaults and
+    those are not the calibration fitted on real vLLM runs
+    (:func:`~kvsched.envs.sim.calibration.default_cost_source`). A partial ``cost:`` mapping takes
+    its other fields from those defaults (``spec_io``), so it gets the note too, naming the fields
+    set away from the defaults (a few, then a count); a spec whose every field differs gets none."""
+    import dataclasses
 
-    notes: dict[str, str] = {}
+    from kvsched.envs.sim.calibration import default_cost_params, default_cost_source
+    from kvsched.envs.sim.specs import CostParams
+
+    names = [f.name for f in dataclasses.fields(CostParams)]
+    sources: dict[str, str | None] = {}
+    set_by_gpu: dict[str, list[str]] = {}
     for s in specs:
-        if s.cost_is_default and s.gpu.name not in notes:
-            src = default_cost_source(s.gpu)
-            if src is not None:
-                notes[s.gpu.name] = (f"cost parameters for {s.gpu.name}: {src} "
-                                     "(docs/fidelity.md#gpus-other-than-the-h100)")
-    return list(notes.values())
+        gpu = s.gpu.name
+        if gpu not in sources:
+            sources[gpu] = default_cost_source(s.gpu)
+        if sources[gpu] is None:
+            continue
+        default = default_cost_params(s.gpu)
+        own = [] if s.cost_is_default else [f for f in names if getattr(s.cost_params, f) != getattr(default, f)]
+        if len(own) < len(names) and (gpu not in set_by_gpu or len(own) < len(set_by_gpu[gpu])):
+            set_by_gpu[gpu] = own  # the instance that takes the most fields from the defaults
+    notes = []
+    for gpu, own in set_by_gpu.items():
+        but = ""
+        if own:
+            shown = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+            but = f" other than {shown} (set away from the defaults)"
+        notes.append(f"cost parameters for {gpu}{but}: {sources[gpu]} (docs/fidelity.md#gpus-other-than-the-h100)")
+    return notes
 
 
 def cmd_simulate(a: argparse.Namespace, console: Console) -> int:

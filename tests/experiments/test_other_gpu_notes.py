@@ -30,11 +30,19 @@ def test_simulate_names_the_cost_parameters_of_a_gpu_not_calibrated_on_vllm_runs
         assert "not validated" in notes[0] and "docs/fidelity.md#gpus-other-than-the-h100" in notes[0]
 
 
-def test_a_scenario_that_sets_its_cost_gets_no_note_and_compare_notes_a_default(tmp_path, capsys):
+def test_a_partial_scenario_cost_notes_the_defaults_it_takes_and_compare_notes_a_default(tmp_path, capsys):
+    """A ``cost:`` mapping of a few fields takes every other field from the GPU's defaults
+    (spec_io), so the note still says where those come from, naming the fields set."""
     base = "name: t\ntrace: azure-conv-2023\nmax_requests: 5\ninstance:\n  model: Qwen2.5-7B\n  gpu: L40S\n"
     (tmp_path / "own.yaml").write_text(base + "  cost: {mbu: 0.7}\n")
     assert main(["simulate", "--scenario", str(tmp_path / "own.yaml"), "--no-progress"]) == 0
-    assert _notes(capsys.readouterr().err) == []
+    notes = _notes(capsys.readouterr().err)
+    assert len(notes) == 1 and notes[0].startswith("note: cost parameters for L40S other than mbu (set away from the "
+                                                   "defaults): no calibration")
+    (tmp_path / "a100.yaml").write_text(base.replace("L40S", "A100-80GB") + "  cost: {step_time_sigma: 0.0}\n")
+    assert main(["simulate", "--scenario", str(tmp_path / "a100.yaml"), "--no-progress"]) == 0
+    notes = _notes(capsys.readouterr().err)  # a field given at its default value: every field is a default
+    assert len(notes) == 1 and notes[0].startswith("note: cost parameters for A100-80GB: its shipped calibration")
     (tmp_path / "default.yaml").write_text(base)
     assert main(["compare", "--scenario", str(tmp_path / "default.yaml"), "--policies", "fcfs", "--seeds", "1",
                  "--no-progress"]) == 0
