@@ -222,9 +222,9 @@ def _init_worker(groundtruth: str | None, ids: Sequence[str]) -> None:
 
 
 def _replay_one(args: tuple) -> object:
-    idx, cost_fields, stage_cap_s, seed, client_jitter = args
+    idx, cost_fields, stage_cap_s, seed, client_jitter, cost_gpu = args
     return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s, seed=seed,
-                  client_jitter=client_jitter)
+                  client_jitter=client_jitter, cost_gpu=cost_gpu)
 
 
 class Objective:
@@ -238,12 +238,15 @@ class Objective:
         groundtruth: ground-truth directory for the workers (they re-read it once).
         client_jitter: replay with the client's measured send lateness
             (:func:`~kvsched.experiments.replay.replay`).
+        cost_gpu: the GPU preset the candidates are for (the runs on it, or on a GPU that takes
+            its calibration, are priced with them: :func:`~kvsched.experiments.replay.replay`).
     """
 
     def __init__(self, exps: Sequence[Experiment], metrics: Sequence[str] = FIT_METRICS,
                  stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None,
-                 client_jitter: bool = False) -> None:
+                 client_jitter: bool = False, cost_gpu: str = CALIBRATED_GPU) -> None:
         self.client_jitter = bool(client_jitter)
+        self.cost_gpu = cost_gpu
         self.exps = list(exps)
         self.metrics = tuple(metrics)
         self.stage_cap_s = stage_cap_s
@@ -260,11 +263,11 @@ class Objective:
         self.calls += 1
         fields = dataclasses.asdict(cost)
         if self._pool is None:
-            return [replay(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter)
-                    for e in self.exps]
+            return [replay(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter,
+                           cost_gpu=self.cost_gpu) for e in self.exps]
         # longest first: better packing on few workers
         order = sorted(range(len(self.exps)), key=lambda i: -self.exps[i].workload.num_requests)
-        args = [(i, fields, self.stage_cap_s, seed, self.client_jitter) for i in order]
+        args = [(i, fields, self.stage_cap_s, seed, self.client_jitter, self.cost_gpu) for i in order]
         res = self._pool.map(_replay_one, args, chunksize=1)
         out: list = [None] * len(self.exps)
         for i, r in zip(order, res):
@@ -319,8 +322,11 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     Raises:
         ConfigError: an unknown or non-replayable training id, or a run on another GPU.
     """
+    from kvsched.envs.sim.specs import get_gpu
+
     from .replay import GPU_OF_HARDWARE
 
+    gpu = get_gpu(gpu).name  # an alias names the preset the runs are on and the file calibrates
     by_id = {e.exp_id: e for e in exps}
     missing = [t for t in train if t not in by_id]
     if missing:
@@ -342,7 +348,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE
     t0 = time.perf_counter()
-    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth) as obj:
+    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth, cost_gpu=gpu) as obj:
         def fn(cost: CostParams) -> np.ndarray:
             r = obj(cost)
             if progress is not None:
@@ -446,8 +452,11 @@ def cmd_calibrate(a, console) -> int:
 
     # the default output is named after --gpu: a name with a path in it must not write elsewhere
     from kvsched.envs.sim.calibration import load_calibration
+    from kvsched.envs.sim.specs import get_gpu
 
-    out = Path(a.out) if a.out else calibration_path(file_name(a.gpu, "--gpu"))
+    # an alias (a100, h100) calibrates its preset, in the file default_cost_params reads
+    a.gpu = get_gpu(file_name(a.gpu, "--gpu")).name
+    out = Path(a.out) if a.out else calibration_path(a.gpu)
     if a.operator_profiles is not None:
         if a.tail_only:
             raise ConfigError("--tail-only with --operator-profiles is not allowed: the tail is fitted on vLLM runs; "

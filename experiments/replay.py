@@ -244,24 +244,26 @@ def send_delays_s(exp: Experiment, stage: np.ndarray, seed: int) -> np.ndarray:
 
 
 def replay(exp: Experiment, cost: CostParams | None = None, stage_cap_s: float | None = None,
-           seed: int = 0, client_jitter: bool = False) -> ReplayResult:
+           seed: int = 0, client_jitter: bool = False, cost_gpu: str = CALIBRATED_GPU) -> ReplayResult:
     """Simulate ``exp`` and compute its per-stage metrics (ms).
 
     Args:
         exp: a replayable experiment.
-        cost: cost parameters (None: the GPU default).
+        cost: cost parameters for runs on ``cost_gpu`` (None, or a run on another GPU: that GPU's
+            default, :func:`instance_spec_for`).
         stage_cap_s: cut every stage to this many seconds (None: full length).
         seed: workload seed (group permutation, re-tokenisation noise, hashes) and simulation
             seed (step-time noise when ``cost`` turns it on).
         client_jitter: send each request late by a draw from its stage's measured
             ``schedule_delay`` (:func:`send_delays_s`); arrivals stay in send order (a request
             is never sent before the one scheduled ahead of it) and at or after 0.
+        cost_gpu: the GPU preset (or alias) ``cost`` is for; ``kvsched calibrate --gpu`` fits it.
 
     Raises:
         ConfigError: the experiment cannot be replayed.
         RuntimeError: requests were rejected (a replay must serve every request).
     """
-    spec = instance_spec_for(exp, cost)
+    spec = instance_spec_for(exp, cost, cost_gpu=cost_gpu)
     cfg, skip = workload_config(exp, stage_cap_s)
     wl = generate(cfg, seed=seed)
     scheduled = wl.arrival_s

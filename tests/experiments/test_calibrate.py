@@ -214,3 +214,25 @@ def test_replay_of_real_runs_stays_within_its_current_error(real, exp_id):
     for s in e.stages:
         apes = [ape(res.stages_ms[s.stage][m], s.values_ms[m]) for m in METRICS]
         assert np.mean(apes) < REGRESSION_MAPE, (exp_id, s.stage, dict(zip(METRICS, np.round(apes, 1))))
+
+
+def test_calibrating_another_gpu_on_its_vllm_runs_prices_them_with_the_candidates(synthetic_gt):
+    """`kvsched calibrate --gpu A100-80GB --train <runs on A100s>`: every candidate must price the
+    runs it is fitted on. The replays took the candidates for H100 runs only, so an A100 run ran on
+    the A100 defaults whatever the candidate, and the fit returned its start unchanged."""
+    from kvsched.envs.sim.calibration import default_cost_params
+    from kvsched.experiments.calibrate import calibrate
+    from kvsched.experiments.groundtruth import load_experiments
+    from kvsched.experiments.replay import replay
+
+    e = next(x for x in load_experiments(synthetic_gt) if x.exp_id == list(RUNS)[0])
+    truth = dataclasses.replace(default_cost_params("A100-80GB"), mbu=0.5)
+    a100 = dataclasses.replace(e, hardware="A100-80GB")
+    res = replay(a100, truth, cost_gpu="A100-80GB")
+    a100 = dataclasses.replace(a100, stages=tuple(dataclasses.replace(s, values_ms=dict(res.stages_ms[s.stage]))
+                                                  for s in a100.stages))
+    start = dataclasses.replace(truth, mbu=0.7)
+    cal, fit = calibrate([a100], [a100.exp_id], "a100", start, [FitParam("mbu", 0.3, 1.0)], stage_cap_s=None,
+                         max_nfev=6, jobs=1, diff_step=0.05)
+    assert cal.gpu == "A100-80GB"  # the alias calibrates its preset
+    assert abs(fit.values["mbu"] - 0.5) < abs(0.7 - 0.5) / 2  # the fit moved towards the truth
