@@ -324,7 +324,15 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     """
     from kvsched.envs.sim.specs import get_gpu
 
-    from .replay import GPU_OF_HARDWARE
+    from kvsched.envs.sim.errors import UnknownPresetError
+
+    from .replay import gpu_preset_of
+
+    def ran_on(e: Experiment) -> str:
+        try:
+            return gpu_preset_of(e.hardware)
+        except UnknownPresetError:
+            return e.hardware
 
     gpu = get_gpu(gpu).name  # an alias names the preset the runs are on and the file calibrates
     by_id = {e.exp_id: e for e in exps}
@@ -338,7 +346,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         reasons = "; ".join(str(by_id[b].skip_reason) for b in bad[:3])
         raise ConfigError(f"calibrate: training experiment(s) {bounded_repr(bad, 300)} cannot be replayed: "
                           + bounded_repr(reasons, 600)[1:-1])
-    other = [e.exp_id for e in chosen if GPU_OF_HARDWARE.get(e.hardware, e.hardware) != gpu]
+    other = [e.exp_id for e in chosen if ran_on(e) != gpu]
     if other:
         raise ConfigError(f"calibrate: experiment(s) {bounded_repr(other, 300)} did not run on {bounded_repr(gpu)}: "
                           f"expected training runs on {gpu} (--train), or --operator-profiles DIR to fit a GPU "
