@@ -113,17 +113,13 @@ def cost_source(exp: Experiment, cost_gpu: str = CALIBRATED_GPU) -> str:
     Raises:
         UnknownPresetError: the run's hardware has no GPU preset.
     """
-    from kvsched.envs.sim.calibration import SAME_CHIP, calibrated_cost_params
+    from kvsched.envs.sim.calibration import default_cost_origin
 
     gpu = gpu_preset_of(exp.hardware)
     if _takes_given_cost(gpu, cost_gpu):
         return "given"
-    if calibrated_cost_params(gpu) is not None:
-        return "calibration"
-    twin = SAME_CHIP.get(gpu)
-    if twin is not None and calibrated_cost_params(twin) is not None:
-        return "same-chip calibration"
-    return "host terms transferred"
+    kind, _ = default_cost_origin(gpu)
+    return {"calibration": "calibration", "same chip": "same-chip calibration"}.get(kind, "host terms transferred")
 
 
 def _takes_given_cost(gpu: str, cost_gpu: str) -> bool:

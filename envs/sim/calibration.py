@@ -35,7 +35,7 @@ from .cost_params import TAIL_FIELDS, CostParams
 from kvsched import atomic_files
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_FIT_PARAMS", "HOST_FIELDS", "HOST_REFERENCE_GPU", "SAME_CHIP",
-           "CalibrationFile", "FitParam", "FitResult", "default_cost_source",
+           "CalibrationFile", "FitParam", "FitResult", "default_cost_origin", "default_cost_source",
            "calibrated_cost_params", "calibration_path", "default_cost_params", "fit_cost_params", "load_calibration",
            "save_calibration"]
 
@@ -357,16 +357,36 @@ def default_cost_params(gpu: Any) -> CostParams:
     Raises:
         ConfigError: a shipped calibration file that does not parse or validate.
     """
-    name = getattr(gpu, "name", None) or str(gpu)
-    own = calibrated_cost_params(name)
-    if own is not None:
-        return own
-    same_chip = SAME_CHIP.get(name)
-    if same_chip is not None:
-        twin = calibrated_cost_params(same_chip)
-        if twin is not None:
-            return twin
+    kind, donor = default_cost_origin(gpu)
+    if kind in ("calibration", "same chip"):
+        cost = calibrated_cost_params(donor)
+        assert cost is not None  # default_cost_origin found the file
+        return cost
     return host_transferred_cost_params()
+
+
+def default_cost_origin(gpu: Any) -> tuple[str, str]:
+    """Where :func:`default_cost_params` takes the GPU's parameters from, as ``(kind, donor GPU)``:
+    ``("calibration", gpu)`` its own shipped file, ``("same chip", twin)`` the file of the GPU it
+    shares a chip with (:data:`SAME_CHIP`), ``("host terms", HOST_REFERENCE_GPU)`` literature
+    GPU-side fields with that GPU's :data:`HOST_FIELDS`, or ``("literature", "")`` when no
+    reference calibration is shipped either.
+
+    Args:
+        gpu: a :class:`~kvsched.envs.sim.hardware.GPUSpec` or a GPU preset name.
+
+    Raises:
+        ConfigError: a shipped calibration file that does not parse or validate.
+    """
+    name = getattr(gpu, "name", None) or str(gpu)
+    if calibrated_cost_params(name) is not None:
+        return "calibration", name
+    twin = SAME_CHIP.get(name)
+    if twin is not None and calibrated_cost_params(twin) is not None:
+        return "same chip", twin
+    if calibrated_cost_params(HOST_REFERENCE_GPU) is not None:
+        return "host terms", HOST_REFERENCE_GPU
+    return "literature", ""
 
 
 def default_cost_source(gpu: Any) -> str | None:
@@ -382,20 +402,19 @@ def default_cost_source(gpu: Any) -> str | None:
         ConfigError: a shipped calibration file that does not parse or validate.
     """
     name = getattr(gpu, "name", None) or str(gpu)
-    p = calibration_path(name)
-    if p.is_file():
+    kind, donor = default_cost_origin(name)
+    if kind == "calibration":
         if name == HOST_REFERENCE_GPU:
             return None
-        cal = load_calibration(p)
+        cal = load_calibration(calibration_path(name))
         return (f"its shipped calibration (version {cal.version}; fitted: {', '.join(cal.fitted) or 'none'}), "
                 f"not validated against vLLM runs on {name}")
-    same_chip = SAME_CHIP.get(name)
-    if same_chip is not None and calibrated_cost_params(same_chip) is not None:
-        return (f"the shipped {same_chip} calibration whole (the same chip), not validated against vLLM runs "
+    if kind == "same chip":
+        return (f"the shipped {donor} calibration whole (the same chip), not validated against vLLM runs "
                 f"on {name}")
-    if calibrated_cost_params(HOST_REFERENCE_GPU) is None:
+    if kind == "literature":
         return "no calibration: the literature defaults of CostParams, not validated against vLLM runs"
-    return (f"no calibration: literature defaults for the GPU-side fields, {HOST_REFERENCE_GPU}'s calibrated "
+    return (f"no calibration: literature defaults for the GPU-side fields, {donor}'s calibrated "
             f"host-side ones; not validated against vLLM runs on {name}")
 
 
