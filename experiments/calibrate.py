@@ -151,7 +151,7 @@ class TailFit:
 
 
 def fit_tail(exps: Sequence[Experiment], base: CostParams, seeds: int = 2, stage_cap_s: float | None = 120.0,
-             jobs: int = 2, groundtruth: str | None = None, grid: Mapping[str, Sequence[float]] = TAIL_GRID,
+             jobs: int = 2, grid: Mapping[str, Sequence[float]] = TAIL_GRID,
              stages: Sequence[tuple[str, int]] = TAIL_FIT_STAGES,
              progress: Callable[[int, float], None] | None = None) -> TailFit:
     """Fit the tail fields named in ``grid`` (some of :data:`TAIL_FIELDS`) of ``base`` by grid
@@ -180,7 +180,7 @@ def fit_tail(exps: Sequence[Experiment], base: CostParams, seeds: int = 2, stage
     names = list(grid)
     points = [dict(zip(names, vals)) for vals in itertools.product(*(grid[n] for n in names))]
     rows: list[tuple[float, float, float, float]] = []
-    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth, client_jitter=True) as obj:
+    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, client_jitter=True) as obj:
         def rms_of(cost: CostParams) -> float:
             r = tail_residuals(chosen, [obj.results(cost, seed=k) for k in range(seeds)], stages)
             r = np.where(np.isfinite(r), r, 10.0)
@@ -216,9 +216,8 @@ def log_residuals(exps: Sequence[Experiment], results: Sequence, metrics: Sequen
 _WORKER: dict = {}
 
 
-def _init_worker(groundtruth: str | None, ids: Sequence[str]) -> None:
-    by_id = {e.exp_id: e for e in load_experiments(groundtruth)}
-    _WORKER["exps"] = [by_id[i] for i in ids]
+def _init_worker(exps: Sequence[Experiment]) -> None:
+    _WORKER["exps"] = list(exps)
 
 
 def _replay_one(args: tuple) -> object:
@@ -235,7 +234,6 @@ class Objective:
         metrics: metrics in the residuals.
         stage_cap_s: cut every stage to this many seconds (None: full length).
         jobs: worker processes (1: replay in this process).
-        groundtruth: ground-truth directory for the workers (they re-read it once).
         client_jitter: replay with the client's measured send lateness
             (:func:`~kvsched.experiments.replay.replay`).
         cost_gpu: the GPU preset the candidates are for (the runs on it, or on a GPU that takes
@@ -243,7 +241,7 @@ class Objective:
     """
 
     def __init__(self, exps: Sequence[Experiment], metrics: Sequence[str] = FIT_METRICS,
-                 stage_cap_s: float | None = 120.0, jobs: int = 1, groundtruth: str | None = None,
+                 stage_cap_s: float | None = 120.0, jobs: int = 1,
                  client_jitter: bool = False, cost_gpu: str = CALIBRATED_GPU) -> None:
         self.client_jitter = bool(client_jitter)
         self.cost_gpu = cost_gpu
@@ -256,7 +254,7 @@ class Objective:
         if self.jobs > 1 and len(self.exps) > 1:
             ctx = mp.get_context("spawn")
             self._pool = ctx.Pool(min(self.jobs, len(self.exps)), initializer=_init_worker,
-                                  initargs=(groundtruth, [e.exp_id for e in self.exps]))
+                                  initargs=(self.exps,))  # the experiments as read (models included)
 
     def results(self, cost: CostParams, seed: int = 0) -> list:
         """The replay results of every experiment for ``cost`` with replay seed ``seed``."""
@@ -294,7 +292,7 @@ class Objective:
 def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100-SXM",
               base: CostParams | None = None, params: Sequence[FitParam] = DEFAULT_FIT_PARAMS,
               stage_cap_s: float | None = 120.0, max_nfev: int = 12, jobs: int = 2,
-              groundtruth: str | None = None, version: int = 1,
+              version: int = 1,
               progress: Callable[[int, float], None] | None = None,
               x0: Mapping[str, float] | None = None,
               diff_step: float = 0.02) -> tuple[CalibrationFile, FitResult]:
@@ -310,7 +308,6 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         stage_cap_s: stage length cap of the replays in the fit.
         max_nfev: scipy's evaluation cap (see :func:`fit_cost_params`).
         jobs: worker processes.
-        groundtruth: ground-truth directory (for the workers).
         version: calibration version to write.
         progress: called after every objective evaluation with (evaluation number, loss).
         x0: starting values of some fitted fields (default: ``base``'s values).
@@ -356,7 +353,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE
     t0 = time.perf_counter()
-    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, groundtruth, cost_gpu=gpu) as obj:
+    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, cost_gpu=gpu) as obj:
         def fn(cost: CostParams) -> np.ndarray:
             r = obj(cost)
             if progress is not None:
@@ -393,6 +390,10 @@ def add_arguments(p) -> None:
 
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
+    p.add_argument("--model-configs", type=Path, metavar="DIR",
+                   help="Hugging Face config.json of models that are no preset, as DIR/<model>/config.json (the "
+                        "layout of inference-sim's model_configs/; <model> is the id's repo name, as given or "
+                        "lower-cased) (default: the ground truth's model_configs/ when it has one)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU preset to calibrate (default H100-SXM)")
     p.add_argument("--train", nargs="+", metavar="EXP_ID", help="training experiment ids (default: the "
                    "replayable inference-sim/training runs the sim-to-real table does not score)")
@@ -488,7 +489,7 @@ def cmd_calibrate(a, console) -> int:
                               f"{bounded_repr(existing.gpu)}, and the tail is fitted on vLLM runs on {CALIBRATED_GPU}; "
                               f"expected a {CALIBRATED_GPU} calibration file (--gpu {CALIBRATED_GPU} or --out)")
     gt = str(find_groundtruth(a.groundtruth))
-    exps = load_experiments(gt)
+    exps = load_experiments(gt, a.model_configs)
     if a.tail_only:
         assert existing is not None  # checked above
         return _cmd_tail_only(a, console, existing, exps, gt, out)
@@ -507,13 +508,13 @@ def cmd_calibrate(a, console) -> int:
     fit_base = dataclasses.replace(DEFAULT_FIT_BASE, allreduce_algorithm=a.allreduce_algorithm)
     console.print(f"all-reduce algorithm: {a.allreduce_algorithm}", highlight=False, markup=False)
     cal, fit = calibrate(exps, train, a.gpu, fit_base, DEFAULT_FIT_PARAMS, a.coarse_cap_s, a.coarse_nfev,
-                         a.jobs, gt, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
+                         a.jobs, a.version, progress, x0=FIT_START, diff_step=a.diff_step)
     n_eval = fit.n_evaluations
     if a.fine_nfev > 0:
         console.print(f"fine fit: stages cut to {a.fine_cap_s:g} s, max_nfev {a.fine_nfev}",
                       highlight=False, markup=False)
         cal, fit = calibrate(exps, train, a.gpu, cal.cost, DEFAULT_FIT_PARAMS, a.fine_cap_s, a.fine_nfev,
-                             a.jobs, gt, a.version, progress, diff_step=a.diff_step)
+                             a.jobs, a.version, progress, diff_step=a.diff_step)
         n_eval += fit.n_evaluations
     wall = time.perf_counter() - t0
     if existing is not None and existing.tail_params:  # the fitted tail stays (refit it with --tail-only)
@@ -629,7 +630,7 @@ def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experim
         console.print(f"  grid point {i:3d}: rms log error {rms:.4f}  ({time.perf_counter() - t0:.0f} s)",
                       highlight=False, markup=False)
 
-    tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, gt, progress=progress)  # tail off
+    tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, progress=progress)  # tail off
     note = (f"{_TAIL_NOTE}: grid search over {', '.join(f'{k} {list(v)}' for k, v in TAIL_GRID.items())}; "
             f"rms of log(pred/meas) of TTFT {', '.join(TAIL_FIT_QUANTILES)} on "
             + ", ".join(f"{e} stage {k}" for e, k in TAIL_FIT_STAGES)

@@ -46,7 +46,7 @@ import pandas as pd
 import yaml
 
 from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr, MAX_PATH_CHARS
-from kvsched.envs.sim.specs import get_model
+from kvsched.envs.sim.specs import ModelSpec, get_model
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
 __all__ = ["METRICS", "PEERS", "PRECISIONS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment",
@@ -242,6 +242,9 @@ class Experiment:
             column names for a 16-bit checkpoint (:func:`weight_dtype_for`).
         vllm_version: the vLLM version the run used, or :data:`VLLM_VERSION_UNKNOWN`.
         vllm_version_source: where it was read, or why it is unknown.
+        model: the resolved model (a preset, its quantized checkpoint, or a model read from a
+            Hugging Face config.json of ``model_configs``); None on a skipped run, and on an
+            Experiment built by hand, whose ``preset`` names it.
     """
 
     exp_id: str
@@ -267,6 +270,7 @@ class Experiment:
     weight_dtype: str = "auto"
     vllm_version: str = VLLM_VERSION_UNKNOWN
     vllm_version_source: str = ""
+    model: ModelSpec | None = field(default=None, compare=False)
 
     @property
     def family(self) -> str:
@@ -304,16 +308,45 @@ def _read_json(p: Path) -> Any:
                           f"{bounded_repr(str(e) or 'nested too deeply', 200)}") from None
 
 
-def _preset(model_id: str) -> str | None:
-    try:
-        return get_model(model_id).name
-    except UnknownPresetError:
+def config_dir_for(model_id: str, model_configs: Path | None) -> Path | None:
+    """The directory of ``model_configs`` holding ``model_id``'s config.json, or None: the id's repo
+    name as given or lower-cased (``meta-llama/Llama-2-7b-hf`` -> ``llama-2-7b-hf/``, the layout of
+    inference-sim's ``model_configs/`` that the blis experiments' ``model_config_dir`` points into),
+    or the whole id as folders (``meta-llama/Llama-2-7b-hf/``)."""
+    if model_configs is None:
         return None
+    repo = model_id.strip().rsplit("/", 1)[-1]
+    if not repo or repo in (".", ".."):
+        return None
+    for rel in (repo, repo.lower(), model_id.strip()):
+        d = model_configs / rel
+        if ".." not in Path(rel).parts and (d / "config.json").is_file():
+            return d
+    return None
 
 
-def _unmodelled(model_id: str) -> str:
-    return (f"model {bounded_repr(model_id)} matches no kvsched model preset (envs/sim/model_spec.py "
-            "MODEL_ALIASES)")
+def resolve_model(model_id: str, model_configs: Path | None = None) -> tuple[ModelSpec | None, str | None]:
+    """``(model, skip reason)`` of a run's model id: a preset (or a quantized checkpoint of one,
+    :func:`~kvsched.envs.sim.model_spec.get_model`) first, else the id's Hugging Face config.json in
+    ``model_configs`` (:func:`config_dir_for`, read by
+    :func:`~kvsched.envs.sim.hf_config.read_hf_config` and named by the id). A config that cannot be
+    modelled gives its error as the skip reason; no preset and no config, a reason naming both."""
+    from kvsched.envs.sim.hf_config import read_hf_config
+
+    try:
+        return get_model(model_id), None
+    except UnknownPresetError:
+        pass
+    d = config_dir_for(model_id, model_configs)
+    if d is None:
+        where = (f" and has no config.json in {bounded_repr(str(model_configs), MAX_PATH_CHARS)}"
+                 if model_configs is not None else " (give its Hugging Face config.json with --model-configs)")
+        return None, (f"model {bounded_repr(model_id)} matches no kvsched model preset (envs/sim/model_spec.py "
+                      f"MODEL_ALIASES){where}")
+    try:
+        return read_hf_config(d, name=model_id.strip().rsplit("/", 1)[-1]), None
+    except ConfigError as e:
+        return None, f"model {bounded_repr(model_id)}: {e}"
 
 
 PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8", "NVFP4": "nvfp4", "INT8": "int8", "W8A8": "int8",
@@ -322,7 +355,7 @@ PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8", "NVFP4": "nvfp4", "I
 scheme names of int8 and int4 checkpoints)."""
 
 
-def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:
+def weight_dtype_for(precision: Any, preset: str | ModelSpec) -> tuple[str, str | None]:
     """``(InstanceSpec.weight_dtype, skip reason or None)`` of a run logged with ``precision``.
 
     A missing precision (NaN) or one that names the checkpoint's own dtype gives "auto"; FP8/NVFP4
@@ -338,7 +371,8 @@ def weight_dtype_for(precision: Any, preset: str) -> tuple[str, str | None]:
     if p not in PRECISIONS:
         return "auto", (f"precision {bounded_repr(precision)} is not modelled (known: "
                         f"{', '.join(PRECISIONS)})")
-    want, have = PRECISIONS[p], get_model(preset).weight_dtype
+    model = preset if isinstance(preset, ModelSpec) else get_model(preset)
+    want, have, preset = PRECISIONS[p], model.weight_dtype, model.name
     if want == have or (want == "bf16" and have == "fp16"):
         return "auto", None
     if have in ("bf16", "fp16"):
@@ -355,6 +389,24 @@ def quantized_preset(preset: str, weight_dtype: str) -> tuple[str, str]:
     if weight_dtype in ("int8", "int4"):
         return get_model(f"{preset}-{weight_dtype.upper()}").name, "auto"
     return preset, weight_dtype
+
+
+def quantized_model(model: ModelSpec, weight_dtype: str) -> tuple[ModelSpec, str]:
+    """:func:`quantized_preset` for a model that may not be a preset (read from a config.json): its
+    int8/int4 checkpoint has that dtype on every decoder Linear layer, embedding and lm_head bf16."""
+    if weight_dtype not in ("int8", "int4"):
+        return model, weight_dtype
+    try:
+        if get_model(model.name) == model:
+            return get_model(quantized_preset(model.name, weight_dtype)[0]), "auto"
+    except UnknownPresetError:
+        pass
+    import dataclasses
+
+    return dataclasses.replace(
+        model, name=f"{model.name}-{weight_dtype.upper()}", weight_dtype=weight_dtype, quantized_weights="linear",
+        source=f"{model.source}; its {weight_dtype} checkpoint: every decoder Linear layer, embedding and lm_head "
+               "bf16"), "auto"
 
 
 def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,
@@ -552,7 +604,8 @@ def _why(e: BaseException) -> str:
     return f"unreadable: {type(e).__name__}: {bounded_repr(msg, 300)}"
 
 
-def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Experiment]:
+def load_experiments(groundtruth: str | os.PathLike | None = None,
+                     model_configs: str | os.PathLike | None = None) -> list[Experiment]:
     """Every run of the ground truth as an :class:`Experiment` (replayable or with a skip reason).
 
     Order: training_default_args runs by folder name, then csv-only runs by experiment id.
@@ -569,11 +622,22 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
     cannot be read, or with no workload of its family, gets a skip reason; it never stops the
     others.
 
+    A model id that is no preset is read from its Hugging Face config.json in ``model_configs``
+    (default: the ground truth's own ``model_configs/`` folder when it has one, the layout of
+    inference-sim's repository; :func:`resolve_model`).
+
     Raises:
         GroundTruthMissing: the directory or one of its index files is missing.
-        ConfigError: an index file that does not parse.
+        ConfigError: an index file that does not parse, or ``model_configs`` given and not a directory.
     """
     gt = find_groundtruth(groundtruth)
+    if model_configs is not None:
+        configs: Path | None = Path(model_configs)
+        if not configs.is_dir():
+            raise ConfigError(f"--model-configs {bounded_repr(str(configs), MAX_PATH_CHARS)} is not a directory "
+                              "(give a folder of <model>/config.json)")
+    else:
+        configs = gt / "model_configs" if (gt / "model_configs").is_dir() else None
     blis_path = gt / "blis" / "trained_physics_iter29_experiments.json"
     blis_doc = _read_json(blis_path)
     blis = blis_doc.get("experiments") if isinstance(blis_doc, Mapping) else None
@@ -608,7 +672,7 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
         if (csv["folder"] == d.name).any():
             seen_folders.add(d.name)  # measured here: its csv rows are read with it, not again below
         try:
-            exp, spec = _read_training_run(d, csv_for, blis_entry)
+            exp, spec = _read_training_run(d, csv_for, blis_entry, configs)
         except _READ_ERRORS as e:
             out.append(_skipped(d.name, "training_default_args", _why(e)))
             continue
@@ -629,7 +693,7 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
 
     for folder in sorted(set(csv["folder"]) - seen_folders, key=lambda f: (len(f.split("-")[0]), f)):
         try:
-            out.append(_read_csv_run(folder, csv, csv_for, blis_entry(folder), blis_specs, family_specs))
+            out.append(_read_csv_run(folder, csv, csv_for, blis_entry(folder), blis_specs, family_specs, configs))
         except _READ_ERRORS as e:
             sub = csv[csv["folder"] == folder]
             out.append(_skipped(folder, "sim_to_real", _why(e), str(sub.iloc[0]["model"]) if len(sub) else "?",
@@ -637,7 +701,8 @@ def load_experiments(groundtruth: str | os.PathLike | None = None) -> list[Exper
     return out
 
 
-def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experiment, _WorkloadSpec | None]:
+def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
+                       configs: Path | None = None) -> tuple[Experiment, _WorkloadSpec | None]:
     """One ``training_default_args/<run>/`` folder: its Experiment and its workload as a family
     candidate for csv-only runs (None when the run has no family).
 
@@ -685,14 +750,12 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
                                       f"{st.values_ms[m]}")
             stages[i] = StageMeasurement(**{**st.__dict__, "peers_ms": peers.get(st.stage, {})})
     be = blis_entry(d.name)
-    preset = _preset(model_id)
-    skip = None
+    model, skip = resolve_model(model_id, configs)
     weight_dtype = "auto"
-    if preset is None:
-        skip = _unmodelled(model_id)
-    else:
-        weight_dtype, skip = weight_dtype_for(cfg.get("precision") or math.nan, preset)
-        preset, weight_dtype = quantized_preset(preset, weight_dtype)
+    if model is not None:
+        weight_dtype, skip = weight_dtype_for(cfg.get("precision") or math.nan, model)
+        model, weight_dtype = quantized_model(model, weight_dtype)
+    preset = model.name if model is not None else None
     if skip is None:
         failed = sum(s.failures or 0 for s in stages)
         sent = sum(s.count or 0 for s in stages)
@@ -710,7 +773,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
     offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
     cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
     exp = Experiment(
-        exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset,
+        model=model, exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset,
         hardware=str(cfg.get("hardware") or "H100"),
         tp=int(cfg["tensor_parallelism"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
         max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
@@ -725,7 +788,8 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any) -> tuple[Experime
 
 
 def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str, Any] | None,
-                  blis_specs: list[_WorkloadSpec], family_specs: list[_WorkloadSpec]) -> Experiment:
+                  blis_specs: list[_WorkloadSpec], family_specs: list[_WorkloadSpec],
+                  configs: Path | None = None) -> Experiment:
     """One experiment of the sim-to-real csv that has no training_default_args folder (see
     :func:`load_experiments` for the workload of a run not in the blis experiments file).
 
@@ -787,15 +851,15 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     if not logged_blocks:
         notes.append(f"total_kv_blocks not logged for this configuration: derived from memory at "
                      f"gpu_memory_utilization {util}")
-    preset = _preset(model_id)
-    skip = None if preset is not None else _unmodelled(model_id)
+    model, skip = resolve_model(model_id, configs)
     weight_dtype = "auto"
-    if preset is not None:
+    if model is not None:
         raw_precision = _column(first, "precision")
-        weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, preset)
-        preset, weight_dtype = quantized_preset(preset, weight_dtype)
+        weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, model)
+        model, weight_dtype = quantized_model(model, weight_dtype)
+    preset = model.name if model is not None else None
     return Experiment(
-        exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
+        model=model, exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
         tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,
         total_kv_blocks=int(be["total_kv_blocks"]) if logged_blocks and be else None,
         cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be and int(be["cpu_kv_blocks"]) > 0 else None,

@@ -174,7 +174,7 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
     if exp.skip_reason:
         raise ConfigError(f"experiment {exp.exp_id} cannot be replayed: {exp.skip_reason}")
     gpu = get_gpu(gpu_preset_of(exp.hardware))
-    kw: dict = dict(model=get_model(exp.preset), gpu=gpu, tp=exp.tp,
+    kw: dict = dict(model=exp.model if exp.model is not None else get_model(exp.preset), gpu=gpu, tp=exp.tp,
                     max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
                     gpu_memory_utilization=exp.gpu_memory_utilization,

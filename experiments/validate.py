@@ -93,7 +93,7 @@ def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame
          "skip_reason": e.skip_reason or ""} for e in exps])
 
 def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (), jobs: int = 2,
-          groundtruth: str | None = None, stage_cap_s: float | None = None, seeds: int = 1,
+          stage_cap_s: float | None = None, seeds: int = 1,
           client_jitter: bool = False, only: Sequence[str] | None = None) -> ValidationReport:
     """Replay every replayable experiment with ``cost`` and score it (see the module docstring).
 
@@ -102,7 +102,6 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
         cost: cost parameters.
         train: ids of the experiments the calibration was fitted on.
         jobs: worker processes.
-        groundtruth: ground-truth directory (for the workers).
         stage_cap_s: cut every stage to this many seconds (None: full runs; tests use a cap).
         seeds: replay every experiment with seeds 0..seeds-1 (>= 1).
         client_jitter: replay the client's measured send lateness
@@ -145,7 +144,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
     skipped = tuple(skipped_l)
     train_set = set(train)
     try:
-        with Objective(ok, METRICS, stage_cap_s, jobs, groundtruth, client_jitter=client_jitter) as obj:
+        with Objective(ok, METRICS, stage_cap_s, jobs, client_jitter=client_jitter) as obj:
             by_seed = [obj.results(cost, seed=k) for k in range(int(seeds))]
     except (RuntimeError, KvschedError):
         # one run failed in a worker (e.g. requests a configuration cannot serve): replay them one
@@ -419,6 +418,10 @@ def add_arguments(p) -> None:
     from .cli_types import count, number
     p.add_argument("--groundtruth", help="ground-truth directory (default: $KVSCHED_GROUNDTRUTH or "
                                          "../shared/groundtruth)")
+    p.add_argument("--model-configs", type=Path, metavar="DIR",
+                   help="Hugging Face config.json of models that are no preset, as DIR/<model>/config.json (the "
+                        "layout of inference-sim's model_configs/; <model> is the id's repo name, as given or "
+                        "lower-cased) (default: the ground truth's model_configs/ when it has one)")
     p.add_argument("--calibration", type=Path,
                    help="calibration file of the H100-SXM, applied to the runs on it and on the H200 (its chip) "
                         "(default: the shipped one); runs on another GPU use that GPU's default cost parameters: "
@@ -456,12 +459,12 @@ def cmd_validate(a, console) -> int:
     from .groundtruth import find_groundtruth, load_experiments
 
     gt = str(find_groundtruth(a.groundtruth))
-    exps = load_experiments(gt)
+    exps = load_experiments(gt, a.model_configs)
     cost, train, desc = calibration_or_default(a.calibration)
     if a.tail:
         cost, tail_desc = _with_tail(a.calibration, cost)
         desc += f"; {tail_desc}"
-    report = score(exps, cost, train, a.jobs, gt, a.stage_cap_s, a.seeds, a.client_jitter, a.only)
+    report = score(exps, cost, train, a.jobs, a.stage_cap_s, a.seeds, a.client_jitter, a.only)
     summ = summary_table(report)
     peers = peer_comparison(report)
     breakdown = pd.concat([breakdown_table(report, col).rename(columns={col: "value"}).assign(by=col)

@@ -2,8 +2,9 @@
 
 Sources (cited per number): REFERENCE = ``shared/design/REFERENCE.md`` §5.1 (model table);
 HF = the model's Hugging Face ``config.json`` (parameter counts computed from the config:
-embeddings + per-layer attention/MLP/norm weights + untied ``lm_head``, equal to the
-safetensors totals the model cards report).
+embeddings + per-layer attention/MLP/norm weights + the ``lm_head`` unless it is tied to the
+embedding, equal to the safetensors totals the model cards report; :mod:`.hf_config` computes them
+from a config.json).
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ def distinct_experts_table(n_experts: int, experts_per_token: int, skew: float) 
     return table
 
 
+def moe_layer_count(n_layers: int, first_dense_layers: int, moe_layer_step: int) -> int:
+    """MoE layers among ``n_layers``: layers i >= first_dense_layers with (i + 1) % moe_layer_step
+    == 0 (:attr:`ModelSpec.n_moe_layers`), i.e. the multiples of the step among layer numbers
+    i + 1 in [first_dense_layers + 1, n_layers]."""
+    return max(0, n_layers // moe_layer_step - first_dense_layers // moe_layer_step)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a decoder-only transformer, dense or mixture-of-experts (what the cost
@@ -95,7 +103,8 @@ class ModelSpec:
             equal hidden_size / n_heads (Mistral-Nemo: 32 x 128 = 4096 < 5120).
         intermediate_size: MLP width (HF ``intermediate_size``).
         vocab_size: vocabulary size (HF ``vocab_size``).
-        n_params: total parameters including the input embedding and an untied lm_head.
+        n_params: total parameters including the input embedding and the lm_head (counted once
+            when ``tied_embeddings``).
         max_context_tokens: longest context the model supports (HF ``max_position_embeddings``
             unless the preset docstring says otherwise); vLLM's default ``max_model_len``.
         source: where the numbers come from.
@@ -138,6 +147,10 @@ class ModelSpec:
             Linear layer of the decoder; the input embedding and lm_head stay bf16: LLM
             Compressor's recipes, ``ignore: ["lm_head"]``, as in RedHatAI's ``-FP8-dynamic``,
             ``-quantized.w8a8`` and ``-quantized.w4a16`` checkpoints).
+        tied_embeddings: the lm_head is the input embedding's table (HF ``tie_word_embeddings``:
+            Granite-3.x, Qwen2.5 up to 3B, Llama-3.2 1B/3B, Gemma): the table is stored once (in
+            ``n_params`` and the weight bytes once) and still read as the lm_head's matmul every
+            step (vLLM ``ParallelLMHead.tie_weights``: the lm_head shares the embedding's tensor).
 
     Every integer size is at most :data:`MAX_MODEL_SIZE` (2**40).
 
@@ -169,6 +182,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     weight_dtype: str = "bf16"
     quantized_weights: str = "all"
+    tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
         owner = f"ModelSpec({self.name!r})"
@@ -185,6 +199,8 @@ class ModelSpec:
                 f"a number > {floor:.4g} (the input embedding"
                 + (" plus the routed experts)" if self.n_experts else " alone)"))
         string(owner, "source", self.source)
+        require(isinstance(self.tied_embeddings, bool), f"{owner}.tied_embeddings", self.tied_embeddings,
+                "true or false")
         for name in ("kv_lora_rank", "qk_rope_head_dim"):
             int_in(owner, name, getattr(self, name), 0, MAX_MODEL_SIZE, "2**40")
         require(self.qk_rope_head_dim == 0 or self.kv_lora_rank > 0, f"{owner}.qk_rope_head_dim",
@@ -198,8 +214,8 @@ class ModelSpec:
             require(0 < q <= matmul, f"{owner}.n_params", self.n_params,
                     f"a count whose {self.quantized_weights!r}-quantized weights ({q:.4g}) lie in (0, "
                     f"{matmul:.4g}], the weights but the input embedding"
-                    + (" (n_params > 2 x vocab_size x hidden_size: embedding and lm_head stay bf16)"
-                       if self.quantized_weights == "linear" else ""))
+                    + (f" (n_params > {1 if self.tied_embeddings else 2} x vocab_size x hidden_size: "
+                       "embedding and lm_head stay bf16)" if self.quantized_weights == "linear" else ""))
 
     def _check_moe(self, owner: str) -> None:
         """The mixture-of-experts fields: all neutral on a dense model, in range on an MoE one."""
@@ -245,8 +261,7 @@ class ModelSpec:
         (0 for a dense model). Llama-4 convention (vLLM ``llama4.py``); step 1 = every layer."""
         if not self.n_experts:
             return 0
-        # multiples of the step among layer numbers i + 1 in [first_dense_layers + 1, n_layers]
-        return max(0, self.n_layers // self.moe_layer_step - self.first_dense_layers // self.moe_layer_step)
+        return moe_layer_count(self.n_layers, self.first_dense_layers, self.moe_layer_step)
 
     @property
     def expert_params(self) -> float:
@@ -298,15 +313,25 @@ class ModelSpec:
 
     @property
     def matmul_params(self) -> float:
-        """Parameters used in matmuls per token: all but the input embedding (lm_head included).
+        """Parameters used in matmuls per token: all but the input embedding (lm_head included;
+        a tied lm_head is the embedding's table, so then all of ``n_params``).
 
         REFERENCE §5.1: per-token forward matmul FLOPs ≈ 2 · matmul_params.
         """
+        if self.tied_embeddings:
+            return float(self.n_params)
         return float(self.n_params) - float(self.vocab_size) * float(self.hidden_size)
 
     @property
+    def active_params(self) -> float:
+        """Parameters one token touches: :attr:`active_matmul_params` plus the input embedding's
+        table unless the lm_head (already counted) is tied to it."""
+        embedding = 0.0 if self.tied_embeddings else float(self.vocab_size) * float(self.hidden_size)
+        return self.active_matmul_params + embedding
+
+    @property
     def lm_head_params(self) -> float:
-        """Weights of the (untied) lm_head, vocab_size · hidden_size."""
+        """Weights the lm_head reads, vocab_size · hidden_size (the embedding's table when tied)."""
         return float(self.vocab_size) * float(self.hidden_size)
 
     @property
@@ -403,6 +428,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "HF mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json text_config (the text "
                   "model of Mistral-Small-24B with a 131072-token context; the 0.44 B vision encoder is "
                   "not run for text prompts and its profiling before KV sizing is not modelled)"),
+        ModelSpec("Granite-3.1-8B", 40, 4096, 32, 8, 128, 12800, 49155, 8_170_848_256, 131072,
+                  "HF ibm-granite/granite-3.1-8b-instruct config.json (GraniteForCausalLM: GQA 8, head_dim "
+                  "128, no biases, tie_word_embeddings true, ctx 131072; its embedding/attention/residual/"
+                  "logits multipliers are scalars, no weights); n_params computed from the config, the "
+                  "embedding counted once (8.17 B published)", tied_embeddings=True),
+        ModelSpec("Qwen2.5-3B", 36, 2048, 16, 2, 128, 11008, 151936, 3_085_938_688, 32768,
+                  "HF Qwen/Qwen2.5-3B-Instruct config.json (GQA 2, QKV bias, tie_word_embeddings true, ctx "
+                  "32768, use_sliding_window false); n_params computed from the config, the embedding counted "
+                  "once (3.09 B total, 2.77 B without the embedding, Qwen2.5 technical report Table 1)",
+                  tied_embeddings=True),
         # ---- mixture of experts (n_params: every expert counted; intermediate_size = the dense
         # layers' MLP width, unused where every layer is MoE)
         ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 46_702_792_704, 32768,
@@ -436,7 +471,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "attention q/k/v/o, routers, lm_head (and the vision model) in bf16",
                   n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
                   weight_dtype="fp8", quantized_weights="mlp"),
-        ModelSpec("DeepSeek-V2-Lite", 27, 2048, 16, 16, 192, 10944, 102400, 15_706_498_048, 163840,
+        ModelSpec("DeepSeek-V2-Lite", 27, 2048, 16, 16, 192, 10944, 102400, 15_706_484_224, 163840,
                   "HF deepseek-ai/DeepSeek-V2-Lite config.json (copy in inference-sim/inference-sim@f90a1e3a "
                   "model_configs/deepseek-v2-lite): 64 experts of 1408 + 2 shared, top-6, "
                   "first_k_dense_replace 1 (dense MLP 10944), MLA kv_lora_rank 512 + qk_rope_head_dim 64, "
@@ -502,6 +537,10 @@ MODEL_ALIASES: dict[str, str] = {
     "meta-llama/llama-3.3-70b-instruct": "Llama-3.1-70B",
     "nvidia/llama-3.1-nemotron-70b-instruct-hf": "Llama-3.1-70B",
     "microsoft/phi-4": "Phi-4",
+    "ibm-granite/granite-3.1-8b-instruct": "Granite-3.1-8B",
+    "ibm-granite/granite-3.1-8b-base": "Granite-3.1-8B",
+    "qwen/qwen2.5-3b-instruct": "Qwen2.5-3B",
+    "qwen/qwen2.5-3b": "Qwen2.5-3B",
     "mistralai/mistral-small-24b-instruct-2501": "Mistral-Small-24B",
     "mistralai/mistral-small-24b-base-2501": "Mistral-Small-24B",
     "mistralai/mistral-small-3.1-24b-instruct-2503": "Mistral-Small-3.1-24B",
@@ -570,5 +609,6 @@ def get_model(name: str) -> ModelSpec:
             suffixes = ", ".join(f"{sfx} ({dtype})" for sfx, dtype in QUANTIZED_CHECKPOINT_SUFFIXES[:4])
             raise UnknownPresetError(f"{e}; or their Hugging Face ids (docs/cli.md#presets-and-traces), or a "
                                      f"quantized checkpoint of a 16-bit one by its id's suffix: {suffixes}, ...; "
-                                     "another model is an inline model: mapping in a scenario") from None
+                                     "another model is the path of its Hugging Face config.json or an inline model: "
+                                     "mapping in a scenario") from None
         return quantized

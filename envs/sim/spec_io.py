@@ -132,6 +132,10 @@ def _build(cls: type, d: Any, where: str) -> Any:
             if not is_int(v):
                 raise ConfigError(f"{where}.{k}={bounded_repr(v)} is not allowed: expected an integer")
             kw[k] = v
+        elif fields[k].type in ("bool", bool):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{where}.{k}={bounded_repr(v)} is not allowed: expected true or false")
+            kw[k] = v
         else:
             kw[k] = as_float(v, f"{where}.{k}")
     try:
@@ -147,6 +151,58 @@ def _preset_or_inline(value: Any, getter: Callable[[str], Any], cls: type, where
         except UnknownPresetError as e:
             raise UnknownPresetError(f"{where}: {e}") from None
     return _build(cls, value, where)
+
+
+def _is_config_path(name: str) -> bool:
+    """A model string naming a Hugging Face config.json rather than a preset: a ``.json`` file name,
+    a path with a separator, or an existing directory."""
+    return name.lower().endswith(".json") or "/" in name and Path(name).exists() or Path(name).is_dir()
+
+
+def model_from(value: Any, where: str) -> ModelSpec:
+    """The model of an instance spec (a scenario's ``model:``, ``--model``):
+
+    - a preset name or Hugging Face id (:func:`~kvsched.envs.sim.model_spec.get_model`);
+    - else a path to a Hugging Face ``config.json``, or to the directory holding one
+      (:func:`~kvsched.envs.sim.hf_config.read_hf_config`; relative to the working directory);
+    - a mapping ``{hf_config: PATH, name: NAME, <ModelSpec field>: value, ...}``: that config,
+      named ``NAME`` (default: the directory's name), with the given fields overridden (e.g.
+      ``routing_skew``, ``max_context_tokens``);
+    - else an inline mapping of every :class:`ModelSpec` field.
+
+    Raises:
+        UnknownPresetError: a name that is neither a preset nor a config path.
+        ConfigError: an unreadable or unsupported config.json, a bad override or inline field.
+    """
+    from .hf_config import read_hf_config
+
+    if isinstance(value, str):
+        if value not in MODEL_PRESETS and _is_config_path(value):
+            try:
+                return get_model(value)  # an HF id such as "Qwen/Qwen2.5-7B-Instruct" that exists as a folder
+            except UnknownPresetError:
+                pass
+            try:
+                return read_hf_config(value)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        return _preset_or_inline(value, get_model, ModelSpec, where)
+    if isinstance(value, Mapping) and "hf_config" in value:
+        d = dict(value)
+        path, name = d.pop("hf_config"), d.pop("name", None)
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"{where}.hf_config={bounded_repr(path)} is not allowed: expected the path of a "
+                              "config.json or of the directory holding one")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"{where}.name={bounded_repr(name)} is not allowed: expected a non-empty string")
+        try:
+            base = read_hf_config(path, name)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if not d:
+            return base
+        return _build(ModelSpec, {**_spec_dict(base), **d}, where)
+    return _build(ModelSpec, value, where)
 
 
 def _pnm_from(value: Any, where: str) -> PNMSpec:
@@ -248,7 +304,7 @@ def _component_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         ConfigError: a malformed inline spec or tier list; UnknownPresetError: an unknown preset.
     """
     kw: dict[str, Any] = {
-        "model": _preset_or_inline(d["model"], get_model, ModelSpec, f"{source}: model"),
+        "model": model_from(d["model"], f"{source}: model"),
         "gpu": _preset_or_inline(d["gpu"], get_gpu, GPUSpec, f"{source}: gpu"),
     }
     for key in ("pcie", "nvme_read", "nvme_write"):
@@ -363,7 +419,7 @@ def presets_rows() -> dict[str, list[dict[str, Any]]]:
             "kv_heads": m.n_kv_heads,
             "head_dim": m.head_dim,
             "params_B": round(m.n_params / 1e9, 2),
-            "active_params_B": round((m.active_matmul_params + m.vocab_size * m.hidden_size) / 1e9, 2),
+            "active_params_B": round(m.active_params / 1e9, 2),
             "experts": f"{m.n_experts} (top-{m.experts_per_token}" + (f" + {m.n_shared_experts} shared)"
                                                                      if m.n_shared_experts else ")")
             if m.is_moe else "-",

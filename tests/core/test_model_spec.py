@@ -40,9 +40,10 @@ def test_params_consistent_with_architecture() -> None:
         bias = (q + 2 * k) if m.name.startswith("Qwen2.5") else 0
         bias += 2 * m.head_dim if m.name.startswith("Qwen3") else 0
         layer = 2 * m.hidden_size * q + 2 * m.hidden_size * k + bias + 3 * m.hidden_size * m.intermediate_size
-        total = m.n_layers * (layer + 2 * m.hidden_size) + 2 * m.vocab_size * m.hidden_size + m.hidden_size
+        tables = 1 if m.tied_embeddings else 2  # a tied lm_head is the embedding's table
+        total = m.n_layers * (layer + 2 * m.hidden_size) + tables * m.vocab_size * m.hidden_size + m.hidden_size
         assert m.n_params == total, m.name
-        assert m.matmul_params == m.n_params - m.vocab_size * m.hidden_size
+        assert m.matmul_params == m.n_params - (tables - 1) * m.vocab_size * m.hidden_size
 
 
 @pytest.mark.parametrize(("model_id", "preset", "published_params"), [
@@ -54,6 +55,8 @@ def test_params_consistent_with_architecture() -> None:
     ("deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite", 15.7e9),
     ("meta-llama/Llama-3.3-70B-Instruct", "Llama-3.1-70B", 70.6e9),
     ("nvidia/Llama-3.1-Nemotron-70B-Instruct-HF", "Llama-3.1-70B", 70.6e9),
+    ("ibm-granite/granite-3.1-8b-instruct", "Granite-3.1-8B", 8.17e9),
+    ("Qwen/Qwen2.5-3B-Instruct", "Qwen2.5-3B", 3.09e9),
 ])
 def test_served_models_of_the_llm_d_runs_resolve_to_presets_of_their_published_size(model_id, preset,
                                                                                     published_params) -> None:

@@ -116,7 +116,7 @@ def test_calibration_recovers_the_parameters_of_a_synthetic_ground_truth(synthet
     # those steps and scipy's trust region stops early (xtol) about 5 % off on request_overhead_s
     # (scipy 1.17). A 5 % step differentiates through them.
     cal, fit = calibrate(exps, list(RUNS), "H100-SXM", start, FIT, stage_cap_s=None, max_nfev=30, jobs=1,
-                         groundtruth=str(synthetic_gt), diff_step=0.05)
+                         diff_step=0.05)
     # from 36 %, 25 % and 67 % off to within 5 % (the simulator's outputs are piecewise smooth in
     # the parameters, so the fit stops at a few-percent step, not at machine precision)
     for p in FIT:

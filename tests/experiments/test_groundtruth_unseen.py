@@ -129,7 +129,7 @@ def test_validate_replays_unseen_runs_lists_skips_and_says_which_gpu_uses_defaul
     from kvsched.envs.sim.calibration import default_cost_params
     from kvsched.experiments.validate import cost_notes, score
 
-    report = score(list(exps.values()), default_cost_params("H100-SXM"), jobs=1, groundtruth=str(gt),
+    report = score(list(exps.values()), default_cost_params("H100-SXM"), jobs=1,
                    stage_cap_s=4.0)
     replayed = set(report.rows["exp_id"])
     assert {NEW, KNOWN, TRAIN} <= replayed

@@ -1,0 +1,426 @@
+"""A :class:`ModelSpec` from a Hugging Face ``config.json``: any model of a supported family, not
+only the presets.
+
+What is read, per family (``model_type``; the ``text_config`` of a multimodal wrapper such as
+``mistral3`` or ``llama4``): the sizes (layers, widths, heads, vocabulary, context), the
+mixture-of-experts layout, multi-head latent attention, tied embeddings and the checkpoint's
+``quantization_config``. ``n_params`` is computed from them as the family's modelling code builds
+its weights (transformers ``modeling_<family>.py``, vLLM ``model_executor/models/<family>.py``):
+embedding, per layer the attention projections (and their biases where the family has them, QK
+norms), the MLP or experts (router, shared experts), two RMSNorms, the final norm, and the lm_head
+unless ``tie_word_embeddings``. For every preset whose numbers come from a config, this count
+equals the preset's (``tests/core/test_hf_config.py``) and so the safetensors total its model card
+reports.
+
+A key the family's configuration class defaults is taken from that default when absent (the
+defaults below cite transformers' ``configuration_<family>.py``); a key the count needs with no
+default is an error. A feature kvsched does not model is an error naming the key, never dropped:
+sliding-window attention *on every layer* caps the context at the window instead (attention over
+at most ``sliding_window`` tokens is full attention, exactly, and so is the KV it keeps); a window
+on some layers only (Gemma-2/3, gpt-oss) or a per-layer layout (``layer_types``) is refused.
+
+Errors are :class:`ConfigError` naming the file (or ``where``), the key, its value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import strict_json
+from .errors import MAX_PATH_CHARS, ConfigError, bounded_repr
+from .model_spec import MAX_MODEL_SIZE, ModelSpec, moe_layer_count
+from .spec_validation import is_int
+
+MAX_CONFIG_BYTES = 4 << 20
+"""Largest config.json read (4 MiB; a real one is a few KB, a multimodal one with its processor
+settings under 100 KB)."""
+
+DENSE_FAMILIES: dict[str, dict[str, Any]] = {
+    # family: (defaults of the keys the count reads when the config leaves them out)
+    "llama": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+    "mistral": {"tie_word_embeddings": False},
+    "qwen2": {"tie_word_embeddings": False},
+    "qwen3": {"tie_word_embeddings": False, "attention_bias": False},
+    "granite": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+    "phi3": {"tie_word_embeddings": False},
+    "gemma": {"tie_word_embeddings": True, "attention_bias": False},
+}
+"""Dense families read, with the defaults of their transformers configuration classes
+(``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``, ``Qwen3Config``, ``GraniteConfig``,
+``Phi3Config``, ``GemmaConfig``) for the keys the parameter count needs."""
+
+MOE_FAMILIES: dict[str, dict[str, Any]] = {
+    "mixtral": {"tie_word_embeddings": False},
+    "qwen2_moe": {"tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_moe": {"tie_word_embeddings": False, "attention_bias": False, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []},
+    "llama4_text": {"tie_word_embeddings": False, "interleave_moe_layer_step": 1, "attention_bias": False},
+    "deepseek_v2": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 0,
+                    "n_shared_experts": None, "q_lora_rank": None},
+    "deepseek_v3": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+                    "n_shared_experts": 1, "q_lora_rank": 1536},
+}
+"""Mixture-of-experts (and latent-attention) families read, with their configuration classes'
+defaults (``MixtralConfig``, ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``Llama4TextConfig``,
+``DeepseekV2Config``, ``DeepseekV3Config``)."""
+
+FAMILIES: tuple[str, ...] = tuple(DENSE_FAMILIES) + tuple(MOE_FAMILIES)
+"""Every ``model_type`` :func:`model_from_hf_config` reads."""
+
+_NOT_MODELLED: dict[str, str] = {
+    "gemma2": "sliding-window attention on every other layer and logit soft-capping",
+    "gemma3": "sliding-window attention on 5 of 6 layers",
+    "gemma3_text": "sliding-window attention on 5 of 6 layers",
+    "gpt_oss": "attention sinks, sliding-window attention on every other layer and MXFP4 experts",
+    "mamba": "a state-space model keeps no per-token KV",
+    "mamba2": "a state-space model keeps no per-token KV",
+    "jamba": "Mamba layers keep no per-token KV",
+    "falcon_h1": "Mamba layers keep no per-token KV",
+    "nemotron_h": "Mamba layers keep no per-token KV",
+    "granitemoehybrid": "Mamba layers keep no per-token KV",
+    "qwen3_next": "linear-attention (Gated DeltaNet) layers keep no per-token KV",
+}
+"""Families refused with the reason (their KV or step cost is not a decoder's with full attention)."""
+
+
+def _where_key(where: str, key: str) -> str:
+    return f"{where}: {key}"
+
+
+def _get(cfg: Mapping[str, Any], key: str, where: str, defaults: Mapping[str, Any]) -> Any:
+    """``cfg[key]``, else the family's default; an error naming the key when neither exists."""
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if key in defaults:
+        return defaults[key]
+    if key in cfg:
+        raise ConfigError(f"{_where_key(where, key)}=null is not allowed: the parameter count needs it")
+    raise ConfigError(f"{where}: missing key {bounded_repr(key)} (the parameter count needs it)")
+
+
+def _int(cfg: Mapping[str, Any], key: str, where: str, defaults: Mapping[str, Any], minimum: int = 1) -> int:
+    value = _get(cfg, key, where, defaults)
+    if isinstance(value, bool) or not is_int(value) or not minimum <= int(value) <= MAX_MODEL_SIZE:
+        raise ConfigError(f"{_where_key(where, key)}={bounded_repr(value)} is not allowed: expected an integer "
+                          f"in [{minimum}, 2**40]")
+    return int(value)
+
+
+def _bool(cfg: Mapping[str, Any], key: str, where: str, defaults: Mapping[str, Any]) -> bool:
+    value = _get(cfg, key, where, defaults)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{_where_key(where, key)}={bounded_repr(value)} is not allowed: expected true or false")
+    return value
+
+
+def _text_config(config: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str]:
+    """The language model's config: ``text_config`` of a multimodal wrapper, else the config itself."""
+    text = config.get("text_config")
+    if text is None:
+        return config, where
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"{_where_key(where, 'text_config')}={bounded_repr(text)} is not allowed: expected a mapping")
+    merged = dict(text)
+    if "tie_word_embeddings" not in merged and "tie_word_embeddings" in config:
+        merged["tie_word_embeddings"] = config["tie_word_embeddings"]  # set on the wrapper (Mistral-Small-3.1)
+    return merged, f"{where}: text_config"
+
+
+def _check_windows(cfg: Mapping[str, Any], family: str, where: str, context: int) -> tuple[int, str]:
+    """The context after a sliding window on every layer (capped at it), and a note; refuses
+    per-layer layouts."""
+    if cfg.get("layer_types") is not None:
+        kinds = cfg["layer_types"]
+        if not isinstance(kinds, list) or any(k != "full_attention" for k in kinds):
+            raise ConfigError(f"{_where_key(where, 'layer_types')}={bounded_repr(kinds)} is not allowed: a per-layer "
+                              "attention layout is not modelled (every layer full_attention only)")
+    window = cfg.get("sliding_window")
+    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        window = None  # Qwen configs carry a window that only use_sliding_window turns on
+    if window is None:
+        return context, ""
+    if isinstance(window, bool) or not is_int(window) or window < 1:
+        raise ConfigError(f"{_where_key(where, 'sliding_window')}={bounded_repr(window)} is not allowed: expected "
+                          "null or a positive integer")
+    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("max_window_layers", 0) not in (0, None):
+        raise ConfigError(f"{_where_key(where, 'max_window_layers')}={bounded_repr(cfg['max_window_layers'])} is not "
+                          "allowed with use_sliding_window: a window on some layers only is not modelled")
+    if int(window) >= context:
+        return context, ""
+    return int(window), (f"; context capped at the sliding window of {int(window)} tokens (max_position_embeddings "
+                         f"{context}): full attention is exact up to it, longer contexts are not modelled")
+
+
+def _dense_attention(cfg: Mapping[str, Any], family: str, where: str, defaults: Mapping[str, Any],
+                     hidden: int, n_heads: int, n_kv: int, head_dim: int) -> int:
+    """Weights of one layer's attention: q, k, v, o projections, their biases, QK norms."""
+    q_out, kv_out = n_heads * head_dim, n_kv * head_dim
+    params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+    if family in ("qwen2", "qwen2_moe"):
+        params += q_out + 2 * kv_out  # q/k/v biases, always (Qwen2Attention), no o_proj bias
+    elif "attention_bias" in defaults and _bool(cfg, "attention_bias", where, defaults):
+        params += q_out + 2 * kv_out + hidden  # bias on q, k, v and o (LlamaAttention & co.)
+    if family in ("qwen3", "qwen3_moe"):
+        params += 2 * head_dim  # q_norm, k_norm (RMSNorm over head_dim)
+    return params
+
+
+def _mla_attention(cfg: Mapping[str, Any], where: str, defaults: Mapping[str, Any], hidden: int,
+                   n_heads: int) -> tuple[int, int, int, int]:
+    """DeepSeek multi-head latent attention: (weights of one layer, kv_lora_rank, qk_rope_head_dim,
+    head_dim = qk_nope + qk_rope). q_a/q_b with a q_lora_rank (its RMSNorm), else one q_proj;
+    kv_a_proj_with_mqa (latent + RoPE key), its RMSNorm, kv_b_proj (to per-head nope key and value),
+    o_proj from the value heads (transformers ``DeepseekV3Attention``)."""
+    kv_rank = _int(cfg, "kv_lora_rank", where, defaults)
+    rope = _int(cfg, "qk_rope_head_dim", where, defaults)
+    nope = _int(cfg, "qk_nope_head_dim", where, defaults)
+    v_dim = _int(cfg, "v_head_dim", where, defaults)
+    qk_dim = nope + rope
+    q_rank = cfg.get("q_lora_rank", defaults.get("q_lora_rank"))
+    if q_rank is None:
+        params = hidden * n_heads * qk_dim
+    else:
+        q_rank = _int(cfg, "q_lora_rank", where, defaults)
+        params = hidden * q_rank + q_rank + q_rank * n_heads * qk_dim
+    params += hidden * (kv_rank + rope) + kv_rank + kv_rank * n_heads * (nope + v_dim) + n_heads * v_dim * hidden
+    return params, kv_rank, rope, qk_dim
+
+
+def _moe_layout(cfg: Mapping[str, Any], family: str, where: str, defaults: Mapping[str, Any], hidden: int,
+                n_layers: int) -> dict[str, Any]:
+    """The ModelSpec MoE fields, the routed/shared expert widths and the extra per-MoE-layer
+    weights (router, shared-expert gate, score-correction bias)."""
+    if family == "mixtral":
+        n_experts = _int(cfg, "num_local_experts", where, defaults)
+        width = _int(cfg, "intermediate_size", where, defaults)
+        return dict(n_experts=n_experts, experts_per_token=_int(cfg, "num_experts_per_tok", where, defaults),
+                    expert_intermediate_size=width, n_shared_experts=0, first_dense_layers=0, moe_layer_step=1,
+                    dense_width=width, extra=hidden * n_experts)
+    if family in ("qwen2_moe", "qwen3_moe"):
+        only = _get(cfg, "mlp_only_layers", where, defaults)
+        if only:
+            raise ConfigError(f"{_where_key(where, 'mlp_only_layers')}={bounded_repr(only)} is not allowed: dense "
+                              "layers at listed positions are not modelled (an empty list only)")
+        n_experts = _int(cfg, "num_experts", where, defaults)
+        width = _int(cfg, "moe_intermediate_size", where, defaults)
+        extra, shared = hidden * n_experts, 0
+        if family == "qwen2_moe":
+            shared_width = _int(cfg, "shared_expert_intermediate_size", where, defaults, minimum=0)
+            if shared_width % width:
+                raise ConfigError(f"{_where_key(where, 'shared_expert_intermediate_size')}={shared_width} is not "
+                                  f"allowed: kvsched models a shared expert as whole experts of moe_intermediate_size "
+                                  f"{width} (a multiple of it)")
+            shared = shared_width // width
+            extra += hidden if shared else 0  # shared_expert_gate: Linear(hidden, 1)
+        return dict(n_experts=n_experts, experts_per_token=_int(cfg, "num_experts_per_tok", where, defaults),
+                    expert_intermediate_size=width, n_shared_experts=shared, first_dense_layers=0,
+                    moe_layer_step=_int(cfg, "decoder_sparse_step", where, defaults),
+                    dense_width=_int(cfg, "intermediate_size", where, defaults), extra=extra)
+    if family == "llama4_text":
+        n_experts = _int(cfg, "num_local_experts", where, defaults)
+        return dict(n_experts=n_experts, experts_per_token=_int(cfg, "num_experts_per_tok", where, defaults),
+                    expert_intermediate_size=_int(cfg, "intermediate_size", where, defaults), n_shared_experts=1,
+                    first_dense_layers=0, moe_layer_step=_int(cfg, "interleave_moe_layer_step", where, defaults),
+                    dense_width=_int(cfg, "intermediate_size_mlp", where, defaults), extra=hidden * n_experts)
+    # deepseek_v2 / deepseek_v3: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
+    freq = _int(cfg, "moe_layer_freq", where, defaults)
+    if freq != 1:
+        raise ConfigError(f"{_where_key(where, 'moe_layer_freq')}={freq} is not allowed: DeepSeek's every-n-th "
+                          "MoE layer (i % freq == 0) is not modelled (1 only)")
+    n_experts = _int(cfg, "n_routed_experts", where, defaults)
+    shared = cfg.get("n_shared_experts", defaults["n_shared_experts"])
+    shared = 0 if shared is None else _int(cfg, "n_shared_experts", where, defaults, minimum=0)
+    first = _int(cfg, "first_k_dense_replace", where, defaults, minimum=0)
+    if first >= n_layers:
+        raise ConfigError(f"{_where_key(where, 'first_k_dense_replace')}={first} is not allowed: at least one MoE "
+                          f"layer among num_hidden_layers={n_layers}")
+    extra = hidden * n_experts
+    if family == "deepseek_v3" or cfg.get("topk_method") == "noaux_tc":
+        extra += n_experts  # e_score_correction_bias
+    return dict(n_experts=n_experts, experts_per_token=_int(cfg, "num_experts_per_tok", where, defaults),
+                expert_intermediate_size=_int(cfg, "moe_intermediate_size", where, defaults), n_shared_experts=shared,
+                first_dense_layers=first, moe_layer_step=1,
+                dense_width=_int(cfg, "intermediate_size", where, defaults), extra=extra)
+
+
+_COMPRESSED_SCHEMES: dict[tuple[str, int, bool], str] = {
+    ("float", 8, True): "fp8", ("float", 8, False): "fp8", ("int", 8, True): "int8", ("int", 4, False): "int4",
+    ("float", 4, True): "nvfp4", ("float", 4, False): "nvfp4",
+}
+"""compressed-tensors weight schemes: (type, num_bits, activations quantized) -> weight dtype
+(LLM Compressor's FP8 / FP8_DYNAMIC, W8A8, W4A16, NVFP4 / NVFP4A16 presets)."""
+
+
+def _ignored_weights(ignore: Any, where: str) -> str:
+    """``quantized_weights`` from an ignore list: the lm_head (and routers, gates, vision and
+    multimodal parts, which are not decoder Linear layers the cost model prices) -> "linear"; the
+    attention projections too -> "mlp"."""
+    if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+        raise ConfigError(f"{where}={bounded_repr(ignore)} is not allowed: expected a list of module names")
+    multimodal = ("vision", "multi_modal", "mm_projector", "visual", "audio")
+    attention = ("self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "attn")
+    harmless = ("lm_head", "router", "gate", "embed")
+    kept_attention = False
+    for name in ignore:
+        low = name.lower()
+        if any(m in low for m in multimodal):
+            continue  # not run for text prompts
+        if any(a in low for a in attention):
+            kept_attention = True
+        elif any(m in low for m in ("gate_proj", "up_proj", "down_proj", "experts", "mlp.fc")) \
+                or not any(h in low for h in harmless):
+            raise ConfigError(f"{where}: {bounded_repr(name)} left unquantized is not modelled (kvsched models "
+                              "the lm_head, routers, gates, multimodal parts and the attention projections "
+                              "left in bf16)")
+    return "mlp" if kept_attention else "linear"
+
+
+def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
+    """(weight_dtype, quantized_weights, note) of ``quantization_config`` (absent: unquantized)."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return "", "all", ""
+    where = f"{where}: quantization_config"
+    if not isinstance(q, Mapping):
+        raise ConfigError(f"{where}={bounded_repr(q)} is not allowed: expected a mapping")
+    method = q.get("quant_method")
+    if method == "fp8":  # block or per-tensor FP8 (DeepSeek-V3, Qwen3-*-FP8): every decoder Linear layer
+        ignored = q.get("modules_to_not_convert") or q.get("ignored_layers") or ["lm_head"]
+        return "fp8", _ignored_weights(ignored, f"{where}.modules_to_not_convert"), "; FP8 weights (quant_method fp8)"
+    if method == "compressed-tensors":
+        groups = q.get("config_groups")
+        if not isinstance(groups, Mapping) or len(groups) != 1:
+            raise ConfigError(f"{where}.config_groups={bounded_repr(groups)} is not allowed: one quantization "
+                              "group is modelled (one scheme for every quantized Linear layer)")
+        group = next(iter(groups.values()))
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(weights, Mapping):
+            raise ConfigError(f"{where}.config_groups: a group without a weights scheme is not allowed")
+        acts = group.get("input_activations")
+        key = (weights.get("type"), weights.get("num_bits"), acts is not None)
+        dtype = _COMPRESSED_SCHEMES.get(key)  # type: ignore[arg-type]
+        if dtype is None:
+            raise ConfigError(f"{where}: weights type={bounded_repr(key[0])} num_bits={bounded_repr(key[1])} "
+                              f"{'with' if key[2] else 'without'} quantized activations is not modelled (FP8, "
+                              "W8A8 int8, W4A16 int4, NVFP4)")
+        return (dtype, _ignored_weights(q.get("ignore", []), f"{where}.ignore"),
+                f"; {dtype} weights (compressed-tensors)")
+    if method in ("awq", "gptq"):
+        bits = q.get("bits", q.get("w_bit"))
+        if bits != 4:
+            raise ConfigError(f"{where}: {method} with bits={bounded_repr(bits)} is not allowed: 4-bit weight-only "
+                              "is modelled (int4); 8-bit weight-only (w8a16) is not")
+        return "int4", "linear", f"; int4 weights ({method})"
+    if method == "modelopt":
+        algo = q.get("quant_algo")
+        dtype = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(algo))
+        if dtype is None:
+            raise ConfigError(f"{where}.quant_algo={bounded_repr(algo)} is not allowed: FP8 or NVFP4")
+        return dtype, "linear", f"; {dtype} weights (modelopt)"
+    raise ConfigError(f"{where}.quant_method={bounded_repr(method)} is not allowed: fp8, compressed-tensors, awq, "
+                      "gptq or modelopt")
+
+
+def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face ``config.json`` (already parsed).
+
+    Args:
+        config: the config's top-level mapping.
+        name: the spec's name (a Hugging Face id, say).
+        where: what errors name first (the file).
+
+    Returns:
+        A ModelSpec whose ``source`` says what was read and what was assumed; ``weight_dtype``
+        from ``quantization_config`` (else ``torch_dtype``/``dtype`` float16 -> fp16, else bf16).
+
+    Raises:
+        ConfigError: not a mapping, an unknown or refused ``model_type``, a missing or malformed
+            key the count needs, a feature kvsched does not model (named), or sizes ModelSpec
+            refuses.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{where}: a config.json must be a JSON object, got {type(config).__name__}")
+    cfg, where = _text_config(config, where)
+    family = cfg.get("model_type", config.get("model_type"))
+    if family in ("llama4",):  # a wrapper without text_config is malformed
+        raise ConfigError(f"{where}: model_type 'llama4' needs its text_config")
+    if family in _NOT_MODELLED:
+        raise ConfigError(f"{where}: model_type={bounded_repr(family)} is not modelled: {_NOT_MODELLED[family]}")
+    if family not in FAMILIES:
+        raise ConfigError(f"{where}: model_type={bounded_repr(family)} is not allowed: one of {', '.join(FAMILIES)} "
+                          "(or a preset: `kvsched presets`)")
+    defaults = {**DENSE_FAMILIES.get(family, {}), **MOE_FAMILIES.get(family, {})}
+    n_layers = _int(cfg, "num_hidden_layers", where, defaults)
+    hidden = _int(cfg, "hidden_size", where, defaults)
+    n_heads = _int(cfg, "num_attention_heads", where, defaults)
+    kv_defaults = {**defaults, "num_key_value_heads": n_heads}
+    n_kv = _int(cfg, "num_key_value_heads", where, kv_defaults)
+    vocab = _int(cfg, "vocab_size", where, defaults)
+    context = _int(cfg, "max_position_embeddings", where, defaults)
+    tied = _bool(cfg, "tie_word_embeddings", where, defaults)
+    context, note = _check_windows(cfg, family, where, context)
+    moe: dict[str, Any] = {}
+    kv_lora = rope = 0
+    if family.startswith("deepseek"):
+        attention, kv_lora, rope, head_dim = _mla_attention(cfg, where, defaults, hidden, n_heads)
+        n_kv = n_heads  # MHA form for the FLOPs; the cache is the latent (ModelSpec.kv_bytes_per_token)
+    else:
+        head_dim = _int(cfg, "head_dim", where, {**defaults, "head_dim": hidden // n_heads})
+        if n_heads % n_kv:
+            raise ConfigError(f"{_where_key(where, 'num_key_value_heads')}={n_kv} is not allowed: a divisor of "
+                              f"num_attention_heads={n_heads}")
+        attention = _dense_attention(cfg, family, where, defaults, hidden, n_heads, n_kv, head_dim)
+    norms = 2 * hidden
+    if family in MOE_FAMILIES:
+        moe = _moe_layout(cfg, family, where, defaults, hidden, n_layers)
+        dense_width, extra = moe.pop("dense_width"), moe.pop("extra")
+        n_moe = moe_layer_count(n_layers, moe["first_dense_layers"], moe["moe_layer_step"])
+        per_moe_layer = (moe["n_experts"] + moe["n_shared_experts"]) * 3 * hidden * moe["expert_intermediate_size"]
+        mlp = (n_layers - n_moe) * 3 * hidden * dense_width + n_moe * (per_moe_layer + extra)
+    else:
+        dense_width = _int(cfg, "intermediate_size", where, defaults)
+        mlp = n_layers * 3 * hidden * dense_width
+        if family in ("llama", "granite") and _bool(cfg, "mlp_bias", where, defaults):
+            mlp += n_layers * (2 * dense_width + hidden)
+    n_params = vocab * hidden * (1 if tied else 2) + n_layers * (attention + norms) + mlp + hidden
+    dtype, quantized, qnote = _quantization(cfg if "quantization_config" in cfg else config, where)
+    if not dtype:
+        torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", config.get("torch_dtype", config.get("dtype"))))
+        dtype = "fp16" if torch_dtype in ("float16", "float32") else "bf16"
+    source = (f"HF config.json read by kvsched.envs.sim.hf_config ({where}; model_type {family}); n_params "
+              f"computed from it ({n_params:,}){note}{qnote}")
+    try:
+        return ModelSpec(name, n_layers, hidden, n_heads, n_kv, head_dim, dense_width, vocab, float(n_params), context,
+                         source, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, weight_dtype=dtype,
+                         quantized_weights=quantized, tied_embeddings=tied, **moe)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """:func:`model_from_hf_config` of a ``config.json`` file, or of the ``config.json`` in a directory
+    (a downloaded checkpoint). ``name`` defaults to the directory's name.
+
+    Raises:
+        ConfigError: no such file, larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 JSON (duplicate
+            keys refused), or what :func:`model_from_hf_config` raises (naming the file).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    shown = bounded_repr(str(p), MAX_PATH_CHARS)
+    if not p.is_file():
+        raise ConfigError(f"{shown}: no such file (give a Hugging Face config.json or the directory holding one)")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{shown}: {p.stat().st_size:,} bytes is too large for a config.json (at most "
+                          f"{MAX_CONFIG_BYTES:,})")
+    try:
+        config = strict_json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{shown}: invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
+    return model_from_hf_config(config, name or p.resolve().parent.name, shown)

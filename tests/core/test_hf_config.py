@@ -1,0 +1,268 @@
+"""A ModelSpec from a Hugging Face config.json (envs/sim/hf_config.py) and tied embeddings.
+
+The parameter count of every preset was computed by hand from its model's config and checked
+against the published total; the loader must reproduce it from the same config keys, family by
+family (biases, QK norms, tied embeddings, routers, shared experts, latent attention). Features
+kvsched does not model are refused by name, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError, UnknownPresetError
+from kvsched.envs.sim.hf_config import FAMILIES, MAX_CONFIG_BYTES, model_from_hf_config, read_hf_config
+from kvsched.envs.sim.model_spec import MODEL_PRESETS, ModelSpec, get_model
+
+FAMILY_OF = {
+    "Llama-2-7B": "llama", "Llama-2-70B": "llama", "Llama-3.1-8B": "llama", "Llama-3.1-70B": "llama",
+    "Llama-3.1-405B": "llama", "Yi-34B": "llama", "CodeLlama-34B": "llama", "Qwen2.5-7B": "qwen2",
+    "Qwen2.5-72B": "qwen2", "Qwen2.5-3B": "qwen2", "Mistral-Nemo-12B": "mistral", "Mistral-Small-24B": "mistral",
+    "Mistral-Small-3.1-24B": "mistral", "Qwen3-14B": "qwen3", "Phi-4": "phi3", "Granite-3.1-8B": "granite",
+    "Mixtral-8x7B": "mixtral", "Mixtral-8x22B": "mixtral", "Qwen3-30B-A3B": "qwen3_moe",
+    "Llama-4-Scout-17B-16E": "llama4_text", "Llama-4-Scout-17B-16E-FP8": "llama4_text",
+    "DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+}
+
+
+def config_of(m: ModelSpec) -> dict:
+    """The config.json keys of preset ``m`` (its model's published config, as the preset records it)."""
+    family = FAMILY_OF[m.name]
+    cfg = {"model_type": family, "hidden_size": m.hidden_size, "num_hidden_layers": m.n_layers,
+           "num_attention_heads": m.n_heads, "num_key_value_heads": m.n_kv_heads, "head_dim": m.head_dim,
+           "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
+           "max_position_embeddings": m.max_context_tokens, "tie_word_embeddings": m.tied_embeddings,
+           "torch_dtype": "bfloat16"}
+    if family in ("mixtral",):
+        cfg.update(num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token)
+    if family == "qwen3_moe":
+        cfg.update(num_experts=m.n_experts, num_experts_per_tok=m.experts_per_token,
+                   moe_intermediate_size=m.expert_intermediate_size, decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "llama4_text":
+        cfg.update(num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token,
+                   intermediate_size=m.expert_intermediate_size, intermediate_size_mlp=m.intermediate_size,
+                   interleave_moe_layer_step=m.moe_layer_step)
+        cfg = {"model_type": "llama4", "text_config": cfg}
+    if family.startswith("deepseek"):
+        del cfg["head_dim"]
+        cfg.update(n_routed_experts=m.n_experts, num_experts_per_tok=m.experts_per_token,
+                   moe_intermediate_size=m.expert_intermediate_size, n_shared_experts=m.n_shared_experts,
+                   first_k_dense_replace=m.first_dense_layers, moe_layer_freq=1, kv_lora_rank=m.kv_lora_rank,
+                   qk_rope_head_dim=m.qk_rope_head_dim, qk_nope_head_dim=128, v_head_dim=128,
+                   q_lora_rank=1536 if family == "deepseek_v3" else None)
+    return cfg
+
+
+ARCHITECTURE = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+                "n_params", "max_context_tokens", "n_experts", "experts_per_token", "expert_intermediate_size",
+                "n_shared_experts", "first_dense_layers", "moe_layer_step", "kv_lora_rank", "qk_rope_head_dim",
+                "tied_embeddings")
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_OF))
+def test_the_config_of_every_preset_gives_its_hand_checked_parameter_count(name):
+    preset = MODEL_PRESETS[name]
+    m = model_from_hf_config(config_of(preset), name)
+    assert {f: getattr(m, f) for f in ARCHITECTURE} == {f: getattr(preset, f) for f in ARCHITECTURE}
+    assert m.kv_bytes_per_token(2) == preset.kv_bytes_per_token(2)
+    assert m.active_params == pytest.approx(preset.active_params, rel=0, abs=0)
+
+
+def test_every_preset_is_covered_by_the_loader_check():
+    assert set(FAMILY_OF) == set(MODEL_PRESETS)
+
+
+def test_a_tied_lm_head_is_stored_once_and_still_read_as_a_matmul():
+    granite = get_model("ibm-granite/granite-3.1-8b-instruct")
+    untied = dataclasses.replace(granite, tied_embeddings=False,
+                                 n_params=granite.n_params + granite.vocab_size * granite.hidden_size)
+    assert granite.matmul_params == untied.matmul_params == granite.n_params  # the lm_head matmul stays
+    assert untied.weight_bytes(2.0) - granite.weight_bytes(2.0) == 2.0 * granite.vocab_size * granite.hidden_size
+    assert granite.active_params == granite.n_params  # 8.17 B, the published total
+    assert get_model("Qwen/Qwen2.5-3B-Instruct").n_params == 3_085_938_688  # 3.09 B (2.77 B without embedding)
+    with pytest.raises(ConfigError, match="tied_embeddings"):
+        dataclasses.replace(granite, tied_embeddings=1)
+
+
+def test_quantized_checkpoints_of_tied_presets_keep_the_shared_table_in_bf16():
+    int4 = get_model("RedHatAI/granite-3.1-8b-instruct-quantized.w4a16")
+    base = get_model("Granite-3.1-8B")
+    table = base.vocab_size * base.hidden_size
+    assert int4.quantized_params == base.n_params - table
+    assert int4.weight_bytes(0.515625) == pytest.approx(table * 2 + (base.n_params - table) * 0.515625)
+
+
+def test_bias_norm_and_tie_keys_change_the_count_as_the_families_build_their_weights():
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 512}
+    plain = model_from_hf_config(base, "t").n_params
+    q_out, kv_out = 64, 32
+    assert model_from_hf_config({**base, "attention_bias": True}, "t").n_params == plain + 2 * (q_out + 2 * kv_out + 64)
+    assert model_from_hf_config({**base, "mlp_bias": True}, "t").n_params == plain + 2 * (2 * 128 + 64)
+    assert model_from_hf_config({**base, "tie_word_embeddings": True}, "t").n_params == plain - 100 * 64
+    qwen2 = model_from_hf_config({**base, "model_type": "qwen2"}, "t").n_params
+    assert qwen2 == plain + 2 * (q_out + 2 * kv_out)  # q/k/v biases, no o_proj bias
+    qwen3 = model_from_hf_config({**base, "model_type": "qwen3"}, "t").n_params
+    assert qwen3 == plain + 2 * 2 * 16  # q_norm and k_norm over head_dim 16
+    gemma = model_from_hf_config({**base, "model_type": "gemma"}, "t")
+    assert gemma.tied_embeddings and gemma.n_params == plain - 100 * 64  # GemmaConfig ties by default
+    assert model_from_hf_config({k: v for k, v in base.items() if k != "num_key_value_heads"}, "t").n_kv_heads == 4
+
+
+def test_qwen2_moe_shared_expert_and_sparse_step_are_read():
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 100, "max_position_embeddings": 512,
+           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+           "shared_expert_intermediate_size": 64, "decoder_sparse_step": 2}
+    m = model_from_hf_config(cfg, "qmoe")
+    assert (m.n_experts, m.n_shared_experts, m.moe_layer_step, m.n_moe_layers) == (8, 2, 2, 2)
+    attention = 4 * 64 * 64 + 3 * 64  # q, k, v, o + q/k/v biases
+    moe_layer = 10 * 3 * 64 * 32 + 64 * 8 + 64  # experts + shared, router, shared_expert_gate
+    dense_layer = 3 * 64 * 256
+    assert m.n_params == 2 * 100 * 64 + 4 * (attention + 128) + 2 * moe_layer + 2 * dense_layer + 64
+    with pytest.raises(ConfigError, match="shared_expert_intermediate_size=48"):
+        model_from_hf_config({**cfg, "shared_expert_intermediate_size": 48}, "q")
+    with pytest.raises(ConfigError, match="mlp_only_layers"):
+        model_from_hf_config({**cfg, "mlp_only_layers": [0]}, "q")
+
+
+LLAMA4_FP8_QUANT = {
+    "quant_method": "compressed-tensors", "format": "float-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"],
+                                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                                  "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}},
+    "ignore": ["vision_model.model.layers.0.self_attn.q_proj", "multi_modal_projector.linear_1",
+               "language_model.model.layers.0.self_attn.q_proj", "language_model.model.layers.0.feed_forward.router",
+               "language_model.lm_head"],
+}
+
+
+def _llm_compressor(weights: dict, acts: dict | None, ignore=("lm_head",)) -> dict:
+    return {"quant_method": "compressed-tensors",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}},
+            "ignore": list(ignore)}
+
+
+@pytest.mark.parametrize("quant, dtype, which", [
+    (LLAMA4_FP8_QUANT, "fp8", "mlp"),
+    (_llm_compressor({"num_bits": 8, "type": "float"}, {"num_bits": 8, "type": "float"}), "fp8", "linear"),
+    (_llm_compressor({"num_bits": 8, "type": "int"}, {"num_bits": 8, "type": "int"}), "int8", "linear"),
+    (_llm_compressor({"num_bits": 4, "type": "int", "group_size": 128}, None), "int4", "linear"),
+    (_llm_compressor({"num_bits": 4, "type": "float", "group_size": 16}, {"num_bits": 4, "type": "float"}),
+     "nvfp4", "linear"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "linear"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", "linear"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4", "linear"),
+])
+def test_quantization_config_sets_the_weight_dtype_and_which_weights_it_covers(quant, dtype, which):
+    cfg = {**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": quant}
+    m = model_from_hf_config(cfg, "q")
+    assert (m.weight_dtype, m.quantized_weights) == (dtype, which)
+
+
+@pytest.mark.parametrize("quant, match", [
+    ({"quant_method": "gptq", "bits": 8}, "8-bit weight-only"),
+    ({"quant_method": "bitsandbytes"}, "quant_method='bitsandbytes'"),
+    (_llm_compressor({"num_bits": 8, "type": "int"}, None), "without quantized activations"),
+    (_llm_compressor({"num_bits": 8, "type": "float"}, None, ignore=["model.layers.0.mlp.down_proj"]), "down_proj"),
+    ({"quant_method": "compressed-tensors", "config_groups": {}}, "one quantization group"),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "quant_algo"),
+])
+def test_quantization_kvsched_does_not_model_is_refused_by_name(quant, match):
+    with pytest.raises(ConfigError, match=match):
+        model_from_hf_config({**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": quant}, "q")
+
+
+def test_a_sliding_window_on_every_layer_caps_the_context_and_partial_windows_are_refused():
+    mistral = {**config_of(MODEL_PRESETS["Mistral-Nemo-12B"]), "sliding_window": 4096}
+    m = model_from_hf_config(mistral, "w")
+    assert m.max_context_tokens == 4096 and "sliding window" in m.source
+    qwen = {**config_of(MODEL_PRESETS["Qwen2.5-7B"]), "sliding_window": 4096, "use_sliding_window": False}
+    assert model_from_hf_config(qwen, "q").max_context_tokens == 32768  # the flag is off
+    with pytest.raises(ConfigError, match="max_window_layers"):
+        model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 14}, "q")
+    with pytest.raises(ConfigError, match="layer_types"):
+        model_from_hf_config({**mistral, "layer_types": ["sliding_attention", "full_attention"]}, "w")
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"model_type": "bert"}, "model_type='bert' is not allowed: one of llama"),
+    ({"model_type": "gpt_oss"}, "attention sinks"),
+    ({"model_type": "gemma3_text"}, "sliding-window"),
+    ({"hidden_size": None}, "hidden_size=null"),
+    ({"num_hidden_layers": "32"}, "num_hidden_layers='32' is not allowed: expected an integer"),
+    ({"num_hidden_layers": True}, "num_hidden_layers=True"),
+    ({"vocab_size": 0}, "vocab_size=0"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads=3"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes'"),
+    ({"text_config": [1]}, "text_config"),
+])
+def test_a_malformed_or_unmodelled_config_names_the_key_and_value(edit, match):
+    cfg = {**config_of(MODEL_PRESETS["Llama-3.1-8B"]), **edit}
+    with pytest.raises(ConfigError, match=match):
+        model_from_hf_config(cfg, "x", "f/config.json")
+
+
+def test_a_missing_key_without_a_family_default_is_named():
+    cfg = config_of(MODEL_PRESETS["Llama-3.1-8B"])
+    del cfg["vocab_size"]
+    with pytest.raises(ConfigError, match="missing key 'vocab_size'"):
+        model_from_hf_config(cfg, "x")
+    assert set(FAMILIES) >= {"llama", "qwen3_moe", "deepseek_v3", "llama4_text"}
+
+
+def test_read_hf_config_takes_a_file_or_its_directory_and_refuses_bad_files(tmp_path):
+    d = tmp_path / "my-model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config_of(MODEL_PRESETS["Qwen2.5-3B"])))
+    m = read_hf_config(d)
+    assert m.name == "my-model" and m.n_params == MODEL_PRESETS["Qwen2.5-3B"].n_params
+    assert read_hf_config(d / "config.json", name="other").name == "other"
+    with pytest.raises(ConfigError, match="no such file"):
+        read_hf_config(tmp_path / "nope")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model_type": "llama", "model_type": "qwen2"}')
+    with pytest.raises(ConfigError, match="appears twice"):
+        read_hf_config(bad)
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_hf_config(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        read_hf_config(bad)
+    bad.write_text(" " * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match="too large"):
+        read_hf_config(bad)
+
+
+def test_a_scenario_model_may_be_a_config_path_or_a_config_with_overrides(tmp_path):
+    from kvsched.envs.sim.spec_io import instance_spec_from_dict, model_from
+
+    d = tmp_path / "granite"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config_of(MODEL_PRESETS["Granite-3.1-8B"])))
+    spec = instance_spec_from_dict({"model": str(d), "gpu": "H100-SXM"}, "test")
+    assert spec.model.tied_embeddings and spec.model.n_params == MODEL_PRESETS["Granite-3.1-8B"].n_params
+    m = model_from({"hf_config": str(d / "config.json"), "name": "g", "max_context_tokens": 8192}, "test")
+    assert (m.name, m.max_context_tokens) == ("g", 8192)
+    with pytest.raises(ConfigError, match="test: model: .*no such file"):
+        instance_spec_from_dict({"model": str(tmp_path / "missing" / "config.json"), "gpu": "H100-SXM"}, "test")
+    with pytest.raises(ConfigError, match="hf_config=3"):
+        model_from({"hf_config": 3}, "test")
+    with pytest.raises(ConfigError, match="unknown key 'n_expert'"):
+        model_from({"hf_config": str(d), "n_expert": 2}, "test")
+    with pytest.raises(UnknownPresetError, match="config.json"):
+        model_from("Granite-9000", "test")
+    assert model_from("Granite-3.1-8B", "test") is MODEL_PRESETS["Granite-3.1-8B"]
+
+
+def test_an_inline_model_round_trips_with_its_tied_flag(tmp_path):
+    from kvsched.envs.sim.spec_io import load_instance_spec, save_instance_spec
+    from kvsched.envs.sim.specs import InstanceSpec, get_gpu
+
+    spec = InstanceSpec(get_model("Qwen2.5-3B"), get_gpu("H100-SXM"))
+    save_instance_spec(spec, tmp_path / "s.yaml")
+    assert load_instance_spec(tmp_path / "s.yaml").model == spec.model

@@ -1,0 +1,124 @@
+"""Ground-truth runs of models that are no preset, read from their Hugging Face config.json
+(experiments/groundtruth.py ``resolve_model``, ``kvsched validate --model-configs``).
+
+A synthetic ground truth holds one training run of a preset (the family's workload) and csv runs of
+models kvsched has no preset for: one with its config.json in ``model_configs/`` (replayed, in
+worker processes too), one with an int4 precision (its W4A16 checkpoint), one without a config
+(skipped, the reason says how to give one) and one whose config kvsched cannot model (skipped
+with the config's own error).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvsched.envs.sim.errors import ConfigError
+from kvsched.experiments.groundtruth import config_dir_for, load_experiments
+
+SP = {"num_unique_system_prompts": 2, "num_users_per_system_prompt": 2, "system_prompt_len": 32,
+      "question_len": 200, "output_len": 12, "enable_multi_turn_chat": True}
+TRAIN = "20990101-000000-llama-2-7b-tp1-codegen"
+CONFIGURED = "81-tiny-llama-tp1-codegen-1-1"
+INT4 = "82-tiny-llama-tp1-codegen-w4a16"
+NO_CONFIG = "83-unknown-13b-tp1-codegen-1-1"
+UNMODELLED = "84-gpt-oss-20b-tp1-codegen-1-1"
+TINY = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 4096,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
+
+def _measured(scale: float) -> dict[str, float]:
+    return {"ttft_mean": 30 * scale, "ttft_p90": 40 * scale, "ttft_p99": 50 * scale, "itl_mean": 8 * scale,
+            "e2e_mean": 120 * scale, "e2e_p90": 130 * scale, "e2e_p99": 140 * scale}
+
+
+def _rows(folder: str, model: str, precision: str = "BF16") -> list[dict]:
+    return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": model, "workload": "codegen",
+             "stage_index": 0, "metric_name": m, "predicted": v, "actual": v, "exp_id": folder.split("-")[0],
+             "hardware": "H100", "precision": precision, "tp": 1, "max_num_batched_tokens": 2048}
+            for m, v in _measured(1.0).items()]
+
+
+@pytest.fixture(scope="module")
+def gt(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("groundtruth")
+    (root / "blis").mkdir()
+    (root / "sim_to_real").mkdir()
+    (root / "README.md").write_text("synthetic ground truth for tests\n")
+    d = root / "training_default_args" / TRAIN
+    (d / "results").mkdir(parents=True)
+    (d / "exp-config.yaml").write_text("model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\n"
+                                       "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\n")
+    v = _measured(1e-3)
+    (d / "results" / "stage_0_lifecycle_metrics.json").write_text(json.dumps({
+        "load_summary": {"count": 12}, "failures": {"count": 0},
+        "successes": {"latency": {"time_to_first_token": {"mean": v["ttft_mean"], "p90": v["ttft_p90"],
+                                                          "p99": v["ttft_p99"]},
+                                  "request_latency": {"mean": v["e2e_mean"], "p90": v["e2e_p90"],
+                                                      "p99": v["e2e_p99"]}},
+                      "output_len": {"mean": 12.0},
+                      "prompt_len": {"mean": 1.0, "min": 1.0, "max": 1.0, "p10": 1.0, "p90": 1.0}}}))
+    (d / "profile.yaml").write_text(json.dumps(
+        {"data": {"shared_prefix": SP, "type": "shared_prefix"},
+         "load": {"stages": [{"rate": 2.0, "duration": 6}], "type": "constant"}}))
+    (root / "blis" / "trained_physics_iter29_experiments.json").write_text(json.dumps({"experiments": []}))
+    rows = (_rows(CONFIGURED, "acme/Tiny-Llama") + _rows(INT4, "acme/Tiny-Llama", "W4A16")
+            + _rows(NO_CONFIG, "acme/Unknown-13B") + _rows(UNMODELLED, "openai/gpt-oss-20b"))
+    pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)
+    configs = root / "model_configs"
+    (configs / "tiny-llama").mkdir(parents=True)  # inference-sim's layout: the lower-cased repo name
+    (configs / "tiny-llama" / "config.json").write_text(json.dumps(TINY))
+    (configs / "gpt-oss-20b").mkdir()
+    (configs / "gpt-oss-20b" / "config.json").write_text(json.dumps({**TINY, "model_type": "gpt_oss"}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def exps(gt):
+    return {e.exp_id: e for e in load_experiments(gt)}
+
+
+def test_a_model_with_a_config_in_model_configs_is_replayed_as_read(exps):
+    e = exps[CONFIGURED]
+    assert e.skip_reason is None, e.skip_reason
+    assert e.model is not None and e.model.name == "Tiny-Llama" and e.model.tied_embeddings
+    assert e.preset == "Tiny-Llama"
+    int4 = exps[INT4]
+    assert int4.skip_reason is None and int4.model.name == "Tiny-Llama-INT4"
+    assert (int4.model.weight_dtype, int4.model.quantized_weights, int4.weight_dtype) == ("int4", "linear", "auto")
+
+
+def test_a_model_without_preset_or_config_is_skipped_with_how_to_give_one(exps, gt):
+    assert "no kvsched model preset" in exps[NO_CONFIG].skip_reason
+    assert "no config.json in" in exps[NO_CONFIG].skip_reason
+    assert "attention sinks" in exps[UNMODELLED].skip_reason
+    assert {e.exp_id: e.skip_reason for e in load_experiments(gt, gt / "training_default_args")}[CONFIGURED] \
+        .startswith("model 'acme/Tiny-Llama' matches no kvsched model preset")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        load_experiments(gt, gt / "nope")
+
+
+def test_config_lookup_stays_inside_the_configs_folder(gt):
+    configs = gt / "model_configs"
+    assert config_dir_for("acme/Tiny-Llama", configs) == configs / "tiny-llama"
+    assert config_dir_for("acme/..", configs) is None
+    (gt / "outside").mkdir(exist_ok=True)
+    (gt / "outside" / "config.json").write_text(json.dumps(TINY))
+    assert config_dir_for("model_configs/../outside", configs) is None  # the id as folders, never above
+    assert config_dir_for("elsewhere/tiny-llama", configs) == configs / "tiny-llama"  # by its repo name
+    assert config_dir_for("acme/Tiny-Llama", None) is None
+
+
+def test_validate_scores_a_config_model_in_worker_processes(exps):
+    from kvsched.envs.sim.calibration import default_cost_params
+    from kvsched.experiments.validate import score
+
+    chosen = [exps[TRAIN], exps[CONFIGURED], exps[INT4]]
+    report = score(chosen, default_cost_params("H100-SXM"), jobs=2, stage_cap_s=4.0)
+    assert {CONFIGURED, INT4} <= set(report.rows["exp_id"])
+    pred = report.rows.set_index(["exp_id", "metric"])["kvsched_ms"]
+    assert pred[(INT4, "itl_mean")] < pred[(CONFIGURED, "itl_mean")]  # 4-bit weights stream faster
