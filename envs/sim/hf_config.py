@@ -46,11 +46,13 @@ DENSE_FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": {"tie_word_embeddings": False, "attention_bias": False},
     "granite": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
     "phi3": {"tie_word_embeddings": False},
+    "smollm3": {"attention_bias": False, "mlp_bias": False},  # tie_word_embeddings: the config must say
     "gemma": {"tie_word_embeddings": True, "attention_bias": False},
 }
 """Dense families read, with the defaults of their transformers configuration classes
 (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``, ``Qwen3Config``, ``GraniteConfig``,
-``Phi3Config``, ``GemmaConfig``) for the keys the parameter count needs."""
+``Phi3Config``, ``GemmaConfig``, ``SmolLM3Config``) for the keys the parameter count needs; a key
+with no default here must be in the config."""
 
 MOE_FAMILIES: dict[str, dict[str, Any]] = {
     "mixtral": {"tie_word_embeddings": False},
@@ -161,7 +163,7 @@ def _dense_attention(cfg: Mapping[str, Any], family: str, where: str, defaults: 
     params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
     if family in ("qwen2", "qwen2_moe"):
         params += q_out + 2 * kv_out  # q/k/v biases, always (Qwen2Attention), no o_proj bias
-    elif "attention_bias" in defaults and _bool(cfg, "attention_bias", where, defaults):
+    elif "attention_bias" in defaults and _bool(cfg, "attention_bias", where, defaults):  # llama-like
         params += q_out + 2 * kv_out + hidden  # bias on q, k, v and o (LlamaAttention & co.)
     if family in ("qwen3", "qwen3_moe"):
         params += 2 * head_dim  # q_norm, k_norm (RMSNorm over head_dim)
@@ -383,7 +385,7 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     else:
         dense_width = _int(cfg, "intermediate_size", where, defaults)
         mlp = n_layers * 3 * hidden * dense_width
-        if family in ("llama", "granite") and _bool(cfg, "mlp_bias", where, defaults):
+        if family in ("llama", "granite", "smollm3") and _bool(cfg, "mlp_bias", where, defaults):
             mlp += n_layers * (2 * dense_width + hidden)
     n_params = vocab * hidden * (1 if tied else 2) + n_layers * (attention + norms) + mlp + hidden
     dtype, quantized, qnote = _quantization(cfg if "quantization_config" in cfg else config, where)

@@ -438,6 +438,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "32768, use_sliding_window false); n_params computed from the config, the embedding counted "
                   "once (3.09 B total, 2.77 B without the embedding, Qwen2.5 technical report Table 1)",
                   tied_embeddings=True),
+        ModelSpec("SmolLM3-3B", 36, 2048, 16, 4, 128, 11008, 128256, 3_075_098_624, 65536,
+                  "HF HuggingFaceTB/SmolLM3-3B config.json (SmolLM3ForCausalLM, a Llama block: GQA with 4 "
+                  "KV heads, head_dim 128, no biases, tie_word_embeddings true, ctx 65536; its NoPE layers "
+                  "(no RoPE on every 4th layer) change no weight or cost); n_params computed from the config, "
+                  "the embedding counted once (3.08 B published)", tied_embeddings=True),
         # ---- mixture of experts (n_params: every expert counted; intermediate_size = the dense
         # layers' MLP width, unused where every layer is MoE)
         ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 46_702_792_704, 32768,
@@ -471,6 +476,22 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "attention q/k/v/o, routers, lm_head (and the vision model) in bf16",
                   n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
                   weight_dtype="fp8", quantized_weights="mlp"),
+        ModelSpec("Llama-4-Maverick-17B-128E", 48, 5120, 40, 8, 128, 16384, 202048, 400_711_848_960, 1048576,
+                  "HF meta-llama/Llama-4-Maverick-17B-128E-Instruct config.json text_config (128 experts of "
+                  "8192 + 1 shared, top-1, interleave_moe_layer_step 2: layers 1, 3, ..., 47 are MoE, the "
+                  "others dense with intermediate_size_mlp 16384; chunked local attention of 8192 tokens on 3 "
+                  "of 4 layers not modelled, as for Scout); text model only; " + _HF_COUNT + " (400.7 B, 17.2 B "
+                  "active; published 400 B / 17 B)",
+                  n_experts=128, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
+                  moe_layer_step=2),
+        ModelSpec("Llama-4-Maverick-17B-128E-FP8", 48, 5120, 40, 8, 128, 16384, 202048, 400_711_848_960,
+                  1048576,
+                  "HF meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8: Llama-4-Maverick-17B-128E with FP8 "
+                  "weights on the MLP/expert Linear layers, attention, routers and lm_head bf16, modelled as "
+                  "RedHatAI's Scout FP8-dynamic checkpoint (quantized_weights 'mlp'; the checkpoint's own module "
+                  "list was not at hand: read its config.json with kvsched.envs.sim.hf_config for it)",
+                  n_experts=128, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
+                  moe_layer_step=2, weight_dtype="fp8", quantized_weights="mlp"),
         ModelSpec("DeepSeek-V2-Lite", 27, 2048, 16, 16, 192, 10944, 102400, 15_706_484_224, 163840,
                   "HF deepseek-ai/DeepSeek-V2-Lite config.json (copy in inference-sim/inference-sim@f90a1e3a "
                   "model_configs/deepseek-v2-lite): 64 experts of 1408 + 2 shared, top-6, "
@@ -537,6 +558,11 @@ MODEL_ALIASES: dict[str, str] = {
     "meta-llama/llama-3.3-70b-instruct": "Llama-3.1-70B",
     "nvidia/llama-3.1-nemotron-70b-instruct-hf": "Llama-3.1-70B",
     "microsoft/phi-4": "Phi-4",
+    "huggingfacetb/smollm3-3b": "SmolLM3-3B",
+    "huggingfacetb/smollm3-3b-base": "SmolLM3-3B",
+    "meta-llama/llama-4-maverick-17b-128e": "Llama-4-Maverick-17B-128E",
+    "meta-llama/llama-4-maverick-17b-128e-instruct": "Llama-4-Maverick-17B-128E",
+    "meta-llama/llama-4-maverick-17b-128e-instruct-fp8": "Llama-4-Maverick-17B-128E-FP8",
     "ibm-granite/granite-3.1-8b-instruct": "Granite-3.1-8B",
     "ibm-granite/granite-3.1-8b-base": "Granite-3.1-8B",
     "qwen/qwen2.5-3b-instruct": "Qwen2.5-3B",

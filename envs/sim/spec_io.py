@@ -74,6 +74,15 @@ def _tier_from(value: Any, where: str) -> TierSpec:
         raise ConfigError(f"{where}: {e}") from None
 
 
+def _model_dict(m: ModelSpec) -> dict[str, Any]:
+    """:class:`ModelSpec` fields; ``tied_embeddings`` only when true, so a model (and the scenario
+    hashes, run.json and outputs holding it) written before the field existed stays as it was."""
+    d = _spec_dict(m)
+    if not m.tied_embeddings:
+        del d["tied_embeddings"]
+    return d
+
+
 def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
     """Plain-type dict of ``spec``; model, gpu, links and cost are inline dicts (self-contained).
 
@@ -86,6 +95,8 @@ def instance_spec_to_dict(spec: InstanceSpec) -> dict[str, Any]:
             out[name] = None
         elif name == "pnm" and value is not None:
             out[name] = {**_spec_dict(value), "link": _spec_dict(value.link)}
+        elif name == "model":
+            out[name] = _model_dict(value)
         elif name == "extra_tiers":
             out[name] = [_tier_dict(t) for t in value]
         elif name == "prefix_offload":

@@ -22,6 +22,7 @@ FAMILY_OF = {
     "Llama-3.1-405B": "llama", "Yi-34B": "llama", "CodeLlama-34B": "llama", "Qwen2.5-7B": "qwen2",
     "Qwen2.5-72B": "qwen2", "Qwen2.5-3B": "qwen2", "Mistral-Nemo-12B": "mistral", "Mistral-Small-24B": "mistral",
     "Mistral-Small-3.1-24B": "mistral", "Qwen3-14B": "qwen3", "Phi-4": "phi3", "Granite-3.1-8B": "granite",
+    "SmolLM3-3B": "smollm3", "Llama-4-Maverick-17B-128E": "llama4_text", "Llama-4-Maverick-17B-128E-FP8": "llama4_text",
     "Mixtral-8x7B": "mixtral", "Mixtral-8x22B": "mixtral", "Qwen3-30B-A3B": "qwen3_moe",
     "Llama-4-Scout-17B-16E": "llama4_text", "Llama-4-Scout-17B-16E-FP8": "llama4_text",
     "DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
