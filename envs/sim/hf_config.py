@@ -5,7 +5,8 @@ What is read, per family (``model_type``; the ``text_config`` of a multimodal wr
 ``mistral3`` or ``llama4``): the sizes (layers, widths, heads, vocabulary, context), the
 mixture-of-experts layout, multi-head latent attention, tied embeddings, ``rope_scaling`` (which
 extends the context as vLLM derives ``max_model_len``) and the checkpoint's ``quantization_config``.
-``n_params`` is computed from them as the family's modelling code builds its weights (transformers ``modeling_<family>.py``, vLLM ``model_executor/models/<family>.py``):
+``n_params`` is computed from them as the family's modelling code builds its weights (transformers
+``modeling_<family>.py``, vLLM ``model_executor/models/<family>.py``):
 embedding, per layer the attention projections (and their biases where the family has them, QK
 norms), the MLP or experts (router, shared experts), two RMSNorms, the final norm, and the lm_head
 unless ``tie_word_embeddings``. For every preset whose numbers come from a config, this count
