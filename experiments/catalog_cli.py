@@ -22,11 +22,15 @@ def cmd_presets(a: argparse.Namespace, console: Console) -> int:
     for lk in (CMX_400G, *DISAGG_LINK_PRESETS.values()):
         tables["links"].append({"name": lk.name, "GB_per_s": round(lk.bytes_per_s / 1e9, 2),
                                 "latency_us": round(lk.latency_s * 1e6, 1)})
+    from kvsched.envs.sim.hf_config import FAMILIES
+
     fitted = "its shipped calibration, fitted on real vLLM runs"
     captions = {
         "models": "Hugging Face ids of these are names too, and so are quantized checkpoints of a 16-bit one by their "
                   "id's suffix, e.g. RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a8 -> Qwen2.5-7B-INT8 (-FP8-dynamic "
-                  "fp8, -quantized.w8a8 int8, -quantized.w4a16 int4; docs/cli.md#presets-and-traces)",
+                  "fp8, -quantized.w8a8 int8, -quantized.w4a16 int4; docs/cli.md#presets-and-traces)\n"
+                  "Any other model: --model (or a scenario's model:) takes the path of its Hugging Face config.json "
+                  f"or of the directory holding one, model_type one of {', '.join(FAMILIES)}",
         "gpus": "\n".join(f"{g['name']} cost parameters: {default_cost_source(g['name']) or fitted}"
                           for g in tables.get("gpus", []))
                 + "".join(f"\n{g['name']}: fp8 TFLOPS = bf16 TFLOPS (no FP8 tensor cores: fp8 weights run weight-only)"

@@ -19,7 +19,7 @@ from kvsched.envs.sim.errors import KvschedError
 from . import progress as progress_lines
 from . import cli_types
 from .consoles import stderr_console
-from .simulate_cli import default_cost_notes
+from .simulate_cli import default_cost_notes, model_notes
 from .outputs import prepare_out_dir
 from kvsched.runner.scenario import load_scenario
 
@@ -108,7 +108,7 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     if a.max_requests is not None:
         sc = sc.with_overrides(max_requests=a.max_requests)
     err = stderr_console()
-    for note in default_cost_notes(sc.instance_specs()):
+    for note in model_notes(sc.instance_specs()) + default_cost_notes(sc.instance_specs()):
         err.print(f"note: {note}", highlight=False)
     show = not a.no_progress and sys.stderr.isatty()
     n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)

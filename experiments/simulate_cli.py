@@ -39,7 +39,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     """The ``kvsched simulate`` options (flags override the ``--scenario`` file's fields)."""
     s.add_argument("--scenario", help="scenario YAML file (flags below override its fields)")
     s.add_argument("--trace", help=f"bundled trace name or path (default {DEFAULT_TRACE}); see `kvsched traces`")
-    s.add_argument("--model", help=f"model preset (default {DEFAULT_MODEL}); see `kvsched presets`")
+    s.add_argument("--model", help=f"model preset or its Hugging Face id (default {DEFAULT_MODEL}; see `kvsched "
+                   "presets`), or the path of another model's Hugging Face config.json or of the directory "
+                   "holding one (docs/cli.md#presets-and-traces)")
     s.add_argument("--gpu", help=f"GPU preset (default {DEFAULT_GPU})")
     s.add_argument("--tp", type=int, choices=TP_DEGREES, help="tensor-parallel degree (1, 2, 4, 8)")
     s.add_argument("--policy", help="scheduler policy (default fcfs)")
@@ -192,6 +194,32 @@ def _instances(sc, spec) -> str:
     return " + ".join(parts)
 
 
+def model_notes(specs) -> list[str]:
+    """One line per distinct model among ``specs`` read from a Hugging Face config.json (not a
+    preset): what was read and derived from it -- parameters (active ones and the experts of a
+    mixture of experts), the weight dtype in force and which weights it covers, the context (after
+    RoPE scaling or a sliding-window cap) -- then the spec's ``source`` with the file."""
+    from kvsched.envs.sim.hf_config import HF_CONFIG_SOURCE
+
+    notes, seen = [], set()
+    for s in specs:
+        m = s.model
+        if not m.source.startswith(HF_CONFIG_SOURCE) or (m, s.effective_weight_dtype) in seen:
+            continue
+        seen.add((m, s.effective_weight_dtype))
+        moe = ""
+        if m.is_moe:
+            shared = f" + {m.n_shared_experts} shared" if m.n_shared_experts else ""
+            moe = (f" ({m.active_params / 1e9:.2f} B active; {m.n_experts} experts, top-{m.experts_per_token}"
+                   f"{shared}, routing_skew {m.routing_skew})")
+        which = {"all": "", "mlp": " on the MLP/expert weights", "linear": " on the decoder Linear layers"}
+        dtype = s.effective_weight_dtype
+        notes.append(f"model {m.name}: {m.n_params / 1e9:.2f} B parameters{moe}, {dtype} weights"
+                     f"{which.get(m.quantized_weights, '') if dtype not in ('bf16', 'fp16') else ''}, context "
+                     f"{m.max_context_tokens:,} tokens; {m.source}")
+    return notes
+
+
 def default_cost_notes(specs) -> list[str]:
     """One line per GPU among ``specs`` some of whose cost parameters are the GPU's defaults and
     those are not the calibration fitted on real vLLM runs
@@ -256,7 +284,7 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         err.print(f"[yellow]note:[/] {', '.join(routing_flags)} has no effect on 1 instance (a router picks among "
                   "instances; give --instances N)", highlight=False)
     if not a.json:
-        for note in default_cost_notes(sc.instance_specs()):
+        for note in model_notes(sc.instance_specs()) + default_cost_notes(sc.instance_specs()):
             err.print(f"[yellow]note:[/] {note}", highlight=False)
         err.print(
         f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "

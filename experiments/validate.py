@@ -80,13 +80,19 @@ class ValidationReport:
 
 
 def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame:
-    """One row per experiment: exp_id, label, source, model_family, model_id, tp, gpu, split
-    ("train" / "held-out" / "not replayed"), vllm_version and where it was looked for, whether the
-    sim-to-real csv scores it, skip reason."""
+    """One row per experiment: exp_id, label, source, model_family, model_id, the model spec it was
+    replayed with (``model``: a preset's name or the config-read model's, empty when none;
+    ``model_source``: the spec's source, for a config.json its path and what was read), the prompt
+    re-tokenisation factor (``prompt_scale``, 1.0 = nominal lengths: no measurement for the tokenizer),
+    tp, gpu, split ("train" / "held-out" / "not replayed"), vllm_version and where it was looked
+    for, whether the sim-to-real csv scores it, skip reason."""
     train_set = set(train)
     return pd.DataFrame.from_records([
         {"exp_id": e.exp_id, "label": e.label, "source": e.source, "model_family": e.model_family,
-         "model_id": e.model_id, "tp": e.tp, "gpu": e.hardware,
+         "model_id": e.model_id, "model": e.model.name if e.model is not None else "",
+         "model_source": e.model.source if e.model is not None else "",
+         "prompt_scale": e.workload.prompt_scale,
+         "tp": e.tp, "gpu": e.hardware,
          "split": "not replayed" if e.skip_reason else ("train" if e.exp_id in train_set else "held-out"),
          "vllm_version": e.vllm_version, "vllm_version_source": e.vllm_version_source,
          "in_sim_to_real_csv": e.source == "sim_to_real" or any(bool(st.peers_ms) for st in e.stages),

@@ -3,9 +3,10 @@ only the presets.
 
 What is read, per family (``model_type``; the ``text_config`` of a multimodal wrapper such as
 ``mistral3`` or ``llama4``): the sizes (layers, widths, heads, vocabulary, context), the
-mixture-of-experts layout, multi-head latent attention, tied embeddings and the checkpoint's
-``quantization_config``. ``n_params`` is computed from them as the family's modelling code builds
-its weights (transformers ``modeling_<family>.py``, vLLM ``model_executor/models/<family>.py``):
+mixture-of-experts layout, multi-head latent attention, tied embeddings, ``rope_scaling`` (which
+extends the context as vLLM derives ``max_model_len``) and the checkpoint's ``quantization_config``.
+``n_params`` is computed from them as the family's modelling code builds its weights (transformers
+``modeling_<family>.py``, vLLM ``model_executor/models/<family>.py``):
 embedding, per layer the attention projections (and their biases where the family has them, QK
 norms), the MLP or experts (router, shared experts), two RMSNorms, the final norm, and the lm_head
 unless ``tie_word_embeddings``. For every preset whose numbers come from a config, this count
@@ -33,6 +34,9 @@ from . import strict_json
 from .errors import MAX_PATH_CHARS, ConfigError, bounded_repr
 from .model_spec import MAX_MODEL_SIZE, ModelSpec, moe_layer_count
 from .spec_validation import is_int
+
+HF_CONFIG_SOURCE = "HF config.json read by kvsched.envs.sim.hf_config"
+"""How the ``source`` of every :class:`ModelSpec` read from a config.json begins."""
 
 MAX_CONFIG_BYTES = 4 << 20
 """Largest config.json read (4 MiB; a real one is a few KB, a multimodal one with its processor
@@ -131,6 +135,45 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[Mapping[str, An
     return merged, f"{where}: text_config"
 
 
+_ROPE_TYPES_WITHOUT_EXTENSION = ("su", "longrope", "llama3")
+"""``rope_scaling`` types whose ``max_position_embeddings`` already is the extended context (vLLM
+``_get_and_verify_max_len`` leaves it unscaled for them)."""
+
+
+def _rope_context(cfg: Mapping[str, Any], where: str, context: int) -> tuple[int, str]:
+    """The context vLLM derives from ``max_position_embeddings`` and ``rope_scaling`` (its
+    ``_get_and_verify_max_len``): unchanged without a scaling or for the types of
+    :data:`_ROPE_TYPES_WITHOUT_EXTENSION`; else ``factor`` (default 1) times
+    ``original_max_position_embeddings`` for ``yarn`` and times ``max_position_embeddings`` for the
+    others (``linear``, ``dynamic``). RoPE scaling changes no FLOP and no byte a step costs, only how
+    long a context is served: e.g. Qwen2.5 with the YaRN block its model card gives, 4 x 32768 = 131072."""
+    rope = cfg.get("rope_scaling")
+    if rope is None:
+        return context, ""
+    if not isinstance(rope, Mapping):
+        raise ConfigError(f"{_where_key(where, 'rope_scaling')}={bounded_repr(rope)} is not allowed: expected null "
+                          "or a mapping")
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in _ROPE_TYPES_WITHOUT_EXTENSION or kind == "default" or "factor" not in rope:
+        return context, ""
+    factor = rope["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1024:
+        raise ConfigError(f"{_where_key(where, 'rope_scaling.factor')}={bounded_repr(factor)} is not allowed: "
+                          "expected a number in [1, 1024]")
+    base, base_key = context, "max_position_embeddings"
+    if kind == "yarn":
+        base_key = "rope_scaling.original_max_position_embeddings"
+        base = rope.get("original_max_position_embeddings", context)  # transformers' fallback when absent
+        if isinstance(base, bool) or not is_int(base) or not 1 <= int(base) <= MAX_MODEL_SIZE:
+            raise ConfigError(f"{_where_key(where, base_key)}={bounded_repr(base)} is not allowed: expected an "
+                              "integer in [1, 2**40] (yarn scales it)")
+    scaled = int(int(base) * float(factor))
+    if scaled == context:
+        return context, ""
+    return scaled, (f"; context {scaled} = {base_key} {int(base)} x rope_scaling factor {factor} ({kind}), as vLLM "
+                    f"derives max_model_len (max_position_embeddings {context})")
+
+
 def _check_windows(cfg: Mapping[str, Any], family: str, where: str, context: int) -> tuple[int, str]:
     """The context after a sliding window on every layer (capped at it), and a note; refuses
     per-layer layouts."""
@@ -152,8 +195,8 @@ def _check_windows(cfg: Mapping[str, Any], family: str, where: str, context: int
                           "allowed with use_sliding_window: a window on some layers only is not modelled")
     if int(window) >= context:
         return context, ""
-    return int(window), (f"; context capped at the sliding window of {int(window)} tokens (max_position_embeddings "
-                         f"{context}): full attention is exact up to it, longer contexts are not modelled")
+    return int(window), (f"; context capped at the sliding window of {int(window)} tokens (otherwise {context}): "
+                         "full attention is exact up to it, longer contexts are not modelled")
 
 
 def _dense_attention(cfg: Mapping[str, Any], family: str, where: str, defaults: Mapping[str, Any],
@@ -249,11 +292,13 @@ def _moe_layout(cfg: Mapping[str, Any], family: str, where: str, defaults: Mappi
 
 
 _COMPRESSED_SCHEMES: dict[tuple[str, int, bool], str] = {
-    ("float", 8, True): "fp8", ("float", 8, False): "fp8", ("int", 8, True): "int8", ("int", 4, False): "int4",
-    ("float", 4, True): "nvfp4", ("float", 4, False): "nvfp4",
+    ("float", 8, True): "fp8", ("int", 8, True): "int8", ("int", 4, False): "int4", ("float", 4, True): "nvfp4",
 }
 """compressed-tensors weight schemes: (type, num_bits, activations quantized) -> weight dtype
-(LLM Compressor's FP8 / FP8_DYNAMIC, W8A8, W4A16, NVFP4 / NVFP4A16 presets)."""
+(LLM Compressor's FP8 / FP8_DYNAMIC, W8A8, W4A16, NVFP4 presets). The weight-only float schemes
+(FP8 weights without ``input_activations``, NVFP4A16) are not among them: vLLM runs them with
+weight-only kernels (``CompressedTensorsW8A16Fp8``, ``CompressedTensorsW4A16Fp4``: Marlin, 16-bit
+GEMMs) where kvsched's fp8 and nvfp4 price GEMMs at the GPU's FP8 / FP4 peak."""
 
 
 def _ignored_weights(ignore: Any, where: str) -> str:
@@ -304,6 +349,10 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
         acts = group.get("input_activations")
         key = (weights.get("type"), weights.get("num_bits"), acts is not None)
         dtype = _COMPRESSED_SCHEMES.get(key)  # type: ignore[arg-type]
+        if dtype is None and key in (("float", 8, False), ("float", 4, False)):
+            raise ConfigError(f"{where}: weights type='float' num_bits={key[1]} without quantized activations "
+                              f"(weight-only {'FP8' if key[1] == 8 else 'NVFP4A16'}) is not modelled: vLLM runs it "
+                              "with 16-bit GEMMs, kvsched's fp8/nvfp4 at the FP8/FP4 peak (W8A8/W4A4 only)")
         if dtype is None:
             raise ConfigError(f"{where}: weights type={bounded_repr(key[0])} num_bits={bounded_repr(key[1])} "
                               f"{'with' if key[2] else 'without'} quantized activations is not modelled (FP8, "
@@ -363,7 +412,9 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     vocab = _int(cfg, "vocab_size", where, defaults)
     context = _int(cfg, "max_position_embeddings", where, defaults)
     tied = _bool(cfg, "tie_word_embeddings", where, defaults)
+    context, rope_note = _rope_context(cfg, where, context)
     context, note = _check_windows(cfg, family, where, context)
+    note = rope_note + note
     moe: dict[str, Any] = {}
     kv_lora = rope = 0
     if family.startswith("deepseek"):
@@ -392,7 +443,7 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     if not dtype:
         torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", config.get("torch_dtype", config.get("dtype"))))
         dtype = "fp16" if torch_dtype in ("float16", "float32") else "bf16"
-    source = (f"HF config.json read by kvsched.envs.sim.hf_config ({where}; model_type {family}); n_params "
+    source = (f"{HF_CONFIG_SOURCE} ({where}; model_type {family}); n_params "
               f"computed from it ({n_params:,}){note}{qnote}")
     try:
         return ModelSpec(name, n_layers, hidden, n_heads, n_kv, head_dim, dense_width, vocab, float(n_params), context,

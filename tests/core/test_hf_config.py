@@ -168,9 +168,13 @@ def test_quantization_config_sets_the_weight_dtype_and_which_weights_it_covers(q
     ({"quant_method": "gptq", "bits": 8}, "8-bit weight-only"),
     ({"quant_method": "bitsandbytes"}, "quant_method='bitsandbytes'"),
     (_llm_compressor({"num_bits": 8, "type": "int"}, None), "without quantized activations"),
-    (_llm_compressor({"num_bits": 8, "type": "float"}, None, ignore=["model.layers.0.mlp.down_proj"]), "down_proj"),
+    (_llm_compressor({"num_bits": 8, "type": "float"}, {"num_bits": 8, "type": "float"},
+                     ignore=["model.layers.0.mlp.down_proj"]), "down_proj"),
     ({"quant_method": "compressed-tensors", "config_groups": {}}, "one quantization group"),
     ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "quant_algo"),
+    # weight-only float schemes run 16-bit GEMMs in vLLM (Marlin); fp8/nvfp4 would price them at the FP8/FP4 peak
+    (_llm_compressor({"num_bits": 8, "type": "float"}, None), "weight-only FP8"),
+    (_llm_compressor({"num_bits": 4, "type": "float", "group_size": 16}, None), "weight-only NVFP4A16"),
 ])
 def test_quantization_kvsched_does_not_model_is_refused_by_name(quant, match):
     with pytest.raises(ConfigError, match=match):
@@ -187,6 +191,41 @@ def test_a_sliding_window_on_every_layer_caps_the_context_and_partial_windows_ar
         model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 14}, "q")
     with pytest.raises(ConfigError, match="layer_types"):
         model_from_hf_config({**mistral, "layer_types": ["sliding_attention", "full_attention"]}, "w")
+
+
+@pytest.mark.parametrize("rope, context", [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),  # Qwen2.5's card
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),  # the older key
+    ({"type": "linear", "factor": 2.0}, 65536),
+    ({"rope_type": "dynamic", "factor": 2.0}, 65536),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32768),  # already extended
+    ({"rope_type": "longrope", "factor": 4.0}, 32768),
+    ({"rope_type": "default"}, 32768),
+    (None, 32768),
+])
+def test_rope_scaling_extends_the_context_as_vllm_derives_max_model_len(rope, context):
+    cfg = {**config_of(MODEL_PRESETS["Qwen2.5-7B"]), "rope_scaling": rope}
+    m = model_from_hf_config(cfg, "q")
+    assert m.max_context_tokens == context
+    assert ("rope_scaling factor" in m.source) == (context != 32768)
+
+
+def test_rope_scaling_of_the_deepseek_presets_leaves_their_context_unchanged():
+    for name in ("DeepSeek-V3", "DeepSeek-V2-Lite"):  # yarn x40 of 4096 = max_position_embeddings 163840
+        cfg = {**config_of(MODEL_PRESETS[name]),
+               "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
+        assert model_from_hf_config(cfg, name).max_context_tokens == MODEL_PRESETS[name].max_context_tokens
+
+
+@pytest.mark.parametrize("rope, match", [
+    ("yarn", "rope_scaling='yarn' is not allowed: expected null or a mapping"),
+    ({"rope_type": "linear", "factor": 0.5}, r"rope_scaling.factor=0.5 is not allowed"),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": "32k"},
+     "original_max_position_embeddings='32k'"),
+])
+def test_a_malformed_rope_scaling_is_named(rope, match):
+    with pytest.raises(ConfigError, match=match):
+        model_from_hf_config({**config_of(MODEL_PRESETS["Qwen2.5-7B"]), "rope_scaling": rope}, "q")
 
 
 @pytest.mark.parametrize("edit, match", [

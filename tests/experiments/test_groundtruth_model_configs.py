@@ -122,3 +122,18 @@ def test_validate_scores_a_config_model_in_worker_processes(exps):
     assert {CONFIGURED, INT4} <= set(report.rows["exp_id"])
     pred = report.rows.set_index(["exp_id", "metric"])["kvsched_ms"]
     assert pred[(INT4, "itl_mean")] < pred[(CONFIGURED, "itl_mean")]  # 4-bit weights stream faster
+
+
+def test_runs_table_names_the_model_spec_each_run_was_replayed_with(exps, gt):
+    """runs.csv (``kvsched validate --out``) gave only the run's model id: whether a preset or a
+    config.json (which one) was replayed, and whether the prompts were re-tokenised, was not said."""
+    from kvsched.experiments.validate import runs_table
+
+    runs = runs_table(list(exps.values()), [TRAIN]).set_index("exp_id")
+    assert runs.loc[TRAIN, "model"] == "Llama-2-7B" and runs.loc[TRAIN, "model_source"].startswith("HF meta-llama")
+    assert runs.loc[TRAIN, "prompt_scale"] > 1.0  # Llama-2's tokenizer: measured re-tokenisation
+    assert runs.loc[CONFIGURED, "model"] == "Tiny-Llama"
+    assert str(gt / "model_configs" / "tiny-llama" / "config.json") in runs.loc[CONFIGURED, "model_source"]
+    assert runs.loc[CONFIGURED, "prompt_scale"] == 1.0  # no measurement for its tokenizer: nominal lengths
+    assert runs.loc[INT4, "model"] == "Tiny-Llama-INT4"
+    assert runs.loc[NO_CONFIG, "model"] == "" and runs.loc[NO_CONFIG, "split"] == "not replayed"
