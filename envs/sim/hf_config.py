@@ -65,7 +65,7 @@ MOE_FAMILIES: dict[str, dict[str, Any]] = {
     "llama4_text": {"tie_word_embeddings": False, "interleave_moe_layer_step": 1, "attention_bias": False,
                     "head_dim": 128},
     "deepseek_v2": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 0,
-                    "n_shared_experts": None, "q_lora_rank": None},
+                    "n_shared_experts": None, "q_lora_rank": 1536},  # null in a config: no q LoRA (V2-Lite)
     "deepseek_v3": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 3,
                     "n_shared_experts": 1, "q_lora_rank": 1536},
 }

@@ -360,3 +360,15 @@ def test_a_hugging_face_cache_snapshot_is_named_by_its_repo_not_by_the_blob_it_l
     linked.mkdir()
     (linked / "config.json").symlink_to(repo / "blobs" / "9f1e")
     assert read_hf_config(linked / "config.json").name == "my-qwen"
+
+
+def test_deepseek_v2_without_q_lora_rank_takes_the_config_class_default_and_null_means_none():
+    v2 = {"model_type": "deepseek_v2", "hidden_size": 5120, "num_hidden_layers": 60, "num_attention_heads": 128,
+          "intermediate_size": 12288, "moe_intermediate_size": 1536, "n_routed_experts": 160, "n_shared_experts": 2,
+          "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+          "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 102400, "max_position_embeddings": 163840}
+    # DeepseekV2Config.q_lora_rank = 1536: deepseek-ai/DeepSeek-V2's 235,741,434,880 parameters
+    assert model_from_hf_config(v2, "v2").n_params == 235_741_434_880
+    assert model_from_hf_config({**v2, "q_lora_rank": 1536}, "v2").n_params == 235_741_434_880
+    no_lora = model_from_hf_config({**v2, "q_lora_rank": None}, "v2").n_params  # q_proj from hidden
+    assert no_lora - 235_741_434_880 == 60 * (5120 * 128 * 192 - (5120 * 1536 + 1536 + 1536 * 128 * 192))
