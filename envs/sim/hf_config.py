@@ -161,13 +161,16 @@ def _check_windows(cfg: Mapping[str, Any], family: str, where: str, defaults: Ma
             raise ConfigError(f"{_where_key(where, 'layer_types')}={bounded_repr(kinds)} is not allowed: a per-layer "
                               "attention layout is not modelled (every layer full_attention only)")
     window = cfg.get("sliding_window", defaults.get("sliding_window"))
-    if family in _QWEN and not _bool(cfg, "use_sliding_window", where, {"use_sliding_window": False}):
-        window = None  # Qwen configs carry a window that only use_sliding_window turns on
+    if family in _QWEN + ("smollm3",) and not _bool(cfg, "use_sliding_window", where, {"use_sliding_window": False}):
+        window = None  # Qwen and SmolLM3 configs carry a window that only use_sliding_window turns on
     if window is None:
         return context, ""
     if isinstance(window, bool) or not is_int(window) or window < 1:
         raise ConfigError(f"{_where_key(where, 'sliding_window')}={bounded_repr(window)} is not allowed: expected "
                           "null or a positive integer")
+    if family == "smollm3":  # SmolLM3Config.layer_types: the window on its NoPE layers only
+        raise ConfigError(f"{_where_key(where, 'use_sliding_window')}=True is not allowed: a window on the NoPE "
+                          "layers only is not modelled")
     if family in _QWEN:
         windowed = _windowed_layers(cfg, family, where, defaults, n_layers)
         if windowed == 0:

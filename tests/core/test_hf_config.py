@@ -372,3 +372,11 @@ def test_deepseek_v2_without_q_lora_rank_takes_the_config_class_default_and_null
     assert model_from_hf_config({**v2, "q_lora_rank": 1536}, "v2").n_params == 235_741_434_880
     no_lora = model_from_hf_config({**v2, "q_lora_rank": None}, "v2").n_params  # q_proj from hidden
     assert no_lora - 235_741_434_880 == 60 * (5120 * 128 * 192 - (5120 * 1536 + 1536 + 1536 * 128 * 192))
+
+
+def test_smollm3_windows_only_with_its_flag_and_then_on_some_layers_so_refused():
+    smol = {**config_of(MODEL_PRESETS["SmolLM3-3B"]), "sliding_window": 4096}
+    assert model_from_hf_config(smol, "s").max_context_tokens == 65536  # use_sliding_window off (default)
+    assert model_from_hf_config({**smol, "use_sliding_window": False}, "s").max_context_tokens == 65536
+    with pytest.raises(ConfigError, match="use_sliding_window=True is not allowed: a window on the NoPE layers"):
+        model_from_hf_config({**smol, "use_sliding_window": True}, "s")
