@@ -325,9 +325,11 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
     if not isinstance(q, Mapping):
         raise ConfigError(f"{where}={bounded_repr(q)} is not allowed: expected a mapping")
     method = q.get("quant_method")
-    if method == "fp8":  # block or per-tensor FP8 (DeepSeek-V3, Qwen3-*-FP8): every decoder Linear layer
+    if method in ("fp8", "fbgemm_fp8"):  # block or per-tensor FP8 (DeepSeek-V3, Qwen3-*-FP8), or FBGEMM's rowwise
+        # FP8 of Meta's -FP8 checkpoints (Llama-3.1-405B, Llama-4-Maverick): every decoder Linear layer but those listed
         ignored = q.get("modules_to_not_convert") or q.get("ignored_layers") or ["lm_head"]
-        return "fp8", _ignored_weights(ignored, f"{where}.modules_to_not_convert"), "; FP8 weights (quant_method fp8)"
+        return ("fp8", _ignored_weights(ignored, f"{where}.modules_to_not_convert"),
+                f"; FP8 weights (quant_method {method})")
     if method == "compressed-tensors":
         groups = q.get("config_groups")
         if not isinstance(groups, Mapping) or len(groups) != 1:
@@ -361,8 +363,8 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
             raise ConfigError(f"{where}.quant_algo={bounded_repr(algo)} is not allowed: FP8 or NVFP4")
         kept = q.get("exclude_modules") or q.get("ignore") or ["lm_head"]
         return dtype, _ignored_weights(kept, f"{where}.exclude_modules"), f"; {dtype} weights (modelopt)"
-    raise ConfigError(f"{where}.quant_method={bounded_repr(method)} is not allowed: fp8, compressed-tensors, awq, "
-                      "gptq or modelopt")
+    raise ConfigError(f"{where}.quant_method={bounded_repr(method)} is not allowed: fp8, fbgemm_fp8, "
+                      "compressed-tensors, awq, gptq or modelopt")
 
 
 def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:

@@ -157,6 +157,9 @@ def _llm_compressor(weights: dict, acts: dict | None, ignore=("lm_head",)) -> di
     (_llm_compressor({"num_bits": 4, "type": "float", "group_size": 16}, {"num_bits": 4, "type": "float"}),
      "nvfp4", "linear"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "linear"),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,  # Meta's -FP8 checkpoints
+      "modules_to_not_convert": ["language_model.model.layers.0.self_attn", "language_model.lm_head",
+                                 "language_model.model.layers.1.feed_forward.router", "vision_model"]}, "fp8", "mlp"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", "linear"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4", "linear"),
 ])
