@@ -320,7 +320,7 @@ def config_dir_for(model_id: str, model_configs: Path | None) -> Path | None:
         return None
     for rel in (repo, repo.lower(), model_id.strip()):
         d = model_configs / rel
-        if ".." not in Path(rel).parts and (d / "config.json").is_file():
+        if ".." not in Path(rel).parts and not Path(rel).is_absolute() and (d / "config.json").is_file():
             return d
     return None
 

@@ -26,6 +26,7 @@ allowed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,27 +46,30 @@ settings under 100 KB)."""
 DENSE_FAMILIES: dict[str, dict[str, Any]] = {
     # family: (defaults of the keys the count reads when the config leaves them out)
     "llama": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
-    "mistral": {"tie_word_embeddings": False},
-    "qwen2": {"tie_word_embeddings": False},
-    "qwen3": {"tie_word_embeddings": False, "attention_bias": False},
+    "mistral": {"tie_word_embeddings": False, "sliding_window": 4096},
+    "qwen2": {"tie_word_embeddings": False, "max_window_layers": 28},
+    "qwen3": {"tie_word_embeddings": False, "attention_bias": False, "head_dim": 128, "max_window_layers": 28},
     "granite": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
     "phi3": {"tie_word_embeddings": False},
     "smollm3": {"attention_bias": False, "mlp_bias": False},  # tie_word_embeddings: the config must say
-    "gemma": {"tie_word_embeddings": True, "attention_bias": False},
+    "gemma": {"tie_word_embeddings": True, "attention_bias": False, "head_dim": 256},
 }
 """Dense families read, with the defaults of their transformers configuration classes
 (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``, ``Qwen3Config``, ``GraniteConfig``,
-``Phi3Config``, ``GemmaConfig``, ``SmolLM3Config``) for the keys the parameter count needs; a key
-with no default here must be in the config."""
+``Phi3Config``, ``GemmaConfig``, ``SmolLM3Config``) for the keys the parameter count and the
+attention layout read (head_dim where it is not hidden_size / heads, Mistral's 4096-token window,
+Qwen's ``max_window_layers``); a key with no default here must be in the config."""
 
 MOE_FAMILIES: dict[str, dict[str, Any]] = {
     "mixtral": {"tie_word_embeddings": False},
-    "qwen2_moe": {"tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen2_moe": {"tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "max_window_layers": 28},
     "qwen3_moe": {"tie_word_embeddings": False, "attention_bias": False, "decoder_sparse_step": 1,
                   "mlp_only_layers": []},
-    "llama4_text": {"tie_word_embeddings": False, "interleave_moe_layer_step": 1, "attention_bias": False},
+    "llama4_text": {"tie_word_embeddings": False, "interleave_moe_layer_step": 1, "attention_bias": False,
+                    "head_dim": 128},
     "deepseek_v2": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 0,
-                    "n_shared_experts": None, "q_lora_rank": None},
+                    "n_shared_experts": None, "q_lora_rank": 1536},  # null in a config: no q LoRA (V2-Lite)
     "deepseek_v3": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 3,
                     "n_shared_experts": 1, "q_lora_rank": 1536},
 }
@@ -174,25 +178,51 @@ def _rope_context(cfg: Mapping[str, Any], where: str, context: int) -> tuple[int
                     f"derives max_model_len (max_position_embeddings {context})")
 
 
-def _check_windows(cfg: Mapping[str, Any], family: str, where: str, context: int) -> tuple[int, str]:
+_QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
+def _windowed_layers(cfg: Mapping[str, Any], family: str, where: str, defaults: Mapping[str, Any],
+                     n_layers: int) -> int:
+    """How many layers a Qwen config's ``use_sliding_window`` windows: layers i >=
+    ``max_window_layers`` (``Qwen2Config``/``Qwen3Config``; default 28), every other layer below it
+    for qwen2_moe (``Qwen2MoeConfig.layer_types``)."""
+    first = _int(cfg, "max_window_layers", where, {"max_window_layers": 0, **defaults}, minimum=0)
+    if family == "qwen2_moe":
+        return len(range(0, min(first, n_layers), 2))
+    return max(0, n_layers - first)
+
+
+def _check_windows(cfg: Mapping[str, Any], family: str, where: str, defaults: Mapping[str, Any], context: int,
+                   n_layers: int) -> tuple[int, str]:
     """The context after a sliding window on every layer (capped at it), and a note; refuses
     per-layer layouts."""
     if cfg.get("layer_types") is not None:
         kinds = cfg["layer_types"]
-        if not isinstance(kinds, list) or any(k != "full_attention" for k in kinds):
+        # Llama-4 writes its chunked local attention here too (read as for its presets, see below)
+        allowed = ("full_attention", "chunked_attention") if family == "llama4_text" else ("full_attention",)
+        if not isinstance(kinds, list) or any(k not in allowed for k in kinds):
             raise ConfigError(f"{_where_key(where, 'layer_types')}={bounded_repr(kinds)} is not allowed: a per-layer "
                               "attention layout is not modelled (every layer full_attention only)")
-    window = cfg.get("sliding_window")
-    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
-        window = None  # Qwen configs carry a window that only use_sliding_window turns on
+    window = cfg.get("sliding_window", defaults.get("sliding_window"))
+    if family in _QWEN + ("smollm3",) and not _bool(cfg, "use_sliding_window", where, {"use_sliding_window": False}):
+        window = None  # Qwen and SmolLM3 configs carry a window that only use_sliding_window turns on
     if window is None:
         return context, ""
     if isinstance(window, bool) or not is_int(window) or window < 1:
         raise ConfigError(f"{_where_key(where, 'sliding_window')}={bounded_repr(window)} is not allowed: expected "
                           "null or a positive integer")
-    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("max_window_layers", 0) not in (0, None):
-        raise ConfigError(f"{_where_key(where, 'max_window_layers')}={bounded_repr(cfg['max_window_layers'])} is not "
-                          "allowed with use_sliding_window: a window on some layers only is not modelled")
+    if family == "smollm3":  # SmolLM3Config.layer_types: the window on its NoPE layers only
+        raise ConfigError(f"{_where_key(where, 'use_sliding_window')}=True is not allowed: a window on the NoPE "
+                          "layers only is not modelled")
+    if family in _QWEN:
+        windowed = _windowed_layers(cfg, family, where, defaults, n_layers)
+        if windowed == 0:
+            return context, ""
+        if windowed < n_layers:
+            raise ConfigError(f"{_where_key(where, 'max_window_layers')}="
+                              f"{bounded_repr(cfg.get('max_window_layers', defaults.get('max_window_layers')))} is "
+                              f"not allowed with use_sliding_window: a window on {windowed} of {n_layers} layers "
+                              "only is not modelled")
     if int(window) >= context:
         return context, ""
     return int(window), (f"; context capped at the sliding window of {int(window)} tokens (otherwise {context}): "
@@ -266,9 +296,15 @@ def _moe_layout(cfg: Mapping[str, Any], family: str, where: str, defaults: Mappi
                     dense_width=_int(cfg, "intermediate_size", where, defaults), extra=extra)
     if family == "llama4_text":
         n_experts = _int(cfg, "num_local_experts", where, defaults)
+        step = _int(cfg, "interleave_moe_layer_step", where, defaults)
+        listed = cfg.get("moe_layers")  # overrides the step when set (Llama4TextConfig)
+        if listed is not None and listed != list(range(step - 1, n_layers, step)):
+            raise ConfigError(f"{_where_key(where, 'moe_layers')}={bounded_repr(listed)} is not allowed: MoE layers "
+                              f"are modelled as every interleave_moe_layer_step={step}-th layer (layers "
+                              f"{step - 1}, {2 * step - 1}, ...), or null")
         return dict(n_experts=n_experts, experts_per_token=_int(cfg, "num_experts_per_tok", where, defaults),
                     expert_intermediate_size=_int(cfg, "intermediate_size", where, defaults), n_shared_experts=1,
-                    first_dense_layers=0, moe_layer_step=_int(cfg, "interleave_moe_layer_step", where, defaults),
+                    first_dense_layers=0, moe_layer_step=step,
                     dense_width=_int(cfg, "intermediate_size_mlp", where, defaults), extra=hidden * n_experts)
     # deepseek_v2 / deepseek_v3: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
     freq = _int(cfg, "moe_layer_freq", where, defaults)
@@ -334,9 +370,11 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
     if not isinstance(q, Mapping):
         raise ConfigError(f"{where}={bounded_repr(q)} is not allowed: expected a mapping")
     method = q.get("quant_method")
-    if method == "fp8":  # block or per-tensor FP8 (DeepSeek-V3, Qwen3-*-FP8): every decoder Linear layer
+    if method in ("fp8", "fbgemm_fp8"):  # block or per-tensor FP8 (DeepSeek-V3, Qwen3-*-FP8), or FBGEMM's rowwise
+        # FP8 of Meta's -FP8 checkpoints (Llama-3.1-405B, Llama-4-Maverick): every decoder Linear layer but those listed
         ignored = q.get("modules_to_not_convert") or q.get("ignored_layers") or ["lm_head"]
-        return "fp8", _ignored_weights(ignored, f"{where}.modules_to_not_convert"), "; FP8 weights (quant_method fp8)"
+        return ("fp8", _ignored_weights(ignored, f"{where}.modules_to_not_convert"),
+                f"; FP8 weights (quant_method {method})")
     if method == "compressed-tensors":
         groups = q.get("config_groups")
         if not isinstance(groups, Mapping) or len(groups) != 1:
@@ -348,7 +386,8 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
             raise ConfigError(f"{where}.config_groups: a group without a weights scheme is not allowed")
         acts = group.get("input_activations")
         key = (weights.get("type"), weights.get("num_bits"), acts is not None)
-        dtype = _COMPRESSED_SCHEMES.get(key)  # type: ignore[arg-type]
+        hashable = all(isinstance(k, (str, int)) for k in key)  # a list or mapping here is no scheme
+        dtype = _COMPRESSED_SCHEMES.get(key) if hashable else None  # type: ignore[arg-type]
         if dtype is None and key in (("float", 8, False), ("float", 4, False)):
             raise ConfigError(f"{where}: weights type='float' num_bits={key[1]} without quantized activations "
                               f"(weight-only {'FP8' if key[1] == 8 else 'NVFP4A16'}) is not modelled: vLLM runs it "
@@ -364,15 +403,17 @@ def _quantization(cfg: Mapping[str, Any], where: str) -> tuple[str, str, str]:
         if bits != 4:
             raise ConfigError(f"{where}: {method} with bits={bounded_repr(bits)} is not allowed: 4-bit weight-only "
                               "is modelled (int4); 8-bit weight-only (w8a16) is not")
-        return "int4", "linear", f"; int4 weights ({method})"
+        kept = q.get("modules_to_not_convert") or ["lm_head"]
+        return "int4", _ignored_weights(kept, f"{where}.modules_to_not_convert"), f"; int4 weights ({method})"
     if method == "modelopt":
         algo = q.get("quant_algo")
         dtype = {"FP8": "fp8", "NVFP4": "nvfp4"}.get(str(algo))
         if dtype is None:
             raise ConfigError(f"{where}.quant_algo={bounded_repr(algo)} is not allowed: FP8 or NVFP4")
-        return dtype, "linear", f"; {dtype} weights (modelopt)"
-    raise ConfigError(f"{where}.quant_method={bounded_repr(method)} is not allowed: fp8, compressed-tensors, awq, "
-                      "gptq or modelopt")
+        kept = q.get("exclude_modules") or q.get("ignore") or ["lm_head"]
+        return dtype, _ignored_weights(kept, f"{where}.exclude_modules"), f"; {dtype} weights (modelopt)"
+    raise ConfigError(f"{where}.quant_method={bounded_repr(method)} is not allowed: fp8, fbgemm_fp8, "
+                      "compressed-tensors, awq, gptq or modelopt")
 
 
 def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
@@ -394,8 +435,12 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"{where}: a config.json must be a JSON object, got {type(config).__name__}")
+    outer = where
     cfg, where = _text_config(config, where)
     family = cfg.get("model_type", config.get("model_type"))
+    if not isinstance(family, str):
+        raise ConfigError(f"{_where_key(where, 'model_type')}={bounded_repr(family)} is not allowed: expected a "
+                          f"string, one of {', '.join(FAMILIES)}")
     if family in ("llama4",):  # a wrapper without text_config is malformed
         raise ConfigError(f"{where}: model_type 'llama4' needs its text_config")
     if family in _NOT_MODELLED:
@@ -413,7 +458,7 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     context = _int(cfg, "max_position_embeddings", where, defaults)
     tied = _bool(cfg, "tie_word_embeddings", where, defaults)
     context, rope_note = _rope_context(cfg, where, context)
-    context, note = _check_windows(cfg, family, where, context)
+    context, note = _check_windows(cfg, family, where, defaults, context, n_layers)
     note = rope_note + note
     moe: dict[str, Any] = {}
     kv_lora = rope = 0
@@ -439,7 +484,12 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
         if family in ("llama", "granite", "smollm3") and _bool(cfg, "mlp_bias", where, defaults):
             mlp += n_layers * (2 * dense_width + hidden)
     n_params = vocab * hidden * (1 if tied else 2) + n_layers * (attention + norms) + mlp + hidden
-    dtype, quantized, qnote = _quantization(cfg if "quantization_config" in cfg else config, where)
+    chunk = cfg.get("attention_chunk_size", 8192) if family == "llama4_text" else None
+    if chunk is not None:
+        note += (f"; chunked local attention (attention_chunk_size {bounded_repr(chunk)}) on the RoPE layers not "
+                 "modelled: full attention there, as for the Llama-4 presets")
+    dtype, quantized, qnote = (_quantization(cfg, where) if "quantization_config" in cfg
+                               else _quantization(config, outer))
     if not dtype:
         torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", config.get("torch_dtype", config.get("dtype"))))
         dtype = "fp16" if torch_dtype in ("float16", "float32") else "bf16"
@@ -455,7 +505,7 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
 
 def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """:func:`model_from_hf_config` of a ``config.json`` file, or of the ``config.json`` in a directory
-    (a downloaded checkpoint). ``name`` defaults to the directory's name.
+    (a downloaded checkpoint). ``name`` defaults to the directory's name (:func:`_checkpoint_name`).
 
     Raises:
         ConfigError: no such file, larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 JSON (duplicate
@@ -476,4 +526,15 @@ def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         raise ConfigError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except (ValueError, RecursionError) as e:
         raise ConfigError(f"{shown}: invalid JSON: {bounded_repr(str(e) or 'nested too deeply')[1:-1]}") from None
-    return model_from_hf_config(config, name or p.resolve().parent.name, shown)
+    return model_from_hf_config(config, name or _checkpoint_name(p), shown)
+
+
+def _checkpoint_name(config_file: Path) -> str:
+    """The name of the checkpoint holding ``config_file``: its directory's name, symlinks not
+    followed (the Hugging Face cache links ``snapshots/<revision>/config.json`` to
+    ``blobs/<hash>``), or the repo name of a cache snapshot (``models--<org>--<name>/snapshots/
+    <revision>/``)."""
+    d = Path(os.path.abspath(config_file)).parent
+    if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
+        return d.parent.parent.name.rsplit("--", 1)[-1]
+    return d.name

@@ -37,6 +37,8 @@ def config_of(m: ModelSpec) -> dict:
            "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
            "max_position_embeddings": m.max_context_tokens, "tie_word_embeddings": m.tied_embeddings,
            "torch_dtype": "bfloat16"}
+    if family == "mistral":
+        cfg.update(sliding_window=None)  # their configs say null (MistralConfig's default is 4096)
     if family in ("mixtral",):
         cfg.update(num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token)
     if family == "qwen3_moe":
@@ -155,6 +157,9 @@ def _llm_compressor(weights: dict, acts: dict | None, ignore=("lm_head",)) -> di
     (_llm_compressor({"num_bits": 4, "type": "float", "group_size": 16}, {"num_bits": 4, "type": "float"}),
      "nvfp4", "linear"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "linear"),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,  # Meta's -FP8 checkpoints
+      "modules_to_not_convert": ["language_model.model.layers.0.self_attn", "language_model.lm_head",
+                                 "language_model.model.layers.1.feed_forward.router", "vision_model"]}, "fp8", "mlp"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", "linear"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4", "linear"),
 ])
@@ -306,3 +311,114 @@ def test_an_inline_model_round_trips_with_its_tied_flag(tmp_path):
     spec = InstanceSpec(get_model("Qwen2.5-3B"), get_gpu("H100-SXM"))
     save_instance_spec(spec, tmp_path / "s.yaml")
     assert load_instance_spec(tmp_path / "s.yaml").model == spec.model
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"model_type": ["llama"]}, r"model_type=\['llama'\] is not allowed: expected a string"),
+    ({"model_type": "llama4", "text_config": {"model_type": {"a": 1}}}, r"text_config: model_type=\{'a': 1\}"),
+    ({**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": _llm_compressor(
+        {"num_bits": 8, "type": ["float"]}, None)}, r"weights type=\['float'\] num_bits=8"),
+    ({**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": _llm_compressor(
+        {"num_bits": {}, "type": "float"}, None)}, r"num_bits=\{\}"),
+])
+def test_unhashable_values_where_a_name_is_looked_up_are_refused_by_name(cfg, match):
+    with pytest.raises(ConfigError, match=match):  # was TypeError: unhashable type
+        model_from_hf_config(cfg, "x")
+
+
+def test_qwen_sliding_windows_follow_the_flag_and_max_window_layers_as_transformers_does():
+    qwen = {**config_of(MODEL_PRESETS["Qwen2.5-7B"]), "sliding_window": 4096}  # 28 layers
+    with pytest.raises(ConfigError, match="use_sliding_window='false' is not allowed: expected true or false"):
+        model_from_hf_config({**qwen, "use_sliding_window": "false"}, "q")  # was read as on (truthy)
+    # Qwen2Config: layers i >= max_window_layers (default 28) are windowed: none here, all with 0
+    assert model_from_hf_config({**qwen, "use_sliding_window": True}, "q").max_context_tokens == 32768
+    assert model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 0},
+                                "q").max_context_tokens == 4096
+    with pytest.raises(ConfigError, match="a window on 14 of 28 layers"):
+        model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 14}, "q")
+    moe = {**config_of(MODEL_PRESETS["Qwen3-30B-A3B"]), "model_type": "qwen2_moe",
+           "shared_expert_intermediate_size": 0, "sliding_window": 4096, "use_sliding_window": True}
+    with pytest.raises(ConfigError, match="max_window_layers"):  # Qwen2MoeConfig: every other layer below 28
+        model_from_hf_config(moe, "m")
+
+
+def test_keys_left_out_take_the_family_configuration_class_default():
+    nemo = config_of(MODEL_PRESETS["Mistral-Nemo-12B"])
+    del nemo["sliding_window"]
+    assert model_from_hf_config(nemo, "n").max_context_tokens == 4096  # MistralConfig.sliding_window = 4096
+    gemma = {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 8,
+             "num_key_value_heads": 1, "intermediate_size": 16384, "vocab_size": 256000,
+             "max_position_embeddings": 8192}
+    m = model_from_hf_config(gemma, "gemma-2b")  # GemmaConfig.head_dim = 256, not 2048 // 8
+    assert m.head_dim == 256 and m.n_params == 2_506_172_416  # google/gemma-2b's published total
+    qwen3 = config_of(MODEL_PRESETS["Qwen3-14B"])
+    del qwen3["head_dim"]
+    assert model_from_hf_config(qwen3, "q").head_dim == 128  # Qwen3Config.head_dim = 128
+
+
+def test_llama4_moe_layers_and_chunked_attention_are_read_not_dropped():
+    cfg = config_of(MODEL_PRESETS["Llama-4-Maverick-17B-128E"])
+    text = cfg["text_config"]
+    listed = {**text, "moe_layers": list(range(1, 48, 2))}
+    assert model_from_hf_config({**cfg, "text_config": listed}, "m").n_params == \
+        MODEL_PRESETS["Llama-4-Maverick-17B-128E"].n_params
+    with pytest.raises(ConfigError, match=r"moe_layers=\[0, 1, 2\] is not allowed"):  # overrides the step
+        model_from_hf_config({**cfg, "text_config": {**text, "moe_layers": [0, 1, 2]}}, "m")
+    kinds = ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"] * 12
+    m = model_from_hf_config({**cfg, "text_config": {**text, "layer_types": kinds, "attention_chunk_size": 8192}},
+                             "m")
+    assert "chunked local attention (attention_chunk_size 8192)" in m.source
+    assert "attention_chunk_size" in model_from_hf_config(cfg, "m").source  # Llama4TextConfig default 8192
+
+
+@pytest.mark.parametrize("quant, which", [
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]},
+     "mlp"),
+    ({"quant_method": "awq", "bits": 4, "modules_to_not_convert": ["gate", "visual"]}, "linear"),
+])
+def test_modelopt_and_awq_lists_of_unquantized_modules_are_read(quant, which):
+    cfg = {**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": quant}
+    assert model_from_hf_config(cfg, "q").quantized_weights == which
+    key = "exclude_modules" if quant["quant_method"] == "modelopt" else "modules_to_not_convert"
+    with pytest.raises(ConfigError, match=f"{key}: 'model.layers.0.mlp.down_proj' left unquantized"):
+        model_from_hf_config({**cfg, "quantization_config": {**quant, key: ["model.layers.0.mlp.down_proj"]}}, "q")
+
+
+def test_a_wrappers_quantization_config_is_named_where_it_is():
+    cfg = {**config_of(MODEL_PRESETS["Llama-4-Scout-17B-16E"]), "quantization_config": {"quant_method": "x"}}
+    with pytest.raises(ConfigError, match=r"^f\.json: quantization_config\.quant_method='x'"):
+        model_from_hf_config(cfg, "s", "f.json")
+
+
+def test_a_hugging_face_cache_snapshot_is_named_by_its_repo_not_by_the_blob_it_links_to(tmp_path):
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-3B-Instruct"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "9f1e").write_text(json.dumps(config_of(MODEL_PRESETS["Qwen2.5-3B"])))
+    snap = repo / "snapshots" / "aa11bb"
+    snap.mkdir(parents=True)
+    (snap / "config.json").symlink_to("../../blobs/9f1e")
+    assert read_hf_config(snap).name == "Qwen2.5-3B-Instruct"  # was "blobs"
+    linked = tmp_path / "my-qwen"
+    linked.mkdir()
+    (linked / "config.json").symlink_to(repo / "blobs" / "9f1e")
+    assert read_hf_config(linked / "config.json").name == "my-qwen"
+
+
+def test_deepseek_v2_without_q_lora_rank_takes_the_config_class_default_and_null_means_none():
+    v2 = {"model_type": "deepseek_v2", "hidden_size": 5120, "num_hidden_layers": 60, "num_attention_heads": 128,
+          "intermediate_size": 12288, "moe_intermediate_size": 1536, "n_routed_experts": 160, "n_shared_experts": 2,
+          "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+          "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 102400, "max_position_embeddings": 163840}
+    # DeepseekV2Config.q_lora_rank = 1536: deepseek-ai/DeepSeek-V2's 235,741,434,880 parameters
+    assert model_from_hf_config(v2, "v2").n_params == 235_741_434_880
+    assert model_from_hf_config({**v2, "q_lora_rank": 1536}, "v2").n_params == 235_741_434_880
+    no_lora = model_from_hf_config({**v2, "q_lora_rank": None}, "v2").n_params  # q_proj from hidden
+    assert no_lora - 235_741_434_880 == 60 * (5120 * 128 * 192 - (5120 * 1536 + 1536 + 1536 * 128 * 192))
+
+
+def test_smollm3_windows_only_with_its_flag_and_then_on_some_layers_so_refused():
+    smol = {**config_of(MODEL_PRESETS["SmolLM3-3B"]), "sliding_window": 4096}
+    assert model_from_hf_config(smol, "s").max_context_tokens == 65536  # use_sliding_window off (default)
+    assert model_from_hf_config({**smol, "use_sliding_window": False}, "s").max_context_tokens == 65536
+    with pytest.raises(ConfigError, match="use_sliding_window=True is not allowed: a window on the NoPE layers"):
+        model_from_hf_config({**smol, "use_sliding_window": True}, "s")

@@ -109,6 +109,7 @@ def test_config_lookup_stays_inside_the_configs_folder(gt):
     (gt / "outside").mkdir(exist_ok=True)
     (gt / "outside" / "config.json").write_text(json.dumps(TINY))
     assert config_dir_for("model_configs/../outside", configs) is None  # the id as folders, never above
+    assert config_dir_for(str(gt / "outside"), configs) is None  # nor an absolute id (joined, it replaced the folder)
     assert config_dir_for("elsewhere/tiny-llama", configs) == configs / "tiny-llama"  # by its repo name
     assert config_dir_for("acme/Tiny-Llama", None) is None
 
