@@ -441,8 +441,8 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     if not isinstance(family, str):
         raise ConfigError(f"{_where_key(where, 'model_type')}={bounded_repr(family)} is not allowed: expected a "
                           f"string, one of {', '.join(FAMILIES)}")
-    if family in ("llama4",):  # a wrapper without text_config is malformed
-        raise ConfigError(f"{where}: model_type 'llama4' needs its text_config")
+    if family in ("llama4",):  # the wrapper's model_type: its text_config is missing or names none
+        raise ConfigError(f"{where}: model_type 'llama4' needs a text_config with model_type 'llama4_text'")
     if family in _NOT_MODELLED:
         raise ConfigError(f"{where}: model_type={bounded_repr(family)} is not modelled: {_NOT_MODELLED[family]}")
     if family not in FAMILIES:
@@ -491,8 +491,12 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
     dtype, quantized, qnote = (_quantization(cfg, where) if "quantization_config" in cfg
                                else _quantization(config, outer))
     if not dtype:
-        torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", config.get("torch_dtype", config.get("dtype"))))
-        dtype = "fp16" if torch_dtype in ("float16", "float32") else "bf16"
+        dtype, dnote = _checkpoint_dtype(cfg, config, where)
+        qnote += dnote
+    q = cfg.get("quantization_config", config.get("quantization_config"))
+    if isinstance(q, Mapping) and (q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo")):
+        qnote += ("; the checkpoint's KV-cache quantization scales are not a KV dtype: the cache takes the "
+                  "instance's kv_dtype (vLLM --kv-cache-dtype, default auto)")
     source = (f"{HF_CONFIG_SOURCE} ({where}; model_type {family}); n_params "
               f"computed from it ({n_params:,}){note}{qnote}")
     try:
@@ -503,6 +507,27 @@ def model_from_hf_config(config: Mapping[str, Any], name: str, where: str = "con
         raise ConfigError(f"{where}: {e}") from None
 
 
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16"}
+"""A checkpoint's ``torch_dtype`` -> weight dtype. vLLM's ``--dtype auto`` (``_get_and_verify_dtype``)
+serves a float32 checkpoint, and one whose config gives no dtype, in bfloat16 since v0.10.1 (float16
+before; bf16 and fp16 cost alike)."""
+
+
+def _checkpoint_dtype(cfg: Mapping[str, Any], config: Mapping[str, Any], where: str) -> tuple[str, str]:
+    """(weight dtype, note) of an unquantized checkpoint from ``torch_dtype`` (newer transformers:
+    ``dtype``), on the text config or its wrapper; bf16, said in the note, when none is given."""
+    for c in (cfg, config):
+        for key in ("torch_dtype", "dtype"):
+            value = c.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str) or value not in _TORCH_DTYPES:
+                raise ConfigError(f"{_where_key(where, key)}={bounded_repr(value)} is not allowed: one of "
+                                  f"{', '.join(_TORCH_DTYPES)} (or a quantization_config)")
+            return _TORCH_DTYPES[value], ""
+    return "bf16", "; no torch_dtype: bf16 weights (vLLM's --dtype auto)"
+
+
 def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """:func:`model_from_hf_config` of a ``config.json`` file, or of the ``config.json`` in a directory
     (a downloaded checkpoint). ``name`` defaults to the directory's name (:func:`_checkpoint_name`).
@@ -511,7 +536,7 @@ def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         ConfigError: no such file, larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 JSON (duplicate
             keys refused), or what :func:`model_from_hf_config` raises (naming the file).
     """
-    p = Path(path)
+    p = Path(os.path.abspath(path))  # one spelling per file: ./x and x give equal specs (symlinks kept)
     if p.is_dir():
         p = p / "config.json"
     shown = bounded_repr(str(p), MAX_PATH_CHARS)

@@ -422,3 +422,30 @@ def test_smollm3_windows_only_with_its_flag_and_then_on_some_layers_so_refused()
     assert model_from_hf_config({**smol, "use_sliding_window": False}, "s").max_context_tokens == 65536
     with pytest.raises(ConfigError, match="use_sliding_window=True is not allowed: a window on the NoPE layers"):
         model_from_hf_config({**smol, "use_sliding_window": True}, "s")
+
+
+def test_the_checkpoint_dtype_is_read_and_an_unknown_one_refused():
+    cfg = config_of(MODEL_PRESETS["Llama-3.1-8B"])
+    assert model_from_hf_config({**cfg, "torch_dtype": "float16"}, "x").weight_dtype == "fp16"
+    assert model_from_hf_config({**cfg, "torch_dtype": "float32"}, "x").weight_dtype == "bf16"
+    no_dtype = model_from_hf_config({k: v for k, v in cfg.items() if k != "torch_dtype"}, "x")
+    assert no_dtype.weight_dtype == "bf16" and "no torch_dtype" in no_dtype.source
+    assert model_from_hf_config({**cfg, "torch_dtype": None, "dtype": "float16"}, "x").weight_dtype == "fp16"
+    for bad in ("int8", 16, ["bfloat16"]):
+        with pytest.raises(ConfigError, match="torch_dtype=.* is not allowed: one of bfloat16"):
+            model_from_hf_config({**cfg, "torch_dtype": bad}, "x")
+
+
+def test_a_checkpoints_kv_cache_scales_do_not_set_the_kv_dtype_and_say_so():
+    quant = {**_llm_compressor({"num_bits": 8, "type": "float"}, {"num_bits": 8, "type": "float"}),
+             "kv_cache_scheme": {"num_bits": 8, "type": "float"}}
+    m = model_from_hf_config({**config_of(MODEL_PRESETS["Llama-3.1-8B"]), "quantization_config": quant}, "x")
+    assert "kv_dtype" in m.source and m.kv_bytes_per_token(2) == MODEL_PRESETS["Llama-3.1-8B"].kv_bytes_per_token(2)
+
+
+def test_one_config_file_read_by_two_spellings_gives_one_spec(tmp_path, monkeypatch):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config_of(MODEL_PRESETS["Qwen2.5-3B"])))
+    monkeypatch.chdir(tmp_path)
+    assert read_hf_config("m") == read_hf_config("./m") == read_hf_config(d / "config.json")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsched.envs.sim import calibration, cost_params, hardware, instance_spec, model_spec, spec_io, specs, tiers
+from kvsched.envs.sim import (calibration, cost_params, hardware, hf_config, instance_spec, model_spec, spec_io, specs,
+                              tiers)
 from kvsched.envs.sim.errors import UnknownPresetError
 from kvsched.envs.sim.specs import GPU_PRESETS, LINK_PRESETS, MODEL_PRESETS, get_gpu, get_link, get_model
 
@@ -30,7 +31,7 @@ def test_lookup_is_case_insensitive_and_knows_aliases() -> None:
 
 
 def test_every_public_name_is_the_defining_modules_object() -> None:
-    homes = (calibration, cost_params, hardware, instance_spec, model_spec, spec_io, tiers)
+    homes = (calibration, cost_params, hardware, hf_config, instance_spec, model_spec, spec_io, tiers)
     for name in specs.__all__:
         obj = getattr(specs, name)
         assert any(getattr(m, name, None) is obj for m in homes), f"specs.{name} is not its defining module's object"
