@@ -16,11 +16,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from synthetic_groundtruth import make_root, measured, write_training_run
+
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.experiments.groundtruth import config_dir_for, load_experiments
 
-SP = {"num_unique_system_prompts": 2, "num_users_per_system_prompt": 2, "system_prompt_len": 32,
-      "question_len": 200, "output_len": 12, "enable_multi_turn_chat": True}
 TRAIN = "20990101-000000-llama-2-7b-tp1-codegen"
 CONFIGURED = "81-tiny-llama-tp1-codegen-1-1"
 INT4 = "82-tiny-llama-tp1-codegen-w4a16"
@@ -31,41 +31,17 @@ TINY = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num
         "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
 
 
-def _measured(scale: float) -> dict[str, float]:
-    return {"ttft_mean": 30 * scale, "ttft_p90": 40 * scale, "ttft_p99": 50 * scale, "itl_mean": 8 * scale,
-            "e2e_mean": 120 * scale, "e2e_p90": 130 * scale, "e2e_p99": 140 * scale}
-
-
 def _rows(folder: str, model: str, precision: str = "BF16") -> list[dict]:
     return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": model, "workload": "codegen",
              "stage_index": 0, "metric_name": m, "predicted": v, "actual": v, "exp_id": folder.split("-")[0],
              "hardware": "H100", "precision": precision, "tp": 1, "max_num_batched_tokens": 2048}
-            for m, v in _measured(1.0).items()]
+            for m, v in measured(1.0).items()]
 
 
 @pytest.fixture(scope="module")
 def gt(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("groundtruth")
-    (root / "blis").mkdir()
-    (root / "sim_to_real").mkdir()
-    (root / "README.md").write_text("synthetic ground truth for tests\n")
-    d = root / "training_default_args" / TRAIN
-    (d / "results").mkdir(parents=True)
-    (d / "exp-config.yaml").write_text("model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\n"
-                                       "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\n")
-    v = _measured(1e-3)
-    (d / "results" / "stage_0_lifecycle_metrics.json").write_text(json.dumps({
-        "load_summary": {"count": 12}, "failures": {"count": 0},
-        "successes": {"latency": {"time_to_first_token": {"mean": v["ttft_mean"], "p90": v["ttft_p90"],
-                                                          "p99": v["ttft_p99"]},
-                                  "request_latency": {"mean": v["e2e_mean"], "p90": v["e2e_p90"],
-                                                      "p99": v["e2e_p99"]}},
-                      "output_len": {"mean": 12.0},
-                      "prompt_len": {"mean": 1.0, "min": 1.0, "max": 1.0, "p10": 1.0, "p90": 1.0}}}))
-    (d / "profile.yaml").write_text(json.dumps(
-        {"data": {"shared_prefix": SP, "type": "shared_prefix"},
-         "load": {"stages": [{"rate": 2.0, "duration": 6}], "type": "constant"}}))
-    (root / "blis" / "trained_physics_iter29_experiments.json").write_text(json.dumps({"experiments": []}))
+    root = make_root(tmp_path_factory.mktemp("groundtruth"))
+    write_training_run(root, TRAIN)
     rows = (_rows(CONFIGURED, "acme/Tiny-Llama") + _rows(INT4, "acme/Tiny-Llama", "W4A16")
             + _rows(NO_CONFIG, "acme/Unknown-13B") + _rows(UNMODELLED, "openai/gpt-oss-20b"))
     pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)

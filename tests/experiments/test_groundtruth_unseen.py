@@ -10,16 +10,15 @@ exception that stops the whole read or validate.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from synthetic_groundtruth import SP, make_root, measured, write_training_run
+
 from kvsched.experiments.groundtruth import METRICS, load_experiments
 
-SP = {"num_unique_system_prompts": 2, "num_users_per_system_prompt": 2, "system_prompt_len": 32,
-      "question_len": 200, "output_len": 12, "enable_multi_turn_chat": True}
 KNOWN = "70-qwen2-5-7b-instruct-tp1-codegen-1-1"
 NEW = "91-qwen2-5-7b-instruct-tp1-codegen-a100-offload"
 NO_FAMILY = "92-qwen2-5-7b-instruct-tp1-chat-1-1"
@@ -29,49 +28,23 @@ BROKEN = "20990101-000001-llama-2-7b-tp1-general"
 TOO_LONG = "20990101-000002-llama-2-7b-tp1-roleplay"  # prompts beyond Llama-2's 4,096-token context
 
 
-def _measured(scale: float) -> dict[str, float]:
-    return {"ttft_mean": 30 * scale, "ttft_p90": 40 * scale, "ttft_p99": 50 * scale, "itl_mean": 8 * scale,
-            "e2e_mean": 120 * scale, "e2e_p90": 130 * scale, "e2e_p99": 140 * scale}
-
-
 def _rows(folder: str, workload: str, hardware: str = "H100", **cols) -> list[dict]:
     return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": "Qwen/Qwen2.5-7B-Instruct",
              "workload": workload, "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
              "exp_id": folder.split("-")[0], "hardware": hardware, "precision": "FP16", "tp": 1,
-             "max_num_batched_tokens": 2048, **cols} for m, v in _measured(1.0).items()]
+             "max_num_batched_tokens": 2048, **cols} for m, v in measured(1.0).items()]
 
 
 @pytest.fixture(scope="module")
 def gt(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("groundtruth")
-    (root / "blis").mkdir()
-    (root / "sim_to_real").mkdir()
-    (root / "README.md").write_text("synthetic ground truth for tests\n")
     stages = [{"rate": 2.0, "duration": 6}]
-    for folder in (TRAIN, BROKEN, TOO_LONG):
-        d = root / "training_default_args" / folder
-        (d / "results").mkdir(parents=True)
-        (d / "exp-config.yaml").write_text("model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\n"
-                                           "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\n")
-        v = _measured(1e-3)
-        (d / "results" / "stage_0_lifecycle_metrics.json").write_text(json.dumps({
-            "load_summary": {"count": 12}, "failures": {"count": 0},
-            "successes": {"latency": {"time_to_first_token": {"mean": v["ttft_mean"], "p90": v["ttft_p90"],
-                                                              "p99": v["ttft_p99"]},
-                                      "request_latency": {"mean": v["e2e_mean"], "p90": v["e2e_p90"],
-                                                          "p99": v["e2e_p99"]}},
-                          "output_len": {"mean": 12.0},
-                          "prompt_len": {"mean": 1.0, "min": 1.0, "max": 1.0, "p10": 1.0, "p90": 1.0}}}))
-    (root / "training_default_args" / TRAIN / "profile.yaml").write_text(json.dumps(
-        {"data": {"shared_prefix": SP, "type": "shared_prefix"}, "load": {"stages": stages, "type": "constant"}}))
-    (root / "training_default_args" / TOO_LONG / "profile.yaml").write_text(json.dumps(
-        {"data": {"shared_prefix": {**SP, "question_len": 5000}, "type": "shared_prefix"},
-         "load": {"stages": stages, "type": "constant"}}))
-    # BROKEN has no profile.yaml
     blis = [{"id": "70", "tp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "total_kv_blocks": 5000,
              "cpu_kv_blocks": 0, "model": "Qwen/Qwen2.5-7B-Instruct",
              "workload": {"inference_perf": {"shared_prefix": SP, "stages": stages}}}]
-    (root / "blis" / "trained_physics_iter29_experiments.json").write_text(json.dumps({"experiments": blis}))
+    root = make_root(tmp_path_factory.mktemp("groundtruth"), blis)
+    write_training_run(root, TRAIN)
+    write_training_run(root, BROKEN, shared_prefix=None)  # BROKEN has no profile.yaml
+    write_training_run(root, TOO_LONG, shared_prefix={**SP, "question_len": 5000})
     rows = (_rows(KNOWN, "codegen")
             + _rows(NEW, "codegen", "A100-80GB", gpu_mem_util=0.95, cpu_offload=True, dp=2,
                     max_num_batched_tokens=1024)
