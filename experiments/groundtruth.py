@@ -47,6 +47,7 @@ import yaml
 
 from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr, MAX_PATH_CHARS
 from kvsched.envs.sim.specs import ModelSpec, get_model
+from kvsched.envs.sim.yaml_loading import load_yaml
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
 
 __all__ = ["METRICS", "PEERS", "PRECISIONS", "QUANTILE_KEYS", "VLLM_VERSION_UNKNOWN", "Experiment",
@@ -242,6 +243,8 @@ class Experiment:
             column names for a 16-bit checkpoint (:func:`weight_dtype_for`).
         vllm_version: the vLLM version the run used, or :data:`VLLM_VERSION_UNKNOWN`.
         vllm_version_source: where it was read, or why it is unknown.
+        enable_prefix_caching, enable_chunked_prefill, kv_cache_dtype, block_size: vLLM engine flags
+            of the run (:func:`engine_knobs`; vLLM V1's defaults when not logged: on, on, auto, 16).
         model: the resolved model (a preset, its quantized checkpoint, or a model read from a
             Hugging Face config.json of ``model_configs``); None on a skipped run, and on an
             Experiment built by hand, whose ``preset`` names it.
@@ -271,6 +274,10 @@ class Experiment:
     vllm_version: str = VLLM_VERSION_UNKNOWN
     vllm_version_source: str = ""
     model: ModelSpec | None = field(default=None, compare=False)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
 
     @property
     def family(self) -> str:
@@ -563,6 +570,49 @@ def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allo
     return x
 
 
+KNOWN_CSV_COLUMNS = ("simulator", "experiment_folder", "model", "workload", "stage_index", "metric_name", "predicted",
+               "actual", "mape", "mpe", "absolute_error", "exp_id", "hardware", "dp", "cpu_offload", "gpu_mem_util",
+               "precision", "tp", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
+               "kv_cache_dtype", "block_size", "folder")
+"""The sim-to-real csv columns the reader knows (the published ones, ``folder`` derived from
+``experiment_folder``, and the engine flags of :func:`engine_knobs`); a run's other non-empty
+columns are named in its notes."""
+KV_CACHE_DTYPES = {"auto": "auto", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
+                   "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+"""vLLM ``--kv-cache-dtype`` values -> ``InstanceSpec.kv_dtype`` (both FP8 formats are one byte)."""
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""vLLM ``--block-size`` choices (``vllm/config/cache.py`` ``BlockSize``)."""
+EXP_CONFIG_KEYS = ("model", "tensor_parallelism", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                   "gpu_memory_utilization", "data_parallelism", "data_parallel_size", "hardware", "cpu_offload",
+                   "kv_offloading_size", "precision", "enable_prefix_caching", "enable_chunked_prefill",
+                   "kv_cache_dtype", "block_size", "app")
+"""The ``exp-config.yaml`` keys a run's replay reads (``app``, the client, changes nothing served);
+dashes in a key read as underscores (vLLM's flag spelling). Any other key is listed in the run's
+notes, never dropped without a word."""
+
+
+def engine_knobs(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The vLLM engine flags a run sets (an ``exp-config.yaml`` or csv row), as
+    :class:`Experiment` fields; the ones it does not set are left out (vLLM V1's defaults then).
+
+    Raises:
+        ConfigError: a flag whose value is not one vLLM accepts (one line naming it).
+    """
+    out: dict[str, Any] = {}
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if _column(row, name) is not None:
+            out[name] = _csv_flag(row, name)
+    kv = _column(row, "kv_cache_dtype")
+    if kv is not None:
+        if str(kv).strip().lower() not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype={bounded_repr(kv)} is not allowed: one of {', '.join(KV_CACHE_DTYPES)}")
+        out["kv_cache_dtype"] = KV_CACHE_DTYPES[str(kv).strip().lower()]
+    if _column(row, "block_size") is not None:
+        out["block_size"] = int(_csv_number(row, "block_size", 16, lambda x: x in BLOCK_SIZES,
+                                            f"one of {', '.join(map(str, BLOCK_SIZES))}"))
+    return out
+
+
 def _family_of(text: str) -> str | None:
     t = text.lower()
     return next((f for f in FAMILIES if f in t), None)
@@ -708,19 +758,25 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
 
     Optional ``exp-config.yaml`` keys beyond the published five are honoured:
     ``gpu_memory_utilization``, ``data_parallelism`` / ``data_parallel_size``, ``hardware``,
-    ``cpu_offload`` / ``kv_offloading_size`` (GiB per rank), ``precision``.
+    ``cpu_offload`` / ``kv_offloading_size`` (GiB per rank), ``precision`` and the engine flags of
+    :func:`engine_knobs`; any other key is named in the run's notes (:data:`EXP_CONFIG_KEYS`).
 
     Raises:
         the errors of :data:`_READ_ERRORS` (the caller skips the run).
     """
-    cfg = yaml.safe_load((d / "exp-config.yaml").read_text(encoding="utf-8"))
+    cfg = load_yaml((d / "exp-config.yaml").read_text(encoding="utf-8"), f"{d.name}/exp-config.yaml")  # no duplicates
     prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
     if not isinstance(cfg, Mapping) or not isinstance(prof, Mapping):
         raise ConfigError(f"{d.name}: exp-config.yaml or profile.yaml is not a mapping")
+    cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}  # vLLM's flag spelling reads alike
     model_id = str(cfg["model"])
     sp = prof["data"]["shared_prefix"]
     stages_cfg = prof["load"]["stages"]
     notes: list[str] = []
+    unread = [k for k in cfg if k not in EXP_CONFIG_KEYS]
+    if unread:
+        notes.append(f"exp-config.yaml keys not modelled (the replay runs without them): "
+                     f"{bounded_repr(', '.join(unread), 300)[1:-1]}")
     resolved_sp = None
     rc = d / "results" / "config.yaml"
     if rc.is_file():
@@ -782,7 +838,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
         workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
         stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
         precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype,
-        vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"])
+        vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"], **engine_knobs(cfg))
     spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
     return exp, spec
 
@@ -803,6 +859,10 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     family = str(first["workload"])
     rows, notes_l = csv_for(folder, family)
     notes = list(notes_l)
+    unread = [str(k) for k in first if k not in KNOWN_CSV_COLUMNS and _column(first, k) is not None]
+    if unread:
+        notes.append(f"csv columns not modelled (the replay runs without them): "
+                     f"{bounded_repr(', '.join(unread), 300)[1:-1]}")
     peers = _peer_table(rows)
     stages = []
     for k in sorted(rows["stage_index"].unique()):
@@ -867,4 +927,4 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
         notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
         workload_source=chosen.source, weight_dtype=weight_dtype,
-        vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"])
+        vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"], **engine_knobs(first))

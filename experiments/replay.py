@@ -178,8 +178,9 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
                     max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs,
                     max_model_len=exp.max_model_len, hbm_kv_blocks=exp.total_kv_blocks,
                     gpu_memory_utilization=exp.gpu_memory_utilization,
-                    enable_chunked_prefill=True, enable_prefix_caching=True, cache_decode_blocks=True,
-                    block_size_tokens=16, weight_dtype=exp.weight_dtype)
+                    enable_chunked_prefill=exp.enable_chunked_prefill,
+                    enable_prefix_caching=exp.enable_prefix_caching, cache_decode_blocks=True,
+                    block_size_tokens=exp.block_size, kv_dtype=exp.kv_cache_dtype, weight_dtype=exp.weight_dtype)
     if cost is not None and _takes_given_cost(gpu.name, cost_gpu):
         kw["cost"] = cost
     spec = InstanceSpec(**kw)

@@ -28,13 +28,15 @@ def make_root(root: Path, blis: list | None = None) -> Path:
 
 
 def write_training_run(root: Path, folder: str, model_id: str = "meta-llama/Llama-2-7b-hf",
-                       shared_prefix: dict | None = SP) -> Path:
+                       shared_prefix: dict | None = SP, exp_config_extra: str = "") -> Path:
     """A ``training_default_args/<folder>/`` run at TP1 with one measured stage; its profile.yaml
-    holds ``shared_prefix`` and :data:`STAGES` (no profile.yaml when None)."""
+    holds ``shared_prefix`` and :data:`STAGES` (no profile.yaml when None); ``exp_config_extra``
+    (YAML lines) is appended to its exp-config.yaml."""
     d = root / "training_default_args" / folder
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(f"model: {model_id}\ntensor_parallelism: 1\n"
-                                       "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\n")
+                                       "max_model_len: 4096\nmax_num_batched_tokens: 2048\nmax_num_seqs: 128\n"
+                                       + exp_config_extra)
     v = measured(1e-3)
     (d / "results" / "stage_0_lifecycle_metrics.json").write_text(json.dumps({
         "load_summary": {"count": 12}, "failures": {"count": 0},

@@ -1,0 +1,71 @@
+"""vLLM engine flags a ground-truth run sets (prefix caching, chunked prefill, KV-cache dtype, block
+size) reach its replay, and keys the reader does not model are named in the run's notes instead of
+being dropped without a word (experiments/groundtruth.py ``engine_knobs``, ``EXP_CONFIG_KEYS``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from synthetic_groundtruth import SP, make_root, measured, write_training_run
+
+from kvsched.experiments.groundtruth import engine_knobs, load_experiments
+
+FLAGGED = "20990101-000000-llama-2-7b-tp1-codegen"
+DEFAULTS = "20990101-000001-llama-2-7b-tp1-general"
+BAD_DTYPE = "20990101-000002-llama-2-7b-tp1-roleplay"
+CSV_RUN = "95-qwen2-5-7b-instruct-tp1-codegen-flags"
+TWICE = "20990101-000003-llama-2-7b-tp1-reasoning"  # a key given twice
+
+
+@pytest.fixture(scope="module")
+def exps(tmp_path_factory) -> dict:
+    root = make_root(tmp_path_factory.mktemp("groundtruth"))
+    write_training_run(root, FLAGGED, exp_config_extra="enable-prefix-caching: false\nenable_chunked_prefill: on\n"
+                       "kv_cache_dtype: fp8_e4m3\nblock_size: 32\nseed: 7\nswap_space: 4\n")
+    write_training_run(root, TWICE, exp_config_extra="max_num_seqs: 256\n")
+    write_training_run(root, DEFAULTS)
+    write_training_run(root, BAD_DTYPE, exp_config_extra="kv_cache_dtype: int3\n")
+    rows = [{"simulator": "vidur", "experiment_folder": f"/x/{CSV_RUN}", "model": "Qwen/Qwen2.5-7B-Instruct",
+             "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
+             "exp_id": "95", "hardware": "H100", "precision": "FP16", "tp": 1, "max_num_batched_tokens": 2048,
+             "block_size": 64, "speculative_model": "eagle"} for m, v in measured(1.0).items()]
+    pd.DataFrame(rows).to_csv(Path(root) / "sim_to_real" / "trainval_error_records.csv", index=False)
+    return {e.exp_id: e for e in load_experiments(root)}
+
+
+def test_a_runs_engine_flags_reach_its_served_system(exps):
+    from kvsched.experiments.replay import instance_spec_for
+
+    e = exps[FLAGGED]
+    assert e.skip_reason is None, e.skip_reason
+    assert (e.enable_prefix_caching, e.enable_chunked_prefill, e.kv_cache_dtype, e.block_size) == \
+        (False, True, "fp8", 32)
+    spec = instance_spec_for(e)
+    assert (spec.enable_prefix_caching, spec.kv_dtype, spec.block_size_tokens) == (False, "fp8", 32)
+    off = instance_spec_for(e.__class__(**{**e.__dict__, "enable_chunked_prefill": False,
+                                           "max_num_batched_tokens": 4096}))
+    assert not off.enable_chunked_prefill
+    default = instance_spec_for(exps[DEFAULTS])
+    assert (default.enable_prefix_caching, default.kv_dtype, default.block_size_tokens) == (True, "auto", 16)
+    assert default.num_hbm_blocks * 16 < spec.num_hbm_blocks * 32  # one-byte KV holds more tokens
+
+
+def test_keys_and_columns_the_replay_does_not_model_are_named_in_the_notes(exps):
+    assert any("seed, swap_space" in n for n in exps[FLAGGED].notes)
+    assert not any("not modelled" in n for n in exps[DEFAULTS].notes)
+    csv_run = exps[CSV_RUN]
+    assert csv_run.block_size == 64 and csv_run.skip_reason is None
+    assert any("csv columns not modelled" in n and "speculative_model" in n for n in csv_run.notes)
+
+
+def test_a_flag_value_vllm_does_not_accept_skips_the_run_naming_it(exps):
+    assert "kv_cache_dtype='int3' is not allowed" in exps[BAD_DTYPE].skip_reason
+    assert "max_num_seqs" in exps[TWICE].skip_reason  # a key given twice is refused, not the last one kept
+    assert engine_knobs({"enable_chunked_prefill": "off"}) == {"enable_chunked_prefill": False}
+    with pytest.raises(Exception, match="block_size=24"):
+        engine_knobs({"block_size": 24})
+    assert engine_knobs({"enable_prefix_caching": None}) == {}
+    assert SP["output_len"] == 12
