@@ -138,3 +138,20 @@ def test_runs_table_names_the_model_spec_each_run_was_replayed_with(exps, gt):
     assert runs.loc[CONFIGURED, "prompt_scale"] == 1.0  # no measurement for its tokenizer: nominal lengths
     assert runs.loc[INT4, "model"] == "Tiny-Llama-INT4"
     assert runs.loc[NO_CONFIG, "model"] == "" and runs.loc[NO_CONFIG, "split"] == "not replayed"
+
+
+def test_validate_prints_a_model_configs_path_with_brackets_as_written(gt, tmp_path, capsys):
+    """A skip reason names the --model-configs folder (and a config's error its file); a folder
+    ``mc[`` holding ``b]`` made ``kvsched validate`` die with rich's MarkupError (``[/b]`` read as a
+    closing tag) in the csv-coverage table and the skipped lines, after every replay had run."""
+    import shutil
+
+    from kvsched.experiments.cli import main
+
+    odd = tmp_path / "mc[" / "b]"
+    shutil.copytree(gt / "model_configs", odd)
+    assert main(["validate", "--groundtruth", str(gt), "--model-configs", str(odd), "--stage-cap-s", "2",
+                 "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"has no config.json in '{odd}'" in out
+    assert f"{odd / 'gpt-oss-20b' / 'config.json'}" in out
