@@ -227,6 +227,12 @@ def test_rope_scaling_of_the_deepseek_presets_leaves_their_context_unchanged():
     ({"rope_type": "linear", "factor": 0.5}, r"rope_scaling.factor=0.5 is not allowed"),
     ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": "32k"},
      "original_max_position_embeddings='32k'"),
+    # an unknown, unnamed or non-string type extended the context by its factor as if linear (vLLM refuses them:
+    # patch_rope_scaling_dict wants a type, get_rope knows its types)
+    ({"rope_type": "weird", "factor": 4.0}, "rope_scaling.rope_type='weird' is not allowed: one of default, linear"),
+    ({"factor": 4.0}, "rope_scaling.rope_type=None is not allowed: one of default"),
+    ({"type": ["yarn"], "factor": 4.0}, r"rope_scaling.rope_type=\['yarn'\] is not allowed"),
+    ({"rope_type": "yarn", "type": "linear", "factor": 4.0}, "rope_scaling.type='linear' is not allowed: .*'yarn'"),
 ])
 def test_a_malformed_rope_scaling_is_named(rope, match):
     with pytest.raises(ConfigError, match=match):
@@ -340,6 +346,10 @@ def test_qwen_sliding_windows_follow_the_flag_and_max_window_layers_as_transform
            "shared_expert_intermediate_size": 0, "sliding_window": 4096, "use_sliding_window": True}
     with pytest.raises(ConfigError, match="max_window_layers"):  # Qwen2MoeConfig: every other layer below 28
         model_from_hf_config(moe, "m")
+    qwen3_moe = {**moe, "model_type": "qwen3_moe"}  # 48 layers; Qwen3MoeConfig.max_window_layers = 28 too
+    with pytest.raises(ConfigError, match="a window on 20 of 48 layers"):  # was read as 0: every layer, capped
+        model_from_hf_config(qwen3_moe, "m")
+    assert model_from_hf_config({**qwen3_moe, "max_window_layers": 0}, "m").max_context_tokens == 4096
 
 
 def test_keys_left_out_take_the_family_configuration_class_default():
