@@ -212,8 +212,19 @@ def model_from(value: Any, where: str) -> ModelSpec:
             raise ConfigError(f"{where}: {e}") from None
         if not d:
             return base
-        return _build(ModelSpec, {**_spec_dict(base), **d}, where)
+        model = _build(ModelSpec, {**_spec_dict(base), **d}, where)
+        changed = [f for f in sorted(d) if f != "source" and getattr(model, f) != getattr(base, f)]
+        if "source" in d or not changed:
+            return model
+        # the config's source says what was read from the file: say what the scenario set instead
+        return dataclasses.replace(model, source=f"{base.source}; overridden in the scenario: " + ", ".join(
+            f"{f} {_shown(getattr(model, f))} (read: {_shown(getattr(base, f))})" for f in changed))
     return _build(ModelSpec, value, where)
+
+
+def _shown(value: Any) -> str:
+    """A field's value in a source note: a whole float as an integer (n_params)."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _pnm_from(value: Any, where: str) -> PNMSpec:

@@ -459,3 +459,22 @@ def test_one_config_file_read_by_two_spellings_gives_one_spec(tmp_path, monkeypa
     (d / "config.json").write_text(json.dumps(config_of(MODEL_PRESETS["Qwen2.5-3B"])))
     monkeypatch.chdir(tmp_path)
     assert read_hf_config("m") == read_hf_config("./m") == read_hf_config(d / "config.json")
+
+
+def test_fields_overridden_over_a_config_are_said_in_the_models_source(tmp_path):
+    """``{hf_config: PATH, <field>: value}`` kept the config's source, which says the numbers were
+    read or computed from the file ("n_params computed from it (8,170,848,256)", "context capped at
+    the sliding window"): run.json and the console note then described a model the run did not use."""
+    from kvsched.envs.sim.spec_io import model_from
+
+    (tmp_path / "config.json").write_text(json.dumps({**config_of(MODEL_PRESETS["Mistral-Nemo-12B"]),
+                                                      "sliding_window": 4096}))
+    base = model_from({"hf_config": str(tmp_path)}, "test")
+    m = model_from({"hf_config": str(tmp_path), "max_context_tokens": 32768, "n_params": 1.2e10}, "test")
+    assert m.source.startswith(base.source)
+    assert m.source.endswith("; overridden in the scenario: max_context_tokens 32768 (read: 4096), n_params "
+                             "12000000000 (read: 12247782400)")
+    same = model_from({"hf_config": str(tmp_path), "max_context_tokens": 4096}, "test")
+    assert same == base  # an override equal to what was read changes nothing
+    own = model_from({"hf_config": str(tmp_path), "n_layers": 20, "source": "my notes"}, "test")
+    assert own.source == "my notes"  # a source given is the user's word
