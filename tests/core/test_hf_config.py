@@ -478,3 +478,23 @@ def test_fields_overridden_over_a_config_are_said_in_the_models_source(tmp_path)
     assert same == base  # an override equal to what was read changes nothing
     own = model_from({"hf_config": str(tmp_path), "n_layers": 20, "source": "my notes"}, "test")
     assert own.source == "my notes"  # a source given is the user's word
+
+
+def test_a_folder_named_like_a_presets_id_whose_config_differs_is_read_not_replaced(tmp_path, monkeypatch):
+    """``--model Qwen/Qwen2.5-7B-Instruct`` where that folder exists (a download) gave the preset even
+    when its config.json says otherwise: with the YaRN block Qwen2.5's model card has users add,
+    the preset's 32,768-token context was served instead of 131,072 (vLLM, like transformers,
+    loads a local folder of that name before the hub id). An unedited config keeps the preset."""
+    from kvsched.envs.sim.spec_io import model_from
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "Qwen" / "Qwen2.5-7B-Instruct"
+    folder.mkdir(parents=True)
+    cfg = config_of(MODEL_PRESETS["Qwen2.5-7B"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert model_from("Qwen/Qwen2.5-7B-Instruct", "t") is MODEL_PRESETS["Qwen2.5-7B"]
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (folder / "config.json").write_text(json.dumps({**cfg, "rope_scaling": yarn}))
+    m = model_from("Qwen/Qwen2.5-7B-Instruct", "t")
+    assert (m.name, m.max_context_tokens) == ("Qwen2.5-7B-Instruct", 131072)
+    assert m.source.startswith("HF config.json read")
