@@ -374,8 +374,19 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
                f"allreduce_algorithm: {base.allreduce_algorithm}",
                "fixed at literature defaults: " + ", ".join(
                    f.name for f in dataclasses.fields(CostParams)
-                   if f.name not in {p.name for p in params} and f.name != "allreduce_algorithm")))
+                   if f.name not in {p.name for p in params} and f.name != "allreduce_algorithm"))
+        + _config_model_notes(chosen))
     return cal, fit
+
+
+def _config_model_notes(chosen: Sequence[Experiment]) -> tuple[str, ...]:
+    """A note naming the model and the config.json (``--model-configs``) of every training run
+    whose model is no preset, so the fit can be reproduced; none when every model is a preset."""
+    from kvsched.envs.sim.hf_config import HF_CONFIG_SOURCE
+
+    read = [f"{e.exp_id}: {e.model.name} ({e.model.source})" for e in chosen
+            if e.model is not None and e.model.source.startswith(HF_CONFIG_SOURCE)]
+    return (f"models read from a Hugging Face config.json (--model-configs): {'; '.join(read)}",) if read else ()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
         sc = sc.with_overrides(max_requests=a.max_requests)
     err = stderr_console()
     for note in model_notes(sc.instance_specs()) + default_cost_notes(sc.instance_specs()):
-        err.print(f"note: {note}", highlight=False)
+        err.print(f"note: {note}", highlight=False, markup=False)  # a path or name may hold [brackets]
     show = not a.no_progress and sys.stderr.isatty()
     n_runs = len(names) * max(a.seeds, 1) * max(a.windows, 1)
     t0 = time.perf_counter()

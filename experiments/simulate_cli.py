@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -285,10 +286,10 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
                   "instances; give --instances N)", highlight=False)
     if not a.json:
         for note in model_notes(sc.instance_specs()) + default_cost_notes(sc.instance_specs()):
-            err.print(f"[yellow]note:[/] {note}", highlight=False)
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)  # a path or name may hold [brackets]
         err.print(
-        f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{workload.name}[/] on "
-        f"{_instances(sc, spec)}, policy {sc.policy}"
+        f"kvsched {kvsched.__version__}: {len(workload):,} requests of [bold]{escape(workload.name)}[/] on "
+        f"{escape(_instances(sc, spec))}, policy {sc.policy}"
         + (f", router {sc.router}" + (f" (state {sc.router_delay_s:g} s old)" if sc.router_delay_s else "")
            + (", shared KV tier" if sc.shared_kv else "") if sc.n_instances > 1 else ""),
         highlight=False)
@@ -323,8 +324,8 @@ def cmd_simulate(a: argparse.Namespace, console: Console) -> int:
         print(summary_to_json(summary))
     else:
         rows = format_summary_rows(summary)
-        table = Table(title=f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
-                            f"{spec.gpu.name} TP{spec.tp}{_layout(spec)}")
+        table = Table(title=escape(f"{sc.name}: {sc.policy} on {sc.n_instances} x {spec.model.name} / "
+                                   f"{spec.gpu.name} TP{spec.tp}{_layout(spec)}"))  # the title is markup
         table.add_column("metric")
         for r in rows:  # one column per class (all, short, long): fits a narrow terminal
             table.add_column(r[0], justify="right")

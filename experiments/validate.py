@@ -460,6 +460,7 @@ def cmd_validate(a, console) -> int:
     """Run ``kvsched validate`` (see the module docstring); returns the exit code."""
     import json
 
+    from rich.markup import escape
     from rich.table import Table
 
     from .groundtruth import find_groundtruth, load_experiments
@@ -496,9 +497,9 @@ def cmd_validate(a, console) -> int:
                           "csv_coverage": json.loads(coverage.to_json(orient="records")),
                           "seeds": report.seeds, "client_jitter": report.client_jitter}, indent=1))
         return 0
-    console.print(f"cost parameters: {desc}", highlight=False)
+    console.print(f"cost parameters: {desc}", highlight=False, markup=False)  # paths may hold [brackets]
     for line in cost_notes(exps):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
     shown_peers = [p for p in PEERS if report.rows[f"{p}_ape"].notna().any()]
     t = Table(title="kvsched vs real vLLM (H100), per experiment, load stage and metric; times in ms, errors in %")
     for col in ("experiment", "split", "stage", "metric", "measured", "kvsched", "APE"):
@@ -510,7 +511,7 @@ def cmd_validate(a, console) -> int:
         key = (r["exp_id"], r["stage"])
         name = r["label"] if key != prev else ""
         prev = key
-        t.add_row(name, r["split"] if name else "", str(r["stage"]) if name else "", r["metric"],
+        t.add_row(escape(name), r["split"] if name else "", str(r["stage"]) if name else "", r["metric"],
                   _fmt(r["measured_ms"]), _fmt(r["kvsched_ms"]), _fmt(r["kvsched_ape"]),
                   *[_fmt(r[f"{p}_ape"]) for p in shown_peers])
     console.print(t)
@@ -550,7 +551,7 @@ def cmd_validate(a, console) -> int:
         for c in ("experiment", "split", "stages", "peer rows", "reason"):
             t4.add_column(c, justify="right" if c in ("stages", "peer rows") else "left")
         for r in coverage.itertuples(index=False):
-            t4.add_row(r.label, r.split, str(r.stages_scored), str(r.peer_rows), r.reason)
+            t4.add_row(escape(r.label), r.split, str(r.stages_scored), str(r.peer_rows), escape(r.reason))
         console.print(t4)
     versions = sorted(set(report.runs["vllm_version"])) if len(report.runs) else []
     if versions:
@@ -559,11 +560,11 @@ def cmd_validate(a, console) -> int:
     console.print("training experiments: " + (", ".join(train) or "none"), highlight=False)
     console.print("held-out experiments: " + ", ".join(held), highlight=False)
     for exp_id, reason in report.skipped:
-        console.print(f"skipped {exp_id}: {reason}", highlight=False)
+        console.print(f"skipped {exp_id}: {reason}", highlight=False, markup=False)  # --model-configs path
     written = [str(a.out / f"{n}.csv") for n in ("rows", "summary", "peers", "breakdown", "runs", "csv_coverage",
                                                   "per_seed")] if a.out else []
     if plot_path is not None:
         written.append(str(plot_path))
     if written:
-        console.print("wrote " + ", ".join(written), highlight=False)
+        console.print("wrote " + ", ".join(written), highlight=False, markup=False)
     return 0

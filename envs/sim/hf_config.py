@@ -65,7 +65,7 @@ MOE_FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
                   "max_window_layers": 28},
     "qwen3_moe": {"tie_word_embeddings": False, "attention_bias": False, "decoder_sparse_step": 1,
-                  "mlp_only_layers": []},
+                  "mlp_only_layers": [], "max_window_layers": 28},
     "llama4_text": {"tie_word_embeddings": False, "interleave_moe_layer_step": 1, "attention_bias": False,
                     "head_dim": 128},
     "deepseek_v2": {"tie_word_embeddings": False, "moe_layer_freq": 1, "first_k_dense_replace": 0,
@@ -143,6 +143,12 @@ _ROPE_TYPES_WITHOUT_EXTENSION = ("su", "longrope", "llama3")
 """``rope_scaling`` types whose ``max_position_embeddings`` already is the extended context (vLLM
 ``_get_and_verify_max_len`` leaves it unscaled for them)."""
 
+_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "mrope") + _ROPE_TYPES_WITHOUT_EXTENSION
+"""``rope_scaling`` types read (transformers ``ROPE_INIT_FUNCTIONS``, vLLM ``get_rope``; ``mrope`` is
+Qwen2-VL's, read as ``default``). vLLM refuses a rope_scaling without a type
+(``patch_rope_scaling_dict``), with ``rope_type`` and ``type`` disagreeing, or of a type it does not
+know, so kvsched does too rather than extend the context by its factor."""
+
 
 def _rope_context(cfg: Mapping[str, Any], where: str, context: int) -> tuple[int, str]:
     """The context vLLM derives from ``max_position_embeddings`` and ``rope_scaling`` (its
@@ -158,6 +164,12 @@ def _rope_context(cfg: Mapping[str, Any], where: str, context: int) -> tuple[int
         raise ConfigError(f"{_where_key(where, 'rope_scaling')}={bounded_repr(rope)} is not allowed: expected null "
                           "or a mapping")
     kind = rope.get("rope_type", rope.get("type"))
+    if not isinstance(kind, str) or kind not in _ROPE_TYPES:
+        raise ConfigError(f"{_where_key(where, 'rope_scaling.rope_type')}={bounded_repr(kind)} is not allowed: one of "
+                          f"{', '.join(_ROPE_TYPES)} (or the older key type)")
+    if "type" in rope and "rope_type" in rope and rope["type"] != kind:
+        raise ConfigError(f"{_where_key(where, 'rope_scaling.type')}={bounded_repr(rope['type'])} is not allowed: "
+                          f"expected rope_type {bounded_repr(kind)} or no type key")
     if kind in _ROPE_TYPES_WITHOUT_EXTENSION or kind == "default" or "factor" not in rope:
         return context, ""
     factor = rope["factor"]

@@ -190,13 +190,21 @@ def model_from(value: Any, where: str) -> ModelSpec:
     if isinstance(value, str):
         if value not in MODEL_PRESETS and _is_config_path(value):
             try:
-                return get_model(value)  # an HF id such as "Qwen/Qwen2.5-7B-Instruct" that exists as a folder
+                preset: ModelSpec | None = get_model(value)  # an HF id ("Qwen/Qwen2.5-7B-Instruct") that is a folder
             except UnknownPresetError:
-                pass
+                preset = None
             try:
-                return read_hf_config(value)
+                read = read_hf_config(value)
             except ConfigError as e:
+                if preset is not None:
+                    return preset  # a folder without a config.json we can read: the id names the preset
                 raise ConfigError(f"{where}: {e}") from None
+            # vLLM (transformers) serves a local folder of that name before the hub id: its config wins
+            # where it differs from the preset (an added rope_scaling block, another revision)
+            if preset is not None and all(getattr(read, f.name) == getattr(preset, f.name)
+                                          for f in dataclasses.fields(ModelSpec) if f.name not in ("name", "source")):
+                return preset
+            return read
         return _preset_or_inline(value, get_model, ModelSpec, where)
     if isinstance(value, Mapping) and "hf_config" in value:
         d = dict(value)
@@ -212,8 +220,19 @@ def model_from(value: Any, where: str) -> ModelSpec:
             raise ConfigError(f"{where}: {e}") from None
         if not d:
             return base
-        return _build(ModelSpec, {**_spec_dict(base), **d}, where)
+        model = _build(ModelSpec, {**_spec_dict(base), **d}, where)
+        changed = [f for f in sorted(d) if f != "source" and getattr(model, f) != getattr(base, f)]
+        if "source" in d or not changed:
+            return model
+        # the config's source says what was read from the file: say what the scenario set instead
+        return dataclasses.replace(model, source=f"{base.source}; overridden in the scenario: " + ", ".join(
+            f"{f} {_shown(getattr(model, f))} (read: {_shown(getattr(base, f))})" for f in changed))
     return _build(ModelSpec, value, where)
+
+
+def _shown(value: Any) -> str:
+    """A field's value in a source note: a whole float as an integer (n_params)."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _pnm_from(value: Any, where: str) -> PNMSpec:

@@ -208,9 +208,14 @@ class Scenario:
             if layout.counts[role]:
                 spec = self._role_spec(role, base, layout.overrides[role])
                 if out and (spec.model, spec.kv_dtype_bytes) != (out[0].model, out[0].kv_dtype_bytes):
+                    differ = [f.name for f in fields(spec.model) if f.name != "name"
+                              and getattr(spec.model, f.name) != getattr(out[0].model, f.name)]
+                    shown = ", ".join(f if f == "source" else f"{f} ({bounded_repr(getattr(spec.model, f), 40)} vs "
+                                      f"{bounded_repr(getattr(out[0].model, f), 40)})" for f in differ[:4])
                     raise ConfigError(
                         f"{self.source}: cluster.{role}.instance serves {spec.model.name} with {spec.kv_dtype_bytes:g}-"
-                        f"byte KV, the first role {out[0].model.name} with {out[0].kv_dtype_bytes:g}-byte KV: expected "
+                        f"byte KV, the first role {out[0].model.name} with {out[0].kv_dtype_bytes:g}-byte KV"
+                        + (f" (the models differ in {shown})" if differ else "") + ": expected "
                         "one model and KV dtype on every instance (KV moves between them)")
                 out += [spec] * layout.counts[role]
         return out

@@ -227,6 +227,12 @@ def test_rope_scaling_of_the_deepseek_presets_leaves_their_context_unchanged():
     ({"rope_type": "linear", "factor": 0.5}, r"rope_scaling.factor=0.5 is not allowed"),
     ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": "32k"},
      "original_max_position_embeddings='32k'"),
+    # an unknown, unnamed or non-string type extended the context by its factor as if linear (vLLM refuses them:
+    # patch_rope_scaling_dict wants a type, get_rope knows its types)
+    ({"rope_type": "weird", "factor": 4.0}, "rope_scaling.rope_type='weird' is not allowed: one of default, linear"),
+    ({"factor": 4.0}, "rope_scaling.rope_type=None is not allowed: one of default"),
+    ({"type": ["yarn"], "factor": 4.0}, r"rope_scaling.rope_type=\['yarn'\] is not allowed"),
+    ({"rope_type": "yarn", "type": "linear", "factor": 4.0}, "rope_scaling.type='linear' is not allowed: .*'yarn'"),
 ])
 def test_a_malformed_rope_scaling_is_named(rope, match):
     with pytest.raises(ConfigError, match=match):
@@ -340,6 +346,10 @@ def test_qwen_sliding_windows_follow_the_flag_and_max_window_layers_as_transform
            "shared_expert_intermediate_size": 0, "sliding_window": 4096, "use_sliding_window": True}
     with pytest.raises(ConfigError, match="max_window_layers"):  # Qwen2MoeConfig: every other layer below 28
         model_from_hf_config(moe, "m")
+    qwen3_moe = {**moe, "model_type": "qwen3_moe"}  # 48 layers; Qwen3MoeConfig.max_window_layers = 28 too
+    with pytest.raises(ConfigError, match="a window on 20 of 48 layers"):  # was read as 0: every layer, capped
+        model_from_hf_config(qwen3_moe, "m")
+    assert model_from_hf_config({**qwen3_moe, "max_window_layers": 0}, "m").max_context_tokens == 4096
 
 
 def test_keys_left_out_take_the_family_configuration_class_default():
@@ -449,3 +459,42 @@ def test_one_config_file_read_by_two_spellings_gives_one_spec(tmp_path, monkeypa
     (d / "config.json").write_text(json.dumps(config_of(MODEL_PRESETS["Qwen2.5-3B"])))
     monkeypatch.chdir(tmp_path)
     assert read_hf_config("m") == read_hf_config("./m") == read_hf_config(d / "config.json")
+
+
+def test_fields_overridden_over_a_config_are_said_in_the_models_source(tmp_path):
+    """``{hf_config: PATH, <field>: value}`` kept the config's source, which says the numbers were
+    read or computed from the file ("n_params computed from it (8,170,848,256)", "context capped at
+    the sliding window"): run.json and the console note then described a model the run did not use."""
+    from kvsched.envs.sim.spec_io import model_from
+
+    (tmp_path / "config.json").write_text(json.dumps({**config_of(MODEL_PRESETS["Mistral-Nemo-12B"]),
+                                                      "sliding_window": 4096}))
+    base = model_from({"hf_config": str(tmp_path)}, "test")
+    m = model_from({"hf_config": str(tmp_path), "max_context_tokens": 32768, "n_params": 1.2e10}, "test")
+    assert m.source.startswith(base.source)
+    assert m.source.endswith("; overridden in the scenario: max_context_tokens 32768 (read: 4096), n_params "
+                             "12000000000 (read: 12247782400)")
+    same = model_from({"hf_config": str(tmp_path), "max_context_tokens": 4096}, "test")
+    assert same == base  # an override equal to what was read changes nothing
+    own = model_from({"hf_config": str(tmp_path), "n_layers": 20, "source": "my notes"}, "test")
+    assert own.source == "my notes"  # a source given is the user's word
+
+
+def test_a_folder_named_like_a_presets_id_whose_config_differs_is_read_not_replaced(tmp_path, monkeypatch):
+    """``--model Qwen/Qwen2.5-7B-Instruct`` where that folder exists (a download) gave the preset even
+    when its config.json says otherwise: with the YaRN block Qwen2.5's model card has users add,
+    the preset's 32,768-token context was served instead of 131,072 (vLLM, like transformers,
+    loads a local folder of that name before the hub id). An unedited config keeps the preset."""
+    from kvsched.envs.sim.spec_io import model_from
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "Qwen" / "Qwen2.5-7B-Instruct"
+    folder.mkdir(parents=True)
+    cfg = config_of(MODEL_PRESETS["Qwen2.5-7B"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert model_from("Qwen/Qwen2.5-7B-Instruct", "t") is MODEL_PRESETS["Qwen2.5-7B"]
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (folder / "config.json").write_text(json.dumps({**cfg, "rope_scaling": yarn}))
+    m = model_from("Qwen/Qwen2.5-7B-Instruct", "t")
+    assert (m.name, m.max_context_tokens) == ("Qwen2.5-7B-Instruct", 131072)
+    assert m.source.startswith("HF config.json read")

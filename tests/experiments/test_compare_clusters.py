@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -179,3 +180,21 @@ def test_simulate_header_names_each_roles_own_spec(tmp_path, capsys):
     assert main(["simulate", "--scenario", str(p), "--max-requests", "2", "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "1 x prefill Llama-3.1-8B / H100-SXM TP2" in err and "1 x decode Llama-3.1-8B / H200 TP" in err
+
+
+def test_roles_serving_one_config_model_differently_are_refused_naming_the_fields(tmp_path):
+    """Two roles on one config.json, one overriding a model field (or the file read through another
+    path, whose source differs): 'serves q with 2-byte KV, the first role q with 2-byte KV', the same
+    words twice, said nothing of what differed."""
+    cfg = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "tie_word_embeddings": True}
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "config.json").write_text(json.dumps(cfg))
+    p = tmp_path / "roles.yaml"
+    p.write_text(SCENARIO.replace("instance: {model: Llama-3.1-8B,", f"instance: {{model: '{tmp_path / 'q'}',")
+                 .replace("decode: {count: 1}", "decode: {count: 1, instance: {model: {hf_config: '%s', "
+                          "max_context_tokens: 2048}}}" % (tmp_path / "q")))
+    with pytest.raises(ConfigError, match=r"cluster\.decode\.instance serves q .*the first role q .*differ in "
+                                          r"max_context_tokens \(2048 vs 4096\), source"):
+        load_scenario(p)

@@ -62,3 +62,26 @@ def test_model_help_and_presets_say_a_config_json_path_is_accepted(capsys):
     assert main(["presets"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Any other model: --model (or a scenario's model:) takes the path of its Hugging Face config.json" in out
+
+
+def test_a_config_path_or_name_with_brackets_is_printed_as_written_not_as_markup(tmp_path, capsys):
+    """A model read from a folder whose path holds ``[`` and ``/`` (``m[/b]x``: the folder ``m[``
+    holding ``b]x``) crashed `kvsched simulate` with rich's MarkupError (``[/b]`` read as a closing
+    tag), and a name like ``m[bold]y`` was printed as ``my``: the note, the header and the table
+    title are console markup."""
+    odd = tmp_path / "m[" / "b]x"
+    odd.mkdir(parents=True)
+    (odd / "config.json").write_text(json.dumps(MISTRAL_V01))
+    assert main(["simulate", "--model", str(odd), "--max-requests", "3", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert str(odd / "config.json") in captured.err and " x b]x / H100-SXM" in captured.err
+    (tmp_path / "s.yaml").write_text(
+        "name: t\ntrace: azure-conv-2023\nmax_requests: 3\nn_instances: 1\ninstance:\n"
+        f"  model: {{hf_config: '{odd}', name: 'm[bold]y [/]'}}\n  gpu: H100-SXM\n")
+    assert main(["simulate", "--scenario", str(tmp_path / "s.yaml"), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "note: model m[bold]y [/]: 7.24 B" in captured.err and "1 x m[bold]y [/] / H100-SXM" in captured.err
+    assert "1 x m[bold]y [/] / H100-SXM" in captured.out  # the table title
+    assert main(["compare", "--scenario", str(tmp_path / "s.yaml"), "--policies", "fcfs", "--seeds", "1",
+                 "--no-progress"]) == 0
+    assert "note: model m[bold]y [/]: 7.24 B" in capsys.readouterr().err

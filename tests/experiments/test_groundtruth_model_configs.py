@@ -114,3 +114,33 @@ def test_runs_table_names_the_model_spec_each_run_was_replayed_with(exps, gt):
     assert runs.loc[CONFIGURED, "prompt_scale"] == 1.0  # no measurement for its tokenizer: nominal lengths
     assert runs.loc[INT4, "model"] == "Tiny-Llama-INT4"
     assert runs.loc[NO_CONFIG, "model"] == "" and runs.loc[NO_CONFIG, "split"] == "not replayed"
+
+
+def test_validate_prints_a_model_configs_path_with_brackets_as_written(gt, tmp_path, capsys):
+    """A skip reason names the --model-configs folder (and a config's error its file); a folder
+    ``mc[`` holding ``b]`` made ``kvsched validate`` die with rich's MarkupError (``[/b]`` read as a
+    closing tag) in the csv-coverage table and the skipped lines, after every replay had run."""
+    import shutil
+
+    from kvsched.experiments.cli import main
+
+    odd = tmp_path / "mc[" / "b]"
+    shutil.copytree(gt / "model_configs", odd)
+    assert main(["validate", "--groundtruth", str(gt), "--model-configs", str(odd), "--stage-cap-s", "2",
+                 "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"has no config.json in '{odd}'" in out
+    assert f"{odd / 'gpt-oss-20b' / 'config.json'}" in out
+
+
+def test_a_calibration_fitted_on_a_config_model_says_which_config_it_read(exps, gt):
+    """The calibration file listed the training runs by id only: a run whose model came from a
+    config.json of --model-configs (no preset) could not be replayed again, nor the fit reproduced,
+    without knowing which file; its notes now name the model and the config.json read."""
+    from kvsched.experiments.calibrate import DEFAULT_FIT_PARAMS, calibrate
+
+    cal, _ = calibrate(list(exps.values()), [TRAIN, CONFIGURED], params=DEFAULT_FIT_PARAMS[:1], stage_cap_s=2.0,
+                       max_nfev=1, jobs=1)
+    read = [n for n in cal.notes if n.startswith("models read from a Hugging Face config.json")]
+    assert len(read) == 1 and f"{CONFIGURED}: Tiny-Llama" in read[0]
+    assert str(gt / "model_configs" / "tiny-llama" / "config.json") in read[0] and TRAIN not in read[0]
