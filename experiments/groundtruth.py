@@ -570,10 +570,10 @@ def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allo
     return x
 
 
-KNOWN_CSV_COLUMNS = ("simulator", "experiment_folder", "model", "workload", "stage_index", "metric_name", "predicted",
-               "actual", "mape", "mpe", "absolute_error", "exp_id", "hardware", "dp", "cpu_offload", "gpu_mem_util",
-               "precision", "tp", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
-               "kv_cache_dtype", "block_size", "folder")
+KNOWN_CSV_COLUMNS = ("simulator", "experiment_folder", "model", "workload", "stage_index", "metric_name",
+                     "predicted", "actual", "mape", "mpe", "absolute_error", "exp_id", "hardware", "dp", "cpu_offload",
+                     "gpu_mem_util", "precision", "tp", "max_num_batched_tokens", "enable_prefix_caching",
+                     "enable_chunked_prefill", "kv_cache_dtype", "block_size", "folder")
 """The sim-to-real csv columns the reader knows (the published ones, ``folder`` derived from
 ``experiment_folder``, and the engine flags of :func:`engine_knobs`); a run's other non-empty
 columns are named in its notes."""
