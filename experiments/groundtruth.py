@@ -577,11 +577,16 @@ KNOWN_CSV_COLUMNS = ("simulator", "experiment_folder", "model", "workload", "sta
 """The sim-to-real csv columns the reader knows (the published ones, ``folder`` derived from
 ``experiment_folder``, and the engine flags of :func:`engine_knobs`); a run's other non-empty
 columns are named in its notes."""
-KV_CACHE_DTYPES = {"auto": "auto", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
-                   "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-"""vLLM ``--kv-cache-dtype`` values -> ``InstanceSpec.kv_dtype`` (both FP8 formats are one byte)."""
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-"""vLLM ``--block-size`` choices (``vllm/config/cache.py`` ``BlockSize``)."""
+KV_CACHE_DTYPES = {"auto": "auto", "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                   "fp8_e5m2": "fp8"}
+"""vLLM ``--kv-cache-dtype`` values -> ``InstanceSpec.kv_dtype`` (both FP8 formats are one byte).
+vLLM's ``CacheDType``: auto, fp8, fp8_e4m3, fp8_e5m2 (v0.8-v0.10, ``vllm/config.py``), with
+bfloat16 from v0.11 (``vllm/config/cache.py``) and float16 later; fp8_inc (Intel Gaudi only) and
+fp8_ds_mla (DeepSeek-V3.2's 656-byte MLA layout) are not modelled. ``bf16``/``fp16`` were never
+vLLM spellings (vLLM refuses them), so a run logging them is refused too."""
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+"""vLLM ``--block-size`` choices (``BlockSize``: 1-128 in ``vllm/config.py`` v0.8-v0.10, 256 added
+in ``vllm/config/cache.py`` v0.11)."""
 EXP_CONFIG_KEYS = ("model", "tensor_parallelism", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                    "gpu_memory_utilization", "data_parallelism", "data_parallel_size", "hardware", "cpu_offload",
                    "kv_offloading_size", "precision", "enable_prefix_caching", "enable_chunked_prefill",
@@ -607,10 +612,33 @@ def engine_knobs(row: Mapping[str, Any]) -> dict[str, Any]:
         if str(kv).strip().lower() not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={bounded_repr(kv)} is not allowed: one of {', '.join(KV_CACHE_DTYPES)}")
         out["kv_cache_dtype"] = KV_CACHE_DTYPES[str(kv).strip().lower()]
+    if isinstance(_column(row, "block_size"), (bool, np.bool_)):  # YAML true is no block size (float(True) == 1)
+        raise ConfigError(f"csv column block_size={row['block_size']!r} is not allowed: "
+                          f"one of {', '.join(map(str, BLOCK_SIZES))}")
     if _column(row, "block_size") is not None:
         out["block_size"] = int(_csv_number(row, "block_size", 16, lambda x: x in BLOCK_SIZES,
                                             f"one of {', '.join(map(str, BLOCK_SIZES))}"))
     return out
+
+
+def _engine_skip(knobs: Mapping[str, Any], mbt: int, max_model_len: int | None, model: ModelSpec | None,
+                 cpu_offload: bool) -> str | None:
+    """Why a run's engine flags cannot be replayed (None: they can).
+
+    Without chunked prefill vLLM refuses to start when ``max_num_batched_tokens`` is below
+    ``max_model_len`` (the model's context length when not given; ``SchedulerConfig._verify_args``,
+    v0.8-v0.11), so such a run was not measured as logged. CPU offload is replayed as a prefix
+    tier below HBM's prefix cache (:func:`~kvsched.experiments.replay.instance_spec_for`), which
+    needs prefix caching.
+    """
+    model_len = max_model_len if max_model_len is not None else (model.max_context_tokens if model else None)
+    if not knobs.get("enable_chunked_prefill", True) and model_len is not None and mbt < model_len:
+        return (f"enable_chunked_prefill false with max_num_batched_tokens {mbt} < max_model_len {model_len}: "
+                "vLLM refuses to start with these flags, so the run's logged configuration is not what was served")
+    if cpu_offload and not knobs.get("enable_prefix_caching", True):
+        return ("cpu_offload with enable_prefix_caching false is not modelled (the replay's CPU tier holds "
+                "prefixes of HBM's prefix cache)")
+    return None
 
 
 def _family_of(text: str) -> str | None:
@@ -768,7 +796,14 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
     prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
     if not isinstance(cfg, Mapping) or not isinstance(prof, Mapping):
         raise ConfigError(f"{d.name}: exp-config.yaml or profile.yaml is not a mapping")
-    cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}  # vLLM's flag spelling reads alike
+    spelled: dict[str, str] = {}  # vLLM's flag spelling (dashes) reads alike, but one key given twice is refused
+    for k in cfg:
+        key = str(k).replace("-", "_")
+        if key in spelled:
+            raise ConfigError(f"{d.name}/exp-config.yaml: {bounded_repr(spelled[key], 80)} and {bounded_repr(str(k), 80)}"
+                              " name one key; give it once")
+        spelled[key] = str(k)
+    cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
     model_id = str(cfg["model"])
     sp = prof["data"]["shared_prefix"]
     stages_cfg = prof["load"]["stages"]
@@ -828,6 +863,9 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
                      f"an integer in [1, {MAX_DP}]")
     offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
     cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
+    knobs = engine_knobs(cfg)
+    skip = skip or _engine_skip(knobs, int(cfg["max_num_batched_tokens"]), int(cfg["max_model_len"]), model,
+                                cpu_offload)
     exp = Experiment(
         model=model, exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset,
         hardware=str(cfg.get("hardware") or "H100"),
@@ -838,7 +876,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
         workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
         stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
         precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype,
-        vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"], **engine_knobs(cfg))
+        vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"], **knobs)
     spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
     return exp, spec
 
@@ -918,6 +956,8 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, model)
         model, weight_dtype = quantized_model(model, weight_dtype)
     preset = model.name if model is not None else None
+    knobs = engine_knobs(first)
+    skip = skip or _engine_skip(knobs, mbt, None, model, cpu_offload)
     return Experiment(
         model=model, exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,
         tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,
@@ -927,4 +967,4 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
         notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
         workload_source=chosen.source, weight_dtype=weight_dtype,
-        vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"], **engine_knobs(first))
+        vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"], **knobs)

@@ -18,6 +18,9 @@ DEFAULTS = "20990101-000001-llama-2-7b-tp1-general"
 BAD_DTYPE = "20990101-000002-llama-2-7b-tp1-roleplay"
 CSV_RUN = "95-qwen2-5-7b-instruct-tp1-codegen-flags"
 TWICE = "20990101-000003-llama-2-7b-tp1-reasoning"  # a key given twice
+SPELLED_TWICE = "20990102-000000-llama-2-7b-tp1-codegen"  # one key, with dashes and with underscores
+NO_CHUNKING = "20990102-000001-llama-2-7b-tp1-general"  # chunked prefill off, budget < max_model_len
+OFFLOAD_NO_CACHING = "20990102-000002-llama-2-7b-tp1-roleplay"  # CPU offload, prefix caching off
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,10 @@ def exps(tmp_path_factory) -> dict:
                        "kv_cache_dtype: fp8_e4m3\nblock_size: 32\nseed: 7\nswap_space: 4\n")
     write_training_run(root, TWICE, exp_config_extra="max_num_seqs: 256\n")
     write_training_run(root, DEFAULTS)
+    write_training_run(root, SPELLED_TWICE, exp_config_extra="enable-prefix-caching: false\n"
+                       "enable_prefix_caching: true\n")
+    write_training_run(root, NO_CHUNKING, exp_config_extra="enable_chunked_prefill: false\n")
+    write_training_run(root, OFFLOAD_NO_CACHING, exp_config_extra="enable_prefix_caching: false\ncpu_offload: true\n")
     write_training_run(root, BAD_DTYPE, exp_config_extra="kv_cache_dtype: int3\n")
     rows = [{"simulator": "vidur", "experiment_folder": f"/x/{CSV_RUN}", "model": "Qwen/Qwen2.5-7B-Instruct",
              "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
@@ -69,3 +76,27 @@ def test_a_flag_value_vllm_does_not_accept_skips_the_run_naming_it(exps):
         engine_knobs({"block_size": 24})
     assert engine_knobs({"enable_prefix_caching": None}) == {}
     assert SP["output_len"] == 12
+
+
+def test_a_key_spelled_with_dashes_and_with_underscores_is_a_key_given_twice(exps):
+    # both spellings name one vLLM flag: keeping the last one would decide the run's flag silently
+    reason = exps[SPELLED_TWICE].skip_reason or ""
+    assert "enable-prefix-caching" in reason and "enable_prefix_caching" in reason, reason
+
+
+def test_vllm_block_and_dtype_spellings_are_read_as_vllm_reads_them():
+    assert engine_knobs({"block_size": 256}) == {"block_size": 256}  # vllm/config/cache.py BlockSize (v0.11)
+    assert engine_knobs({"kv_cache_dtype": "bfloat16"}) == {"kv_cache_dtype": "bf16"}
+    for not_vllm in ("bf16", "fp16"):  # no vLLM --kv-cache-dtype choice
+        with pytest.raises(Exception, match=f"kv_cache_dtype='{not_vllm}' is not allowed"):
+            engine_knobs({"kv_cache_dtype": not_vllm})
+    with pytest.raises(Exception, match="block_size=True is not allowed"):  # YAML true is no block size
+        engine_knobs({"block_size": True})
+
+
+def test_a_run_vllm_would_refuse_to_start_gets_a_skip_reason_when_read(exps):
+    # vLLM's SchedulerConfig refuses max_num_batched_tokens < max_model_len without chunked prefill
+    reason = exps[NO_CHUNKING].skip_reason or ""
+    assert "enable_chunked_prefill" in reason and "max_num_batched_tokens 2048" in reason, reason
+    reason = exps[OFFLOAD_NO_CACHING].skip_reason or ""
+    assert "cpu_offload" in reason and "enable_prefix_caching" in reason, reason
