@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -621,6 +621,46 @@ def engine_knobs(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+ENGINE_FLAGS = ("enable_prefix_caching", "enable_chunked_prefill", "kv_cache_dtype", "block_size")
+"""The vLLM engine flags :func:`engine_knobs` reads."""
+_CSV_RUN_COLUMNS = ("model", "hardware", "dp", "cpu_offload", "gpu_mem_util", "precision", "tp",
+                    "max_num_batched_tokens") + ENGINE_FLAGS
+"""The csv columns that describe a run's configuration (one value for all its rows)."""
+
+
+def _one_value(rows: pd.DataFrame, name: str, where: str) -> None:
+    """Refuse a configuration column whose rows of one run differ (the reader would keep one).
+
+    Raises:
+        ConfigError: naming the column and its distinct values.
+    """
+    if name not in rows:
+        return
+    distinct = list(dict.fromkeys("" if _is_missing(v) else str(v) for v in rows[name]))
+    if len(distinct) > 1:
+        raise ConfigError(f"{where}: csv column {name} differs between the run's rows ({bounded_repr(distinct, 200)}); "
+                          "one run has one configuration")
+
+
+def _csv_agrees(rows: pd.DataFrame, knobs: Mapping[str, Any], where: str) -> None:
+    """A training run's csv rows set no engine flag other than its ``exp-config.yaml`` (or vLLM's default).
+
+    Raises:
+        ConfigError: naming the flag and both values.
+    """
+    defaults = {f.name: f.default for f in fields(Experiment) if f.name in ENGINE_FLAGS}
+    for name in ENGINE_FLAGS:
+        _one_value(rows, name, where)
+        cell = _column(rows.iloc[0].to_dict(), name) if name in rows and len(rows) else None
+        if cell is None:
+            continue
+        csv_value = engine_knobs({name: cell})[name]
+        if csv_value != knobs.get(name, defaults[name]):
+            raise ConfigError(f"{where}: csv column {name}={bounded_repr(cell)} disagrees with exp-config.yaml "
+                              f"({name}={knobs.get(name, defaults[name])!r}"
+                              f"{'' if name in knobs else ', not given: vLLM default'})")
+
+
 def _engine_skip(knobs: Mapping[str, Any], mbt: int, max_model_len: int | None, model: ModelSpec | None,
                  cpu_offload: bool) -> str | None:
     """Why a run's engine flags cannot be replayed (None: they can).
@@ -800,8 +840,8 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
     for k in cfg:
         key = str(k).replace("-", "_")
         if key in spelled:
-            raise ConfigError(f"{d.name}/exp-config.yaml: {bounded_repr(spelled[key], 80)} and {bounded_repr(str(k), 80)}"
-                              " name one key; give it once")
+            raise ConfigError(f"{d.name}/exp-config.yaml: {bounded_repr(spelled[key], 80)} and "
+                              f"{bounded_repr(str(k), 80)} name one key; give it once")
         spelled[key] = str(k)
     cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
     model_id = str(cfg["model"])
@@ -864,6 +904,7 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
     offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
     cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
     knobs = engine_knobs(cfg)
+    _csv_agrees(rows, knobs, d.name)
     skip = skip or _engine_skip(knobs, int(cfg["max_num_batched_tokens"]), int(cfg["max_model_len"]), model,
                                 cpu_offload)
     exp = Experiment(
@@ -892,6 +933,8 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     """
     sub = csv[csv["folder"] == folder]
     first = sub.iloc[0].to_dict()
+    for name in _CSV_RUN_COLUMNS:  # the run is read from its first row
+        _one_value(sub, name, folder)
     model_id = str(first["model"])
     hardware = str(_column(first, "hardware") or "H100")
     family = str(first["workload"])

@@ -21,6 +21,8 @@ TWICE = "20990101-000003-llama-2-7b-tp1-reasoning"  # a key given twice
 SPELLED_TWICE = "20990102-000000-llama-2-7b-tp1-codegen"  # one key, with dashes and with underscores
 NO_CHUNKING = "20990102-000001-llama-2-7b-tp1-general"  # chunked prefill off, budget < max_model_len
 OFFLOAD_NO_CACHING = "20990102-000002-llama-2-7b-tp1-roleplay"  # CPU offload, prefix caching off
+CSV_MIXED = "96-qwen2-5-7b-instruct-tp1-codegen-mixed"  # block_size 16 on one row, 32 on the others
+CSV_CONTRADICTS = "20990102-000003-llama-2-7b-tp1-reasoning"  # csv block_size 32, exp-config silent (16)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,13 @@ def exps(tmp_path_factory) -> dict:
              "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
              "exp_id": "95", "hardware": "H100", "precision": "FP16", "tp": 1, "max_num_batched_tokens": 2048,
              "block_size": 64, "speculative_model": "eagle"} for m, v in measured(1.0).items()]
+    rows += [{**r, "experiment_folder": f"/x/{CSV_MIXED}", "exp_id": "96", "block_size": 16 if i == 0 else 32,
+              "speculative_model": None} for i, r in enumerate(rows)]
+    rows += [{"simulator": "vidur", "experiment_folder": f"/x/{CSV_CONTRADICTS}", "model": "meta-llama/Llama-2-7b-hf",
+              "workload": "reasoning", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
+              "exp_id": "20990102", "tp": 1, "max_num_batched_tokens": 2048, "block_size": 32}
+             for m, v in measured(1.0).items() if m != "itl_mean"]  # the stage JSON's itl is derived
+    write_training_run(root, CSV_CONTRADICTS)
     pd.DataFrame(rows).to_csv(Path(root) / "sim_to_real" / "trainval_error_records.csv", index=False)
     return {e.exp_id: e for e in load_experiments(root)}
 
@@ -100,3 +109,11 @@ def test_a_run_vllm_would_refuse_to_start_gets_a_skip_reason_when_read(exps):
     assert "enable_chunked_prefill" in reason and "max_num_batched_tokens 2048" in reason, reason
     reason = exps[OFFLOAD_NO_CACHING].skip_reason or ""
     assert "cpu_offload" in reason and "enable_prefix_caching" in reason, reason
+
+
+def test_a_run_whose_csv_rows_or_files_disagree_on_a_flag_is_not_read_from_one_of_them(exps):
+    # the reader took the first row (or exp-config.yaml alone): the other rows' value was dropped silently
+    reason = exps[CSV_MIXED].skip_reason or ""
+    assert "block_size" in reason and "16" in reason and "32" in reason, reason
+    reason = exps[CSV_CONTRADICTS].skip_reason or ""
+    assert "block_size" in reason and "32" in reason and "exp-config.yaml" in reason, reason
