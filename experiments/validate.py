@@ -85,7 +85,9 @@ def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame
     ``model_source``: the spec's source, for a config.json its path and what was read), the prompt
     re-tokenisation factor (``prompt_scale``, 1.0 = nominal lengths: no measurement for the tokenizer),
     tp, gpu, split ("train" / "held-out" / "not replayed"), vllm_version and where it was looked
-    for, whether the sim-to-real csv scores it, skip reason."""
+    for, whether the sim-to-real csv scores it, skip reason, the vLLM engine flags it was replayed
+    with (enable_prefix_caching, enable_chunked_prefill, kv_cache_dtype, block_size) and its notes
+    (joined by " | ")."""
     train_set = set(train)
     return pd.DataFrame.from_records([
         {"exp_id": e.exp_id, "label": e.label, "source": e.source, "model_family": e.model_family,
@@ -96,7 +98,9 @@ def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame
          "split": "not replayed" if e.skip_reason else ("train" if e.exp_id in train_set else "held-out"),
          "vllm_version": e.vllm_version, "vllm_version_source": e.vllm_version_source,
          "in_sim_to_real_csv": e.source == "sim_to_real" or any(bool(st.peers_ms) for st in e.stages),
-         "skip_reason": e.skip_reason or ""} for e in exps])
+         "skip_reason": e.skip_reason or "", "enable_prefix_caching": e.enable_prefix_caching,
+         "enable_chunked_prefill": e.enable_chunked_prefill, "kv_cache_dtype": e.kv_cache_dtype,
+         "block_size": e.block_size, "notes": " | ".join(e.notes)} for e in exps])
 
 def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (), jobs: int = 2,
           stage_cap_s: float | None = None, seeds: int = 1,
