@@ -987,8 +987,11 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
                      "(same family; its rates, which may differ from the run's)")
     notes.append(f"resolved inference-perf config not published: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
                  f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
+    knobs = engine_knobs(first)
+    # the blis entry logs its blocks at 16 tokens and the model's KV dtype (it records neither flag)
     logged_blocks = be is not None and int(be["tp"]) == tp and int(be["max_num_batched_tokens"]) == mbt \
-        and util == DEFAULT_GPU_MEMORY_UTILIZATION
+        and util == DEFAULT_GPU_MEMORY_UTILIZATION and knobs.get("block_size", 16) == 16 \
+        and knobs.get("kv_cache_dtype", "auto") == "auto"
     if not logged_blocks:
         notes.append(f"total_kv_blocks not logged for this configuration: derived from memory at "
                      f"gpu_memory_utilization {util}")
@@ -999,7 +1002,6 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         weight_dtype, skip = weight_dtype_for(math.nan if raw_precision is None else raw_precision, model)
         model, weight_dtype = quantized_model(model, weight_dtype)
     preset = model.name if model is not None else None
-    knobs = engine_knobs(first)
     skip = skip or _engine_skip(knobs, mbt, None, model, cpu_offload)
     return Experiment(
         model=model, exp_id=folder, source="sim_to_real", model_id=model_id, preset=preset, hardware=hardware,

@@ -129,3 +129,25 @@ def test_runs_csv_lists_each_runs_engine_flags_and_notes(exps):
         (False, True, "fp8", 32)
     assert "seed, swap_space" in row.notes
     assert "speculative_model" in t.loc[CSV_RUN, "notes"]
+
+
+def test_blocks_logged_at_the_default_block_size_and_kv_dtype_are_not_used_for_other_ones(tmp_path):
+    blis = [{"id": "96", "tp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "total_kv_blocks": 5000,
+             "cpu_kv_blocks": 0, "model": "Qwen/Qwen2.5-7B-Instruct",
+             "workload": {"inference_perf": {"shared_prefix": SP, "stages": [{"rate": 2.0, "duration": 6}]}}}]
+    root = make_root(tmp_path, blis)
+    rows = []
+    for folder, knobs in (("96-qwen2-5-7b-instruct-tp1-codegen-1-1", {}),
+                          ("96-qwen2-5-7b-instruct-tp1-codegen-fp8kv", {"kv_cache_dtype": "fp8"}),
+                          ("96-qwen2-5-7b-instruct-tp1-codegen-b32", {"block_size": 32})):
+        rows += [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": "Qwen/Qwen2.5-7B-Instruct",
+                  "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
+                  "exp_id": "96", "hardware": "H100", "precision": "FP16", "tp": 1, "max_num_batched_tokens": 2048,
+                  **knobs} for m, v in measured(1.0).items()]
+    pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)
+    exps = {e.exp_id: e for e in load_experiments(root)}
+    assert exps["96-qwen2-5-7b-instruct-tp1-codegen-1-1"].total_kv_blocks == 5000
+    for folder in ("96-qwen2-5-7b-instruct-tp1-codegen-fp8kv", "96-qwen2-5-7b-instruct-tp1-codegen-b32"):
+        e = exps[folder]
+        assert e.skip_reason is None and e.total_kv_blocks is None, folder  # derived from memory
+        assert any("derived from memory" in n for n in e.notes)
