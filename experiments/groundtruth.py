@@ -613,7 +613,7 @@ def engine_knobs(row: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"kv_cache_dtype={bounded_repr(kv)} is not allowed: one of {', '.join(KV_CACHE_DTYPES)}")
         out["kv_cache_dtype"] = KV_CACHE_DTYPES[str(kv).strip().lower()]
     if isinstance(_column(row, "block_size"), (bool, np.bool_)):  # YAML true is no block size (float(True) == 1)
-        raise ConfigError(f"csv column block_size={row['block_size']!r} is not allowed: "
+        raise ConfigError(f"csv column block_size={bounded_repr(row['block_size'])} is not allowed: "
                           f"one of {', '.join(map(str, BLOCK_SIZES))}")
     if _column(row, "block_size") is not None:
         out["block_size"] = int(_csv_number(row, "block_size", 16, lambda x: x in BLOCK_SIZES,
@@ -657,7 +657,7 @@ def _csv_agrees(rows: pd.DataFrame, knobs: Mapping[str, Any], where: str) -> Non
         csv_value = engine_knobs({name: cell})[name]
         if csv_value != knobs.get(name, defaults[name]):
             raise ConfigError(f"{where}: csv column {name}={bounded_repr(cell)} disagrees with exp-config.yaml "
-                              f"({name}={knobs.get(name, defaults[name])!r}"
+                              f"({name}={bounded_repr(knobs.get(name, defaults[name]))}"
                               f"{'' if name in knobs else ', not given: vLLM default'})")
 
 
