@@ -46,6 +46,7 @@ import pandas as pd
 import yaml
 
 from kvsched.envs.sim.errors import ConfigError, KvschedError, UnknownPresetError, bounded_repr, MAX_PATH_CHARS
+from kvsched.envs.sim.model_spec import quantized_checkpoint
 from kvsched.envs.sim.specs import ModelSpec, get_model
 from kvsched.envs.sim.yaml_loading import load_yaml
 from kvsched.envs.workload.inference_perf import LoadStage, SharedPrefixConfig
@@ -400,20 +401,10 @@ def quantized_preset(preset: str, weight_dtype: str) -> tuple[str, str]:
 
 def quantized_model(model: ModelSpec, weight_dtype: str) -> tuple[ModelSpec, str]:
     """:func:`quantized_preset` for a model that may not be a preset (read from a config.json): its
-    int8/int4 checkpoint has that dtype on every decoder Linear layer, embedding and lm_head bf16."""
+    int8/int4 checkpoint (:func:`~kvsched.envs.sim.model_spec.quantized_checkpoint`) with "auto"."""
     if weight_dtype not in ("int8", "int4"):
         return model, weight_dtype
-    try:
-        if get_model(model.name) == model:
-            return get_model(quantized_preset(model.name, weight_dtype)[0]), "auto"
-    except UnknownPresetError:
-        pass
-    import dataclasses
-
-    return dataclasses.replace(
-        model, name=f"{model.name}-{weight_dtype.upper()}", weight_dtype=weight_dtype, quantized_weights="linear",
-        source=f"{model.source}; its {weight_dtype} checkpoint: every decoder Linear layer, embedding and lm_head "
-               "bf16"), "auto"
+    return quantized_checkpoint(model, weight_dtype), "auto"
 
 
 def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_id: str,

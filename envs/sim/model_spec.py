@@ -381,6 +381,25 @@ class ModelSpec:
 
 _HF_COUNT = "n_params computed from HF config.json (equals the safetensors total)"
 
+_LLAMA4_SCOUT = ModelSpec(
+    "Llama-4-Scout-17B-16E", 48, 5120, 40, 8, 128, 16384, 202048, 107_769_861_120, 10485760,
+    "HF meta-llama/Llama-4-Scout-17B-16E-Instruct config.json text_config (16 experts of "
+    "8192 + 1 shared, top-1, interleave_moe_layer_step 1; intermediate_size_mlp 16384 for "
+    "dense layers, none here; chunked local attention of 8192 tokens on 3 of 4 layers is "
+    "not modelled: same KV as full attention below 8192 tokens); text model only (the "
+    "vision encoder is not run for text prompts); " + _HF_COUNT + " (107.8 B; 109 B "
+    "with the vision encoder)",
+    n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1)
+_LLAMA4_MAVERICK = ModelSpec(
+    "Llama-4-Maverick-17B-128E", 48, 5120, 40, 8, 128, 16384, 202048, 400_711_848_960, 1048576,
+    "HF meta-llama/Llama-4-Maverick-17B-128E-Instruct config.json text_config (128 experts of "
+    "8192 + 1 shared, top-1, interleave_moe_layer_step 2: layers 1, 3, ..., 47 are MoE, the "
+    "others dense with intermediate_size_mlp 16384; chunked local attention of 8192 tokens on 3 "
+    "of 4 layers not modelled, as for Scout); text model only; " + _HF_COUNT + " (400.7 B, 17.2 B "
+    "active; published 400 B / 17 B)",
+    n_experts=128, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1, moe_layer_step=2)
+"""The Llama-4 text models; their FP8 checkpoints below are these with FP8 MLP/expert weights."""
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
@@ -459,39 +478,21 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   "no shared expert, head_dim 128 != 2048/32, QK-norm; also inference-sim/inference-sim "
                   "model_configs/qwen3-30b-a3b); " + _HF_COUNT + " (30.5 B, 3.3 B active)",
                   n_experts=128, experts_per_token=8, expert_intermediate_size=768),
-        ModelSpec("Llama-4-Scout-17B-16E", 48, 5120, 40, 8, 128, 16384, 202048, 107_769_861_120, 10485760,
-                  "HF meta-llama/Llama-4-Scout-17B-16E-Instruct config.json text_config (16 experts of "
-                  "8192 + 1 shared, top-1, interleave_moe_layer_step 1; intermediate_size_mlp 16384 for "
-                  "dense layers, none here; chunked local attention of 8192 tokens on 3 of 4 layers is "
-                  "not modelled: same KV as full attention below 8192 tokens); text model only (the "
-                  "vision encoder is not run for text prompts); " + _HF_COUNT + " (107.8 B; 109 B "
-                  "with the vision encoder)",
-                  n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1),
-        ModelSpec("Llama-4-Scout-17B-16E-FP8", 48, 5120, 40, 8, 128, 16384, 202048, 107_769_861_120,
-                  10485760,
-                  "HF RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic config.json (copy in "
-                  "inference-sim/inference-sim model_configs/llama-4-scout-17b-16e-instruct-fp8-dynamic): "
-                  "Llama-4-Scout-17B-16E with FP8 weights (per channel) and dynamic per-token FP8 "
-                  "activations on the MLP/expert Linear layers; quantization_config.ignore keeps "
-                  "attention q/k/v/o, routers, lm_head (and the vision model) in bf16",
-                  n_experts=16, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
-                  weight_dtype="fp8", quantized_weights="mlp"),
-        ModelSpec("Llama-4-Maverick-17B-128E", 48, 5120, 40, 8, 128, 16384, 202048, 400_711_848_960, 1048576,
-                  "HF meta-llama/Llama-4-Maverick-17B-128E-Instruct config.json text_config (128 experts of "
-                  "8192 + 1 shared, top-1, interleave_moe_layer_step 2: layers 1, 3, ..., 47 are MoE, the "
-                  "others dense with intermediate_size_mlp 16384; chunked local attention of 8192 tokens on 3 "
-                  "of 4 layers not modelled, as for Scout); text model only; " + _HF_COUNT + " (400.7 B, 17.2 B "
-                  "active; published 400 B / 17 B)",
-                  n_experts=128, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
-                  moe_layer_step=2),
-        ModelSpec("Llama-4-Maverick-17B-128E-FP8", 48, 5120, 40, 8, 128, 16384, 202048, 400_711_848_960,
-                  1048576,
-                  "HF meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8: Llama-4-Maverick-17B-128E with FP8 "
-                  "weights on the MLP/expert Linear layers, attention, routers and lm_head bf16, modelled as "
-                  "RedHatAI's Scout FP8-dynamic checkpoint (quantized_weights 'mlp'; the checkpoint's own module "
-                  "list was not at hand: read its config.json with kvsched.envs.sim.hf_config for it)",
-                  n_experts=128, experts_per_token=1, expert_intermediate_size=8192, n_shared_experts=1,
-                  moe_layer_step=2, weight_dtype="fp8", quantized_weights="mlp"),
+        _LLAMA4_SCOUT,
+        dataclasses.replace(
+            _LLAMA4_SCOUT, name="Llama-4-Scout-17B-16E-FP8", weight_dtype="fp8", quantized_weights="mlp",
+            source="HF RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic config.json (copy in "
+                   "inference-sim/inference-sim model_configs/llama-4-scout-17b-16e-instruct-fp8-dynamic): "
+                   "Llama-4-Scout-17B-16E with FP8 weights (per channel) and dynamic per-token FP8 "
+                   "activations on the MLP/expert Linear layers; quantization_config.ignore keeps "
+                   "attention q/k/v/o, routers, lm_head (and the vision model) in bf16"),
+        _LLAMA4_MAVERICK,
+        dataclasses.replace(
+            _LLAMA4_MAVERICK, name="Llama-4-Maverick-17B-128E-FP8", weight_dtype="fp8", quantized_weights="mlp",
+            source="HF meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8: Llama-4-Maverick-17B-128E with FP8 "
+                   "weights on the MLP/expert Linear layers, attention, routers and lm_head bf16, modelled as "
+                   "RedHatAI's Scout FP8-dynamic checkpoint (quantized_weights 'mlp'; the checkpoint's own module "
+                   "list was not at hand: read its config.json with kvsched.envs.sim.hf_config for it)"),
         ModelSpec("DeepSeek-V2-Lite", 27, 2048, 16, 16, 192, 10944, 102400, 15_706_484_224, 163840,
                   "HF deepseek-ai/DeepSeek-V2-Lite config.json (copy in inference-sim/inference-sim@f90a1e3a "
                   "model_configs/deepseek-v2-lite): 64 experts of 1408 + 2 shared, top-6, "
@@ -609,14 +610,22 @@ def _quantized_checkpoint(name: str) -> ModelSpec | None:
         base = MODEL_PRESETS[names.pop()]
         if base.weight_dtype not in ("bf16", "fp16") or base.quantized_weights != "all":
             return None
-        name = f"{base.name}-{dtype.upper()}"
-        if name in MODELS:  # a preset of that checkpoint (e.g. which weights it leaves in bf16)
-            return MODELS.get(name)
-        return dataclasses.replace(
-            base, name=name, weight_dtype=dtype, quantized_weights="linear",
-            source=f"{base.source}; a quantized checkpoint of it: {dtype} on every decoder Linear layer, "
-                   "embedding and lm_head bf16 (LLM Compressor's ignore: [lm_head])")
+        return quantized_checkpoint(base, dtype)
     return None
+
+
+def quantized_checkpoint(base: ModelSpec, dtype: str) -> ModelSpec:
+    """``base`` (a 16-bit model, preset or read from a config.json) as an LLM Compressor checkpoint
+    with ``dtype`` weights on every decoder Linear layer, embedding and lm_head bf16 ("linear"),
+    named ``<base>-<DTYPE>``; for a preset, the preset of that name when one exists (e.g. which
+    weights it leaves in bf16)."""
+    name = f"{base.name}-{dtype.upper()}"
+    if MODEL_PRESETS.get(base.name) == base and name in MODELS:
+        return MODELS.get(name)
+    return dataclasses.replace(
+        base, name=name, weight_dtype=dtype, quantized_weights="linear",
+        source=f"{base.source}; a quantized checkpoint of it: {dtype} on every decoder Linear layer, "
+               "embedding and lm_head bf16 (LLM Compressor's ignore: [lm_head])")
 
 
 def get_model(name: str) -> ModelSpec:
