@@ -18,6 +18,16 @@ def measured(scale: float) -> dict[str, float]:
             "e2e_mean": 120 * scale, "e2e_p90": 130 * scale, "e2e_p99": 140 * scale}
 
 
+def csv_rows(folder: str, model: str = "Qwen/Qwen2.5-7B-Instruct", workload: str = "codegen",
+             hardware: str = "H100", precision: str = "FP16", **cols) -> list[dict]:
+    """The sim-to-real csv rows of one stage-0 run (every metric measured as :func:`measured` (1.0),
+    a vidur prediction equal to it), TP1 at a 2,048-token budget unless ``cols`` say otherwise."""
+    return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": model, "workload": workload,
+             "stage_index": 0, "metric_name": m, "predicted": v, "actual": v, "exp_id": folder.split("-")[0],
+             "hardware": hardware, "precision": precision, "tp": 1, "max_num_batched_tokens": 2048, **cols}
+            for m, v in measured(1.0).items()]
+
+
 def make_root(root: Path, blis: list | None = None) -> Path:
     """The directory's skeleton: README, blis experiments file (``blis`` entries), sim_to_real/."""
     (root / "blis").mkdir()

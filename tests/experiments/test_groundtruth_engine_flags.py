@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from synthetic_groundtruth import SP, make_root, measured, write_training_run
+from synthetic_groundtruth import SP, csv_rows, make_root, measured, write_training_run
 
 from kvsched.experiments.groundtruth import engine_knobs, load_experiments
 
@@ -37,10 +37,7 @@ def exps(tmp_path_factory) -> dict:
     write_training_run(root, NO_CHUNKING, exp_config_extra="enable_chunked_prefill: false\n")
     write_training_run(root, OFFLOAD_NO_CACHING, exp_config_extra="enable_prefix_caching: false\ncpu_offload: true\n")
     write_training_run(root, BAD_DTYPE, exp_config_extra="kv_cache_dtype: int3\n")
-    rows = [{"simulator": "vidur", "experiment_folder": f"/x/{CSV_RUN}", "model": "Qwen/Qwen2.5-7B-Instruct",
-             "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
-             "exp_id": "95", "hardware": "H100", "precision": "FP16", "tp": 1, "max_num_batched_tokens": 2048,
-             "block_size": 64, "speculative_model": "eagle"} for m, v in measured(1.0).items()]
+    rows = csv_rows(CSV_RUN, block_size=64, speculative_model="eagle")
     rows += [{**r, "experiment_folder": f"/x/{CSV_MIXED}", "exp_id": "96", "block_size": 16 if i == 0 else 32,
               "speculative_model": None} for i, r in enumerate(rows)]
     rows += [{"simulator": "vidur", "experiment_folder": f"/x/{CSV_CONTRADICTS}", "model": "meta-llama/Llama-2-7b-hf",
@@ -140,10 +137,7 @@ def test_blocks_logged_at_the_default_block_size_and_kv_dtype_are_not_used_for_o
     for folder, knobs in (("96-qwen2-5-7b-instruct-tp1-codegen-1-1", {}),
                           ("96-qwen2-5-7b-instruct-tp1-codegen-fp8kv", {"kv_cache_dtype": "fp8"}),
                           ("96-qwen2-5-7b-instruct-tp1-codegen-b32", {"block_size": 32})):
-        rows += [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": "Qwen/Qwen2.5-7B-Instruct",
-                  "workload": "codegen", "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
-                  "exp_id": "96", "hardware": "H100", "precision": "FP16", "tp": 1, "max_num_batched_tokens": 2048,
-                  **knobs} for m, v in measured(1.0).items()]
+        rows += csv_rows(folder, **knobs)
     pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)
     exps = {e.exp_id: e for e in load_experiments(root)}
     assert exps["96-qwen2-5-7b-instruct-tp1-codegen-1-1"].total_kv_blocks == 5000

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from synthetic_groundtruth import make_root, measured, write_training_run
+from synthetic_groundtruth import csv_rows, make_root, write_training_run
 
 from kvsched.envs.sim.errors import ConfigError
 from kvsched.experiments.groundtruth import config_dir_for, load_experiments
@@ -31,19 +31,14 @@ TINY = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num
         "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
 
 
-def _rows(folder: str, model: str, precision: str = "BF16") -> list[dict]:
-    return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": model, "workload": "codegen",
-             "stage_index": 0, "metric_name": m, "predicted": v, "actual": v, "exp_id": folder.split("-")[0],
-             "hardware": "H100", "precision": precision, "tp": 1, "max_num_batched_tokens": 2048}
-            for m, v in measured(1.0).items()]
-
-
 @pytest.fixture(scope="module")
 def gt(tmp_path_factory) -> Path:
     root = make_root(tmp_path_factory.mktemp("groundtruth"))
     write_training_run(root, TRAIN)
-    rows = (_rows(CONFIGURED, "acme/Tiny-Llama") + _rows(INT4, "acme/Tiny-Llama", "W4A16")
-            + _rows(NO_CONFIG, "acme/Unknown-13B") + _rows(UNMODELLED, "openai/gpt-oss-20b"))
+    rows = (csv_rows(CONFIGURED, "acme/Tiny-Llama", precision="BF16")
+            + csv_rows(INT4, "acme/Tiny-Llama", precision="W4A16")
+            + csv_rows(NO_CONFIG, "acme/Unknown-13B", precision="BF16")
+            + csv_rows(UNMODELLED, "openai/gpt-oss-20b", precision="BF16"))
     pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)
     configs = root / "model_configs"
     (configs / "tiny-llama").mkdir(parents=True)  # inference-sim's layout: the lower-cased repo name

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from synthetic_groundtruth import SP, make_root, measured, write_training_run
+from synthetic_groundtruth import SP, csv_rows, make_root, write_training_run
 
 from kvsched.experiments.groundtruth import METRICS, load_experiments
 
@@ -28,13 +28,6 @@ BROKEN = "20990101-000001-llama-2-7b-tp1-general"
 TOO_LONG = "20990101-000002-llama-2-7b-tp1-roleplay"  # prompts beyond Llama-2's 4,096-token context
 
 
-def _rows(folder: str, workload: str, hardware: str = "H100", **cols) -> list[dict]:
-    return [{"simulator": "vidur", "experiment_folder": f"/x/{folder}", "model": "Qwen/Qwen2.5-7B-Instruct",
-             "workload": workload, "stage_index": 0, "metric_name": m, "predicted": v, "actual": v,
-             "exp_id": folder.split("-")[0], "hardware": hardware, "precision": "FP16", "tp": 1,
-             "max_num_batched_tokens": 2048, **cols} for m, v in measured(1.0).items()]
-
-
 @pytest.fixture(scope="module")
 def gt(tmp_path_factory) -> Path:
     stages = [{"rate": 2.0, "duration": 6}]
@@ -45,11 +38,11 @@ def gt(tmp_path_factory) -> Path:
     write_training_run(root, TRAIN)
     write_training_run(root, BROKEN, shared_prefix=None)  # BROKEN has no profile.yaml
     write_training_run(root, TOO_LONG, shared_prefix={**SP, "question_len": 5000})
-    rows = (_rows(KNOWN, "codegen")
-            + _rows(NEW, "codegen", "A100-80GB", gpu_mem_util=0.95, cpu_offload=True, dp=2,
+    rows = (csv_rows(KNOWN, workload="codegen")
+            + csv_rows(NEW, workload="codegen", hardware="A100-80GB", gpu_mem_util=0.95, cpu_offload=True, dp=2,
                     max_num_batched_tokens=1024)
-            + _rows(NO_FAMILY, "chat")
-            + _rows(BAD_UTIL, "codegen", gpu_mem_util="lots"))
+            + csv_rows(NO_FAMILY, workload="chat")
+            + csv_rows(BAD_UTIL, workload="codegen", gpu_mem_util="lots"))
     pd.DataFrame(rows).to_csv(root / "sim_to_real" / "trainval_error_records.csv", index=False)
     return root
 
