@@ -350,16 +350,29 @@ class Scenario:
         return w
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (instance resolved inline), for provenance.
+        """Plain-data form for provenance: every field (``source`` aside) with the instance
+        resolved inline exactly (:func:`instance_spec_to_dict` of :meth:`instance_spec`).
 
-        The resolved instance keeps the form scenarios were hashed in before
-        ``max_num_partial_prefills`` took None: no limit is written as 1 (what 1 meant then) and
-        a limit of k > 1 as k; a limit of one, new, as 1 with ``partial_prefill_limit_of_one:
-        true`` (so its hash differs from no limit's).
+        Written as YAML and read by :func:`load_scenario`, it gives this scenario again: the same
+        instance spec, the same hash and, run with the same seed, the same records. The hash is
+        taken of another form (:meth:`hashed_dict`), kept as scenarios were hashed before some
+        fields existed.
         """
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
+        return d
+
+    def hashed_dict(self) -> dict[str, Any]:
+        """The form :meth:`sha256` is taken of (instance resolved inline), not a spec to re-run from.
+
+        The resolved instance keeps the form scenarios were hashed in before
+        ``max_num_partial_prefills`` took None: no limit is written as 1 (what 1 meant then) and
+        a limit of k > 1 as k; a limit of one, new, as 1 with ``partial_prefill_limit_of_one:
+        true`` (so its hash differs from no limit's). Fields at the defaults they had when
+        they were added are left out.
+        """
+        d = self.to_dict()
         if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
             del d["instance"]["extra_tiers"]
         # and before prefix tiers and the freeing order existed (issue #21): left out at their
@@ -394,7 +407,7 @@ class Scenario:
 
     def sha256(self) -> str:
         """Hash of the scenario's plain-data form (provenance of exports and results)."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.hashed_dict(), sort_keys=True, default=str).encode()).hexdigest()
 
     def with_overrides(self, **kw: Any) -> "Scenario":
         """A copy with some fields replaced (validated again)."""

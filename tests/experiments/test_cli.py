@@ -39,6 +39,28 @@ def test_simulate_writes_records_summary_occupancy_and_provenance(tmp_path, caps
     assert (occ.used_blocks_hbm <= occ.capacity_blocks_hbm).all() and occ.used_blocks_hbm.max() > 0
 
 
+def test_a_run_reruns_from_the_scenario_its_run_json_records(tmp_path):
+    """run.json's ``scenario``, written as a scenario file, runs the same requests on the same
+    instance: the same hash and byte-identical records and summary (its older hashed form wrote no
+    limit of partial prefills as 1, which read back set a limit of one)."""
+    import yaml
+
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("synthetic: {rate_per_s: 8.0, duration_s: 20, prompt_median_tokens: 3000}\npolicy: fcfs\n"
+                  "instance: {model: Llama-3.1-8B, gpu: H100-SXM, max_num_batched_tokens: 2048,\n"
+                  "  long_prefill_token_threshold: 256, max_num_partial_prefills: null}\n")
+    assert main(["simulate", "--scenario", str(sc), "--out", str(tmp_path / "a"), "--json", "--no-progress"]) == 0
+    first = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert first["scenario"]["instance"]["max_num_partial_prefills"] is None
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(first["scenario"]))
+    assert main(["simulate", "--scenario", str(again), "--out", str(tmp_path / "b"), "--json", "--no-progress"]) == 0
+    second = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert second["scenario_sha256"] == first["scenario_sha256"] and second["instance"] == first["instance"]
+    for name in ("records.csv", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
 def test_same_arguments_same_summary_bytes(tmp_path):
     for name in ("a", "b"):
         assert main(["simulate", "--max-requests", "200", "--out", str(tmp_path / name), "--json",

@@ -18,7 +18,7 @@ def test_scenario_router_fields_and_errors(tmp_path):
                   router_params={"cache_threshold": 0.5}, router_delay_s=1.0,
                   shared_kv={"capacity_bytes": 1e12})
     assert sc.shared_kv_spec().capacity_bytes == 1e12
-    assert "router" in sc.to_dict() and "router" not in Scenario().to_dict()
+    assert "router" in sc.hashed_dict() and "router" not in Scenario().hashed_dict()
     with pytest.raises(UnknownPresetError, match="unknown router 'nope'"):
         Scenario(router="nope")
     with pytest.raises(ConfigError, match="router_delay_s=-1"):
@@ -136,13 +136,13 @@ def test_a_scenario_without_extra_tiers_keeps_the_hash_it_had_before_tiers_exist
     bench = yaml.safe_load((ROOT / "experiments" / "scenarios" / "bench-v1-azure-conv-3x.yaml").read_text())
     v1_cost = bench["instance"]["cost"]
     sc = Scenario(source="command line", instance={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "cost": v1_cost})
-    assert "extra_tiers" not in sc.to_dict()["instance"]
+    assert "extra_tiers" not in sc.hashed_dict()["instance"]
     # the default scenario's hash at 007aee3, before the house (change it only with the scenario's content)
     assert sc.sha256() == "7a4abc9744c0365245aa63d3e6398b7e982a1153740fcfd141fad9ffeac9b666"
     assert Scenario(source="command line").sha256() != sc.sha256()  # calibration 2 is other content
     tier = {"name": "cxl", "capacity_bytes": 1e9, "write_link": "pcie5", "read_link": "pcie5"}
     with_tier = Scenario(instance={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "extra_tiers": [tier]})
-    assert with_tier.to_dict()["instance"]["extra_tiers"][0]["name"] == "cxl"
+    assert with_tier.hashed_dict()["instance"]["extra_tiers"][0]["name"] == "cxl"
 
 
 def test_no_partial_prefill_limit_keeps_the_hash_and_a_limit_of_one_gets_its_own():
@@ -153,12 +153,12 @@ def test_no_partial_prefill_limit_keeps_the_hash_and_a_limit_of_one_gets_its_own
     explicit_none = Scenario(instance={**base, "max_num_partial_prefills": None})
     one = Scenario(instance={**base, "max_num_partial_prefills": 1})
     two = Scenario(instance={**base, "max_num_partial_prefills": 2})
-    assert default.to_dict()["instance"]["max_num_partial_prefills"] == 1
+    assert default.hashed_dict()["instance"]["max_num_partial_prefills"] == 1
     assert explicit_none.sha256() == Scenario(instance=base).sha256()
     assert one.instance_spec().max_num_partial_prefills == 1
-    assert one.to_dict()["instance"]["partial_prefill_limit_of_one"] is True
+    assert one.hashed_dict()["instance"]["partial_prefill_limit_of_one"] is True
     assert len({Scenario(instance=base).sha256(), one.sha256(), two.sha256()}) == 3
-    assert "partial_prefill_limit_of_one" not in two.to_dict()["instance"]
+    assert "partial_prefill_limit_of_one" not in two.hashed_dict()["instance"]
 
 
 def test_the_ring_all_reduce_keeps_the_hash_and_vllms_all_reduce_gets_its_own():
@@ -168,9 +168,33 @@ def test_the_ring_all_reduce_keeps_the_hash_and_vllms_all_reduce_gets_its_own():
     plain = Scenario(instance={**base, "cost": {"mbu": 0.8}})
     ring = Scenario(instance={**base, "cost": {"mbu": 0.8, "allreduce_algorithm": "ring"}})
     vllm = Scenario(instance={**base, "cost": {"mbu": 0.8, "allreduce_algorithm": "vllm"}})
-    assert "allreduce_algorithm" not in ring.to_dict()["instance"]["cost"]
+    assert "allreduce_algorithm" not in ring.hashed_dict()["instance"]["cost"]
     assert ring.sha256() == plain.sha256() != vllm.sha256()
-    assert vllm.to_dict()["instance"]["cost"]["allreduce_algorithm"] == "vllm"
+    assert vllm.hashed_dict()["instance"]["cost"]["allreduce_algorithm"] == "vllm"
+
+
+def test_a_scenario_written_from_its_plain_data_form_runs_as_the_scenario_did(tmp_path):
+    """``to_dict`` is the provenance form (run.json's ``scenario``, compare.json's): loaded back it
+    gives the same instance spec and hash, a limit of no partial prefills included (the hashed form
+    writes it as 1, which read back would set a limit of one)."""
+    import json
+
+    import yaml
+
+    from kvsched.runner.scenario import load_scenario
+
+    base = {"model": "Llama-3.1-8B", "gpu": "H100-SXM"}
+    for inst in (base, {**base, "max_num_partial_prefills": None}, {**base, "max_num_partial_prefills": 1},
+                 {**base, "max_num_partial_prefills": 3, "cost": {"allreduce_algorithm": "vllm"}}):
+        sc = Scenario(name="s", trace=None, synthetic={"n_requests": 20}, seed=3, window_s=(0.0, 5.0),
+                      policy="lars", router="least-loaded", instance=inst)
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(json.loads(json.dumps(sc.to_dict(), default=str))))
+        again = load_scenario(path)
+        assert again.instance_spec() == sc.instance_spec()
+        assert again.sha256() == sc.sha256()
+        assert again.to_dict() == sc.to_dict()
+    assert Scenario(instance=base).to_dict()["instance"]["max_num_partial_prefills"] is None
 
 
 @pytest.mark.parametrize("body, fragment", [
