@@ -17,8 +17,9 @@ divided by the per-rank block bytes in ``vllm/v1/core/kv_cache_utils.py``; kvsch
 ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``): a host-DRAM tier of
 ``cpu_kv_blocks`` blocks (when logged; else
 :data:`~kvsched.experiments.groundtruth.DEFAULT_CPU_OFFLOAD_GIB_PER_RANK` per rank) caching
-prefixes (:class:`~kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`): every newly computed full
-prompt block is stored to CPU over PCIe asynchronously (``offload_prompt_only``, vLLM's default),
+prefixes (:class:`~kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`): every full prompt block a
+request computes or hits in HBM that the CPU store lacks is stored to CPU over PCIe asynchronously
+(``offload_prompt_only``, vLLM's default; ``write_hbm_hits``: the connector's ``prepare_store``),
 and a request whose prefix is found in CPU beyond its HBM hit always loads it (the connector's
 ``get_num_new_matched_tokens`` reports every CPU hit, ``load_policy="always"``) and waits for the
 load before its prefill, instead of recomputing; and a step whose allocations reuse HBM blocks
@@ -190,7 +191,7 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
         spec = spec.with_overrides(dram_kv_bytes=per_rank_blocks * spec.kv_bytes_per_block,
                                    prefix_offload=PrefixOffloadSpec(tiers=("dram",), write_policy="write_through",
                                                                     offload_prompt_only=True, load_policy="always",
-                                                                    fence_pending_writes=True))
+                                                                    fence_pending_writes=True, write_hbm_hits=True))
     return spec
 
 

@@ -159,6 +159,10 @@ class Instance:
         self.bs = spec.block_size_tokens
         self.kv = KVManager(spec, self.cost)
         self._prefix_tiers = self.kv.prefix_tiers  # lower tiers caching prefixes, or None
+        if self._prefix_tiers is not None and self._prefix_tiers.fragment_s > 0.0 and self.options.fast_forward:
+            # a step's start waits for the copies the one before submitted, which a stretch does
+            # not see: step one by one (copy_fragment_s, kvsched.envs.sim.prefix_offload)
+            self.options = dataclasses.replace(self.options, fast_forward=False)
         #: the HBM and PNM :class:`~.kv_cache.BlockPool` and the link queues (the KV manager's)
         self.hbm = self.kv.hbm
         self.pnm = self.kv.pnm
@@ -336,6 +340,7 @@ class Instance:
         step = StepBuild(self.budget, self.composer.long_cap_lifted())
         step.prefill_slot = self.composer.prefill_slot_budget(now)
         self._step_ready_s = now
+        submit_s = 0.0 if self._prefix_tiers is None else self._prefix_tiers.take_submit_s()
         self._blocked_hit_hashes = ()
         if self.pnm_policy:  # PNM: run-time migration check, every step (REFERENCE §3.2)
             self.pnm_migrator.choose_migrations(now)
@@ -345,6 +350,14 @@ class Instance:
             n_decodes, blocked_static = self.composer.compose(step, now)
         if self._prefix_tiers is not None and self._prefix_tiers.fence_s > self._step_ready_s:
             self._step_ready_s = self._prefix_tiers.fence_s  # reused blocks wait for their pending writes
+        tiers = self._prefix_tiers
+        if tiers is not None:
+            submit_s += tiers.take_load_submit_s()
+            if submit_s > 0.0:
+                if step.plan:  # the copies the last step's writes and this pass's loads submit, first
+                    self._step_ready_s = max(self._step_ready_s, now + submit_s)
+                else:  # nothing runs: they are submitted with the next step
+                    tiers.submit_s += submit_s
         if step.displaced:  # back at the head of the queue, behind the requests they made room for
             self.waiting.extendleft(reversed(step.displaced))
         if not step.plan:

@@ -102,6 +102,22 @@ SESSION_SCAN = 64
 #: the largest ``write_threshold`` (uses before a selective write)
 MAX_WRITE_THRESHOLD = 1_000_000
 
+COPY_LAYOUTS = ("per_block", "per_layer")
+"""How one KV block's bytes lie in HBM, so how many contiguous pieces a copy of it submits:
+``per_block`` one piece (vLLM >= 0.12's cross-layer blocks of the offloading connector:
+``prefer_cross_layer_blocks``, one 0.5-2 MB region per block), ``per_layer`` one piece per layer
+and per K and V (two per layer; one for latent attention, whose layer cache is one tensor): vLLM
+0.11's ``OffloadingConnector``, whose handler splits each layer's ``(2, num_blocks, ...)`` cache
+into K and V tensors (``gpu_tensor.unbind(0)``) and copies a block of each with its own
+``cudaMemcpyAsync`` (``csrc/cache_kernels.cu`` ``swap_blocks``, a loop over the blocks)."""
+
+PER_LAYER_FRAGMENT_S = 6.4e-6
+"""Time per contiguous piece of a ``per_layer`` copy (s): 32 KiB (Llama-3.1-8B's K or V of one
+16-token block and layer) at the ~5 GB/s an H100 reaches with vLLM 0.11's per-layer copies
+(vLLM maintainer's micro-benchmark, vllm-project/vllm issue #33398, 2026-01-30: "5GB/s ... 32KB
+... = 6us"; vLLM's offloading blog, 2026-01-08: the cross-layer layout of 0.12 is 4-5x faster).
+The value ``kvsched validate`` replays CPU-offload runs with; not measured here."""
+
 
 @dataclass(frozen=True)
 class PrefixOffloadSpec:
@@ -131,6 +147,21 @@ class PrefixOffloadSpec:
             ``jobs_to_flush``, and the worker waits for them before the forward pass,
             ``offloading/worker.py`` ``handle_preemptions`` -> ``worker.wait``). Default False
             (writes never delay a step, as before).
+        write_hbm_hits: ``write_through`` only: an admission's HBM-hit segments that the first
+            listed tier lacks are written too (vLLM's ``OffloadingConnector``: a request's store
+            index starts at its first block, GPU prefix hits included, and ``prepare_store`` skips
+            only the blocks the CPU store holds, ``offloading/scheduler.py`` ``_build_store_jobs``;
+            LMCache stores every chunk it lacks). Default False: only newly computed segments
+            (HiCache's ``write_through``, which backs up new radix nodes).
+        copy_layout: one of :data:`COPY_LAYOUTS`: contiguous pieces per block copied between HBM
+            and the first listed tier (default ``per_block``).
+        copy_fragment_s: host time per piece (s, >= 0; default 0: no host cost, a copy takes its
+            link time). With t > 0, the copies a step's writes and loads need (pieces = blocks x
+            pieces per block) are submitted at the start of the next step, before its forward pass,
+            which starts that much later (vLLM's ``OffloadingConnectorWorker`` defers stores "to
+            the beginning of the next engine step" and submits them and the loads on the engine's
+            thread, ``offloading/worker.py`` ``start_kv_transfers``), and each copy lasts at least
+            pieces x t. :data:`PER_LAYER_FRAGMENT_S` with ``per_layer`` is vLLM 0.11's.
 
     Raises:
         ConfigError: an empty or repeated tier list, an unknown policy, a per-tier eviction list of
@@ -145,6 +176,9 @@ class PrefixOffloadSpec:
     load_policy: str = "cost"
     session_keep_s: float = 30.0
     fence_pending_writes: bool = False
+    write_hbm_hits: bool = False
+    copy_layout: str = "per_block"
+    copy_fragment_s: float = 0.0
 
     def __post_init__(self) -> None:
         o = "PrefixOffloadSpec"
@@ -184,6 +218,14 @@ class PrefixOffloadSpec:
         require(not self.fence_pending_writes or self.write_policy == "write_through", f"{o}.fence_pending_writes",
                 self.fence_pending_writes, "false unless write_policy is write_through (the engines that fence "
                 "block reuse behind pending stores write through)")
+        require(isinstance(self.write_hbm_hits, bool), f"{o}.write_hbm_hits", self.write_hbm_hits, "true or false")
+        require(not self.write_hbm_hits or self.write_policy == "write_through", f"{o}.write_hbm_hits",
+                self.write_hbm_hits, "false unless write_policy is write_through (vLLM's and LMCache's stores)")
+        require(self.copy_layout in COPY_LAYOUTS, f"{o}.copy_layout", self.copy_layout,
+                f"one of {', '.join(COPY_LAYOUTS)}")
+        t = self.copy_fragment_s
+        require(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 1.0,
+                f"{o}.copy_fragment_s", t, "a finite number of seconds in [0, 1] (host time per copied piece)")
 
     @property
     def threshold(self) -> int:
@@ -213,7 +255,19 @@ class PrefixOffloadSpec:
         return {"tiers": list(self.tiers), "write_policy": self.write_policy, "write_threshold": self.write_threshold,
                 "offload_prompt_only": self.offload_prompt_only, "eviction": list(self.eviction),
                 "load_policy": self.load_policy, "session_keep_s": self.session_keep_s,
-                "fence_pending_writes": self.fence_pending_writes}
+                "fence_pending_writes": self.fence_pending_writes} | self._copy_fields()
+
+    def _copy_fields(self) -> dict[str, Any]:
+        """The fields added with the offloading connector's copy costs, written only away from
+        their defaults (scenarios written before them keep their hash)."""
+        out: dict[str, Any] = {}
+        if self.write_hbm_hits:
+            out["write_hbm_hits"] = True
+        if self.copy_layout != "per_block":
+            out["copy_layout"] = self.copy_layout
+        if self.copy_fragment_s != 0.0:
+            out["copy_fragment_s"] = self.copy_fragment_s
+        return out
 
 
 @dataclass(slots=True)
@@ -411,12 +465,14 @@ class PrefixStore:
         return self.put_many([key], n_blocks, creator_id, session_id, now_s, hops, ready_s)
 
     def put_many(self, keys: list, n_blocks: int, creator_id: int, session_id: Any, now_s: float,
-                 hops: list, ready_s: float = 0.0) -> bool:
+                 hops: list, ready_s: float = 0.0,
+                 first_hop_s_per_block: float = 0.0) -> bool:
         """Store segments ``keys`` of ``n_blocks`` each, copied over ``hops`` (tiers whose write
         links they cross, top down) from ``max(ready_s, now_s)`` as one copy (one reservation per
         link: a request's newly computed segments go down together, so the cost grows with
-        writes, not segments). Already stored ones are refreshed. Evicts for room (never swapped
-        blocks); when the tier cannot make room for all the new ones, none is written (a skipped
+        writes, not segments); the first hop lasts at least ``first_hop_s_per_block`` (s) per
+        block written (:meth:`PrefixTiers.copy_floor_s`). Already stored ones are refreshed. Evicts
+        for room (never swapped blocks); when the tier cannot make room for all the new ones, none is written (a skipped
         write). Returns whether every key is stored."""
         entries, order, protected = self.entries, self.order, self.protected
         new = []
@@ -449,8 +505,13 @@ class PrefixStore:
         nbytes = total * owner.block_bytes
         transfer = owner.kv.cost.transfer_time_s
         t = ready_s if ready_s > now_s else now_s
+        floor_s = total * first_hop_s_per_block
         for hop in hops:
-            t = hop.write(t, transfer(total, hop.links()[0]), nbytes, "prefix_write", creator_id)
+            d = transfer(total, hop.links()[0])
+            if floor_s > d:
+                d = floor_s
+            floor_s = 0.0
+            t = hop.write(t, d, nbytes, "prefix_write", creator_id)
         for key in new:  # tail first (reversed above)
             e = entries[key] = _Entry(n_blocks, t, creator_id, session_id, 1, now_s)
             if until > now_s:  # its conversation is kept: out of the order until its deadline
@@ -700,6 +761,20 @@ class PrefixTiers:
             upper.next = lower
         first = self.stores[0].tier
         self._first_hops = list(first.path)  # HBM -> first listed tier: every write link on the path
+        #: host time per copied piece (s) and pieces per block (``copy_layout``), per rank: the TP
+        #: ranks submit their shares of a copy in parallel, each with every layer
+        self.fragment_s = float(spec.copy_fragment_s)
+        model = kv.spec.model
+        layers = model.n_layers
+        if kv.spec.parallel is not None:  # a pipeline stage holds its share of the layers
+            layers = math.ceil(layers * kv.spec.parallel.stage_fraction(layers))
+        self.fragments_per_block = (layers * (1 if model.is_mla else 2)) if spec.copy_layout == "per_layer" else 1
+        #: host time (s) of the copies submitted at the start of the instance's next step (writes of
+        #: the step that ended, loads admitted), which that step waits for (``copy_fragment_s`` > 0)
+        self.submit_s = 0.0
+        #: host time (s) of the loads admitted in the scheduling pass under way, submitted before
+        #: that pass's own step (vLLM: a step's load jobs go out before its forward pass)
+        self.load_submit_s = 0.0
 
     # -------------------------------------------------------------------- conversations
     def conversation_of(self, st: "RequestState") -> Any:
@@ -785,6 +860,33 @@ class PrefixTiers:
         return float(ts[i]) if i < len(ts) else math.inf
 
     # ------------------------------------------------------------------------------ writes
+    def _write_first(self, keys: list, n_blocks: int, creator_id: int, session_id: Any, now_s: float) -> None:
+        """Write ``keys`` to the first listed tier (one copy) and charge the host time of the
+        pieces it submits to the next step (``copy_fragment_s``)."""
+        first = self.stores[0]
+        before = first.bytes_written
+        first.put_many(keys, n_blocks, creator_id, session_id, now_s, self._first_hops,
+                       first_hop_s_per_block=self.fragments_per_block * self.fragment_s)
+        if self.fragment_s > 0.0 and first.bytes_written > before:
+            blocks = (first.bytes_written - before) // self.block_bytes
+            self.submit_s += blocks * self.fragments_per_block * self.fragment_s
+
+    def copy_floor_s(self, n_blocks: int) -> float:
+        """The least time (s) a copy of ``n_blocks`` between HBM and the first listed tier takes:
+        its pieces at ``copy_fragment_s`` each (0 when the cost is off)."""
+        return n_blocks * self.fragments_per_block * self.fragment_s
+
+    def take_submit_s(self) -> float:
+        """The host time (s) of the stores pending submission (the writes of the steps before),
+        which the next step waits for before its forward pass, cleared."""
+        t, self.submit_s = self.submit_s, 0.0
+        return t
+
+    def take_load_submit_s(self) -> float:
+        """The host time (s) of the loads admitted in this scheduling pass, cleared."""
+        t, self.load_submit_s = self.load_submit_s, 0.0
+        return t
+
     def on_computed(self, st: "RequestState", new_hashes: list, seg_blocks: int, now_s: float) -> None:
         """``st`` computed and cached ``new_hashes`` in HBM: write them through (threshold 1) or
         count their first use (selective)."""
@@ -797,7 +899,7 @@ class PrefixTiers:
             return
         first = self.stores[0]
         if th == 1:
-            first.put_many(new_hashes, seg_blocks, st.rid, sess, now_s, self._first_hops)
+            self._write_first(new_hashes, seg_blocks, st.rid, sess, now_s)
             lands = self._write_lands
             if lands is not None:
                 entries = first.entries
@@ -814,7 +916,7 @@ class PrefixTiers:
             if n >= th:
                 due.append(h)
         if due:
-            first.put_many(due, seg_blocks, st.rid, sess, now_s, self._first_hops)
+            self._write_first(due, seg_blocks, st.rid, sess, now_s)
 
     def on_hbm_hit(self, st: "RequestState", hashes, seg_blocks: int, creator_of: Callable[[int], int]) -> None:
         """An admission reused ``hashes`` from HBM: count a use (selective writes) and the
@@ -823,6 +925,19 @@ class PrefixTiers:
         sess = self.conversation_of(st)
         if sess is not None:
             self.session_last_s[sess] = now_s
+        if self.threshold == 1 and self.spec.write_hbm_hits:  # vLLM: the blocks the CPU store lacks
+            entries = self.stores[0].entries
+            due = [h for h in hashes if h not in entries]
+            if due:
+                creator = creator_of(due[0])
+                self._write_first(due, seg_blocks, creator, self._session_of.get(creator), now_s)
+                lands = self._write_lands
+                if lands is not None:
+                    for h in due:
+                        e = entries.get(h)
+                        if e is not None:
+                            lands[h] = e.ready_s
+            return
         if self.threshold < 2:
             return
         uses, th, first = self._uses, self.threshold, self.stores[0]
@@ -833,7 +948,7 @@ class PrefixTiers:
                 due.append(h)
         if due:  # written as the request's own copy (the creator of each is rarely needed)
             creator = creator_of(due[0])
-            first.put_many(due, seg_blocks, creator, self._session_of.get(creator), now_s, self._first_hops)
+            self._write_first(due, seg_blocks, creator, self._session_of.get(creator), now_s)
 
     def forget_uses(self, evicted: list) -> None:
         """Selective writes: HBM evicted ``evicted`` ((hash, blocks, creator id)); a segment
@@ -861,14 +976,14 @@ class PrefixTiers:
         """Write-back: one HBM allocation evicted cached segments ``evicted`` ((hash, blocks,
         creator id), eviction order); copy them to the first listed tier, one copy per creator run."""
         now_s = self.now_s
-        first, hops, session_of = self.stores[0], self._first_hops, self._session_of
+        session_of = self._session_of
         i, n = 0, len(evicted)
         while i < n:
             _, nb, creator = evicted[i]
             j = i
             while j < n and evicted[j][1] == nb and evicted[j][2] == creator:
                 j += 1
-            first.put_many([e[0] for e in evicted[i:j]], nb, creator, session_of.get(creator), now_s, hops)
+            self._write_first([e[0] for e in evicted[i:j]], nb, creator, session_of.get(creator), now_s)
             i = j
 
     def on_finished(self, st: "RequestState", now_s: float) -> None:
@@ -881,7 +996,7 @@ class PrefixTiers:
         bs = self.kv.bs
         n = -(-(st.prompt_tokens + st.generated) // bs) - (-(-st.prompt_tokens // bs))
         if n > 0:
-            self.stores[0].put(("decode", st.rid), n, st.rid, self.conversation_of(st), now_s, now_s, self._first_hops)
+            self._write_first([("decode", st.rid)], n, st.rid, self.conversation_of(st), now_s)
 
     # ---------------------------------------------------------------------------- retention
     def enable_retention(self, queue: list, instance_id: int) -> None:
@@ -1120,8 +1235,13 @@ class PrefixTiers:
             n_blocks = n_segs * seg_blocks
             nbytes = n_blocks * self.block_bytes
             t = now_s
-            for hop in reversed(store.tier.path):
+            path = store.tier.path
+            for hop in reversed(path):
                 d = transfer(n_blocks, hop.links()[1])
+                if hop is path[0]:  # into HBM: its pieces (copy_fragment_s)
+                    floor_s = self.copy_floor_s(n_blocks)
+                    if floor_s > d:
+                        d = floor_s
                 if reserve:
                     t = hop.read(t, d, nbytes, "prefix_load", request_id)
                 else:
@@ -1184,6 +1304,8 @@ class PrefixTiers:
             s.bytes_loaded += n * seg_blocks * self.block_bytes
             add_tier_bytes(st, s.tier.name + "_to_hbm", n * seg_blocks * self.block_bytes)  # the record's column
         ready = self._load_end_s(groups, seg_blocks, now_s, True, st.rid)
+        if self.fragment_s > 0.0:  # submitted on the engine's thread before this step's forward pass
+            self.load_submit_s += self.copy_floor_s(need)
         sess = self.conversation_of(st)
         if sess is not None:
             self.session_last_s[sess] = now_s
