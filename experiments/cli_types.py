@@ -36,6 +36,19 @@ def integer(minimum: int, maximum: int | None = None):
 #: not the scenario field it overrides
 count = integer(1)
 
+#: the most instances of one scenario (``n_instances``, ``--instances``): a cluster role's bound
+#: (:data:`kvsched.envs.sim.disagg.MAX_ROLE_INSTANCES`); each instance holds its own KV pools
+MAX_INSTANCES = 9999  # = kvsched.envs.sim.disagg.MAX_ROLE_INSTANCES (Scenario.n_instances checks it too)
+
+#: the most seeds or windows one ``compare`` runs per policy: every run is a whole simulation
+MAX_REPEATS = 10_000
+
+#: argparse type of ``--instances``
+instances = integer(1, MAX_INSTANCES)
+
+#: argparse type of ``compare --seeds`` / ``--windows``
+repeats = integer(1, MAX_REPEATS)
+
 #: the largest ``--seed``: NumPy's legacy seeding (which Stable-Baselines3 calls) takes seeds
 #: below 2**32, and the seeds derived from a flag's value (``seed + k`` per worker or
 #: environment, ``seed + 10_000`` for evaluation) must stay below it too

@@ -49,6 +49,7 @@ from kvsched.envs.sim.metrics import BYTE_COLUMNS, LENGTH_CLASSES
 from kvsched.envs.sim.disagg import parse_layout_label
 from kvsched.runner.scenario import Scenario
 from kvsched import atomic_files
+from kvsched.experiments.cli_types import MAX_REPEATS, MAX_SEED
 
 #: Class rows of the table, in order ("all" first, then the length classes present).
 CLASS_ORDER: tuple[str, ...] = ("all",) + tuple(LENGTH_CLASSES)
@@ -338,10 +339,14 @@ def run_compare(scenario: Scenario, policies: Sequence[str] | None = None, seeds
 
     from kvsched.runner.sweep import Cell, run_cells
 
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"seeds={bounded_repr(seeds)} must be an integer >= 1")
-    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ConfigError(f"windows={bounded_repr(windows)} must be an integer >= 1")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_REPEATS:
+        raise ConfigError(f"seeds={bounded_repr(seeds)} must be an integer in [1, {MAX_REPEATS}] (as --seeds)")
+    if scenario.seed + seeds - 1 > MAX_SEED:
+        raise ConfigError(f"seeds={seeds} from the scenario's seed {scenario.seed} would run seeds up to "
+                          f"{scenario.seed + seeds - 1}, above {MAX_SEED} (2**31-1); give fewer --seeds or a "
+                          "smaller --seed")
+    if isinstance(windows, bool) or not isinstance(windows, int) or not 1 <= windows <= MAX_REPEATS:
+        raise ConfigError(f"windows={bounded_repr(windows)} must be an integer in [1, {MAX_REPEATS}] (as --windows)")
     axis = "policy"
     rgiven: dict[str, dict] = {}
     names: list[str] = []

@@ -34,18 +34,18 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--clusters", help="compare these cluster layouts instead (comma-separated xPyD labels, e.g. "
                                       "2P2D,4M,1P3D: prefill, decode, mixed instance counts), each with the scenario's "
                                       "policy, router and `cluster:` role specs (docs/disaggregation.md)")
-    c.add_argument("--instances", type=cli_types.count, help="override the scenario's n_instances")
+    c.add_argument("--instances", type=cli_types.instances, help="override the scenario's n_instances")
     c.add_argument("--max-requests", type=cli_types.count, help="serve only the first N requests of the workload "
                                                     "(overrides the scenario's max_requests)")
     c.add_argument("--router-params", metavar="JSON",
                    help='per-router parameters, e.g. \'{"cache-affinity": {"cache_threshold": 0.5}}\'')
-    c.add_argument("--seeds", type=cli_types.count, default=1,
+    c.add_argument("--seeds", type=cli_types.repeats, default=1,
                    help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
                         "a trace is the same for every seed) (default 1)")
     c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
     c.add_argument("--policy-params", metavar="JSON",
                    help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
-    c.add_argument("--windows", type=cli_types.count, default=1,
+    c.add_argument("--windows", type=cli_types.repeats, default=1,
                    help="cut the workload into this many consecutive windows of equal time, each served "
                         "separately from a cold start (default 1)")
     c.add_argument("--backend", choices=("local", "ray"), default="local",

@@ -49,7 +49,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--policy-params", metavar="JSON",
                    help='policy parameters, merged over the scenario\'s, e.g. '
                         '\'{"admission_preemption": "cost-gated", "prefetch": true}\'')
-    s.add_argument("--instances", type=cli_types.count, help="number of instances (default 1)")
+    s.add_argument("--instances", type=cli_types.instances, help="number of instances (default 1)")
     s.add_argument("--router", help="cluster router with several instances (default round-robin); one of "
                                     "round-robin (rr), least-loaded, session-affinity, cache-affinity, prefix, "
                                     "llm-d, dynamo")
@@ -457,11 +457,15 @@ def _write_outputs(a, sc, workload, spec, result, wall_s, peak_rss_mib, console)
     else:
         with atomic_files.replacing(out / "records.csv") as tmp:
             result.records.to_csv(tmp, index=False)
+    stale = out / ("records.csv" if a.format == "parquet" else "records.parquet")
+    if stale.is_file():  # an earlier run's records in the other format would pass for this run's
+        stale.unlink()
     atomic_files.write_text(out / "summary.json", summary_to_json(result.summary) + "\n")
     with atomic_files.replacing(out / "occupancy.csv") as tmp:
         result.occupancy.to_csv(tmp, index=False)
     run = {
         "kvsched_version": kvsched.__version__,
+        "records": f"records.{a.format}",
         "scenario": sc.to_dict(),
         "scenario_sha256": sc.sha256(),
         "workload": {"name": workload.name, "requests": len(workload),

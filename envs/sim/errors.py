@@ -75,13 +75,26 @@ def text_number_hint(value: object) -> str:
 
     if not math.isfinite(number):
         return ""
-    plain = f"{int(number)}" if number.is_integer() and abs(number) < 1e18 else repr(number)
+    plain = f"{int(number)}" if number.is_integer() and abs(number) < 1e18 else _yaml_float(repr(number))
     if "e" in value.lower():
+        # YAML 1.1's float needs a dot in the mantissa and a sign in the exponent ([-+]?[0-9]*\.[0-9.]*
+        # ([eE][-+][0-9]+)?, yaml.org/type/float.html): 1e9 and 1.0e9 are text, 1.0e+9 is a number
         mantissa, _, exponent = value.lower().partition("e")
-        suggestion = f"{mantissa}{'' if '.' in mantissa else '.0'}e{exponent}"
-        return (f" (YAML 1.1 reads {value}, an exponent without a dot, as text, not a number: "
-                f"write {suggestion} or {plain})")
+        sign = "" if exponent[:1] in ("+", "-") else "+"
+        suggestion = f"{mantissa}{'' if '.' in mantissa else '.0'}e{sign}{exponent}"
+        spellings = suggestion if plain == suggestion else f"{suggestion} or {plain}"
+        return (f" (YAML 1.1 reads {value} as text, not a number: a number with an exponent needs a dot in "
+                f"its mantissa and a signed exponent, write {spellings})")
     return f" (this is text, not a number: write {plain} without quotes)"
+
+
+def _yaml_float(text: str) -> str:
+    """Python's ``repr`` of a float spelled as YAML 1.1 reads a float: ``1e+30`` -> ``1.0e+30``,
+    ``5e-07`` -> ``5.0e-07`` (a dot in the mantissa; ``repr`` always signs the exponent)."""
+    mantissa, e, exponent = text.partition("e")
+    if not e:
+        return text
+    return f"{mantissa}{'' if '.' in mantissa else '.0'}e{exponent}"
 
 
 def require(ok: bool, field: str, value: object, allowed: str) -> None:

@@ -553,7 +553,11 @@ def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         p = p / "config.json"
     shown = bounded_repr(str(p), MAX_PATH_CHARS)
     if not p.is_file():
-        raise ConfigError(f"{shown}: no such file (give a Hugging Face config.json or the directory holding one)")
+        where = ("" if Path(path).is_absolute() else
+                 f"; {bounded_repr(str(path), MAX_PATH_CHARS)} is relative, so taken from the working directory "
+                 "(not from a scenario file's folder)")
+        raise ConfigError(f"{shown}: no such file (give a Hugging Face config.json or the directory holding one"
+                          f"{where})")
     if p.stat().st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{shown}: {p.stat().st_size:,} bytes is too large for a config.json (at most "
                           f"{MAX_CONFIG_BYTES:,})")

@@ -17,7 +17,7 @@ import yaml
 
 from .calibration import default_cost_params
 from .cost_params import CostParams
-from .errors import MAX_PATH_CHARS, ConfigError, UnknownPresetError, bounded_repr
+from .errors import MAX_PATH_CHARS, ConfigError, UnknownPresetError, bounded_repr, text_number_hint
 from .hardware import (CXL_LINK, GPU_PRESETS, LINK_PRESETS, PNM_PRESETS, GPUSpec, LinkSpec, PNMSpec, get_gpu,
                        get_link, get_pnm)
 from .instance_spec import InstanceSpec
@@ -390,7 +390,7 @@ def _scalar_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
                 kw[key] = None
             elif not is_int(v):
                 raise ConfigError(f"{source}: {key}={bounded_repr(v)} is not allowed: expected an integer"
-                                  + (" or null" if key in _OPT_INT_FIELDS else ""))
+                                  + (" or null" if key in _OPT_INT_FIELDS else "") + text_number_hint(v))
             else:
                 kw[key] = int(v)
     for key in _FLOAT_FIELDS:

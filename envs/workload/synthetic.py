@@ -67,7 +67,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvsched.envs.sim.errors import ConfigError, bounded_repr
+from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint
 from kvsched.envs.sim.request import DEFAULT_N, DEFAULT_PRIORITY, N_ALLOWED, N_MAX, PRIORITY_MAX, PRIORITY_MIN, Workload
 
 __all__ = ["ARRIVAL_PROCESSES", "GENERATOR_VERSION", "SLO_CLASSES", "SyntheticConfig", "generate",
@@ -184,8 +184,9 @@ class SyntheticConfig:
     def _need(self, ok: bool, field: str, allowed: str) -> None:
         """Raise ConfigError naming ``field``, its value (bounded repr) and ``allowed`` unless ``ok``."""
         if not ok:
-            raise ConfigError(f"SyntheticConfig.{field}={bounded_repr(getattr(self, field))} is not "
-                              f"allowed: expected {allowed}")
+            value = getattr(self, field)
+            raise ConfigError(f"SyntheticConfig.{field}={bounded_repr(value)} is not "
+                              f"allowed: expected {allowed}{text_number_hint(value)}")
 
     def _check_volume(self) -> None:
         """``rate_per_s`` (requests/s) and exactly one of ``duration_s`` (s) / ``num_requests``,

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvsched.envs.sim.disagg import MAX_ROLE_INSTANCES
 from kvsched.envs.sim.errors import ConfigError, bounded_repr, text_number_hint, MAX_PATH_CHARS
 from kvsched.envs.sim.yaml_loading import load_yaml
 from kvsched.envs.sim.metrics import SLO, MetricsConfig
@@ -165,9 +166,9 @@ class Scenario:
         if self.max_requests is not None and (not is_int(self.max_requests) or self.max_requests < 1):
             raise ConfigError(f"{where}: max_requests={bounded_repr(self.max_requests)} must be an integer >= 1"
                               f"{text_number_hint(self.max_requests)}")
-        if not is_int(self.n_instances) or self.n_instances < 1:
-            raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer >= 1"
-                              f"{text_number_hint(self.n_instances)}")
+        if not is_int(self.n_instances) or not 1 <= self.n_instances <= MAX_ROLE_INSTANCES:
+            raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer in "
+                              f"[1, {MAX_ROLE_INSTANCES}]{text_number_hint(self.n_instances)}")
         if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer in [0, 2**31-1] "
                               f"(as --seed){text_number_hint(self.seed)}")
@@ -351,13 +352,27 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form for provenance: every field (``source`` aside) with the instance
-        resolved inline exactly (:func:`instance_spec_to_dict` of :meth:`instance_spec`).
+        resolved inline (:func:`instance_spec_to_dict` of :meth:`instance_spec`), its ``cost`` as
+        the scenario gives it (null: the GPU's defaults, which a cluster role on another GPU must
+        resolve for itself).
 
         Written as YAML and read by :func:`load_scenario`, it gives this scenario again: the same
         instance spec, the same hash and, run with the same seed, the same records. The hash is
         taken of another form (:meth:`hashed_dict`), kept as scenarios were hashed before some
         fields existed.
         """
+        d = self._resolved_dict()
+        # the cost as the scenario gives it (null: the GPU's defaults): a cluster role on another GPU
+        # merges the scenario's instance fields under its own and takes that GPU's defaults for the
+        # rest, so the resolved base cost written here would become that role's (the resolved
+        # values are run.json's ``instance`` entry)
+        given = self.instance.get("cost") if isinstance(self.instance, Mapping) else None
+        if given is None or isinstance(given, Mapping):
+            d["instance"]["cost"] = None if given is None else dict(given)
+        return d
+
+    def _resolved_dict(self) -> dict[str, Any]:
+        """Every field (``source`` aside) with the instance resolved inline (:func:`instance_spec_to_dict`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["window_s"] = list(self.window_s) if self.window_s else None
         d["instance"] = instance_spec_to_dict(self.instance_spec())
@@ -372,7 +387,7 @@ class Scenario:
         true`` (so its hash differs from no limit's). Fields at the defaults they had when
         they were added are left out.
         """
-        d = self.to_dict()
+        d = self._resolved_dict()
         if not d["instance"]["extra_tiers"]:  # likewise scenarios written before extra tiers existed
             del d["instance"]["extra_tiers"]
         # and before prefix tiers and the freeing order existed (issue #21): left out at their
@@ -504,6 +519,11 @@ def scenario_path(path: str | Path) -> Path:
             return q
     if exists:  # a folder or a device: load_scenario says it is not a file
         return p
+    stem = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
+    if len(p.parts) > 1 and stem in bundled_scenarios():  # e.g. experiments/scenarios/x.yaml off the checkout root
+        raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist here; a bundled "
+                          f"scenario has that name: give --scenario {stem} (bundled scenarios are found by name "
+                          "from any folder)")
     raise ConfigError(f"scenario file {bounded_repr(str(p), MAX_PATH_CHARS)} does not exist, "
                       "nor is it a bundled scenario; bundled (give the "
                       f"name): {', '.join(bundled_scenarios())}")

@@ -197,6 +197,28 @@ def test_a_scenario_written_from_its_plain_data_form_runs_as_the_scenario_did(tm
     assert Scenario(instance=base).to_dict()["instance"]["max_num_partial_prefills"] is None
 
 
+def test_a_cluster_role_on_another_gpu_resolves_its_own_cost_when_rerun_from_the_plain_data_form(tmp_path):
+    """The plain-data form wrote the base instance's resolved H100 cost inline, which a decode role
+    on an L40S then merged as its own (same hash, other records); the cost is written as given."""
+    import json
+
+    import yaml
+
+    from kvsched.runner.scenario import load_scenario
+
+    for cost in (None, {"mbu": 0.7}):
+        inst = {"model": "Llama-3.1-8B", "gpu": "H100-SXM"} | ({} if cost is None else {"cost": cost})
+        sc = Scenario(name="pd", trace=None, synthetic={"rate_per_s": 4.0, "duration_s": 5}, instance=inst,
+                      router="least-loaded", cluster={"prefill": {"count": 1},
+                                                      "decode": {"count": 1, "instance": {"gpu": "L40S"}},
+                                                      "link": "ib_ndr_400g"})
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(json.loads(json.dumps(sc.to_dict(), default=str))))
+        again = load_scenario(path)
+        assert again.instance_specs() == sc.instance_specs()
+        assert again.sha256() == sc.sha256()
+
+
 @pytest.mark.parametrize("body, fragment", [
     ("policy: lars\npolicy_params: {1: 2, foo: 3}\n", "policy 'lars': unknown parameters [1, 'foo']"),
     ("router: least-loaded\nrouter_params: {1: 2, foo: 3}\n", "router 'least-loaded': unknown parameters [1, 'foo']"),

@@ -63,8 +63,8 @@ def test_unhashable_and_duplicate_keys_are_yaml_errors_naming_the_line():
         load_yaml("a: 1\na: 2\n", "f.yaml")
 
 
-@pytest.mark.parametrize("text, hint", [("rate_scale: 1e3", "write 1.0e3 or 1000"),
-                                        ("seed: 5e0", "write 5.0e0 or 5"),
+@pytest.mark.parametrize("text, hint", [("rate_scale: 1e3", "write 1.0e+3 or 1000"),
+                                        ("seed: 5e0", "write 5.0e+0 or 5"),
                                         ("max_requests: '12'", "this is text, not a number: write 12")])
 def test_a_number_read_as_text_is_explained(tmp_path, text, hint):
     with pytest.raises(ConfigError) as e:
@@ -74,8 +74,26 @@ def test_a_number_read_as_text_is_explained(tmp_path, text, hint):
         assert "YAML 1.1 reads" in str(e.value) and "as text" in str(e.value)
 
 
+@pytest.mark.parametrize("text", ["1e12", "1.0e12", "5E-3", "2.5e3", "7e+2", "1_000e3", "1e30", "5e-7", "'12'"])
+def test_the_number_a_hint_suggests_is_a_number_in_yaml(text):
+    """The hint's spelling must parse: YAML 1.1 wants a dot and a signed exponent (1.0e12 is text too)."""
+    import re
+
+    import yaml
+
+    from kvsched.envs.sim.errors import text_number_hint
+
+    hint = text_number_hint(text)
+    if not hint:  # not a number Python reads either (1_000e3 is, so it gets a hint)
+        return
+    suggested = re.search(r"write (\S+?)(?: or (\S+?))?(?:\)| without)", hint)
+    assert suggested, hint
+    for spelling in filter(None, suggested.groups()):
+        assert isinstance(yaml.safe_load(f"a: {spelling}")["a"], (int, float)), (text, hint)
+
+
 def test_a_policy_parameter_read_as_text_is_explained(tmp_path):
-    with pytest.raises(ConfigError, match=r"YAML 1\.1 reads 1e9, an exponent without a dot, as text.*1\.0e9"):
+    with pytest.raises(ConfigError, match=r"YAML 1\.1 reads 1e9 as text.*write 1\.0e\+9 or 1000000000"):
         _scenario(tmp_path, "trace: azure-conv-2023\npolicy: lars\npolicy_params: {kappa: 1e9}\n")
 
 
