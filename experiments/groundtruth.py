@@ -179,8 +179,9 @@ class StageMeasurement:
 
     Raises:
         ConfigError: a measured value (:attr:`values_ms`, the TTFT quantiles) that is not a finite
-            number >= 0, or an ``output_len_mean`` that is not a finite number > 1 (the ITL
-            divides by ``output_len_mean − 1``); the run is then skipped with this reason.
+            number > 0 (every score divides by the measurement: APE, log residuals, log-scale
+            plots), or an ``output_len_mean`` that is not a finite number > 1 (the ITL divides by
+            ``output_len_mean − 1``); the run is then skipped with this reason.
     """
 
     stage: int
@@ -197,9 +198,9 @@ class StageMeasurement:
         where = f"stage {self.stage}"
         _measured(f"{where} output_len_mean", self.output_len_mean, lambda x: x > 1.0, "a finite number > 1")
         for m, v in self.values_ms.items():
-            _measured(f"{where} {m}", v, lambda x: x >= 0.0, "a finite number of ms >= 0")
+            _measured(f"{where} {m}", v, lambda x: x > 0.0, "a finite number of ms > 0")
         for q, v in (self.ttft_quantiles_ms or {}).items():
-            _measured(f"{where} ttft {q}", v, lambda x: x >= 0.0, "a finite number of ms >= 0")
+            _measured(f"{where} ttft {q}", v, lambda x: x > 0.0, "a finite number of ms > 0")
 
 
 def _measured(what: str, value: Any, ok: Any, allowed: str) -> None:
@@ -225,7 +226,8 @@ class Experiment:
         total_kv_blocks: GPU KV blocks from the vLLM log (blis experiments file) or None.
         cpu_kv_blocks: CPU blocks from the same file (vLLM's swap space; unused by V1 unless
             CPU offload is on).
-        cpu_offload: vLLM CPU KV offload on (csv column; no run here sets it).
+        cpu_offload: vLLM CPU KV offload on (csv column, exp-config ``cpu_offload``, or implied by
+            ``kv_offloading_size``; no published run sets it).
         workload: the inference-perf workload with the tokenizer's re-tokenisation.
         stages: measured stages.
         notes: what was inferred or deduplicated while reading.
@@ -246,6 +248,10 @@ class Experiment:
         vllm_version_source: where it was read, or why it is unknown.
         enable_prefix_caching, enable_chunked_prefill, kv_cache_dtype, block_size: vLLM engine flags
             of the run (:func:`engine_knobs`; vLLM V1's defaults when not logged: on, on, auto, 16).
+        kv_offloading_gib: vLLM ``--kv-offloading-size`` of the run (GiB for one engine, all its TP
+            ranks together; exp-config key or csv column ``kv_offloading_size``), or None when not
+            logged (then the DRAM tier is ``cpu_kv_blocks`` or
+            :data:`DEFAULT_CPU_OFFLOAD_GIB_PER_RANK` per rank).
         model: the resolved model (a preset, its quantized checkpoint, or a model read from a
             Hugging Face config.json of ``model_configs``); None on a skipped run, and on an
             Experiment built by hand, whose ``preset`` names it.
@@ -279,6 +285,7 @@ class Experiment:
     enable_chunked_prefill: bool = True
     kv_cache_dtype: str = "auto"
     block_size: int = 16
+    kv_offloading_gib: float | None = None
 
     @property
     def family(self) -> str:
@@ -429,28 +436,108 @@ def _workload(sp: Mapping[str, Any], stages: Iterable[Mapping[str, Any]], model_
         max_context_tokens=max(first, int(max_model_len or 4096)))
 
 
-def _stage_from_json(k: int, d: Mapping[str, Any]) -> StageMeasurement:
-    s = d["successes"]
-    lat = s["latency"]
-    ttft, e2e = lat["time_to_first_token"], lat["request_latency"]
-    out_mean = float(s["output_len"]["mean"])
-    _measured(f"stage {k} successes.output_len.mean", out_mean, lambda x: x > 1.0, "a finite number > 1")
-    vals = {"ttft_mean": ttft["mean"] * 1e3, "ttft_p90": ttft["p90"] * 1e3, "ttft_p99": ttft["p99"] * 1e3,
-            "e2e_mean": e2e["mean"] * 1e3, "e2e_p90": e2e["p90"] * 1e3, "e2e_p99": e2e["p99"] * 1e3}
+def _get(doc: Any, keys: tuple[str, ...], where: str) -> Any:
+    """The value at ``keys`` (one key per level) of a parsed JSON/YAML document.
+
+    Raises:
+        ConfigError: a level that is missing or not a mapping, naming ``where`` (the file) and the field.
+    """
+    cur = doc
+    for i, key in enumerate(keys):
+        if not isinstance(cur, Mapping):
+            field_name = ".".join(keys[:i]) or "the document"
+            raise ConfigError(f"{where}: {field_name}={bounded_repr(cur)} is not allowed: expected a mapping "
+                              f"holding {bounded_repr(key)}")
+        if key not in cur:
+            raise ConfigError(f"{where}: {'.'.join(keys[:i + 1])} is missing")
+        cur = cur[key]
+    return cur
+
+
+def _number(value: Any, where: str, name: str, ok: Any, allowed: str) -> float:
+    """``value`` as a float when it is a finite real number (not a bool or text) with ``ok(value)``.
+
+    Raises:
+        ConfigError: one line naming ``where`` (the file), the field ``name``, the value and ``allowed``.
+    """
+    from kvsched.envs.sim.spec_validation import is_real
+
+    if not (is_real(value) and ok(float(value))):
+        raise ConfigError(f"{where}: {name}={bounded_repr(value)} is not allowed: expected {allowed}")
+    return float(value)
+
+
+def _integer(value: Any, where: str, name: str, low: int) -> int:
+    """``value`` as an int when it is an integer >= ``low`` (an integral float such as 12.0 too;
+    4096.7 is refused, never truncated).
+
+    Raises:
+        ConfigError: one line naming ``where``, the field, the value and what is allowed.
+    """
+    return int(_number(value, where, name, lambda x: x >= low and x == int(x), f"an integer >= {low}"))
+
+
+def _stage_from_json(k: int, d: Any, where: str = "stage JSON") -> StageMeasurement:
+    """Stage ``k``'s measurements from its ``stage_<k>_lifecycle_metrics.json`` (seconds -> ms).
+
+    Raises:
+        ConfigError: a field that is missing, of another type, or outside its range (latencies
+            finite > 0 s, ``successes.output_len.mean`` > 1, counts integers >= 0), naming ``where``
+            (the file), the field and the value.
+    """
+    lat = ("successes", "latency")
+
+    def seconds(*keys: str) -> float:
+        return _number(_get(d, keys, where), where, ".".join(keys), lambda x: x > 0.0,
+                       "a finite number of seconds > 0 (scores divide by it)") * 1e3
+
+    out_mean = _number(_get(d, ("successes", "output_len", "mean"), where), where, "successes.output_len.mean",
+                       lambda x: x > 1.0, "a finite number > 1 (the ITL divides by output_len.mean - 1)")
+    vals = {"ttft_mean": seconds(*lat, "time_to_first_token", "mean"),
+            "ttft_p90": seconds(*lat, "time_to_first_token", "p90"),
+            "ttft_p99": seconds(*lat, "time_to_first_token", "p99"),
+            "e2e_mean": seconds(*lat, "request_latency", "mean"),
+            "e2e_p90": seconds(*lat, "request_latency", "p90"),
+            "e2e_p99": seconds(*lat, "request_latency", "p99")}
     vals["itl_mean"] = (vals["e2e_mean"] - vals["ttft_mean"]) / (out_mean - 1.0)
-    pl = s["prompt_len"]
-    sd = d["load_summary"].get("schedule_delay")
-    return StageMeasurement(
-        stage=k, values_ms=vals, output_len_mean=out_mean, count=int(d["load_summary"]["count"]),
-        failures=int(d["failures"]["count"]),
-        prompt_len={key: float(pl[key]) for key in ("mean", "min", "max", "p10", "p90")},
-        ttft_quantiles_ms=_quantiles_ms(ttft), schedule_delay_ms=_quantiles_ms(sd, complete=True) if sd else None)
+    if not vals["itl_mean"] > 0.0:
+        raise ConfigError(f"{where}: successes.latency.request_latency.mean={vals['e2e_mean'] / 1e3:g} s is not "
+                          f"above time_to_first_token.mean={vals['ttft_mean'] / 1e3:g} s: the ITL "
+                          "(E2E - TTFT) / (output_len - 1) would not be > 0")
+    ttft = _get(d, (*lat, "time_to_first_token"), where)
+    prompt = {key: _number(_get(d, ("successes", "prompt_len", key), where), where, f"successes.prompt_len.{key}",
+                           lambda x: x >= 0.0, "a finite number of tokens >= 0")
+              for key in ("mean", "min", "max", "p10", "p90")}
+    summary = _get(d, ("load_summary",), where)
+    sd = summary.get("schedule_delay") if isinstance(summary, Mapping) else None
+    try:
+        return StageMeasurement(
+            stage=k, values_ms=vals, output_len_mean=out_mean,
+            count=_integer(_get(d, ("load_summary", "count"), where), where, "load_summary.count", 0),
+            failures=_integer(_get(d, ("failures", "count"), where), where, "failures.count", 0),
+            prompt_len=prompt,
+            ttft_quantiles_ms=_quantiles_ms(ttft, where, "successes.latency.time_to_first_token", positive=True),
+            schedule_delay_ms=_quantiles_ms(sd, where, "load_summary.schedule_delay", complete=True) if sd else None)
+    except ConfigError as e:
+        if str(e).startswith(where):
+            raise
+        raise ConfigError(f"{where}: {e}") from None
 
 
-def _quantiles_ms(dist: Mapping[str, Any], complete: bool = False) -> dict[str, float] | None:
+def _quantiles_ms(dist: Any, where: str = "stage JSON", name: str = "distribution", complete: bool = False,
+                  positive: bool = False) -> dict[str, float] | None:
     """The :data:`QUANTILE_KEYS` a stage-JSON distribution (s) publishes, in ms; None when it
-    publishes none of them, or (``complete``) misses one."""
-    got = {k: float(dist[k]) * 1e3 for k in QUANTILE_KEYS if k in dist}
+    publishes none of them, or (``complete``) misses one.
+
+    Raises:
+        ConfigError: ``dist`` is no mapping, or a quantile is not a finite number (> 0 when
+            ``positive``: a latency), naming ``where`` and the field.
+    """
+    if not isinstance(dist, Mapping):
+        raise ConfigError(f"{where}: {name}={bounded_repr(dist)} is not allowed: expected a mapping of quantiles")
+    ok, allowed = (lambda x: x > 0.0, "a finite number of seconds > 0") if positive else \
+        (lambda x: True, "a finite number of seconds")
+    got = {k: _number(dist[k], where, f"{name}.{k}", ok, allowed) * 1e3 for k in QUANTILE_KEYS if k in dist}
     if not got or (complete and len(got) < len(QUANTILE_KEYS)):
         return None
     return got
@@ -481,10 +568,76 @@ _CSV_COLUMNS = ("experiment_folder", "stage_index", "model", "workload", "metric
 """Columns of ``sim_to_real/trainval_error_records.csv`` every run needs (others are optional)."""
 
 
-def _peer_table(rows: pd.DataFrame) -> dict[int, dict[str, dict[str, float]]]:
+def _cell_number(v: Any) -> float | None:
+    """A csv cell as a finite float (numbers, or text that reads as one), else None."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _peer_table(rows: pd.DataFrame, where: str = "sim_to_real csv") -> tuple[dict[int, dict[str, dict[str, float]]],
+                                                                          list[str]]:
+    """``(stage -> metric -> simulator -> predicted ms, notes)`` of one run's csv rows.
+
+    A ``predicted`` cell that is not a finite number drops that peer's value (named in a note): it
+    never skips kvsched's own replay of the run. Rows repeating one (stage, metric, simulator) are
+    read once when their predictions agree.
+
+    Raises:
+        ConfigError: two rows of one (stage, metric, simulator) with different predictions
+            (which to pair with the measurement is unknown), naming both values.
+    """
     out: dict[int, dict[str, dict[str, float]]] = {}
+    bad: list[str] = []
     for r in rows.itertuples(index=False):
-        out.setdefault(int(r.stage_index), {}).setdefault(str(r.metric_name), {})[str(r.simulator)] = float(r.predicted)
+        stage, metric, sim = int(r.stage_index), str(r.metric_name), str(r.simulator)
+        x = _cell_number(r.predicted)
+        if x is None:
+            bad.append(f"{bounded_repr(sim, 40)} stage {stage} {bounded_repr(metric, 40)} "
+                       f"predicted={bounded_repr(r.predicted, 40)}")
+            continue
+        have = out.setdefault(stage, {}).setdefault(metric, {})
+        if sim in have and have[sim] != x:
+            raise ConfigError(f"{where}: two rows of stage {stage} {bounded_repr(metric, 40)} simulator "
+                              f"{bounded_repr(sim, 40)} predict {bounded_repr(have[sim])} and {bounded_repr(x)}; "
+                              "one prediction per "
+                              "stage, metric and simulator (identical repeats are read once)")
+        have[sim] = x
+    notes = []
+    if bad:
+        notes.append(f"sim_to_real csv: {len(bad)} peer prediction(s) not a finite number, dropped (the peer is "
+                     f"not scored there): {bounded_repr('; '.join(bad), 300)[1:-1]}")
+    return out, notes
+
+
+def _measured_table(rows: pd.DataFrame, where: str) -> dict[int, dict[str, float]]:
+    """``stage -> metric -> measured ms`` of one run's csv rows (column ``actual``; every simulator's
+    row repeats it).
+
+    Raises:
+        ConfigError: an ``actual`` that is not a finite number > 0 (scores divide by it), or rows of
+            one (stage, metric) with different ``actual`` values (which is the measurement is
+            unknown); one line naming the column, stage, metric and values.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for r in rows.itertuples(index=False):
+        stage, metric = int(r.stage_index), str(r.metric_name)
+        x = _cell_number(r.actual)
+        if x is None or x <= 0.0:
+            raise ConfigError(f"{where}: column actual={bounded_repr(r.actual, 60)} (stage {stage}, "
+                              f"{bounded_repr(metric, 40)}, simulator {bounded_repr(str(r.simulator), 40)}) is not "
+                              "allowed: expected a finite number of ms > 0")
+        have = out.setdefault(stage, {})
+        if metric in have and have[metric] != x:
+            raise ConfigError(f"{where}: rows of stage {stage} {bounded_repr(metric, 40)} give two measured values, "
+                              f"actual={bounded_repr(have[metric])} and {bounded_repr(x)}; one measurement per stage "
+                              "and metric "
+                              "(identical repeats are read once)")
+        have[metric] = x
     return out
 
 
@@ -522,11 +675,11 @@ def _column(row: Mapping[str, Any], name: str) -> Any:
     return None if _is_missing(v) else v
 
 
-def _csv_flag(row: Mapping[str, Any], name: str) -> bool:
-    """A boolean csv cell (True/False, 1/0, yes/no, on/off); empty = False.
+def _csv_flag(row: Mapping[str, Any], name: str, source: str = "csv column") -> bool:
+    """A boolean csv cell or exp-config value (True/False, 1/0, yes/no, on/off); empty = False.
 
     Raises:
-        ConfigError: another value (one line naming the column and the value).
+        ConfigError: another value (one line naming ``source``, the column and the value).
     """
     v = _column(row, name)
     if v is None:
@@ -540,14 +693,16 @@ def _csv_flag(row: Mapping[str, Any], name: str) -> bool:
         return True
     if t in ("false", "0", "no", "off", "none"):
         return False
-    raise ConfigError(f"csv column {name}={bounded_repr(v)} is not allowed: true/false, 1/0, yes/no or on/off")
+    raise ConfigError(f"{source} {name}={bounded_repr(v)} is not allowed: true/false, 1/0, yes/no or on/off")
 
 
-def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allowed: str) -> float:
-    """A numeric csv cell, ``default`` when empty.
+def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allowed: str,
+                source: str = "csv column") -> float:
+    """A numeric csv cell or exp-config value, ``default`` when empty.
 
     Raises:
-        ConfigError: not a number, or ``ok(value)`` is false (one line naming the column).
+        ConfigError: not a number, or ``ok(value)`` is false (one line naming ``source`` -- "csv
+            column" or the file -- the column and the value).
     """
     v = _column(row, name)
     if v is None:
@@ -557,12 +712,13 @@ def _csv_number(row: Mapping[str, Any], name: str, default: float, ok: Any, allo
     except (TypeError, ValueError):
         x = math.nan
     if not (math.isfinite(x) and ok(x)):
-        raise ConfigError(f"csv column {name}={bounded_repr(v)} is not allowed: {allowed}")
+        raise ConfigError(f"{source} {name}={bounded_repr(v)} is not allowed: {allowed}")
     return x
 
 
 KNOWN_CSV_COLUMNS = ("simulator", "experiment_folder", "model", "workload", "stage_index", "metric_name",
                      "predicted", "actual", "mape", "mpe", "absolute_error", "exp_id", "hardware", "dp", "cpu_offload",
+                     "kv_offloading_size",
                      "gpu_mem_util", "precision", "tp", "max_num_batched_tokens", "enable_prefix_caching",
                      "enable_chunked_prefill", "kv_cache_dtype", "block_size", "folder")
 """The sim-to-real csv columns the reader knows (the published ones, ``folder`` derived from
@@ -614,8 +770,8 @@ def engine_knobs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ENGINE_FLAGS = ("enable_prefix_caching", "enable_chunked_prefill", "kv_cache_dtype", "block_size")
 """The vLLM engine flags :func:`engine_knobs` reads."""
-_CSV_RUN_COLUMNS = ("model", "hardware", "dp", "cpu_offload", "gpu_mem_util", "precision", "tp",
-                    "max_num_batched_tokens") + ENGINE_FLAGS
+_CSV_RUN_COLUMNS = ("model", "hardware", "dp", "cpu_offload", "kv_offloading_size", "gpu_mem_util", "precision",
+                    "tp", "max_num_batched_tokens") + ENGINE_FLAGS
 """The csv columns that describe a run's configuration (one value for all its rows)."""
 
 
@@ -707,10 +863,23 @@ _READ_ERRORS = (KvschedError, KeyError, TypeError, ValueError, IndexError, OSErr
 a missing index file (the csv, the blis experiments file) still stops :func:`load_experiments`."""
 
 
+MAX_REASON_CHARS = 400
+"""Most characters of the message a skip reason quotes from a read error (:func:`_why`)."""
+
+
+def _error_text(e: BaseException) -> str:
+    """``<type>: <message>`` of an error on one line, the message as it reads (quoted once: it is
+    text, not a value), cut to :data:`MAX_REASON_CHARS` with ``...``."""
+    msg = str(e) if not isinstance(e, KeyError) else f"missing key {bounded_repr(e.args[0] if e.args else '')}"
+    msg = " ".join(msg.split())
+    if len(msg) > MAX_REASON_CHARS:
+        msg = msg[:MAX_REASON_CHARS - 3] + "..."
+    return f"{type(e).__name__}: {msg}"
+
+
 def _why(e: BaseException) -> str:
-    """One bounded line for a read error of one run."""
-    msg = str(e) if not isinstance(e, KeyError) else f"missing key {e}"
-    return f"unreadable: {type(e).__name__}: {bounded_repr(msg, 300)}"
+    """One bounded line for a read error of one run (:func:`_error_text`)."""
+    return f"unreadable: {_error_text(e)}"
 
 
 def load_experiments(groundtruth: str | os.PathLike | None = None,
@@ -765,8 +934,26 @@ def load_experiments(groundtruth: str | os.PathLike | None = None,
         return None
 
     def csv_for(folder: str, family: str) -> tuple[pd.DataFrame, list[str]]:
-        rows = csv[(csv["folder"] == folder) & (csv["stage_index"] >= 0)]
+        """The run's per-stage csv rows (of its family's label) and notes on what was left out.
+
+        Raises:
+            ConfigError: a stage_index that is not an integer (0.5 is refused, not read as 0).
+        """
+        run = csv[csv["folder"] == folder]
+        odd = [v for v in run["stage_index"] if not (math.isfinite(float(v)) and float(v) == int(float(v)))]
+        if odd:
+            raise ConfigError(f"sim_to_real csv: column stage_index={bounded_repr(odd[0])} of {bounded_repr(folder)} "
+                              "is not allowed: expected an integer (>= 0 a load stage, -1 the run's aggregate)")
+        rows = run[run["stage_index"] >= 0]
         notes = []
+        unknown = sorted({str(x) for x in rows["metric_name"]} - set(METRICS))
+        if unknown:
+            notes.append(f"sim_to_real csv rows of metrics outside the sim-to-real table, not read: "
+                         f"{bounded_repr(', '.join(unknown), 200)[1:-1]} (known: {', '.join(METRICS)})")
+        other = sorted({str(x) for x in rows["simulator"]} - set(PEERS))
+        if other:
+            notes.append(f"sim_to_real csv rows of simulators kvsched does not compare with (not scored): "
+                         f"{bounded_repr(', '.join(other), 200)[1:-1]} (known: {', '.join(PEERS)})")
         fams = sorted(rows["workload"].astype(str).unique())
         if len(fams) > 1:
             keep = rows[rows["workload"] == family]
@@ -816,28 +1003,38 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
     candidate for csv-only runs (None when the run has no family).
 
     Optional ``exp-config.yaml`` keys beyond the published five are honoured:
-    ``gpu_memory_utilization``, ``data_parallelism`` / ``data_parallel_size``, ``hardware``,
-    ``cpu_offload`` / ``kv_offloading_size`` (GiB per rank), ``precision`` and the engine flags of
-    :func:`engine_knobs`; any other key is named in the run's notes (:data:`EXP_CONFIG_KEYS`).
+    ``gpu_memory_utilization``, ``data_parallelism`` / ``data_parallel_size`` (one of them, or both
+    equal), ``hardware``, ``cpu_offload`` / ``kv_offloading_size`` (vLLM's ``--kv-offloading-size``:
+    GiB for the engine, split over its TP ranks, :func:`~kvsched.experiments.replay.instance_spec_for`;
+    ``cpu_offload: false`` with a size is refused), ``precision`` and the engine flags of
+    :func:`engine_knobs`; any other key is named in the run's notes (:data:`EXP_CONFIG_KEYS`). The
+    integer flags (TP, ``max_model_len``, ``max_num_batched_tokens``, ``max_num_seqs``), the profile's
+    lengths and the resolved prompt counts must be integers (4096.7 is refused, never truncated).
 
     Raises:
-        the errors of :data:`_READ_ERRORS` (the caller skips the run).
+        the errors of :data:`_READ_ERRORS` (the caller skips the run); a bad value is a one-line
+        ConfigError naming the file, the field and the value.
     """
-    cfg = load_yaml((d / "exp-config.yaml").read_text(encoding="utf-8"), f"{d.name}/exp-config.yaml")  # no duplicates
-    prof = json.loads((d / "profile.yaml").read_text(encoding="utf-8"))
+    cfg_name, prof_name, rc_name = (f"{d.name}/exp-config.yaml", f"{d.name}/profile.yaml",
+                                    f"{d.name}/results/config.yaml")
+    cfg = load_yaml((d / "exp-config.yaml").read_text(encoding="utf-8"), cfg_name)  # no duplicates
+    prof = _read_json(d / "profile.yaml")
     if not isinstance(cfg, Mapping) or not isinstance(prof, Mapping):
         raise ConfigError(f"{d.name}: exp-config.yaml or profile.yaml is not a mapping")
     spelled: dict[str, str] = {}  # vLLM's flag spelling (dashes) reads alike, but one key given twice is refused
     for k in cfg:
         key = str(k).replace("-", "_")
         if key in spelled:
-            raise ConfigError(f"{d.name}/exp-config.yaml: {bounded_repr(spelled[key], 80)} and "
+            raise ConfigError(f"{cfg_name}: {bounded_repr(spelled[key], 80)} and "
                               f"{bounded_repr(str(k), 80)} name one key; give it once")
         spelled[key] = str(k)
     cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
-    model_id = str(cfg["model"])
-    sp = prof["data"]["shared_prefix"]
-    stages_cfg = prof["load"]["stages"]
+    model_id = str(_get(cfg, ("model",), cfg_name))
+    tp, mbt, max_seqs, max_model_len = (_integer(_get(cfg, (key,), cfg_name), cfg_name, key, 1) for key in (
+        "tensor_parallelism", "max_num_batched_tokens", "max_num_seqs", "max_model_len"))
+    sp = _get(prof, ("data", "shared_prefix"), prof_name)
+    stages_cfg = _get(prof, ("load", "stages"), prof_name)
+    _check_profile(sp, stages_cfg, prof_name)
     notes: list[str] = []
     unread = [k for k in cfg if k not in EXP_CONFIG_KEYS]
     if unread:
@@ -846,33 +1043,56 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
     resolved_sp = None
     rc = d / "results" / "config.yaml"
     if rc.is_file():
-        resolved_sp = (yaml.safe_load(rc.read_text(encoding="utf-8")) or {}).get("data", {}).get("shared_prefix")
+        doc = yaml.safe_load(rc.read_text(encoding="utf-8"))
+        data = doc.get("data") if isinstance(doc, Mapping) else None
+        resolved_sp = data.get("shared_prefix") if isinstance(data, Mapping) else None
+        if resolved_sp is None:
+            notes.append(f"results/config.yaml has no data.shared_prefix: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
+                         f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
+        else:
+            for key in ("num_groups", "num_prompts_per_group"):
+                _integer(_get(doc, ("data", "shared_prefix", key), rc_name), rc_name, f"data.shared_prefix.{key}", 1)
         if resolved_sp and "enable_multi_turn_chat" not in resolved_sp and sp.get("enable_multi_turn_chat"):
             notes.append(f"profile asks for multi-turn chat with {sp.get('num_unique_system_prompts')} x "
                          f"{sp.get('num_users_per_system_prompt')} users; the resolved config ran single-turn "
                          f"with {resolved_sp.get('num_groups')} x "
                          f"{resolved_sp.get('num_prompts_per_group')} prompts")
     if prof["load"].get("type") != "constant":
-        raise ConfigError(f"{d.name}/profile.yaml: load.type={bounded_repr(prof['load'].get('type'))}; "
+        raise ConfigError(f"{prof_name}: load.type={bounded_repr(prof['load'].get('type'))}; "
                           "only 'constant' is modelled")
     stages = []
     for k in range(len(stages_cfg)):
-        stages.append(_stage_from_json(k, _read_json(d / "results" / f"stage_{k}_lifecycle_metrics.json")))
+        path = d / "results" / f"stage_{k}_lifecycle_metrics.json"
+        stages.append(_stage_from_json(k, _read_json(path), f"{d.name}/results/{path.name}"))
+    extra = sorted((f.name for f in (d / "results").glob("stage_*_lifecycle_metrics.json")
+                    if not (f.name[6:-23].isdigit() and int(f.name[6:-23]) < len(stages_cfg))),
+                   key=lambda n: (len(n), n))
+    if extra:
+        notes.append(f"results/{bounded_repr(', '.join(extra), 200)[1:-1]} beyond profile.yaml's {len(stages_cfg)} "
+                     "load stage(s): not read (the replay runs the profile's stages)")
     family = _family_of(d.name) or "?"
     rows, n2 = csv_for(d.name, family)
     notes += n2
     if len(rows):
-        peers = _peer_table(rows)
+        where = f"sim_to_real csv ({d.name})"
+        peers, n3 = _peer_table(rows, where)
+        notes += n3
+        measured = _measured_table(rows, where)
         for i, st in enumerate(stages):
-            actual = (rows[rows["stage_index"] == st.stage].drop_duplicates("metric_name")
-                      .set_index("metric_name")["actual"])
-            for m, v in actual.items():
-                if not math.isclose(float(v), st.values_ms[m], rel_tol=1e-6):
+            for m, v in measured.get(st.stage, {}).items():
+                if m in st.values_ms and not math.isclose(v, st.values_ms[m], rel_tol=1e-6):
                     raise ConfigError(f"{d.name} stage {st.stage} {m}: csv actual {v} != stage JSON "
                                       f"{st.values_ms[m]}")
             stages[i] = StageMeasurement(**{**st.__dict__, "peers_ms": peers.get(st.stage, {})})
+        beyond = sorted(k for k in measured if k >= len(stages))
+        if beyond:
+            notes.append(f"sim_to_real csv rows of stage(s) {', '.join(map(str, beyond[:8]))} beyond the run's "
+                         f"{len(stages)} measured stage(s): not read")
     be = blis_entry(d.name)
     model, skip = resolve_model(model_id, configs)
+    cfg_note = preset_config_note(model_id, model, configs)
+    if cfg_note:
+        notes.append(cfg_note)
     weight_dtype = "auto"
     if model is not None:
         weight_dtype, skip = weight_dtype_for(cfg.get("precision") or math.nan, model)
@@ -886,31 +1106,114 @@ def _read_training_run(d: Path, csv_for: Any, blis_entry: Any,
                     "published), so the successes-only latencies cannot be replayed")
     if be is None:
         notes.append("total_kv_blocks not logged for this run: derived from memory (InstanceSpec)")
+    src = f"{cfg_name}:"
     util = _csv_number(cfg, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
-                       "a number in (0, 1]")
-    dp = _csv_number(cfg, "data_parallelism", 1, lambda x: 1 <= x <= MAX_DP and x == int(x),
-                     f"an integer in [1, {MAX_DP}]")
-    dp = _csv_number(cfg, "data_parallel_size", dp, lambda x: 1 <= x <= MAX_DP and x == int(x),
-                     f"an integer in [1, {MAX_DP}]")
-    offload_gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x >= 0, "a number of GiB >= 0")
-    cpu_offload = _csv_flag(cfg, "cpu_offload") or offload_gib > 0
+                       "a number in (0, 1]", src)
+    dps = {key: int(_csv_number(cfg, key, 1, lambda x: 1 <= x <= MAX_DP and x == int(x),
+                                f"an integer in [1, {MAX_DP}]", src))
+           for key in ("data_parallelism", "data_parallel_size") if _column(cfg, key) is not None}
+    if len(set(dps.values())) > 1:
+        raise ConfigError(f"{cfg_name}: data_parallelism={dps['data_parallelism']} and data_parallel_size="
+                          f"{dps['data_parallel_size']} disagree (one engine has one data-parallel size; give one)")
+    dp = next(iter(dps.values()), 1)
+    cpu_offload, offload_gib, n4 = _offload(cfg, src)
+    notes += n4
     knobs = engine_knobs(cfg)
     _csv_agrees(rows, knobs, d.name)
-    skip = skip or _engine_skip(knobs, int(cfg["max_num_batched_tokens"]), int(cfg["max_model_len"]), model,
-                                cpu_offload)
+    skip = skip or _engine_skip(knobs, mbt, max_model_len, model, cpu_offload)
+    try:
+        workload = _workload(sp, stages_cfg, model_id, max_model_len, resolved_sp)
+    except ConfigError as e:
+        raise ConfigError(f"{prof_name}{' / results/config.yaml' if resolved_sp else ''}: {e}") from None
     exp = Experiment(
         model=model, exp_id=d.name, source="training_default_args", model_id=model_id, preset=preset,
         hardware=str(cfg.get("hardware") or "H100"),
-        tp=int(cfg["tensor_parallelism"]), max_num_batched_tokens=int(cfg["max_num_batched_tokens"]),
-        max_num_seqs=int(cfg["max_num_seqs"]), max_model_len=int(cfg["max_model_len"]),
+        tp=tp, max_num_batched_tokens=mbt, max_num_seqs=max_seqs, max_model_len=max_model_len,
         total_kv_blocks=int(be["total_kv_blocks"]) if be and util == DEFAULT_GPU_MEMORY_UTILIZATION else None,
         cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be else None, cpu_offload=cpu_offload,
-        workload=_workload(sp, stages_cfg, model_id, int(cfg["max_model_len"]), resolved_sp),
-        stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=int(dp),
+        kv_offloading_gib=offload_gib, workload=workload,
+        stages=tuple(stages), notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp,
         precision=str(cfg.get("precision") or "BF16").upper(), weight_dtype=weight_dtype,
         vllm_version_source=_VLLM_VERSION_SOURCE["training_default_args"], **knobs)
     spec = None if family == "?" else _WorkloadSpec(f"family:{d.name}", model_id, family, sp, tuple(stages_cfg))
     return exp, spec
+
+
+def _check_profile(sp: Any, stages: Any, where: str) -> None:
+    """The parts of an inference-perf profile the replay reads: ``data.shared_prefix`` lengths
+    (integers: ``system_prompt_len`` >= 0, ``question_len`` and ``output_len`` >= 1) and
+    ``load.stages`` (a non-empty list of ``rate`` > 0 requests/s and ``duration`` > 0 s).
+
+    Raises:
+        ConfigError: one line naming ``where`` (the file), the field and the value.
+    """
+    if not isinstance(sp, Mapping):
+        raise ConfigError(f"{where}: data.shared_prefix={bounded_repr(sp)} is not allowed: expected a mapping")
+    for key, low in (("system_prompt_len", 0), ("question_len", 1), ("output_len", 1)):
+        _integer(_get(sp, (key,), where), where, f"data.shared_prefix.{key}", low)
+    if not isinstance(stages, list) or not stages:
+        raise ConfigError(f"{where}: load.stages={bounded_repr(stages)} is not allowed: expected a non-empty list "
+                          "of {rate, duration}")
+    for i, st in enumerate(stages):
+        _number(_get(st, ("rate",), f"{where} load.stages[{i}]"), where, f"load.stages[{i}].rate", lambda x: x > 0,
+                "a finite number of requests/s > 0")
+        _number(_get(st, ("duration",), f"{where} load.stages[{i}]"), where, f"load.stages[{i}].duration",
+                lambda x: x > 0, "a finite number of s > 0")
+
+
+def _offload(cfg: Mapping[str, Any], source: str) -> tuple[bool, float | None, list[str]]:
+    """``(cpu_offload, kv_offloading_size GiB or None, notes)`` of a run's ``cpu_offload`` flag and
+    ``kv_offloading_size`` (exp-config key or csv column). vLLM offloads whenever
+    ``--kv-offloading-size`` is set (``vllm/config/vllm.py`` ``_post_init_kv_transfer_config``) and
+    refuses a size of 0 (``vllm/v1/kv_offload/cpu/spec.py``: ``cpu_bytes_to_use`` must be given).
+
+    Raises:
+        ConfigError: a size that is not a number > 0, or ``cpu_offload`` false with a size (naming both).
+    """
+    flag = _csv_flag(cfg, "cpu_offload", source)
+    gib = None
+    if _column(cfg, "kv_offloading_size") is not None:
+        gib = _csv_number(cfg, "kv_offloading_size", 0.0, lambda x: x > 0,
+                          "a number of GiB > 0 (vLLM's --kv-offloading-size; leave it out for no offload)", source)
+    if _column(cfg, "cpu_offload") is not None and not flag and gib is not None:
+        raise ConfigError(f"{source} cpu_offload={bounded_repr(cfg['cpu_offload'])} and kv_offloading_size={gib:g} "
+                          "disagree: vLLM offloads whenever kv_offloading_size is set (give one)")
+    notes = []
+    if flag and gib is None:
+        notes.append(f"cpu_offload without kv_offloading_size: the DRAM tier is the blis cpu_kv_blocks when logged, "
+                     f"else {DEFAULT_CPU_OFFLOAD_GIB_PER_RANK:g} GiB per TP rank [inferred]")
+    return flag or gib is not None, gib, notes
+
+
+def preset_config_note(model_id: str, model: ModelSpec | None, model_configs: Path | None) -> str | None:
+    """A note for a run whose model id is a preset while ``model_configs`` also holds a config.json
+    for it that differs from the preset (or does not read as a model): the preset is used, as
+    :func:`resolve_model` and ``--model-configs`` document (a config.json serves ids that are no
+    preset). None when there is no such config or it equals the preset (all but name and source)."""
+    from kvsched.envs.sim.hf_config import read_hf_config
+
+    if model is None or model_configs is None:
+        return None
+    try:
+        preset = get_model(model_id)
+    except UnknownPresetError:
+        return None  # the model was read from the config
+    d = config_dir_for(model_id, model_configs)
+    if d is None:
+        return None
+    where = bounded_repr(str(d / "config.json"), MAX_PATH_CHARS)
+    try:
+        other = read_hf_config(d, name=model_id.strip().rsplit("/", 1)[-1])
+    except (ConfigError, OSError, ValueError, TypeError, KeyError) as e:
+        return (f"preset {preset.name} used for {bounded_repr(model_id)}; {where} does not read as a model "
+                f"({bounded_repr(str(e), 150)[1:-1]}) and is not used (--model-configs serves ids that are no preset)")
+    differ = [f.name for f in fields(ModelSpec)
+              if f.name not in ("name", "source") and getattr(other, f.name) != getattr(preset, f.name)]
+    if not differ:
+        return None
+    shown = "; ".join(f"{n} {getattr(preset, n)} vs {getattr(other, n)}" for n in differ[:6])
+    return (f"preset {preset.name} used for {bounded_repr(model_id)}; {where} differs from it ({shown}) and is not "
+            "used (--model-configs serves ids that are no preset)")
 
 
 def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str, Any] | None,
@@ -935,18 +1238,24 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     if unread:
         notes.append(f"csv columns not modelled (the replay runs without them): "
                      f"{bounded_repr(', '.join(unread), 300)[1:-1]}")
-    peers = _peer_table(rows)
+    where = f"sim_to_real csv ({folder})"
+    peers, n_peers = _peer_table(rows, where)
+    notes += n_peers
+    measured = _measured_table(rows, where)
     stages = []
-    for k in sorted(rows["stage_index"].unique()):
-        a = rows[rows["stage_index"] == k].drop_duplicates("metric_name").set_index("metric_name")["actual"]
-        missing = [m for m in METRICS if m not in a.index]
+    for k in sorted(measured):
+        a = measured[k]
+        missing = [m for m in METRICS if m not in a]
         if missing:
             raise ConfigError(f"{folder} stage {k}: the csv has no measured {', '.join(missing)}")
-        vals = {m: float(a[m]) for m in METRICS}
-        _measured(f"stage {k} itl_mean", vals["itl_mean"], lambda x: x > 0.0, "a finite number of ms > 0")
+        vals = {m: a[m] for m in METRICS}
         out_mean = (vals["e2e_mean"] - vals["ttft_mean"]) / vals["itl_mean"] + 1.0
-        stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
-                                       peers_ms=peers.get(int(k), {})))
+        try:
+            stages.append(StageMeasurement(stage=int(k), values_ms=vals, output_len_mean=out_mean,
+                                           peers_ms=peers.get(int(k), {})))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e} (output_len_mean = (e2e_mean - ttft_mean) / itl_mean + 1 of column "
+                              "actual)") from None
     if not stages:
         return _skipped(folder, "sim_to_real", "no per-stage rows (stage_index >= 0) in the csv", model_id, hardware)
     if be is None and _column(first, "tp") is None:
@@ -958,7 +1267,8 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
     util = _csv_number(first, "gpu_mem_util", DEFAULT_GPU_MEMORY_UTILIZATION, lambda x: 0 < x <= 1,
                        "a number in (0, 1]")
     dp = int(_csv_number(first, "dp", 1.0, lambda x: 1 <= x <= MAX_DP and x == int(x), f"an integer in [1, {MAX_DP}]"))
-    cpu_offload = _csv_flag(first, "cpu_offload")
+    cpu_offload, offload_gib, n_off = _offload(first, "csv column")
+    notes += n_off
     precision = str(_column(first, "precision") or "FP16").upper()
     if be is not None:
         cands = [_WorkloadSpec("run", model_id, family, be["workload"]["inference_perf"]["shared_prefix"],
@@ -978,6 +1288,10 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
                      "(same family; its rates, which may differ from the run's)")
     notes.append(f"resolved inference-perf config not published: assumed {RESOLVED_DEFAULT_PROMPTS[0]} x "
                  f"{RESOLVED_DEFAULT_PROMPTS[1]} single-turn prompts like every published one")
+    try:
+        workload = _workload(chosen.shared_prefix, chosen.stages, model_id, None)
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{folder}: the workload of {chosen.source} does not build: {_error_text(e)}") from None
     knobs = engine_knobs(first)
     # the blis entry logs its blocks at 16 tokens and the model's KV dtype (it records neither flag)
     logged_blocks = be is not None and int(be["tp"]) == tp and int(be["max_num_batched_tokens"]) == mbt \
@@ -987,6 +1301,9 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         notes.append(f"total_kv_blocks not logged for this configuration: derived from memory at "
                      f"gpu_memory_utilization {util}")
     model, skip = resolve_model(model_id, configs)
+    cfg_note = preset_config_note(model_id, model, configs)
+    if cfg_note:
+        notes.append(cfg_note)
     weight_dtype = "auto"
     if model is not None:
         raw_precision = _column(first, "precision")
@@ -999,8 +1316,7 @@ def _read_csv_run(folder: str, csv: pd.DataFrame, csv_for: Any, be: Mapping[str,
         tp=tp, max_num_batched_tokens=mbt, max_num_seqs=int(be["max_num_seqs"]) if be else 128, max_model_len=None,
         total_kv_blocks=int(be["total_kv_blocks"]) if logged_blocks and be else None,
         cpu_kv_blocks=int(be["cpu_kv_blocks"]) if be and int(be["cpu_kv_blocks"]) > 0 else None,
-        cpu_offload=cpu_offload,
-        workload=_workload(chosen.shared_prefix, chosen.stages, model_id, None), stages=tuple(stages),
+        cpu_offload=cpu_offload, kv_offloading_gib=offload_gib, workload=workload, stages=tuple(stages),
         notes=tuple(notes), skip_reason=skip, gpu_memory_utilization=util, dp=dp, precision=precision,
         workload_source=chosen.source, weight_dtype=weight_dtype,
         vllm_version_source=_VLLM_VERSION_SOURCE["sim_to_real"], **knobs)

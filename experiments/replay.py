@@ -15,8 +15,10 @@ divided by the per-rank block bytes in ``vllm/v1/core/kv_cache_utils.py``; kvsch
 
 **CPU KV offload** (``cpu_offload``; vLLM ``--kv-offloading-size`` -> ``OffloadingConnector``,
 ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``): a host-DRAM tier of
-``cpu_kv_blocks`` blocks (when logged; else
-:data:`~kvsched.experiments.groundtruth.DEFAULT_CPU_OFFLOAD_GIB_PER_RANK` per rank) caching
+``kv_offloading_size`` GiB when the run logs it (the engine's whole buffer, split over its TP ranks
+as vLLM does: ``vllm/config/cache.py``, ``vllm/v1/kv_offload/cpu/spec.py``), else ``cpu_kv_blocks``
+blocks (when logged; else :data:`~kvsched.experiments.groundtruth.DEFAULT_CPU_OFFLOAD_GIB_PER_RANK`
+per rank) caching
 prefixes (:class:`~kvsched.envs.sim.prefix_offload.PrefixOffloadSpec`): every full prompt block a
 request computes or hits in HBM that the CPU store lacks is stored to CPU over PCIe asynchronously
 (``offload_prompt_only``, vLLM's default; ``write_hbm_hits``: the connector's ``prepare_store``),
@@ -186,9 +188,22 @@ def instance_spec_for(exp: Experiment, cost: CostParams | None = None,
         kw["cost"] = cost
     spec = InstanceSpec(**kw)
     if exp.cpu_offload:
-        per_rank_blocks = (exp.cpu_kv_blocks if exp.cpu_kv_blocks
-                           else int(DEFAULT_CPU_OFFLOAD_GIB_PER_RANK * GiB // spec.kv_bytes_per_block_per_gpu))
-        spec = spec.with_overrides(dram_kv_bytes=per_rank_blocks * spec.kv_bytes_per_block,
+        if exp.kv_offloading_gib is not None:
+            # vLLM: --kv-offloading-size is the whole engine's buffer (cpu_bytes_to_use = size x 2**30,
+            # vllm/config/vllm.py _post_init_kv_transfer_config; "the total buffer size summed across all TP
+            # ranks", vllm/config/cache.py), and one CPU block holds every rank's share of a GPU block
+            # (worker_kv_bytes_per_block x world_size, vllm/v1/kv_offload/cpu/spec.py; vLLM 0.32 wheel).
+            # Its page alignment (4 KiB) is below a block's bytes and ignored.
+            block_bytes = spec.kv_bytes_per_block_per_gpu * exp.tp
+            cpu_blocks = int(exp.kv_offloading_gib * GiB // block_bytes)
+            if cpu_blocks < 1:
+                raise ConfigError(f"experiment {exp.exp_id}: kv_offloading_size={exp.kv_offloading_gib:g} GiB holds "
+                                  f"no KV block of {block_bytes:.0f} bytes (all {exp.tp} TP ranks); expected at "
+                                  f"least {block_bytes / GiB:.4g} GiB")
+        else:
+            cpu_blocks = (exp.cpu_kv_blocks if exp.cpu_kv_blocks
+                               else int(DEFAULT_CPU_OFFLOAD_GIB_PER_RANK * GiB // spec.kv_bytes_per_block_per_gpu))
+        spec = spec.with_overrides(dram_kv_bytes=cpu_blocks * spec.kv_bytes_per_block,
                                    prefix_offload=PrefixOffloadSpec(tiers=("dram",), write_policy="write_through",
                                                                     offload_prompt_only=True, load_policy="always",
                                                                     fence_pending_writes=True, write_hbm_hits=True))

@@ -58,8 +58,8 @@ def _reason(exps, exp_id: str) -> str:
 @pytest.mark.parametrize("stage_text,needle", [
     (json.dumps(_stage_json(output_len_mean=1.0)), "output_len.mean=1.0"),  # was ZeroDivisionError
     (json.dumps(_stage_json(output_len_mean=0.0)), "output_len.mean=0.0"),  # was a negative ITL
-    (json.dumps(_stage_json()).replace('"mean": 0.03', '"mean": NaN'), "ttft_mean=nan"),
-    (json.dumps(_stage_json(ttft_mean=-0.01)), "ttft_mean=-10.0"),
+    (json.dumps(_stage_json()).replace('"mean": 0.03', '"mean": NaN'), "time_to_first_token.mean=nan"),
+    (json.dumps(_stage_json(ttft_mean=-0.01)), "time_to_first_token.mean=-0.01"),
     ("[" * 100_000 + "]" * 100_000, "invalid JSON"),  # was RecursionError
 ])
 def test_a_run_with_unusable_measurements_is_skipped_with_a_one_line_reason(tmp_path, stage_text, needle):
@@ -69,8 +69,8 @@ def test_a_run_with_unusable_measurements_is_skipped_with_a_one_line_reason(tmp_
     assert not _reason(exps, CSV_RUN).startswith("unreadable")  # the other run is still read
 
 
-@pytest.mark.parametrize("edit,needle", [({"itl_mean": 0.0}, "itl_mean=0.0"),  # was ZeroDivisionError
-                                         ({"ttft_p99": -5.0}, "ttft_p99=-5.0"),
+@pytest.mark.parametrize("edit,needle", [({"itl_mean": 0.0}, "actual=0.0 (stage 0, 'itl_mean'"),  # was ZeroDivision
+                                         ({"ttft_p99": -5.0}, "actual=-5.0 (stage 0, 'ttft_p99'"),
                                          ({"e2e_mean": float("nan")}, "nan")])
 def test_a_csv_run_with_unusable_measurements_is_skipped(tmp_path, edit, needle):
     reason = _reason(load_experiments(_write(tmp_path, csv_actual=edit)), CSV_RUN)
