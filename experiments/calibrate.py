@@ -20,6 +20,7 @@ import itertools
 import math
 import multiprocessing as mp
 import time
+from collections import Counter
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -36,7 +37,8 @@ from .groundtruth import METRICS, Experiment, load_experiments
 from .replay import CALIBRATED_GPU, replay
 
 __all__ = ["DEFAULT_TRAIN", "FIT_METRICS", "TAIL_FIELDS", "TAIL_FIT_QUANTILES", "TAIL_FIT_STAGES", "TAIL_GRID",
-           "Objective", "TailFit", "calibrate", "fit_tail", "log_residuals", "tail_residuals"]
+           "Objective", "ReplayError", "TailFit", "calibrate", "fit_tail", "log_residuals", "tail_quantiles",
+           "tail_residuals"]
 
 DEFAULT_TRAIN: tuple[str, ...] = (
     "20260217-162547-llama-2-7b-tp1-roleplay",
@@ -114,18 +116,52 @@ def tail_residuals(exps: Sequence[Experiment], results_by_seed: Sequence[Sequenc
                    stages: Sequence[tuple[str, int]] = TAIL_FIT_STAGES,
                    quantiles: Sequence[str] = TAIL_FIT_QUANTILES) -> np.ndarray:
     """``log(predicted / measured)`` of the TTFT ``quantiles`` of every stage of ``stages``,
-    the prediction being the mean over seeds (``results_by_seed[k][i]``: seed k, experiment i)."""
+    the prediction being the mean over seeds (``results_by_seed[k][i]``: seed k, experiment i).
+    A stage's residuals are those of the quantiles both its stage JSON and the replay give
+    (:func:`tail_quantiles`); a stage with none of them adds none.
+
+    Raises:
+        ConfigError: no stage publishes any of ``quantiles``.
+    """
     idx = {e.exp_id: i for i, e in enumerate(exps)}
+    scored = tail_quantiles(exps, stages, quantiles)
     out = []
     for exp_id, k in stages:
         i = idx[exp_id]
-        meas = exps[i].stages[k].ttft_quantiles_ms
-        if meas is None:
-            raise ConfigError(f"tail fit: {exp_id} stage {k} publishes no TTFT quantiles")
-        for q in quantiles:
+        meas = next(s for s in exps[i].stages if s.stage == k).ttft_quantiles_ms or {}
+        for q in scored[(exp_id, k)]:
             pred = float(np.mean([res[i].ttft_quantiles_ms[k][q] for res in results_by_seed]))
             out.append(math.log(pred / meas[q]) if pred > 0 else float("nan"))
     return np.asarray(out, dtype=np.float64)
+
+
+def tail_quantiles(exps: Sequence[Experiment], stages: Sequence[tuple[str, int]] = TAIL_FIT_STAGES,
+                   quantiles: Sequence[str] = TAIL_FIT_QUANTILES) -> dict[tuple[str, int], tuple[str, ...]]:
+    """Per (exp_id, stage) of ``stages``: the TTFT quantiles of ``quantiles`` that its stage JSON
+    publishes and a replay reports (:data:`~kvsched.experiments.replay.TTFT_QUANTILES`), in
+    ``quantiles`` order; empty for a stage that publishes none of them.
+
+    Raises:
+        ConfigError: no stage publishes any of them (nothing to fit), or a stage index the
+            experiment does not have.
+    """
+    from .replay import TTFT_QUANTILES
+
+    replayed = {key for key, _ in TTFT_QUANTILES}
+    by_id = {e.exp_id: e for e in exps}
+    out: dict[tuple[str, int], tuple[str, ...]] = {}
+    for exp_id, k in stages:
+        by_stage = {s.stage: s for s in by_id[exp_id].stages}
+        if k not in by_stage:
+            raise ConfigError(f"tail fit: {bounded_repr(exp_id)} has no stage {bounded_repr(k)}; "
+                              f"expected one of {sorted(by_stage)}")
+        meas = by_stage[k].ttft_quantiles_ms or {}
+        out[(exp_id, k)] = tuple(q for q in quantiles if q in meas and q in replayed)
+    if not any(out.values()):
+        raise ConfigError(f"tail fit: no stage of {bounded_repr([f'{e} stage {k}' for e, k in stages], 300)} "
+                          f"publishes any of the TTFT quantiles {', '.join(quantiles)} (no TTFT quantiles to fit); "
+                          "expected stage JSONs with successes.latency.time_to_first_token quantiles")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +213,7 @@ def fit_tail(exps: Sequence[Experiment], base: CostParams, seeds: int = 2, stage
     if missing:
         raise ConfigError(f"fit_tail: tail-fit experiment {bounded_repr(missing[0])} is missing or not replayable")
     chosen = [by_id[i] for i in ids]
+    tail_quantiles(chosen, stages)  # a stage of no TTFT quantiles is refused before any replay
     names = list(grid)
     points = [dict(zip(names, vals)) for vals in itertools.product(*(grid[n] for n in names))]
     rows: list[tuple[float, float, float, float]] = []
@@ -220,10 +257,34 @@ def _init_worker(exps: Sequence[Experiment]) -> None:
     _WORKER["exps"] = list(exps)
 
 
+class ReplayError(RuntimeError):
+    """A replay of :class:`Objective` failed (e.g. requests its configuration cannot serve):
+    ``exp_id`` names the experiment, ``reason`` says why (the replay's error, without the id).
+    A RuntimeError, so callers that catch those (``kvsched validate``) keep working."""
+
+    def __init__(self, exp_id: str, reason: str) -> None:
+        super().__init__(exp_id, reason)  # both in args: the error crosses the worker pool by pickling
+        self.exp_id, self.reason = exp_id, reason
+
+    def __str__(self) -> str:
+        return f"{self.exp_id}: {self.reason}"
+
+
+def _replay_named(exp: Experiment, cost: CostParams, **kw) -> object:
+    """:func:`replay` of ``exp``, its failure (RuntimeError, KvschedError) as a :class:`ReplayError`."""
+    from kvsched.envs.sim.errors import KvschedError
+
+    try:
+        return replay(exp, cost, **kw)
+    except (RuntimeError, KvschedError) as err:
+        text = str(err)
+        raise ReplayError(exp.exp_id, text.removeprefix(f"{exp.exp_id}: ")) from None
+
+
 def _replay_one(args: tuple) -> object:
     idx, cost_fields, stage_cap_s, seed, client_jitter, cost_gpu = args
-    return replay(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s, seed=seed,
-                  client_jitter=client_jitter, cost_gpu=cost_gpu)
+    return _replay_named(_WORKER["exps"][idx], CostParams(**cost_fields), stage_cap_s=stage_cap_s, seed=seed,
+                         client_jitter=client_jitter, cost_gpu=cost_gpu)
 
 
 class Objective:
@@ -257,12 +318,16 @@ class Objective:
                                   initargs=(self.exps,))  # the experiments as read (models included)
 
     def results(self, cost: CostParams, seed: int = 0) -> list:
-        """The replay results of every experiment for ``cost`` with replay seed ``seed``."""
+        """The replay results of every experiment for ``cost`` with replay seed ``seed``.
+
+        Raises:
+            ReplayError: a replay failed, naming its experiment.
+        """
         self.calls += 1
         fields = dataclasses.asdict(cost)
         if self._pool is None:
-            return [replay(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter,
-                           cost_gpu=self.cost_gpu) for e in self.exps]
+            return [_replay_named(e, cost, stage_cap_s=self.stage_cap_s, seed=seed, client_jitter=self.client_jitter,
+                                  cost_gpu=self.cost_gpu) for e in self.exps]
         # longest first: better packing on few workers
         order = sorted(range(len(self.exps)), key=lambda i: -self.exps[i].workload.num_requests)
         args = [(i, fields, self.stage_cap_s, seed, self.client_jitter, self.cost_gpu) for i in order]
@@ -323,7 +388,7 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
 
     from kvsched.envs.sim.errors import UnknownPresetError
 
-    from .replay import gpu_preset_of
+    from .replay import gpu_preset_of, instance_spec_for
 
     def ran_on(e: Experiment) -> str:
         try:
@@ -333,6 +398,10 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
 
     gpu = get_gpu(gpu).name  # an alias names the preset the runs are on and the file calibrates
     by_id = {e.exp_id: e for e in exps}
+    twice = [t for t, n in Counter(train).items() if n > 1]
+    if twice:
+        raise ConfigError(f"calibrate: training experiment {bounded_repr(twice[0])} is given more than once; "
+                          "expected each --train id once (a repeated run would weigh twice in the fit)")
     missing = [t for t in train if t not in by_id]
     if missing:
         raise ConfigError(f"calibrate: unknown training experiment(s) {bounded_repr(missing, 300)}; "
@@ -352,16 +421,29 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
     if isinstance(diff_step, bool) or not (isinstance(diff_step, (int, float)) and 0.0 < diff_step < 1.0):
         raise ConfigError(f"calibrate: diff_step={bounded_repr(diff_step)}; expected a number in (0, 1)")
     base = base or DEFAULT_FIT_BASE
+    for e in chosen:  # a served system that cannot be built fails here, naming its run (as validate skips it)
+        try:
+            instance_spec_for(e, base, cost_gpu=gpu)
+        except (ConfigError, UnknownPresetError) as err:
+            raise ConfigError(f"calibrate: training experiment {bounded_repr(e.exp_id)} cannot be replayed: its "
+                              f"served system cannot be built: {bounded_repr(str(err), 300)[1:-1]}; expected "
+                              "replayable runs (--train; kvsched validate lists the skipped ones)") from None
+    params, unconstrained = _constrained(params, chosen)
     t0 = time.perf_counter()
-    with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, cost_gpu=gpu) as obj:
-        def fn(cost: CostParams) -> np.ndarray:
-            r = obj(cost)
-            if progress is not None:
-                rr = np.where(np.isfinite(r), r, 10.0)
-                progress(obj.calls, 0.5 * float(rr @ rr))
-            return r
+    try:
+        with Objective(chosen, FIT_METRICS, stage_cap_s, jobs, cost_gpu=gpu) as obj:
+            def fn(cost: CostParams) -> np.ndarray:
+                r = obj(cost)
+                if progress is not None:
+                    rr = np.where(np.isfinite(r), r, 10.0)
+                    progress(obj.calls, 0.5 * float(rr @ rr))
+                return r
 
-        fit = fit_cost_params(fn, base, params, max_nfev=max_nfev, x0=x0, diff_step=diff_step)
+            fit = fit_cost_params(fn, base, params, max_nfev=max_nfev, x0=x0, diff_step=diff_step)
+    except ReplayError as err:
+        raise ConfigError(f"calibrate: training experiment {bounded_repr(err.exp_id)} cannot be replayed: "
+                          f"{bounded_repr(err.reason, 300)[1:-1]}; expected runs every request of which the "
+                          "replayed configuration serves (--train; kvsched validate lists the skipped ones)") from None
     wall = time.perf_counter() - t0
     cal = CalibrationFile(
         gpu=gpu, version=version, cost=fit.cost, fitted=tuple(p.name for p in params), train=tuple(train),
@@ -372,11 +454,38 @@ def calibrate(exps: Sequence[Experiment], train: Sequence[str], gpu: str = "H100
         notes=(f"scipy.optimize.least_squares: {fit.message}",
                "bounds: " + ", ".join(f"{p.name} [{p.lo:g}, {p.hi:g}]" for p in params),
                f"allreduce_algorithm: {base.allreduce_algorithm}",
+               *([f"{_NOT_FITTED_NOTE}: {', '.join(unconstrained)} (no training run has TP > 1, so no residual "
+                  "depends on them); kept at the base values"] if unconstrained else []),
                "fixed at literature defaults: " + ", ".join(
                    f.name for f in dataclasses.fields(CostParams)
                    if f.name not in {p.name for p in params} and f.name != "allreduce_algorithm"))
         + _config_model_notes(chosen))
     return cal, fit
+
+
+ALLREDUCE_FIT_FIELDS: tuple[str, ...] = ("allreduce_bw_efficiency", "allreduce_hop_latency_s", "allreduce_latency_s")
+"""CostParams fields that price the TP all-reduce: only runs with TP > 1 constrain them."""
+
+_NOT_FITTED_NOTE = "not fitted"
+
+
+def _constrained(params: Sequence[FitParam], chosen: Sequence[Experiment]
+                 ) -> tuple[list[FitParam], tuple[str, ...]]:
+    """``params`` without the all-reduce fields when no training run has TP > 1 (no residual
+    depends on them: the fit would leave them at their start and call them fitted), and the names
+    left out.
+
+    Raises:
+        ConfigError: every field of ``params`` is left out (nothing to fit).
+    """
+    if any(e.tp > 1 for e in chosen):
+        return list(params), ()
+    kept = [p for p in params if p.name not in ALLREDUCE_FIT_FIELDS]
+    dropped = tuple(p.name for p in params if p.name in ALLREDUCE_FIT_FIELDS)
+    if not kept:
+        raise ConfigError(f"calibrate: the fitted fields {bounded_repr([p.name for p in params], 300)} all price the "
+                          "TP all-reduce and no training run has TP > 1; expected a training run with TP > 1")
+    return kept, dropped
 
 
 def _config_model_notes(chosen: Sequence[Experiment]) -> tuple[str, ...]:
@@ -406,7 +515,7 @@ def add_arguments(p) -> None:
                         "layout of inference-sim's model_configs/; <model> is the id's repo name, as given or "
                         "lower-cased) (default: the ground truth's model_configs/ when it has one)")
     p.add_argument("--gpu", default="H100-SXM", help="GPU preset to calibrate (default H100-SXM)")
-    p.add_argument("--train", nargs="+", metavar="EXP_ID", help="training experiment ids (default: the "
+    p.add_argument("--train", nargs="+", metavar="EXP_ID", help="training experiment ids, each once (default: the "
                    "replayable inference-sim/training runs the sim-to-real table does not score)")
     p.add_argument("--coarse-cap-s", type=number(0, True), default=COARSE_CAP_S,
                    help=f"stage length of the coarse fit, s (default {COARSE_CAP_S:g})")
@@ -528,6 +637,9 @@ def cmd_calibrate(a, console) -> int:
                              a.jobs, a.version, progress, diff_step=a.diff_step)
         n_eval += fit.n_evaluations
     wall = time.perf_counter() - t0
+    for line in cal.notes:
+        if line.startswith(_NOT_FITTED_NOTE):
+            console.print(f"note: {line}", highlight=False, markup=False)
     if existing is not None and existing.tail_params:  # the fitted tail stays (refit it with --tail-only)
         cal = dataclasses.replace(cal, tail_params=existing.tail_params,
                                   notes=cal.notes + tuple(n for n in existing.notes if n.startswith(_TAIL_NOTE)))
@@ -641,10 +753,24 @@ def _cmd_tail_only(a, console, existing: CalibrationFile, exps: Sequence[Experim
         console.print(f"  grid point {i:3d}: rms log error {rms:.4f}  ({time.perf_counter() - t0:.0f} s)",
                       highlight=False, markup=False)
 
-    tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, progress=progress)  # tail off
+    by_id = {e.exp_id: e for e in exps}
+    usable = [by_id[i] for i in dict.fromkeys(i for i, _ in TAIL_FIT_STAGES) if i in by_id]
+    scored = tail_quantiles(usable, [st for st in TAIL_FIT_STAGES if st[0] in by_id]) if usable else {}
+    partial = {st: qs for st, qs in scored.items() if qs != TAIL_FIT_QUANTILES}
+    for (e, k), qs in partial.items():
+        console.print(f"note: {e} stage {k} publishes " + (f"only the TTFT quantiles {', '.join(qs)} of "
+                      if qs else "none of the TTFT quantiles ") + f"{', '.join(TAIL_FIT_QUANTILES)}; "
+                      + ("only those are scored" if qs else "the stage is left out of the tail fit"),
+                      highlight=False, markup=False)
+    try:
+        tf = fit_tail(exps, existing.cost, a.tail_seeds, a.tail_cap_s, a.jobs, progress=progress)  # tail off
+    except ReplayError as err:
+        raise ConfigError(f"--tail-only: tail-fit experiment {bounded_repr(err.exp_id)} cannot be replayed: "
+                          f"{bounded_repr(err.reason, 300)[1:-1]}") from None
     note = (f"{_TAIL_NOTE}: grid search over {', '.join(f'{k} {list(v)}' for k, v in TAIL_GRID.items())}; "
             f"rms of log(pred/meas) of TTFT {', '.join(TAIL_FIT_QUANTILES)} on "
-            + ", ".join(f"{e} stage {k}" for e, k in TAIL_FIT_STAGES)
+            + ", ".join(f"{e} stage {k}" + (f" ({', '.join(partial[(e, k)]) or 'none published: left out'})"
+                                            if (e, k) in partial else "") for e, k in TAIL_FIT_STAGES)
             + f"; {tf.seeds} seeds, stages cut to {tf.stage_cap_s:g} s, client send jitter replayed; "
             f"rms {tf.before_rms:.4f} -> {tf.rms:.4f}")
     notes = tuple(n for n in existing.notes if not n.startswith(_TAIL_NOTE))

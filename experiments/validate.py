@@ -43,7 +43,7 @@ from .groundtruth import METRICS, PEERS, Experiment
 from .replay import ape
 from kvsched import atomic_files
 
-__all__ = ["BREAKDOWNS", "ValidationReport", "breakdown_table", "csv_coverage", "peer_comparison",
+__all__ = ["BREAKDOWNS", "ValidationReport", "breakdown_table", "csv_coverage", "gpus_scored", "peer_comparison",
            "plot_predicted_vs_measured", "runs_table", "score", "summary_table"]
 
 BREAKDOWNS = (("model_family", "model family"), ("tp", "TP degree"), ("gpu", "GPU"))
@@ -79,26 +79,35 @@ class ValidationReport:
     client_jitter: bool = False
 
 
-def runs_table(exps: Sequence[Experiment], train: Sequence[str]) -> pd.DataFrame:
+def runs_table(exps: Sequence[Experiment], train: Sequence[str],
+               skipped: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
     """One row per experiment: exp_id, label, source, model_family, model_id, the model spec it was
     replayed with (``model``: a preset's name or the config-read model's, empty when none;
     ``model_source``: the spec's source, for a config.json its path and what was read), the prompt
     re-tokenisation factor (``prompt_scale``, 1.0 = nominal lengths: no measurement for the tokenizer),
     tp, gpu, split ("train" / "held-out" / "not replayed"), vllm_version and where it was looked
-    for, whether the sim-to-real csv scores it, skip reason, the vLLM engine flags it was replayed
-    with (enable_prefix_caching, enable_chunked_prefill, kv_cache_dtype, block_size) and its notes
-    (joined by " | ")."""
+    for, whether the sim-to-real csv scores it, skip reason (the ground truth's, or ``skipped``'s:
+    the runs :func:`score` could not build or replay, which are "not replayed" too), the vLLM
+    serving flags it was replayed with (dp, max_num_batched_tokens, max_num_seqs, max_model_len,
+    gpu_memory_utilization, cpu_offload, precision, weight_dtype, enable_prefix_caching,
+    enable_chunked_prefill, kv_cache_dtype, block_size) and its notes (joined by " | ")."""
     train_set = set(train)
+    reasons = {e.exp_id: str(e.skip_reason) for e in exps if e.skip_reason}
+    for exp_id, reason in skipped:
+        reasons.setdefault(exp_id, reason)
     return pd.DataFrame.from_records([
         {"exp_id": e.exp_id, "label": e.label, "source": e.source, "model_family": e.model_family,
          "model_id": e.model_id, "model": e.model.name if e.model is not None else "",
          "model_source": e.model.source if e.model is not None else "",
          "prompt_scale": e.workload.prompt_scale,
          "tp": e.tp, "gpu": e.hardware,
-         "split": "not replayed" if e.skip_reason else ("train" if e.exp_id in train_set else "held-out"),
+         "split": "not replayed" if e.exp_id in reasons else ("train" if e.exp_id in train_set else "held-out"),
          "vllm_version": e.vllm_version, "vllm_version_source": e.vllm_version_source,
          "in_sim_to_real_csv": e.source == "sim_to_real" or any(bool(st.peers_ms) for st in e.stages),
-         "skip_reason": e.skip_reason or "", "enable_prefix_caching": e.enable_prefix_caching,
+         "skip_reason": reasons.get(e.exp_id, ""), "dp": e.dp, "max_num_batched_tokens": e.max_num_batched_tokens,
+         "max_num_seqs": e.max_num_seqs, "max_model_len": e.max_model_len,
+         "gpu_memory_utilization": e.gpu_memory_utilization, "cpu_offload": e.cpu_offload,
+         "precision": e.precision, "weight_dtype": e.weight_dtype, "enable_prefix_caching": e.enable_prefix_caching,
          "enable_chunked_prefill": e.enable_chunked_prefill, "kv_cache_dtype": e.kv_cache_dtype,
          "block_size": e.block_size, "notes": " | ".join(e.notes)} for e in exps])
 
@@ -197,7 +206,7 @@ def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (
                     row[f"{p}_ape"] = ape(v, meas) if np.isfinite(v) else float("nan")
                 recs.append(row)
     return ValidationReport(pd.DataFrame.from_records(recs), skipped, cost, tuple(train),
-                            pd.DataFrame.from_records(seed_recs), runs_table(exps, train), int(seeds),
+                            pd.DataFrame.from_records(seed_recs), runs_table(exps, train, skipped), int(seeds),
                             bool(client_jitter))
 
 
@@ -291,6 +300,12 @@ def csv_coverage(report: ValidationReport) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["exp_id", "label", "split", "stages_scored", "peer_rows", "reason"])
 
 
+def gpus_scored(report: ValidationReport) -> str:
+    """The GPUs of the scored rows as logged (e.g. ``"H100"``, ``"A100, H100"``), sorted; "no GPU"
+    without rows."""
+    return ", ".join(sorted({str(g) for g in report.rows["gpu"]})) if len(report.rows) else "no GPU"
+
+
 def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Path:
     """Log-log scatter of predicted vs measured per metric group (TTFT, ITL, E2E), train and
     held-out marked, with y = x and a ±10 % band; kvsched and (hollow) Vidur / BLIS-evolved.
@@ -330,7 +345,7 @@ def plot_predicted_vs_measured(report: ValidationReport, path: str | Path) -> Pa
         ax.set_xlabel("measured (ms)")
         ax.set_ylabel("predicted (ms)")
         ax.legend(fontsize=7)
-    fig.suptitle("kvsched vs real vLLM on H100 (sim-to-real experiments, per load stage)")
+    fig.suptitle(f"kvsched vs real vLLM on {gpus_scored(report)} (per load stage)")
     fig.tight_layout()
     p = Path(path)
     with atomic_files.replacing(p) as tmp:
@@ -438,7 +453,9 @@ def add_arguments(p) -> None:
                         "its shipped calibration (A100-80GB), else literature GPU-side fields with the H100-SXM's "
                         "host-side ones")
     p.add_argument("--jobs", type=count, default=2, help="worker processes (default 2)")
-    p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (PNG, PDF or SVG)")
+    p.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here, in the format of its suffix "
+                                             "(.png, .pdf, .svg, ...: one matplotlib writes; checked before the "
+                                             "replays, its folder made)")
     p.add_argument("--out", type=Path, help="write rows.csv, summary.csv, peers.csv, breakdown.csv, runs.csv, "
                                             "csv_coverage.csv, per_seed.csv and plot.png into this directory")
     p.add_argument("--stage-cap-s", type=number(0, True),
@@ -469,6 +486,9 @@ def cmd_validate(a, console) -> int:
 
     from .groundtruth import find_groundtruth, load_experiments
 
+    from .plot_files import prepare_plot_file
+
+    prepare_plot_file(a.plot)  # a suffix matplotlib cannot write fails now, not after the replays
     gt = str(find_groundtruth(a.groundtruth))
     exps = load_experiments(gt, a.model_configs)
     cost, train, desc = calibration_or_default(a.calibration)
@@ -476,6 +496,8 @@ def cmd_validate(a, console) -> int:
         cost, tail_desc = _with_tail(a.calibration, cost)
         desc += f"; {tail_desc}"
     report = score(exps, cost, train, a.jobs, a.stage_cap_s, a.seeds, a.client_jitter, a.only)
+    selected = exps if a.only is None else [e for e in exps if e.exp_id in set(a.only)]
+    gpus = gpus_scored(report)
     summ = summary_table(report)
     peers = peer_comparison(report)
     breakdown = pd.concat([breakdown_table(report, col).rename(columns={col: "value"}).assign(by=col)
@@ -492,7 +514,7 @@ def cmd_validate(a, console) -> int:
         plot_predicted_vs_measured(report, plot_path)
     if a.json:
         print(json.dumps({"cost_params": dataclasses.asdict(cost), "calibration": desc, "train": list(train),
-                          "cost_notes": cost_notes(exps), "skipped": [list(s) for s in report.skipped],
+                          "cost_notes": cost_notes(selected), "skipped": [list(s) for s in report.skipped],
                           "rows": json.loads(report.rows.to_json(orient="records")),
                           "summary": json.loads(summ.to_json(orient="records")),
                           "peers": json.loads(peers.to_json(orient="records")),
@@ -502,10 +524,10 @@ def cmd_validate(a, console) -> int:
                           "seeds": report.seeds, "client_jitter": report.client_jitter}, indent=1))
         return 0
     console.print(f"cost parameters: {desc}", highlight=False, markup=False)  # paths may hold [brackets]
-    for line in cost_notes(exps):
+    for line in cost_notes(selected):
         console.print(line, highlight=False, markup=False)
     shown_peers = [p for p in PEERS if report.rows[f"{p}_ape"].notna().any()]
-    t = Table(title="kvsched vs real vLLM (H100), per experiment, load stage and metric; times in ms, errors in %")
+    t = Table(title=f"kvsched vs real vLLM ({gpus}), per experiment, load stage and metric; times in ms, errors in %")
     for col in ("experiment", "split", "stage", "metric", "measured", "kvsched", "APE"):
         t.add_column(col, justify="left" if col in ("experiment", "split", "metric") else "right")
     for p in shown_peers:

@@ -198,7 +198,8 @@ class CalibrationFile:
         """Parse the file content.
 
         Raises:
-            ConfigError: wrong format tag, missing or unknown keys, invalid cost parameters.
+            ConfigError: wrong format tag, missing or unknown keys, invalid cost parameters, or a
+                field that ``fitted`` names missing from ``cost_params``.
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: a calibration file must hold a JSON object")
@@ -223,6 +224,12 @@ class CalibrationFile:
                               f"allowed: {', '.join(_COST_FIELDS)}")
         cost_values: dict[str, Any] = {k: (v if k in _COST_TEXT_FIELDS else _real(v, f"{source}: cost_params.{k}"))
                        for k, v in cp.items()}
+        fitted = d.get("fitted", [])
+        if isinstance(fitted, (list, tuple)):
+            absent = [f for f in fitted if isinstance(f, str) and f in _COST_FIELDS and f not in cp]
+            if absent:  # a fitted value missing would load as the literature default, silently
+                raise ConfigError(f"{source}: cost_params has no {bounded_repr(absent[0])}, which fitted names; "
+                                  "expected every fitted field's value in cost_params")
         tail = d.get("tail_params", {})
         if isinstance(tail, Mapping):
             tail = {k: _real(v, f"{source}: tail_params.{k}") for k, v in tail.items()}
