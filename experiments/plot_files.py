@@ -47,5 +47,6 @@ def check_plot_suffix(path: Path | None, flag: str = "--plot") -> None:
     suffix = path.suffix[1:].lower()
     if suffix not in formats:
         raise KvschedError(f"{flag} {bounded_repr(str(path), MAX_PATH_CHARS)} is not allowed: "
-                           + (f"matplotlib writes no {bounded_repr(path.suffix)} files" if suffix else "it has no suffix")
+                           + (f"matplotlib writes no {bounded_repr(path.suffix)} files" if suffix
+                              else "it has no suffix")
                            + f"; expected a file name ending in one of {', '.join('.' + f for f in formats)}")

@@ -89,7 +89,8 @@ def runs_table(exps: Sequence[Experiment], train: Sequence[str],
     for, whether the sim-to-real csv scores it, skip reason (the ground truth's, or ``skipped``'s:
     the runs :func:`score` could not build or replay, which are "not replayed" too), the vLLM
     serving flags it was replayed with (dp, max_num_batched_tokens, max_num_seqs, max_model_len,
-    gpu_memory_utilization, cpu_offload, precision, weight_dtype, enable_prefix_caching,
+    gpu_memory_utilization, cpu_offload, kv_offloading_gib (None: the default size), precision,
+    weight_dtype, enable_prefix_caching,
     enable_chunked_prefill, kv_cache_dtype, block_size) and its notes (joined by " | ")."""
     train_set = set(train)
     reasons = {e.exp_id: str(e.skip_reason) for e in exps if e.skip_reason}
@@ -107,9 +108,11 @@ def runs_table(exps: Sequence[Experiment], train: Sequence[str],
          "skip_reason": reasons.get(e.exp_id, ""), "dp": e.dp, "max_num_batched_tokens": e.max_num_batched_tokens,
          "max_num_seqs": e.max_num_seqs, "max_model_len": e.max_model_len,
          "gpu_memory_utilization": e.gpu_memory_utilization, "cpu_offload": e.cpu_offload,
-         "precision": e.precision, "weight_dtype": e.weight_dtype, "enable_prefix_caching": e.enable_prefix_caching,
+         "kv_offloading_gib": e.kv_offloading_gib, "precision": e.precision, "weight_dtype": e.weight_dtype,
+         "enable_prefix_caching": e.enable_prefix_caching,
          "enable_chunked_prefill": e.enable_chunked_prefill, "kv_cache_dtype": e.kv_cache_dtype,
          "block_size": e.block_size, "notes": " | ".join(e.notes)} for e in exps])
+
 
 def score(exps: Sequence[Experiment], cost: CostParams, train: Sequence[str] = (), jobs: int = 2,
           stage_cap_s: float | None = None, seeds: int = 1,
