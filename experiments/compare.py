@@ -468,7 +468,82 @@ def aggregate(runs: pd.DataFrame, policies: Sequence[str] | None = None) -> pd.D
     return pd.DataFrame(out, columns=cols)
 
 
+#: Metrics of the paired table: (column, lower is better).
+PAIRED_METRICS: tuple[tuple[str, bool], ...] = (("ttft_p50_s", True), ("ttft_p99_s", True), ("tpot_p50_s", True),
+                                                ("e2e_p99_s", True), ("slo_attainment", False),
+                                                ("goodput_rps", False))
+
+
+def paired(runs: pd.DataFrame, policies: Sequence[str] | None = None, cls: str = "all") -> pd.DataFrame:
+    """Each policy (router, layout) against the first, run by run: every label served the same
+    (seed, window) runs, so the difference ``d = label - first`` is taken per run and averaged, with
+    its 95 % percentile-bootstrap interval (:func:`kvsched.experiments.suite.stats.bootstrap_ci`,
+    seeded: the same numbers in every run) and the count of runs where the label is worse.
+
+    Rows: one per (label other than the first, metric of :data:`PAIRED_METRICS`), for class
+    ``cls``; columns ``<label column>``, ``baseline``, ``metric``, ``runs`` (pairs with both values
+    defined), ``diff_mean``, ``diff_lo``, ``diff_hi`` (in the metric's unit: s, a share or req/s),
+    ``worse`` (runs where the label is worse than the baseline: higher for latencies, lower for
+    attainment and goodput). Empty with fewer than two labels.
+    """
+    from .suite.stats import bootstrap_ci
+
+    key = label_column(runs)
+    if policies is None:
+        policies = list(dict.fromkeys(runs[key]))
+    cols = [key, "baseline", "metric", "runs", "diff_mean", "diff_lo", "diff_hi", "worse"]
+    if len(policies) < 2:
+        return pd.DataFrame([], columns=cols)
+    sub = runs[runs["class"] == cls]
+    by = {p: sub[sub[key] == p].set_index(["seed", "window"]) for p in policies}
+    base = policies[0]
+    out = []
+    for p in policies[1:]:
+        common = by[base].index.intersection(by[p].index)
+        for m, lower_better in PAIRED_METRICS:
+            if m not in sub.columns:
+                continue
+            d = (by[p].loc[common, m].to_numpy(dtype=np.float64) - by[base].loc[common, m].to_numpy(dtype=np.float64))
+            d = d[np.isfinite(d)]
+            lo, hi = bootstrap_ci(d) if d.size else (math.nan, math.nan)
+            worse = int(np.count_nonzero(d > 0 if lower_better else d < 0))
+            out.append({key: p, "baseline": base, "metric": m, "runs": int(d.size),
+                        "diff_mean": float(d.mean()) if d.size else math.nan, "diff_lo": lo, "diff_hi": hi,
+                        "worse": worse})
+    return pd.DataFrame(out, columns=cols)
+
+
 # ------------------------------------------------------------------------------ presentation
+_PAIRED_SHOW = {"ttft_p50_s": ("TTFT p50 ms", 1e3), "ttft_p99_s": ("TTFT p99 ms", 1e3),
+                "tpot_p50_s": ("TPOT p50 ms", 1e3), "e2e_p99_s": ("E2E p99 s", 1.0),
+                "slo_attainment": ("SLO %", 100.0), "goodput_rps": ("goodput req/s", 1.0)}
+
+
+def paired_rich_table(table: pd.DataFrame, title: str):
+    """The paired differences of :func:`paired` as a rich table: a row per label, a column per
+    metric, ``mean [lo, hi]`` and the runs where the label is worse."""
+    from rich.table import Table
+
+    key = next(c for c in LABEL_COLUMNS if c in table.columns)
+    t = Table(title=title)
+    t.add_column(key)
+    metrics = [m for m in dict.fromkeys(table["metric"]) if m in _PAIRED_SHOW]
+    for m in metrics:
+        t.add_column(f"Δ {_PAIRED_SHOW[m][0]}", justify="right")
+    for label in dict.fromkeys(table[key]):
+        cells = []
+        for m in metrics:
+            r = table[(table[key] == label) & (table["metric"] == m)].iloc[0]
+            scale = _PAIRED_SHOW[m][1]
+            if not math.isfinite(r["diff_mean"]):
+                cells.append("-")
+                continue
+            cells.append(f"{r['diff_mean'] * scale:+.3g} [{r['diff_lo'] * scale:+.3g}, {r['diff_hi'] * scale:+.3g}]"
+                         f" worse {r['worse']}/{r['runs']}")
+        t.add_row(str(label), *cells)
+    return t
+
+
 def _fmt(mean: float, std: float, scale: float, digits: int, spread: bool) -> str:
     if not math.isfinite(mean):
         return "-"
@@ -639,15 +714,16 @@ def plot_slo(agg: pd.DataFrame, policies: Sequence[str], path: Path) -> None:
 
 
 #: Files :func:`write_outputs` writes.
-OUTPUT_FILES: tuple[str, ...] = ("compare.csv", "compare_runs.csv", "compare.json", "ttft_cdf.png",
-                                 "kv_occupancy.png", "slo_attainment.png")
+OUTPUT_FILES: tuple[str, ...] = ("compare.csv", "compare_runs.csv", "compare_paired.csv", "compare.json",
+                                 "ttft_cdf.png", "kv_occupancy.png", "slo_attainment.png")
 
 
 def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, out: Path) -> list[Path]:
     """Write :data:`OUTPUT_FILES` into ``out`` (created); returns their paths.
 
     ``compare.csv`` is the aggregated table, ``compare_runs.csv`` one row per
-    (policy, seed, window, class), ``compare.json`` what was compared (scenario and its hash,
+    (policy, seed, window, class), ``compare_paired.csv`` each policy against the first run by run
+    (:func:`paired`), ``compare.json`` what was compared (scenario and its hash,
     policies, parameters, seeds, windows). CSV floats are written with 17 significant digits (round
     trip) so identical runs give identical files.
     """
@@ -656,6 +732,8 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
         agg.to_csv(tmp, index=False, float_format="%.17g")
     with atomic_files.replacing(out / "compare_runs.csv") as tmp:
         result.runs.to_csv(tmp, index=False, float_format="%.17g")
+    with atomic_files.replacing(out / "compare_paired.csv") as tmp:
+        paired(result.runs, result.policies).to_csv(tmp, index=False, float_format="%.17g")
     meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "seeds": result.seeds,
             "windows": result.windows}
     if result.axis == "router":

@@ -42,7 +42,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--seeds", type=cli_types.repeats, default=1,
                    help="number of seeds: scenario seed, +1, ... (they regenerate synthetic workloads; "
                         "a trace is the same for every seed) (default 1)")
-    c.add_argument("--out", type=Path, help="write compare.csv, compare_runs.csv, compare.json and plots here")
+    c.add_argument("--out", type=Path,
+                   help="write compare.csv, compare_runs.csv, compare_paired.csv, compare.json and plots here")
     c.add_argument("--policy-params", metavar="JSON",
                    help='per-policy parameters, e.g. \'{"ewsjf": {"meta_window_s": 10}}\'')
     c.add_argument("--windows", type=cli_types.repeats, default=1,
@@ -66,8 +67,8 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     write ``--out``; returns the exit code."""
     from kvsched.policies.base import policy_names
 
-    from .compare import (aggregate, parse_clusters, parse_policies, parse_policy_params, parse_router_params,
-                          parse_routers, rich_table, run_compare, write_outputs)
+    from .compare import (aggregate, paired, paired_rich_table, parse_clusters, parse_policies, parse_policy_params,
+                          parse_router_params, parse_routers, rich_table, run_compare, write_outputs)
 
     routers = None
     clusters = None
@@ -132,6 +133,10 @@ def cmd_compare(a: argparse.Namespace, console: Console) -> int:
     where = f"seeds {seeds[0]}..{seeds[-1]}" + (f" x {a.windows} windows" if a.windows > 1 else "")
     console.print(rich_table(agg, f"{sc.name}: {what}; {where} "
                                   f"({f'mean ± std over {per} runs' if per > 1 else 'one run'})"))
+    if len(names) > 1 and per > 1:
+        table = paired(result.runs, result.policies)
+        console.print(paired_rich_table(table, f"each against {result.policies[0]}, run by run over the same {per} "
+                                               "runs (class all): mean difference [95 % bootstrap CI], runs worse"))
     if clusters is not None:
         gpus = {str(r["cluster"]): r["gpus"] for _, r in agg.iterrows() if r["class"] == "all"}
         if len(set(gpus.values())) > 1:

@@ -242,3 +242,27 @@ def test_an_extra_tiers_links_are_compared_tabled_and_plotted(tmp_path, monkeypa
     monkeypatch.setattr(cmp, "_summed_occupancy", lambda occ, t: (plotted.append(t), summed(occ, t))[1])
     cmp.plot_occupancy(res, tmp_path / "occ.png")
     assert plotted == ["hbm", "cxl"]
+
+
+def test_paired_differences_are_taken_run_by_run_over_the_runs_both_labels_served():
+    """compare_paired.csv: each label minus the first on the same (seed, window) runs, with a
+    bootstrap interval and the runs where the label is worse (higher latency, lower attainment)."""
+    from kvsched.experiments.compare import paired
+
+    rows = []
+    for seed in range(6):
+        base_ttft = 0.1 + 0.05 * seed  # runs differ a lot; the pairs differ by exactly -0.01
+        rows.append({"policy": "a", "seed": seed, "window": 0, "class": "all", "ttft_p99_s": base_ttft,
+                     "slo_attainment": 0.5})
+        rows.append({"policy": "b", "seed": seed, "window": 0, "class": "all", "ttft_p99_s": base_ttft - 0.01,
+                     "slo_attainment": 0.5 - (0.1 if seed == 0 else 0.0)})
+    rows.append({"policy": "b", "seed": 99, "window": 0, "class": "all", "ttft_p99_s": 50.0,
+                 "slo_attainment": 0.0})  # a run the baseline did not serve: left out of the pairs
+    table = paired(pd.DataFrame(rows), ["a", "b"])
+    ttft = table[table.metric == "ttft_p99_s"].iloc[0]
+    assert ttft["runs"] == 6 and ttft["diff_mean"] == pytest.approx(-0.01)
+    assert ttft["diff_lo"] == pytest.approx(-0.01) and ttft["diff_hi"] == pytest.approx(-0.01)
+    assert ttft["worse"] == 0
+    slo = table[table.metric == "slo_attainment"].iloc[0]
+    assert slo["worse"] == 1 and slo["diff_lo"] <= slo["diff_mean"] <= slo["diff_hi"] <= 0
+    assert paired(pd.DataFrame(rows), ["a"]).empty
