@@ -474,7 +474,8 @@ PAIRED_METRICS: tuple[tuple[str, bool], ...] = (("ttft_p50_s", True), ("ttft_p99
                                                 ("goodput_rps", False))
 
 
-def paired(runs: pd.DataFrame, policies: Sequence[str] | None = None, cls: str = "all") -> pd.DataFrame:
+def paired(runs: pd.DataFrame, policies: Sequence[str] | None = None, cls: str = "all", key: str | None = None,
+           metrics: Sequence[tuple[str, bool]] = PAIRED_METRICS) -> pd.DataFrame:
     """Each policy (router, layout) against the first, run by run: every label served the same
     (seed, window) runs, so the difference ``d = label - first`` is taken per run and averaged, with
     its 95 % percentile-bootstrap interval (:func:`kvsched.experiments.suite.stats.bootstrap_ci`,
@@ -484,11 +485,13 @@ def paired(runs: pd.DataFrame, policies: Sequence[str] | None = None, cls: str =
     ``cls``; columns ``<label column>``, ``baseline``, ``metric``, ``runs`` (pairs with both values
     defined), ``diff_mean``, ``diff_lo``, ``diff_hi`` (in the metric's unit: s, a share or req/s),
     ``worse`` (runs where the label is worse than the baseline: higher for latencies, lower for
-    attainment and goodput). Empty with fewer than two labels.
+    attainment and goodput). Empty with fewer than two labels. ``key`` names the label column
+    (default :func:`label_column`; ``agent`` for ``kvsched evaluate``'s episodes), ``metrics``
+    the (column, lower is better) pairs; runs are matched on ``seed`` and ``window``.
     """
     from .suite.stats import bootstrap_ci
 
-    key = label_column(runs)
+    key = label_column(runs) if key is None else key
     if policies is None:
         policies = list(dict.fromkeys(runs[key]))
     cols = [key, "baseline", "metric", "runs", "diff_mean", "diff_lo", "diff_hi", "worse"]
@@ -500,7 +503,7 @@ def paired(runs: pd.DataFrame, policies: Sequence[str] | None = None, cls: str =
     out = []
     for p in policies[1:]:
         common = by[base].index.intersection(by[p].index)
-        for m, lower_better in PAIRED_METRICS:
+        for m, lower_better in metrics:
             if m not in sub.columns:
                 continue
             d = (by[p].loc[common, m].to_numpy(dtype=np.float64) - by[base].loc[common, m].to_numpy(dtype=np.float64))
@@ -524,7 +527,7 @@ def paired_rich_table(table: pd.DataFrame, title: str):
     metric, ``mean [lo, hi]`` and the runs where the label is worse."""
     from rich.table import Table
 
-    key = next(c for c in LABEL_COLUMNS if c in table.columns)
+    key = str(table.columns[0])  # the label column (policy, router, cluster or agent)
     t = Table(title=title)
     t.add_column(key)
     metrics = [m for m in dict.fromkeys(table["metric"]) if m in _PAIRED_SHOW]

@@ -295,6 +295,30 @@ def _train_rllib(args, console) -> int:
     return 0
 
 
+def _paired_against_first(out, console) -> None:
+    """Each agent against the first of ``--agents`` on the same episodes (window x seed):
+    ``paired.csv`` in ``out`` and a table (mean difference, 95 % bootstrap CI, episodes worse;
+    :func:`kvsched.experiments.compare.paired`). Nothing with one agent."""
+    import pandas as pd
+
+    from kvsched import atomic_files
+
+    from .compare import paired, paired_rich_table
+
+    episodes = pd.read_csv(Path(out) / "episodes.csv")
+    agents = list(dict.fromkeys(episodes["agent"]))
+    if len(agents) < 2:
+        return
+    table = paired(episodes, agents, key="agent",
+                   metrics=(("slo_attainment", False), ("goodput_rps", False), ("ttft_p99_s", True)))
+    with atomic_files.replacing(Path(out) / "paired.csv") as tmp:
+        table.to_csv(tmp, index=False, float_format="%.17g")
+    n = int(table["runs"].max()) if len(table) else 0
+    console.print(paired_rich_table(table, f"each against {agents[0]}, episode by episode over the same {n} "
+                                           "episodes (class all): mean difference [95 % bootstrap CI], episodes "
+                                           "worse"))
+
+
 def cmd_evaluate(args, console) -> int:
     from kvsched.agents.evaluate import METRICS, evaluate, format_cell
 
@@ -324,7 +348,8 @@ def cmd_evaluate(args, console) -> int:
         t.add_row(str(r["agent"]), str(r["class"]), str(r["episodes"]),
                   *[format_cell(r[m], r[m + "_ci95"]) for m in METRICS])
     console.print(t)
-    written = [n for n in ("table.csv", "table.md", "episodes.csv", "ttft_cdf.png", "learning_curve.png")
-               if (Path(args.out) / n).is_file()]
+    _paired_against_first(args.out, console)
+    written = [n for n in ("table.csv", "table.md", "episodes.csv", "paired.csv", "ttft_cdf.png",
+                           "learning_curve.png") if (Path(args.out) / n).is_file()]
     console.print(f"written: {args.out}/" + ", ".join(written))
     return 0

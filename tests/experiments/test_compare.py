@@ -266,3 +266,18 @@ def test_paired_differences_are_taken_run_by_run_over_the_runs_both_labels_serve
     slo = table[table.metric == "slo_attainment"].iloc[0]
     assert slo["worse"] == 1 and slo["diff_lo"] <= slo["diff_mean"] <= slo["diff_hi"] <= 0
     assert paired(pd.DataFrame(rows), ["a"]).empty
+
+
+def test_evaluate_writes_each_agent_against_the_first_episode_by_episode(tmp_path, capsys):
+    """kvsched evaluate: paired.csv pairs the agents on the same (window, seed) episodes."""
+    out = tmp_path / "ev"
+    assert main(["evaluate", "--agents", "fcfs,lars", "--scenario", "short-only", "--windows", "1", "--seeds", "2",
+                 "--out", str(out), "--no-progress"]) == 0
+    table = pd.read_csv(out / "paired.csv")
+    assert set(table["agent"]) == {"lars"} and set(table["baseline"]) == {"fcfs"}
+    assert set(table["metric"]) == {"slo_attainment", "goodput_rps", "ttft_p99_s"} and (table["runs"] == 2).all()
+    eps = pd.read_csv(out / "episodes.csv")
+    allc = eps[eps["class"] == "all"].set_index(["agent", "window", "seed"])["ttft_p99_s"]
+    assert table.set_index("metric").loc["ttft_p99_s", "diff_mean"] == pytest.approx(
+        (allc.loc["lars"] - allc.loc["fcfs"]).mean())
+    assert "each against fcfs" in capsys.readouterr().out
