@@ -20,9 +20,9 @@ def plot_formats() -> tuple[str, ...]:
 
 
 def prepare_plot_file(path: Path | None, flag: str = "--plot") -> None:
-    """Make the plot's folder and check it can be written
-    (:func:`~kvsched.experiments.outputs.prepare_out_file`), then refuse a suffix matplotlib
-    cannot write (:func:`check_plot_suffix`); nothing to do for ``None``.
+    """Refuse a suffix matplotlib cannot write (:func:`check_plot_suffix`), then make the plot's
+    folder and check it can be written (:func:`~kvsched.experiments.outputs.prepare_out_file`;
+    a refused path leaves no folder behind); nothing to do for ``None``.
 
     Raises:
         KvschedError: one line naming the flag, the path (bounded) and why its folder cannot be
@@ -30,8 +30,8 @@ def prepare_plot_file(path: Path | None, flag: str = "--plot") -> None:
     """
     from .outputs import prepare_out_file
 
-    prepare_out_file(path, flag)
     check_plot_suffix(path, flag)
+    prepare_out_file(path, flag)
 
 
 def check_plot_suffix(path: Path | None, flag: str = "--plot") -> None:

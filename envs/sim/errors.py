@@ -58,12 +58,14 @@ def bounded_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     return text
 
 
-def text_number_hint(value: object) -> str:
+def text_number_hint(value: object, integer: bool = False) -> str:
     """When ``value`` is text that reads as a number, a note saying why and how to write it.
 
-    YAML 1.1 (PyYAML) reads a number in exponent form without a dot (``1e12``, ``5E-3``) as a
-    string; a field expecting a number then sees text. Returns ``""`` for anything else (and
-    for long texts, which are no number anyone typed).
+    YAML 1.1 (PyYAML) reads a number in exponent form as a string unless its mantissa has a dot
+    and its exponent a sign (``1e12`` and ``1.0e12`` are text, ``1.0e+12`` a number); a field
+    expecting a number then sees text. ``integer``: the field takes an integer, so only the
+    digits are suggested. Returns ``""`` for anything else (and for long texts, which are no
+    number anyone typed).
     """
     if not isinstance(value, str) or len(value) > 64:
         return ""
@@ -82,7 +84,11 @@ def text_number_hint(value: object) -> str:
         mantissa, _, exponent = value.lower().partition("e")
         sign = "" if exponent[:1] in ("+", "-") else "+"
         suggestion = f"{mantissa}{'' if '.' in mantissa else '.0'}e{sign}{exponent}"
-        spellings = suggestion if plain == suggestion else f"{suggestion} or {plain}"
+        if integer:  # an integer field refuses 1.0e+1 (a float): only the digits will do
+            if not (number.is_integer() and abs(number) < 1e18):
+                return f" (YAML 1.1 reads {value} as text, not a number; this field takes an integer)"
+            return f" (YAML 1.1 reads {value} as text, not a number: write {plain})"
+        spellings = suggestion if "e" in plain else f"{suggestion} or {plain}"  # 1.0e-05 repeats 1.0e-5
         return (f" (YAML 1.1 reads {value} as text, not a number: a number with an exponent needs a dot in "
                 f"its mantissa and a signed exponent, write {spellings})")
     return f" (this is text, not a number: write {plain} without quotes)"

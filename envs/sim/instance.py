@@ -353,11 +353,14 @@ class Instance:
         tiers = self._prefix_tiers
         if tiers is not None:
             submit_s += tiers.take_load_submit_s()
-            if submit_s > 0.0:
-                if step.plan:  # the copies the last step's writes and this pass's loads submit, first
-                    self._step_ready_s = max(self._step_ready_s, now + submit_s)
-                else:  # nothing runs: they are submitted with the next step
-                    tiers.submit_s += submit_s
+            # the copies the last step's writes and this pass's loads submit come first; with nothing
+            # to run they are submitted now all the same (vLLM runs a step without a forward pass for
+            # pending connector work), keeping the host busy that long
+            busy_until = max(now + submit_s, tiers.host_busy_until_s)
+            if step.plan:
+                self._step_ready_s = max(self._step_ready_s, busy_until)
+            elif submit_s > 0.0:
+                tiers.host_busy_until_s = busy_until
         if step.displaced:  # back at the head of the queue, behind the requests they made room for
             self.waiting.extendleft(reversed(step.displaced))
         if not step.plan:

@@ -147,8 +147,10 @@ class PrefixOffloadSpec:
             ``jobs_to_flush``, and the worker waits for them before the forward pass,
             ``offloading/worker.py`` ``handle_preemptions`` -> ``worker.wait``). Default False
             (writes never delay a step, as before).
-        write_hbm_hits: ``write_through`` only: an admission's HBM-hit segments that the first
-            listed tier lacks are written too (vLLM's ``OffloadingConnector``: a request's store
+        write_hbm_hits: ``write_through`` only: a first admission's HBM-hit segments that the first
+            listed tier lacks are written too, unless the admission loads from below (vLLM's
+            ``update_state_after_alloc`` then moves the store index past the hit and loaded chunks;
+            a preemption does not reset it) (vLLM's ``OffloadingConnector``: a request's store
             index starts at its first block, GPU prefix hits included, and ``prepare_store`` skips
             only the blocks the CPU store holds, ``offloading/scheduler.py`` ``_build_store_jobs``;
             LMCache stores every chunk it lacks). Default False: only newly computed segments
@@ -767,7 +769,7 @@ class PrefixTiers:
         model = kv.spec.model
         layers = model.n_layers
         if kv.spec.parallel is not None:  # a pipeline stage holds its share of the layers
-            layers = math.ceil(layers * kv.spec.parallel.stage_fraction(layers))
+            layers = round(layers * kv.spec.parallel.stage_fraction(layers))  # ceil(L / stages), exact
         self.fragments_per_block = (layers * (1 if model.is_mla else 2)) if spec.copy_layout == "per_layer" else 1
         #: host time (s) of the copies submitted at the start of the instance's next step (writes of
         #: the step that ended, loads admitted), which that step waits for (``copy_fragment_s`` > 0)
@@ -775,6 +777,10 @@ class PrefixTiers:
         #: host time (s) of the loads admitted in the scheduling pass under way, submitted before
         #: that pass's own step (vLLM: a step's load jobs go out before its forward pass)
         self.load_submit_s = 0.0
+        #: the host is busy until then (s) with stores an idle engine submitted
+        #: (vLLM: a step without a forward pass, ``kv_connector_no_forward``)
+        self.host_busy_until_s = 0.0
+        self._admission_loads = False  # set while try_load_admit takes a loading request's HBM hits
 
     # -------------------------------------------------------------------- conversations
     def conversation_of(self, st: "RequestState") -> Any:
@@ -926,6 +932,11 @@ class PrefixTiers:
         if sess is not None:
             self.session_last_s[sess] = now_s
         if self.threshold == 1 and self.spec.write_hbm_hits:  # vLLM: the blocks the CPU store lacks
+            # only at a first admission without a load: a load moves vLLM's store index past the
+            # hit and loaded chunks (update_state_after_alloc, CHUNK_LEVEL policy), and the index is
+            # not reset by a preemption (a resumed request stores only what it computes anew)
+            if self._admission_loads or st.admissions > 0:
+                return
             entries = self.stores[0].entries
             due = [h for h in hashes if h not in entries]
             if due:
@@ -1293,7 +1304,11 @@ class PrefixTiers:
         # the HBM hits (a selective write may follow) and the HBM blocks (a write-back may follow):
         # either may evict an entry just read, whose copy is delivered all the same (the read is
         # reserved below, from what was read now)
-        kv.acquire_prefix(st, hit_hashes)
+        self._admission_loads = True  # on_hbm_hit: this admission loads (no stores of its hits)
+        try:
+            kv.acquire_prefix(st, hit_hashes)
+        finally:
+            self._admission_loads = False
         ok = kv.allocate(need)
         assert ok, "prefix_offload: load allocation failed after the availability check"
         from .kv_manager import add_tier_bytes

@@ -390,7 +390,7 @@ def _scalar_kwargs(d: Mapping[str, Any], source: str) -> dict[str, Any]:
                 kw[key] = None
             elif not is_int(v):
                 raise ConfigError(f"{source}: {key}={bounded_repr(v)} is not allowed: expected an integer"
-                                  + (" or null" if key in _OPT_INT_FIELDS else "") + text_number_hint(v))
+                                  + (" or null" if key in _OPT_INT_FIELDS else "") + text_number_hint(v, integer=True))
             else:
                 kw[key] = int(v)
     for key in _FLOAT_FIELDS:

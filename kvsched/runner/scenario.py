@@ -165,13 +165,13 @@ class Scenario:
                               f"{text_number_hint(self.rate_scale)}")
         if self.max_requests is not None and (not is_int(self.max_requests) or self.max_requests < 1):
             raise ConfigError(f"{where}: max_requests={bounded_repr(self.max_requests)} must be an integer >= 1"
-                              f"{text_number_hint(self.max_requests)}")
+                              f"{text_number_hint(self.max_requests, integer=True)}")
         if not is_int(self.n_instances) or not 1 <= self.n_instances <= MAX_ROLE_INSTANCES:
             raise ConfigError(f"{where}: n_instances={bounded_repr(self.n_instances)} must be an integer in "
-                              f"[1, {MAX_ROLE_INSTANCES}]{text_number_hint(self.n_instances)}")
+                              f"[1, {MAX_ROLE_INSTANCES}]{text_number_hint(self.n_instances, integer=True)}")
         if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"{where}: seed={bounded_repr(self.seed)} must be an integer in [0, 2**31-1] "
-                              f"(as --seed){text_number_hint(self.seed)}")
+                              f"(as --seed){text_number_hint(self.seed, integer=True)}")
         if not isinstance(self.instance, dict):
             raise ConfigError(f"{where}: instance must be a mapping of InstanceSpec fields")
         if not isinstance(self.metrics, dict):

@@ -3,6 +3,7 @@ its copies cost the engine (``copy_layout``, ``copy_fragment_s``; envs/sim/prefi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -150,3 +151,52 @@ def test_the_new_fields_stay_out_of_the_spec_at_their_defaults_and_round_trip_ot
 def test_bad_copy_settings_are_named(kw, field):
     with pytest.raises(ConfigError, match=field):
         PrefixOffloadSpec(**kw)
+
+
+def test_stores_an_idle_engine_submits_are_not_charged_to_a_request_arriving_long_after():
+    """vLLM runs a step without a forward pass for pending connector work, so stores left when the
+    engine goes idle are submitted then; a request 10 s later does not wait for them."""
+    two = generate(SharedPrefixConfig(num_groups=2, users_per_group=1, system_prompt_len=0, question_len=1000,
+                                      output_len=1, stages=(LoadStage(0.2, 10.0),)), seed=0)
+    ttft = lambda r: (r.records["first_token_s"] - r.records["arrival_s"]).to_numpy()  # noqa: E731
+    base = ttft(_run(two, _spec(copy_layout="per_layer")))
+    slow = ttft(_run(two, _spec(copy_layout="per_layer", copy_fragment_s=PER_LAYER_FRAGMENT_S)))
+    assert len(base) == 2 and np.allclose(slow, base)
+
+
+def test_only_a_first_admission_without_a_load_stores_its_hbm_hits():
+    """vLLM moves a loading request's store index past its hit and loaded chunks (CHUNK_LEVEL), and a
+    preemption does not reset the index: only first admissions without a load store their HBM hits
+    that the CPU store lacks."""
+    from types import SimpleNamespace
+
+    from kvsched.envs.sim.cost_model import CostModel
+    from kvsched.envs.sim.kv_manager import KVManager
+
+    spec = _spec(write_hbm_hits=True)
+
+    def stored(admissions: int, loading: bool) -> int:
+        tiers = KVManager(spec, CostModel(spec)).prefix_tiers
+        tiers.now_s = 1.0
+        tiers._admission_loads = loading
+        tiers.on_hbm_hit(SimpleNamespace(rid=1, admissions=admissions), [11, 12, 13], 1, lambda h: 7)
+        return len(tiers.stores[0].entries)
+
+    assert stored(0, False) == 3
+    assert stored(1, False) == 0  # a resumed request
+    assert stored(0, True) == 0  # an admission that loads
+
+
+def test_pipeline_stages_take_the_ceiling_of_their_share_of_the_layers_exactly():
+    """58 layers over 4 stages hold 15 each at most: 58 x (15 / 58) is 15.000000000000002 in floats."""
+    from kvsched.envs.sim.parallelism import ParallelSpec
+
+    spec = _spec(copy_layout="per_layer", copy_fragment_s=1e-6)
+    for layers, stages in ((58, 4), (29, 2), (87, 8)):
+        model = dataclasses.replace(get_model("Llama-3.1-8B"), n_layers=layers)
+        s = spec.with_overrides(model=model, parallel=ParallelSpec(pp_stages=stages))
+        from kvsched.envs.sim.kv_manager import KVManager
+        from kvsched.envs.sim.cost_model import CostModel
+
+        tiers = KVManager(s, CostModel(s)).prefix_tiers
+        assert tiers.fragments_per_block == 2 * -(-layers // stages)

@@ -228,6 +228,9 @@ def test_plot_path_check_makes_a_missing_folder_and_bounds_a_long_path(tmp_path)
     p = tmp_path / "new" / "dir" / "p.svg"
     prepare_plot_file(p)
     assert p.parent.is_dir() and not p.exists()
+    with pytest.raises(KvschedError):  # a refused suffix leaves no folder behind
+        prepare_plot_file(tmp_path / "other" / "sub" / "p.foo")
+    assert not (tmp_path / "other").exists()
     with pytest.raises(KvschedError) as err:
         check_plot_suffix(tmp_path / (HUGE + ".xyz"))
     _one_line(err)

@@ -64,7 +64,7 @@ def test_unhashable_and_duplicate_keys_are_yaml_errors_naming_the_line():
 
 
 @pytest.mark.parametrize("text, hint", [("rate_scale: 1e3", "write 1.0e+3 or 1000"),
-                                        ("seed: 5e0", "write 5.0e+0 or 5"),
+                                        ("seed: 5e0", "as text, not a number: write 5)"),
                                         ("max_requests: '12'", "this is text, not a number: write 12")])
 def test_a_number_read_as_text_is_explained(tmp_path, text, hint):
     with pytest.raises(ConfigError) as e:
@@ -86,6 +86,9 @@ def test_the_number_a_hint_suggests_is_a_number_in_yaml(text):
     hint = text_number_hint(text)
     if not hint:  # not a number Python reads either (1_000e3 is, so it gets a hint)
         return
+    as_int = text_number_hint(text, integer=True)  # an integer field: digits only, which parse as an int
+    if "write " in as_int:
+        assert isinstance(yaml.safe_load(f"a: {as_int.split('write ')[1].rstrip(')')}")["a"], int), as_int
     suggested = re.search(r"write (\S+?)(?: or (\S+?))?(?:\)| without)", hint)
     assert suggested, hint
     for spelling in filter(None, suggested.groups()):
