@@ -604,8 +604,7 @@ def _peer_table(rows: pd.DataFrame, where: str = "sim_to_real csv") -> tuple[dic
         if sim in have and have[sim] != x:
             raise ConfigError(f"{where}: two rows of stage {stage} {bounded_repr(metric, 40)} simulator "
                               f"{bounded_repr(sim, 40)} predict {bounded_repr(have[sim])} and {bounded_repr(x)}; "
-                              "one prediction per "
-                              "stage, metric and simulator (identical repeats are read once)")
+                              "one prediction per stage, metric and simulator (identical repeats are read once)")
         have[sim] = x
     notes = []
     if bad:
@@ -620,7 +619,7 @@ def _measured_table(rows: pd.DataFrame, where: str) -> dict[int, dict[str, float
 
     Raises:
         ConfigError: an ``actual`` that is not a finite number > 0 (scores divide by it), or rows of
-            one (stage, metric) with different ``actual`` values (which is the measurement is
+            one (stage, metric) with different ``actual`` values (which one is the measurement is
             unknown); one line naming the column, stage, metric and values.
     """
     out: dict[int, dict[str, float]] = {}
@@ -635,8 +634,7 @@ def _measured_table(rows: pd.DataFrame, where: str) -> dict[int, dict[str, float
         if metric in have and have[metric] != x:
             raise ConfigError(f"{where}: rows of stage {stage} {bounded_repr(metric, 40)} give two measured values, "
                               f"actual={bounded_repr(have[metric])} and {bounded_repr(x)}; one measurement per stage "
-                              "and metric "
-                              "(identical repeats are read once)")
+                              "and metric (identical repeats are read once)")
         have[metric] = x
     return out
 
