@@ -726,7 +726,7 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
 
     ``compare.csv`` is the aggregated table, ``compare_runs.csv`` one row per
     (policy, seed, window, class), ``compare_paired.csv`` each policy against the first run by run
-    (:func:`paired`), ``compare.json`` what was compared (scenario and its hash,
+    (:func:`paired`), ``compare.json`` what was compared (kvsched and Python versions, scenario and its hash,
     policies, parameters, seeds, windows). CSV floats are written with 17 significant digits (round
     trip) so identical runs give identical files.
     """
@@ -737,7 +737,12 @@ def write_outputs(result: CompareResult, agg: pd.DataFrame, scenario: Scenario, 
         result.runs.to_csv(tmp, index=False, float_format="%.17g")
     with atomic_files.replacing(out / "compare_paired.csv") as tmp:
         paired(result.runs, result.policies).to_csv(tmp, index=False, float_format="%.17g")
-    meta = {"scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "seeds": result.seeds,
+    import platform
+
+    import kvsched
+
+    meta = {"kvsched_version": kvsched.__version__, "python": platform.python_version(),
+            "scenario": scenario.to_dict(), "scenario_sha256": scenario.sha256(), "seeds": result.seeds,
             "windows": result.windows}
     if result.axis == "router":
         meta.update(routers=result.policies, router_params=result.params, policy=scenario.policy)
