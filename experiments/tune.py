@@ -990,7 +990,9 @@ def _store_provenance(study, scenario: Scenario, cfg: TuneConfig, scenario_path:
         for w in cfg.windows_s:
             hashes[f"{w[0]:g}-{w[1]:g}@{seed}"] = scenario_for(scenario, w, seed).workload().content_sha256()
     study.set_user_attr("scenario", scenario.to_dict() | {"instance": dict(scenario.instance)})
-    study.set_user_attr("scenario_resolved_instance", scenario.to_dict()["instance"])
+    from kvsched.envs.sim.specs import instance_spec_to_dict
+
+    study.set_user_attr("scenario_resolved_instance", instance_spec_to_dict(scenario.instance_spec()))
     study.set_user_attr("scenario_sha256", scenario.sha256())
     study.set_user_attr("scenario_path", scenario_path)
     study.set_user_attr("workload_sha256", hashes)
